@@ -1,0 +1,42 @@
+// The activation arena of one micro-batch: every buffer the forward pass saves for the backward
+// pass, and the scratch the backward pass reuses layer after layer. The model allocates exactly this
+// plan once; `multinorm info` sums it, so the estimate is the allocation.
+//
+// Shapes (BT = micro_batch * seq_len, C = hidden, F = intermediate, H = heads, V = vocab):
+//   per layer l, saved:   input [BT,C]  ln1 [BT,C]  ln1_rstd [BT] f32  qkv [BT,3C] (q,k after RoPE)
+//                         attn_lse [B,H,T] f32  attn_out [BT,C]  mid [BT,C]  ln2 [BT,C]
+//                         ln2_rstd [BT] f32  gate_up [BT,2F]
+//   final, saved:         final.input [BT,C]  final.ln [BT,C]  final.rstd [BT] f32
+//   loss:                 logits [BT,V] f32 (one buffer, overwritten by d_logits)  losses [BT] f32
+//   backward scratch:     d_resid [BT,C] f32  d_x [BT,C] f32  d_ln [BT,C]  d_attn_out [BT,C]
+//                         d_qkv [BT,3C]  swiglu [BT,F]  d_swiglu [BT,F]  d_gate_up [BT,2F]
+// "act" buffers are stored in the parameter dtype (bf16 or fp32).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "multinorm/dtype.h"
+#include "multinorm/model_config.h"
+
+namespace multinorm {
+
+struct BufferSpec {
+  std::string name;
+  int64_t elements;
+  DType dtype;
+  bool saved;  // kept from forward to backward (else backward scratch)
+  int64_t bytes() const { return elements * dtype_bytes(dtype); }
+};
+
+struct ActivationPlan {
+  int64_t micro_batch = 0, seq_len = 0;
+  std::vector<BufferSpec> buffers;
+  int64_t bytes() const;
+  int64_t saved_bytes() const;
+  int64_t scratch_bytes() const;
+};
+
+ActivationPlan plan_activations(const ModelConfig& m, int64_t micro_batch, int64_t seq_len, DType act_dtype);
+
+}  // namespace multinorm

@@ -1,0 +1,20 @@
+// Errors a user can act on. Every message names the file, key, step or position at fault; the CLI
+// prints it as "multinorm: error: <message>" and exits with status 2.
+#pragma once
+#include <stdexcept>
+#include <string>
+
+namespace multinorm {
+
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& message) : std::runtime_error(message) {}
+};
+
+// A configuration file, a --set override or a model config is invalid.
+class ConfigError : public Error {
+ public:
+  explicit ConfigError(const std::string& message) : Error(message) {}
+};
+
+}  // namespace multinorm

@@ -1,0 +1,40 @@
+// Memory accounting: the paper's MEM column (weights + optimizer states, BF16) and the training
+// total (weights, gradients, optimizer states, activations of one micro-batch).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "multinorm/activation_plan.h"
+#include "multinorm/model_spec.h"
+#include "multinorm/run_config.h"
+
+namespace multinorm {
+
+constexpr double kGiB = 1073741824.0;  // 2^30
+
+struct OptimizerMemory {
+  std::string label;         // e.g. "adam", "sinkgd"
+  int64_t weight_bytes = 0;
+  int64_t state_bytes = 0;   // all optimizer states
+  int64_t matrix_state_bytes = 0;  // states of the matrix parameters alone (0 for SinkGD/SWAN)
+  int64_t total() const { return weight_bytes + state_bytes; }
+};
+
+// Weights and states with every parameter going to `matrix_optimizer` when it matches the paper's
+// matrix patterns and to Adam otherwise; dtype sizes as given (the paper: 2 and 2).
+OptimizerMemory optimizer_memory(const std::vector<TensorSpec>& specs, const std::string& matrix_optimizer,
+                                 const std::string& fallback, const std::vector<std::string>& matrix_params,
+                                 double momentum, int64_t weight_dtype_bytes, int64_t state_dtype_bytes);
+
+// The paper's table: Adam for everything, and SinkGD/SWAN (Adam kept for embedding, norms, lm_head),
+// BF16 weights and states.
+std::vector<OptimizerMemory> paper_memory_table(const ModelConfig& m);
+
+struct TrainingMemory {
+  int64_t weights = 0, grads = 0, states = 0, activations = 0;
+  int64_t total() const { return weights + grads + states + activations; }
+};
+TrainingMemory training_memory(const RunConfig& run);
+
+}  // namespace multinorm

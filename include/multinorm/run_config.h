@@ -1,0 +1,118 @@
+// A run: which model, which data, batch, optimizer, schedule, evaluation, checkpoints, precision,
+// backend. Configs are data: a JSON file validated against run_schema() (docs/configs.md lists every
+// key with its default), plus --set overrides.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "multinorm/dtype.h"
+#include "multinorm/model_config.h"
+#include "multinorm/schema.h"
+
+namespace multinorm {
+
+struct DataConfig {
+  std::string train;       // glob of training shards
+  std::string validation;  // glob of validation shards
+  std::string tokenizer;   // SentencePiece model
+  std::string layout;      // "rows" (one document per row, the paper) | "stream" (packed)
+  bool shuffle = true;
+  int64_t prefetch = 4;
+};
+
+struct BatchConfig {
+  int64_t global_batch = 512;  // sequences per update, over all ranks
+  int64_t micro_batch = 16;    // sequences per forward/backward on one rank
+  int64_t seq_len = 256;
+  std::string loss_normalization;  // "micro_batch_mean" (GaLore) | "token_mean"
+};
+
+struct SinkGDConfig {
+  int64_t iterations = 5;  // L, alternating row/column normalisations
+  double eps = 1e-8;       // floor on row/column norms: zero rows/columns give zero updates
+};
+
+struct SwanConfig {
+  std::string row_norm;    // "l2" (the multi-normalization paper) | "standardize" (SWAN paper)
+  std::string whitening;   // "newton_schulz" | "eigh" (exact, FP64, CPU)
+  int64_t ns_steps = 10;
+  double ns_tolerance = 0.0;
+  double eps = 1e-8;
+};
+
+struct AdamConfig {
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+};
+
+struct OptimizerConfig {
+  std::string name;       // matrix optimizer: sinkgd | swan | adam | adamw | sgd
+  std::string fallback;   // optimizer of every parameter not matched by matrix_params
+  std::vector<std::string> matrix_params;  // name patterns ('*' matches any run of characters)
+  double lr = 0.02;
+  double alpha = 0.05;    // matrix parameters run at lr_t * alpha
+  double weight_decay = 0.0;
+  double grad_clip = 0.0;  // global-norm clipping; 0 = off
+  std::string rounding;   // "nearest" | "stochastic" (BF16 weight write-back)
+  double momentum = 0.0;  // sgd
+  SinkGDConfig sinkgd;
+  SwanConfig swan;
+  AdamConfig adam;
+};
+
+struct ScheduleConfig {
+  std::string kind;  // cosine | linear | constant
+  int64_t total_steps = 10000;
+  int64_t warmup_steps = 1000;  // resolved: warmup_ratio * total_steps when not given
+  double min_lr_ratio = 0.1;
+  bool galore_offset = false;
+};
+
+struct EvalConfig {
+  int64_t every = 1000;
+  int64_t tokens = 10000000;
+  int64_t micro_batch = 16;
+};
+
+struct CheckpointConfig {
+  int64_t every = 1000;
+  int64_t keep_last = 2;
+};
+
+struct PrecisionConfig {
+  DType params = DType::BF16;  // weights and gradients
+  DType optimizer_states = DType::BF16;
+};
+
+struct RunConfig {
+  std::string source;  // the file it was read from
+  std::string name;
+  ModelConfig model;
+  std::string model_init_from;
+  DataConfig data;
+  BatchConfig batch;
+  OptimizerConfig optimizer;
+  ScheduleConfig schedule;
+  EvalConfig eval;
+  CheckpointConfig checkpoint;
+  PrecisionConfig precision;
+  std::string backend;  // auto | cpu | cuda
+  int64_t threads = 0;
+  int64_t seed = 0;
+  std::string output_dir;
+  int64_t log_every = 1;
+
+  json resolved;  // the fully resolved config (model inlined); written into the run directory
+};
+
+const Schema& run_schema();
+
+// Reads, validates and resolves a run config; `overrides` are "key=value" strings (from --set).
+RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides = {});
+RunConfig run_config_from_json(const json& doc, const std::string& source,
+                               const std::vector<std::string>& overrides = {});
+
+// True when the file at `path` is a model config (has "hidden_size") rather than a run config.
+bool is_model_config(const json& doc);
+
+}  // namespace multinorm

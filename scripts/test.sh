@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# The whole test suite on a fresh machine: install dependencies, build, run every test (ctest).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install-deps.sh
+bash scripts/build.sh
+ctest --test-dir "${MULTINORM_BUILD_DIR:-build}" --output-on-failure -j "$(nproc)"

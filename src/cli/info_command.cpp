@@ -1,0 +1,140 @@
+// `multinorm info --config <model or run config>`: parameter counts by tensor group, the paper's
+// memory table (weights + optimizer states, BF16), and the training memory of one rank.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <map>
+
+#include "multinorm/cli.h"
+#include "multinorm/device.h"
+#include "multinorm/error.h"
+#include "multinorm/json_file.h"
+#include "multinorm/memory_estimate.h"
+#include "multinorm/param_groups.h"
+#include "multinorm/run_config.h"
+
+namespace multinorm {
+
+std::string with_commas(int64_t n) {
+  std::string s = std::to_string(n < 0 ? -n : n), out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (i && (s.size() - i) % 3 == 0) out += ',';
+    out += s[i];
+  }
+  return n < 0 ? "-" + out : out;
+}
+
+namespace {
+
+struct InfoOptions {
+  std::string path;
+  std::vector<std::string> overrides;
+  int64_t micro_batch = 0, seq_len = 0;
+  bool as_json = false;
+};
+
+double gib(int64_t bytes) { return static_cast<double>(bytes) / kGiB; }
+
+void run_info(const InfoOptions& o) {
+  const json doc = read_json_file(o.path);
+  RunConfig run;
+  const bool is_run = !is_model_config(doc);
+  if (is_run) {
+    run = run_config_from_json(doc, o.path, o.overrides);
+  } else {
+    if (!o.overrides.empty()) throw ConfigError("--set applies to run configs; " + o.path + " is a model config");
+    // A model config alone: describe it under the run defaults (SinkGD, BF16, micro-batch 16 x 256).
+    json stub = {{"model", {{"config", doc}}}};
+    run = run_config_from_json(stub, o.path);
+    run.model.name = load_model_config(o.path).name;
+  }
+  if (o.micro_batch > 0) run.batch.micro_batch = o.micro_batch;
+  if (o.seq_len > 0) run.batch.seq_len = o.seq_len;
+
+  const ModelConfig& m = run.model;
+  const auto specs = llama_parameters(m);
+  std::map<TensorGroup, int64_t> by_group;
+  for (const auto& s : specs) by_group[s.group()] += s.numel();
+  const int64_t total = count_parameters(specs);
+  int64_t matrix = 0;
+  for (const auto& a : assign_optimizers(specs, run.optimizer)) matrix += a.matrix ? a.tensor->numel() : 0;
+  const auto table = paper_memory_table(m);
+  const TrainingMemory tm = training_memory(run);
+  const ActivationPlan plan = plan_activations(m, run.batch.micro_batch, run.batch.seq_len, run.precision.params);
+
+  if (o.as_json) {
+    json j;
+    j["model"] = m.name;
+    j["parameters"]["total"] = total;
+    for (const auto& [g, n] : by_group) j["parameters"][group_name(g)] = n;
+    j["parameters"]["matrix_optimizer"] = matrix;
+    j["parameters"]["fallback_optimizer"] = total - matrix;
+    for (const auto& r : table)
+      j["paper_memory_gib"][r.label] = {{"weights", gib(r.weight_bytes)}, {"states", gib(r.state_bytes)},
+                                        {"matrix_states", gib(r.matrix_state_bytes)}, {"total", gib(r.total())}};
+    j["training_memory"] = {{"optimizer", run.optimizer.name}, {"fallback", run.optimizer.fallback},
+                            {"micro_batch", run.batch.micro_batch}, {"seq_len", run.batch.seq_len},
+                            {"precision", dtype_name(run.precision.params)},
+                            {"weights_bytes", tm.weights}, {"grads_bytes", tm.grads}, {"states_bytes", tm.states},
+                            {"activations_bytes", tm.activations}, {"activations_saved_bytes", plan.saved_bytes()},
+                            {"total_bytes", tm.total()}};
+    std::printf("%s\n", j.dump(2).c_str());
+    return;
+  }
+
+  std::printf("model %s (%s)\n", m.name.c_str(), is_run ? m.source.c_str() : o.path.c_str());
+  std::printf("  vocab %lld, hidden %lld, intermediate %lld, layers %lld, heads %lld (head dim %lld), %s embeddings\n\n",
+              (long long)m.vocab_size, (long long)m.hidden_size, (long long)m.intermediate_size,
+              (long long)m.num_hidden_layers, (long long)m.num_attention_heads, (long long)m.head_dim(),
+              m.tie_word_embeddings ? "tied" : "untied");
+  std::printf("parameters                        %15s   share\n", "count");
+  for (const auto& [g, n] : by_group)
+    std::printf("  %-31s %15s  %5.1f%%\n", group_name(g), with_commas(n).c_str(), 100.0 * n / total);
+  std::printf("  %-31s %15s\n", "total", with_commas(total).c_str());
+  std::printf("  %-31s %15s  %5.1f%%\n", ("matrix optimizer (" + run.optimizer.name + ")").c_str(),
+              with_commas(matrix).c_str(), 100.0 * matrix / total);
+  std::printf("  %-31s %15s  %5.1f%%\n\n", ("fallback (" + run.optimizer.fallback + ")").c_str(),
+              with_commas(total - matrix).c_str(), 100.0 * (total - matrix) / total);
+
+  std::printf("memory as in the paper: BF16 weights + optimizer states, GiB = 2^30 bytes\n");
+  std::printf("  %-8s %9s %9s %9s   %s\n", "method", "weights", "states", "MEM", "state of the matrix params");
+  for (const auto& r : table)
+    std::printf("  %-8s %9.3f %9.3f %8.2fG   %.3f GiB\n", r.label.c_str(), gib(r.weight_bytes), gib(r.state_bytes),
+                gib(r.total()), gib(r.matrix_state_bytes));
+  std::printf("  (sinkgd and swan keep Adam states for embedding, norms and lm_head)\n\n");
+
+  std::printf("training memory of one rank: %s + %s, %s weights/grads/activations, %s states,\n"
+              "micro-batch %lld x seq %lld\n",
+              run.optimizer.name.c_str(), run.optimizer.fallback.c_str(), dtype_name(run.precision.params),
+              dtype_name(run.precision.optimizer_states), (long long)run.batch.micro_batch, (long long)run.batch.seq_len);
+  std::printf("  %-34s %10.3f GiB\n", "weights", gib(tm.weights));
+  std::printf("  %-34s %10.3f GiB\n", "gradients", gib(tm.grads));
+  std::printf("  %-34s %10.3f GiB\n", "optimizer states", gib(tm.states));
+  std::printf("  %-34s %10.3f GiB\n", "activations (saved for backward)", gib(plan.saved_bytes()));
+  std::printf("  %-34s %10.3f GiB\n", "activations (backward scratch)", gib(plan.scratch_bytes()));
+  std::printf("  %-34s %10.3f GiB\n", "total", gib(tm.total()));
+  if (is_run) {
+    std::string backend;
+    try {
+      backend = choose_backend(run.backend).reason;
+    } catch (const Error& e) {
+      backend = std::string("unavailable: ") + e.what();
+    }
+    std::printf("\nbackend %s -> %s\n", run.backend.c_str(), backend.c_str());
+  }
+}
+
+}  // namespace
+
+void add_info_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("info", "Parameter counts and memory (the paper's MEM column, training total)");
+  static InfoOptions o;
+  cmd->add_option("--config,-c", o.path, "model config (configs/models/*.json) or run config")->required();
+  cmd->add_option("--set", o.overrides, "override a run config key (repeatable)");
+  cmd->add_option("--micro-batch", o.micro_batch, "micro-batch for the activation estimate (default: the run's)");
+  cmd->add_option("--seq-len", o.seq_len, "sequence length for the activation estimate (default: the run's)");
+  cmd->add_flag("--json", o.as_json, "machine-readable output");
+  cmd->callback([] { run_info(o); });
+}
+
+}  // namespace multinorm

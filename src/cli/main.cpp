@@ -1,0 +1,30 @@
+// multinorm: LLaMA pretraining with gradient multi-normalization (SinkGD, SWAN) and Adam.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <exception>
+
+#include "multinorm/cli.h"
+#include "multinorm/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"multinorm " MULTINORM_VERSION
+               ": LLaMA pretraining with stateless multi-normalized optimizers (SinkGD, SWAN) and Adam"};
+  app.set_version_flag("--version", "multinorm " MULTINORM_VERSION);
+  app.require_subcommand(1);
+  multinorm::add_info_command(app);
+  multinorm::add_config_command(app);
+  multinorm::add_devices_command(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const multinorm::Error& e) {
+    std::fprintf(stderr, "multinorm: error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "multinorm: internal error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

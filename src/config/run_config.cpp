@@ -1,0 +1,215 @@
+// Run configs: the schema of every key (with its default and meaning), loading, --set overrides
+// and the cross-key checks that a single key's type and range cannot express.
+#include "multinorm/run_config.h"
+
+#include <cmath>
+
+#include "multinorm/error.h"
+#include "multinorm/json_file.h"
+
+namespace multinorm {
+
+namespace {
+std::string dir_of(const std::string& path) {
+  const auto slash = path.find_last_of('/');
+  return slash == std::string::npos ? "." : path.substr(0, slash);
+}
+
+std::string stem_of(const std::string& path) {
+  const auto slash = path.find_last_of('/');
+  std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
+  const auto dot = base.rfind('.');
+  return dot == std::string::npos ? base : base.substr(0, dot);
+}
+
+json default_matrix_params() {
+  return json::array({"model.layers.*.self_attn.q_proj.weight", "model.layers.*.self_attn.k_proj.weight",
+                      "model.layers.*.self_attn.v_proj.weight", "model.layers.*.self_attn.o_proj.weight",
+                      "model.layers.*.mlp.gate_proj.weight", "model.layers.*.mlp.up_proj.weight",
+                      "model.layers.*.mlp.down_proj.weight"});
+}
+}  // namespace
+
+DType parse_dtype(const std::string& name) {
+  if (name == "fp32") return DType::F32;
+  if (name == "bf16") return DType::BF16;
+  throw ConfigError("unknown dtype '" + name + "' (expected fp32 or bf16)");
+}
+
+const Schema& run_schema() {
+  using namespace keys;
+  constexpr double kMaxInt = 9.007199254740992e15;  // 2^53: exact in a JSON double
+  static const Schema schema("run", {
+      string("name", "", "run name; empty: the config file's stem"),
+      required("model.config", ValueKind::ModelRef, "model config: a path relative to this file (configs/models/*.json) or an inline object"),
+      string("model.init_from", "", "start from a Hugging Face-format directory (model.safetensors + config.json) instead of a random init"),
+      string("data.train", "", "glob of training token shards (relative to the working directory)"),
+      string("data.validation", "", "glob of validation token shards"),
+      string("data.tokenizer", "", "SentencePiece model, for decoding and sampling"),
+      choice("data.layout", "rows", {"rows", "stream"}, "rows: one document per sequence, EOS, truncated, padded (the paper); stream: packed documents"),
+      boolean("data.shuffle", true, "shuffle training sequences (deterministic from seed)"),
+      integer("data.prefetch", 4, "micro-batches prepared ahead by the loader thread", 1, 1024),
+      integer("batch.global_batch", 512, "sequences per optimizer update, summed over all ranks", 1, 1 << 30),
+      integer("batch.micro_batch", 16, "sequences per forward/backward on one rank; gradient accumulation makes up the rest", 1, 1 << 20),
+      integer("batch.seq_len", 256, "tokens per sequence", 2, 1 << 20),
+      choice("batch.loss_normalization", "micro_batch_mean", {"micro_batch_mean", "token_mean"}, "micro_batch_mean: mean of per-micro-batch mean losses (GaLore); token_mean: mean over every non-pad target of the update"),
+      choice("optimizer.name", "sinkgd", {"sinkgd", "swan", "adam", "adamw", "sgd"}, "optimizer of the matrix parameters (optimizer.matrix_params)"),
+      choice("optimizer.fallback", "adam", {"adam", "adamw", "sgd"}, "optimizer of every other parameter (embedding, norms, lm_head)"),
+      list("optimizer.matrix_params", default_matrix_params(), "name patterns of the parameters the matrix optimizer takes ('*' matches any characters)"),
+      positive("optimizer.lr", 0.02, "peak learning rate of the schedule; fallback parameters use lr_t"),
+      positive("optimizer.alpha", 0.05, "matrix parameters use lr_t * alpha when optimizer.name is sinkgd or swan"),
+      number("optimizer.weight_decay", 0.0, "decoupled weight decay (AdamW-style)", 0, 1),
+      number("optimizer.grad_clip", 0.0, "clip the global gradient norm to this value; 0 = off", 0),
+      choice("optimizer.rounding", "nearest", {"nearest", "stochastic"}, "BF16 weight write-back: round to nearest even, or stochastic"),
+      number("optimizer.momentum", 0.0, "sgd momentum; 0 = stateless", 0, 1),
+      integer("optimizer.sinkgd.iterations", 5, "L: alternating row/column normalisations per step", 1, 1000),
+      positive("optimizer.sinkgd.eps", 1e-8, "floor on row/column norms, so zero rows/columns give zero updates", 1),
+      choice("optimizer.swan.row_norm", "l2", {"l2", "standardize"}, "l2: rows to norm sqrt(n) (this paper); standardize: subtract mean, divide by std (SWAN paper)"),
+      choice("optimizer.swan.whitening", "newton_schulz", {"newton_schulz", "eigh"}, "(X X^T)^(-1/2) by Newton-Schulz (FP32) or an exact FP64 eigendecomposition"),
+      integer("optimizer.swan.ns_steps", 10, "Newton-Schulz iterations (an upper bound when ns_tolerance > 0)", 1, 1000),
+      number("optimizer.swan.ns_tolerance", 0.0, "stop Newton-Schulz when ||I - Y Z||_F / sqrt(m) falls below; 0 = run every step", 0, 1),
+      positive("optimizer.swan.eps", 1e-8, "floor on row norms and the Gram scaling", 1),
+      number("optimizer.adam.beta1", 0.9, "Adam first-moment decay", 0, 1),
+      number("optimizer.adam.beta2", 0.999, "Adam second-moment decay", 0, 1),
+      positive("optimizer.adam.eps", 1e-8, "Adam epsilon, added to sqrt(v_hat)", 1),
+      choice("schedule.kind", "cosine", {"cosine", "linear", "constant"}, "lr multiplier after the linear warmup: cosine or linear decay to min_lr_ratio, or constant"),
+      integer("schedule.total_steps", 10000, "optimizer updates in the run", 1, kMaxInt),
+      integer("schedule.warmup_steps", nullptr, "warmup updates; unset: warmup_ratio * total_steps", 0, kMaxInt),
+      number("schedule.warmup_ratio", 0.1, "warmup as a fraction of total_steps (when warmup_steps is unset)", 0, 1),
+      number("schedule.min_lr_ratio", 0.1, "final lr multiplier", 0, 1),
+      boolean("schedule.galore_offset", false, "GaLore compatibility: update k uses mult(k-1), so the first update runs at lr 0"),
+      integer("eval.every", 1000, "evaluate every N updates (and at the end); 0 = only at the end", 0, kMaxInt),
+      integer("eval.tokens", 10000000, "stop evaluating after this many non-pad target tokens (the paper: 10M)", 1, kMaxInt),
+      integer("eval.micro_batch", nullptr, "sequences per evaluation forward; unset: batch.micro_batch", 1, 1 << 20),
+      integer("checkpoint.every", 1000, "write a checkpoint every N updates (and at the end); 0 = only at the end", 0, kMaxInt),
+      integer("checkpoint.keep_last", 2, "checkpoints kept; older ones are deleted", 1, 1 << 20),
+      choice("precision.params", "bf16", {"bf16", "fp32"}, "storage of weights, gradients and activations (the paper: bf16); fp32 for verification"),
+      choice("precision.optimizer_states", "bf16", {"bf16", "fp32"}, "storage of optimizer states (Adam m and v, SGD momentum)"),
+      choice("backend", "auto", {"auto", "cpu", "cuda"}, "auto: CUDA when a GPU is usable, else the CPU"),
+      integer("threads", 0, "CPU threads (OpenMP); 0 = all cores", 0, 4096),
+      integer("seed", 0, "seed of the init, the data order and stochastic rounding", 0, kMaxInt),
+      string("output_dir", "", "run directory; empty: runs/<name>"),
+      integer("log.every", 1, "print a log line every N updates (metrics.jsonl gets every update)", 1, kMaxInt),
+  });
+  return schema;
+}
+
+bool is_model_config(const json& doc) { return doc.is_object() && doc.contains("hidden_size"); }
+
+RunConfig run_config_from_json(const json& doc_in, const std::string& source, const std::vector<std::string>& overrides) {
+  const Schema& schema = run_schema();
+  if (!doc_in.is_object()) throw ConfigError(source + ": expected a JSON object at the top level");
+  json doc = doc_in;
+  for (const auto& text : overrides) {
+    auto [key, value] = parse_override(text);
+    schema.apply_override(doc, key, value, "--set " + text);
+  }
+  json r = schema.resolve(doc, source);
+
+  RunConfig c;
+  c.source = source;
+  c.name = r["name"].get<std::string>();
+  if (c.name.empty()) c.name = stem_of(source);
+
+  // The model: a path relative to this config file, or an inline object. The resolved config
+  // inlines it so that a run directory is self-contained.
+  const json& ref = r["model"]["config"];
+  if (ref.is_string()) {
+    std::string path = ref.get<std::string>();
+    if (!path.empty() && path[0] != '/') path = dir_of(source) + "/" + path;
+    try {
+      c.model = load_model_config(path);
+    } catch (const ConfigError& e) {
+      throw ConfigError(source + ": model.config: " + e.what());
+    }
+    r["model"]["config"] = model_schema().resolve(read_json_file(path), path);
+  } else {
+    c.model = model_config_from_json(ref, source + ": model.config", "inline");
+    r["model"]["config"] = model_schema().resolve(ref, source + ": model.config");
+  }
+  c.model_init_from = r["model"]["init_from"].get<std::string>();
+
+  const json& d = r["data"];
+  c.data.train = d["train"].get<std::string>();
+  c.data.validation = d["validation"].get<std::string>();
+  c.data.tokenizer = d["tokenizer"].get<std::string>();
+  c.data.layout = d["layout"].get<std::string>();
+  c.data.shuffle = d["shuffle"].get<bool>();
+  c.data.prefetch = d["prefetch"].get<int64_t>();
+
+  const json& b = r["batch"];
+  c.batch.global_batch = b["global_batch"].get<int64_t>();
+  c.batch.micro_batch = b["micro_batch"].get<int64_t>();
+  c.batch.seq_len = b["seq_len"].get<int64_t>();
+  c.batch.loss_normalization = b["loss_normalization"].get<std::string>();
+
+  const json& o = r["optimizer"];
+  c.optimizer.name = o["name"].get<std::string>();
+  c.optimizer.fallback = o["fallback"].get<std::string>();
+  c.optimizer.matrix_params = o["matrix_params"].get<std::vector<std::string>>();
+  c.optimizer.lr = o["lr"].get<double>();
+  c.optimizer.alpha = o["alpha"].get<double>();
+  c.optimizer.weight_decay = o["weight_decay"].get<double>();
+  c.optimizer.grad_clip = o["grad_clip"].get<double>();
+  c.optimizer.rounding = o["rounding"].get<std::string>();
+  c.optimizer.momentum = o["momentum"].get<double>();
+  c.optimizer.sinkgd.iterations = o["sinkgd"]["iterations"].get<int64_t>();
+  c.optimizer.sinkgd.eps = o["sinkgd"]["eps"].get<double>();
+  c.optimizer.swan.row_norm = o["swan"]["row_norm"].get<std::string>();
+  c.optimizer.swan.whitening = o["swan"]["whitening"].get<std::string>();
+  c.optimizer.swan.ns_steps = o["swan"]["ns_steps"].get<int64_t>();
+  c.optimizer.swan.ns_tolerance = o["swan"]["ns_tolerance"].get<double>();
+  c.optimizer.swan.eps = o["swan"]["eps"].get<double>();
+  c.optimizer.adam.beta1 = o["adam"]["beta1"].get<double>();
+  c.optimizer.adam.beta2 = o["adam"]["beta2"].get<double>();
+  c.optimizer.adam.eps = o["adam"]["eps"].get<double>();
+
+  const json& s = r["schedule"];
+  c.schedule.kind = s["kind"].get<std::string>();
+  c.schedule.total_steps = s["total_steps"].get<int64_t>();
+  c.schedule.warmup_steps = s["warmup_steps"].is_null()
+                                ? static_cast<int64_t>(std::llround(s["warmup_ratio"].get<double>() * c.schedule.total_steps))
+                                : s["warmup_steps"].get<int64_t>();
+  c.schedule.min_lr_ratio = s["min_lr_ratio"].get<double>();
+  c.schedule.galore_offset = s["galore_offset"].get<bool>();
+
+  c.eval.every = r["eval"]["every"].get<int64_t>();
+  c.eval.tokens = r["eval"]["tokens"].get<int64_t>();
+  c.eval.micro_batch = r["eval"]["micro_batch"].is_null() ? c.batch.micro_batch : r["eval"]["micro_batch"].get<int64_t>();
+  c.checkpoint.every = r["checkpoint"]["every"].get<int64_t>();
+  c.checkpoint.keep_last = r["checkpoint"]["keep_last"].get<int64_t>();
+  c.precision.params = parse_dtype(r["precision"]["params"].get<std::string>());
+  c.precision.optimizer_states = parse_dtype(r["precision"]["optimizer_states"].get<std::string>());
+  c.backend = r["backend"].get<std::string>();
+  c.threads = r["threads"].get<int64_t>();
+  c.seed = r["seed"].get<int64_t>();
+  c.output_dir = r["output_dir"].get<std::string>();
+  if (c.output_dir.empty()) c.output_dir = "runs/" + c.name;
+  c.log_every = r["log"]["every"].get<int64_t>();
+
+  // Cross-key checks.
+  auto bad = [&](const std::string& key, const std::string& why) { throw ConfigError(source + ": " + key + ": " + why); };
+  if (c.batch.global_batch % c.batch.micro_batch != 0)
+    bad("batch.global_batch", std::to_string(c.batch.global_batch) + " is not a multiple of batch.micro_batch " +
+                                  std::to_string(c.batch.micro_batch));
+  if (c.batch.seq_len > c.model.max_position_embeddings)
+    bad("batch.seq_len", std::to_string(c.batch.seq_len) + " exceeds the model's max_position_embeddings " +
+                             std::to_string(c.model.max_position_embeddings));
+  if (c.schedule.warmup_steps > c.schedule.total_steps)
+    bad("schedule.warmup_steps", std::to_string(c.schedule.warmup_steps) + " exceeds schedule.total_steps " +
+                                     std::to_string(c.schedule.total_steps));
+  if (c.optimizer.matrix_params.empty() && (c.optimizer.name == "sinkgd" || c.optimizer.name == "swan"))
+    bad("optimizer.matrix_params", "is empty: " + c.optimizer.name + " would take no parameter");
+
+  c.resolved = r;
+  return c;
+}
+
+RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides) {
+  const json doc = read_json_file(path);
+  if (is_model_config(doc))
+    throw ConfigError(path + ": this is a model config (it has hidden_size); a run config references one under model.config");
+  return run_config_from_json(doc, path, overrides);
+}
+
+}  // namespace multinorm

@@ -1,0 +1,54 @@
+#include "multinorm/activation_plan.h"
+
+namespace multinorm {
+
+int64_t ActivationPlan::bytes() const {
+  int64_t n = 0;
+  for (const auto& b : buffers) n += b.bytes();
+  return n;
+}
+int64_t ActivationPlan::saved_bytes() const {
+  int64_t n = 0;
+  for (const auto& b : buffers) n += b.saved ? b.bytes() : 0;
+  return n;
+}
+int64_t ActivationPlan::scratch_bytes() const { return bytes() - saved_bytes(); }
+
+ActivationPlan plan_activations(const ModelConfig& m, int64_t B, int64_t T, DType act) {
+  const int64_t BT = B * T, C = m.hidden_size, F = m.intermediate_size, H = m.num_attention_heads, V = m.vocab_size;
+  const DType f32 = DType::F32;
+  ActivationPlan p;
+  p.micro_batch = B;
+  p.seq_len = T;
+  auto saved = [&](std::string name, int64_t n, DType t) { p.buffers.push_back({std::move(name), n, t, true}); };
+  auto scratch = [&](std::string name, int64_t n, DType t) { p.buffers.push_back({std::move(name), n, t, false}); };
+  for (int64_t l = 0; l < m.num_hidden_layers; ++l) {
+    const std::string pre = "layers." + std::to_string(l) + ".";
+    saved(pre + "input", BT * C, act);
+    saved(pre + "ln1", BT * C, act);
+    saved(pre + "ln1_rstd", BT, f32);
+    saved(pre + "qkv", BT * 3 * C, act);
+    saved(pre + "attn_lse", B * H * T, f32);
+    saved(pre + "attn_out", BT * C, act);
+    saved(pre + "mid", BT * C, act);
+    saved(pre + "ln2", BT * C, act);
+    saved(pre + "ln2_rstd", BT, f32);
+    saved(pre + "gate_up", BT * 2 * F, act);
+  }
+  saved("final.input", BT * C, act);
+  saved("final.ln", BT * C, act);
+  saved("final.rstd", BT, f32);
+  saved("logits", BT * V, f32);
+  saved("losses", BT, f32);
+  scratch("d_resid", BT * C, f32);
+  scratch("d_x", BT * C, f32);
+  scratch("d_ln", BT * C, act);
+  scratch("d_attn_out", BT * C, act);
+  scratch("d_qkv", BT * 3 * C, act);
+  scratch("swiglu", BT * F, act);
+  scratch("d_swiglu", BT * F, act);
+  scratch("d_gate_up", BT * 2 * F, act);
+  return p;
+}
+
+}  // namespace multinorm

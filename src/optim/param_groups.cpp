@@ -1,0 +1,39 @@
+#include "multinorm/param_groups.h"
+
+#include "multinorm/error.h"
+
+namespace multinorm {
+
+int optimizer_state_slots(const std::string& optimizer, double momentum) {
+  if (optimizer == "adam" || optimizer == "adamw") return 2;
+  if (optimizer == "sgd") return momentum > 0.0 ? 1 : 0;
+  if (optimizer == "sinkgd" || optimizer == "swan") return 0;
+  throw ConfigError("unknown optimizer '" + optimizer + "' (expected sinkgd, swan, adam, adamw or sgd)");
+}
+
+std::vector<ParamAssignment> assign_optimizers(const std::vector<TensorSpec>& specs, const std::string& matrix_optimizer,
+                                               const std::string& fallback,
+                                               const std::vector<std::string>& matrix_params) {
+  std::vector<ParamAssignment> out;
+  out.reserve(specs.size());
+  const bool needs_2d = matrix_optimizer == "sinkgd" || matrix_optimizer == "swan";
+  for (const auto& s : specs) {
+    bool matrix = false;
+    for (const auto& pattern : matrix_params)
+      if (glob_match(pattern, s.name)) {
+        matrix = true;
+        break;
+      }
+    if (matrix && needs_2d && s.shape.size() != 2)
+      throw ConfigError("optimizer.matrix_params: pattern matches '" + s.name + "', which is not a matrix; " +
+                        matrix_optimizer + " takes 2-D weights only");
+    out.push_back({&s, matrix ? matrix_optimizer : fallback, matrix});
+  }
+  return out;
+}
+
+std::vector<ParamAssignment> assign_optimizers(const std::vector<TensorSpec>& specs, const OptimizerConfig& opt) {
+  return assign_optimizers(specs, opt.name, opt.fallback, opt.matrix_params);
+}
+
+}  // namespace multinorm

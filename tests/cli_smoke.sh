@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The binary as a user runs it: exit codes and the key lines of its output.
+# usage: cli_smoke.sh <multinorm binary> <source dir>
+set -u
+bin=$1 src=$2
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+fails=0 passes=0
+check() {  # check <description> <expected exit code> <pattern in output> -- command...
+  local what=$1 code=$2 pattern=$3; shift 4
+  local out rc
+  out=$("$@" 2>&1); rc=$?
+  if [ "$rc" -ne "$code" ] || ! grep -qE -- "$pattern" <<<"$out"; then
+    echo "FAIL: $what (exit $rc, expected $code; pattern: $pattern)"; echo "$out" | head -20
+    fails=$((fails + 1))
+  else
+    passes=$((passes + 1))
+  fi
+}
+models=$src/configs/models
+check "version" 0 "^multinorm [0-9]+\.[0-9]+" -- "$bin" --version
+check "info 60m params" 0 "total +58,073,600" -- "$bin" info --config "$models/llama_60m.json"
+check "info 60m adam MEM" 0 "adam .* 0\.32G" -- "$bin" info --config "$models/llama_60m.json"
+check "info 60m sinkgd MEM" 0 "sinkgd .* 0\.23G" -- "$bin" info --config "$models/llama_60m.json"
+check "info 1b sinkgd MEM" 0 "sinkgd .* 2\.98G" -- "$bin" info --config "$models/llama_1b.json"
+check "info run config, backend falls back" 0 "backend auto -> cpu \(auto: " -- "$bin" info --config "$src/configs/c4/llama_60m_sinkgd.json"
+check "info --json" 0 "\"total\": 58073600" -- "$bin" info --json --config "$models/llama_60m.json"
+check "info activation override" 0 "micro-batch 4 x seq 128" -- "$bin" info --config "$src/configs/c4/llama_60m_adam.json" --micro-batch 4 --seq-len 128
+check "devices" 0 "backend auto -> cpu" -- "$bin" devices
+check "config resolves" 0 "\"iterations\": 5" -- "$bin" config --config "$src/configs/c4/llama_60m_sinkgd.json"
+check "config override" 0 "\"lr\": 0.001" -- "$bin" config --config "$src/configs/c4/llama_60m_sinkgd.json" --set optimizer.lr=0.001
+check "typo gets suggestion, exit 2" 2 "did you mean 'optimizer.lr'" -- "$bin" config --config "$src/configs/c4/llama_60m_sinkgd.json" --set optimizer.lrr=1
+check "bad override value" 2 "--set optimizer.lr=abc: expected a number" -- "$bin" info --config "$src/configs/c4/llama_60m_sinkgd.json" --set optimizer.lr=abc
+check "missing file" 2 "nope.json: cannot open" -- "$bin" info --config "$tmp/nope.json"
+echo '{"model": {"config": "'"$models"'/llama_tiny.json"}, "optimzer": {}}' > "$tmp/typo.json"
+check "unknown section" 2 "typo.json: optimzer: unknown key \(did you mean 'optimizer'\?\)" -- "$bin" info --config "$tmp/typo.json"
+check "unknown subcommand" 106 "subcommand is required" -- "$bin" frobnicate
+check "reference" 0 "optimizer.sinkgd.iterations" -- "$bin" config --reference
+echo "cli_smoke: $passes passed, $fails failed"
+[ "$fails" -eq 0 ]

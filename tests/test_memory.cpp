@@ -1,0 +1,51 @@
+// The paper's MEM column (weights + optimizer states, BF16, GiB) and the activation plan.
+#include <gtest/gtest.h>
+
+#include "multinorm/memory_estimate.h"
+
+using namespace multinorm;
+
+static ModelConfig paper_config(const std::string& name) {
+  return load_model_config(std::string(MULTINORM_CONFIGS_DIR) + "/models/" + name + ".json");
+}
+
+TEST(Memory, ReproducesThePapersMemColumn) {
+  // Table 1 of the paper: Adam / SinkGD-SWAN. The paper rounds inconsistently (350M Adam is
+  // 2.056 GiB exactly, printed 2.05G): 0.01 GiB is the tolerance the issue states.
+  struct Row { const char* model; double adam, multinorm; };
+  for (const Row& r : {Row{"llama_60m", 0.32, 0.23}, Row{"llama_130m", 0.75, 0.43}, Row{"llama_350m", 2.05, 0.93},
+                       Row{"llama_1b", 7.48, 2.98}}) {
+    const auto table = paper_memory_table(paper_config(r.model));
+    ASSERT_EQ(table.size(), 3u);
+    EXPECT_EQ(table[0].label, "adam");
+    EXPECT_NEAR(table[0].total() / kGiB, r.adam, 0.01) << r.model;
+    EXPECT_NEAR(table[1].total() / kGiB, r.multinorm, 0.01) << r.model;  // sinkgd
+    EXPECT_NEAR(table[2].total() / kGiB, r.multinorm, 0.01) << r.model;  // swan
+    EXPECT_EQ(table[1].matrix_state_bytes, 0) << "SinkGD keeps no state for matrix parameters";
+    EXPECT_EQ(table[2].matrix_state_bytes, 0);
+    EXPECT_GT(table[0].matrix_state_bytes, 0);
+  }
+  // Exact bytes for 60M: 58,073,600 params x (2 weight + 4 Adam) bytes.
+  const auto t60 = paper_memory_table(paper_config("llama_60m"));
+  EXPECT_EQ(t60[0].total(), 58073600LL * 6);
+  EXPECT_EQ(t60[1].total(), 58073600LL * 2 + (2LL * 32000 * 512 + 17 * 512) * 4);
+}
+
+TEST(Memory, ActivationPlanSizes) {
+  ModelConfig m;
+  m.vocab_size = 100;
+  m.hidden_size = 8;
+  m.intermediate_size = 12;
+  m.num_hidden_layers = 2;
+  m.num_attention_heads = 2;
+  const int64_t B = 3, T = 5, BT = 15, C = 8, F = 12, V = 100, H = 2;
+  const ActivationPlan p = plan_activations(m, B, T, DType::BF16);
+  // Per layer: act: input, ln1, attn_out, mid, ln2 (5 BT*C) + qkv 3 BT*C + gate_up 2 BT*F;
+  // f32: two rstd (BT each) + lse (B*H*T).
+  const int64_t per_layer = 2 * (5 * BT * C + 3 * BT * C + 2 * BT * F) + 4 * (2 * BT + B * H * T);
+  const int64_t final_saved = 2 * (2 * BT * C) + 4 * BT + 4 * BT * V + 4 * BT;
+  EXPECT_EQ(p.saved_bytes(), 2 * per_layer + final_saved);
+  const int64_t scratch = 4 * 2 * BT * C + 2 * (BT * C + BT * C + 3 * BT * C + BT * F + BT * F + 2 * BT * F);
+  EXPECT_EQ(p.scratch_bytes(), scratch);
+  EXPECT_EQ(plan_activations(m, B, T, DType::F32).bytes() > p.bytes(), true);
+}
