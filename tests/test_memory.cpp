@@ -42,10 +42,16 @@ TEST(Memory, ActivationPlanSizes) {
   const ActivationPlan p = plan_activations(m, B, T, DType::BF16);
   // Per layer: act: input, ln1, attn_out, mid, ln2 (5 BT*C) + qkv 3 BT*C + gate_up 2 BT*F;
   // f32: two rstd (BT each) + lse (B*H*T).
-  const int64_t per_layer = 2 * (5 * BT * C + 3 * BT * C + 2 * BT * F) + 4 * (2 * BT + B * H * T);
-  const int64_t final_saved = 2 * (2 * BT * C) + 4 * BT + 4 * BT * V + 4 * BT;
+  auto al = [](int64_t bytes) { return (bytes + 63) / 64 * 64; };  // every buffer 64-byte aligned
+  const int64_t per_layer = 5 * al(2 * BT * C) + al(2 * 3 * BT * C) + al(2 * 2 * BT * F) + 2 * al(4 * BT) + al(4 * B * H * T);
+  // Head: R = min(BT, kHeadChunkRows) = BT rows here: logits f32 + d_logits bf16.
+  const int64_t final_saved = 2 * al(2 * BT * C) + al(4 * BT) + al(4 * BT * V) + al(2 * BT * V) + al(4 * BT);
   EXPECT_EQ(p.saved_bytes(), 2 * per_layer + final_saved);
-  const int64_t scratch = 4 * 2 * BT * C + 2 * (BT * C + BT * C + 3 * BT * C + BT * F + BT * F + 2 * BT * F);
+  const int64_t scratch = 2 * al(4 * BT * C) + 2 * al(2 * BT * C) + al(2 * 3 * BT * C) + 2 * al(2 * BT * F) + al(2 * 2 * BT * F);
   EXPECT_EQ(p.scratch_bytes(), scratch);
+  EXPECT_EQ(p.offset_bytes("layers.0.input"), 0);
+  EXPECT_EQ(p.offset_bytes("layers.0.ln1"), al(2 * BT * C));
+  // The head is chunked: the logits buffer does not grow with the micro-batch past kHeadChunkRows.
+  EXPECT_EQ(plan_activations(m, 64, 256, DType::BF16).find("logits").elements, kHeadChunkRows * V);
   EXPECT_EQ(plan_activations(m, B, T, DType::F32).bytes() > p.bytes(), true);
 }

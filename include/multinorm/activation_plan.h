@@ -7,7 +7,9 @@
 //                         attn_lse [B,H,T] f32  attn_out [BT,C]  mid [BT,C]  ln2 [BT,C]
 //                         ln2_rstd [BT] f32  gate_up [BT,2F]
 //   final, saved:         final.input [BT,C]  final.ln [BT,C]  final.rstd [BT] f32
-//   loss:                 logits [BT,V] f32 (one buffer, overwritten by d_logits)  losses [BT] f32
+//   loss head, in chunks of R = min(BT, kHeadChunkRows) rows (logits are never materialised for the
+//   whole micro-batch):   logits [R,V] f32  d_logits [R,V] (bf16 only; fp32 overwrites logits)
+//                         losses [BT] f32
 //   backward scratch:     d_resid [BT,C] f32  d_x [BT,C] f32  d_ln [BT,C]  d_attn_out [BT,C]
 //                         d_qkv [BT,3C]  swiglu [BT,F]  d_swiglu [BT,F]  d_gate_up [BT,2F]
 // "act" buffers are stored in the parameter dtype (bf16 or fp32).
@@ -21,6 +23,9 @@
 
 namespace multinorm {
 
+// Rows of the logits computed at once by the loss head.
+constexpr int64_t kHeadChunkRows = 1024;
+
 struct BufferSpec {
   std::string name;
   int64_t elements;
@@ -32,6 +37,8 @@ struct BufferSpec {
 struct ActivationPlan {
   int64_t micro_batch = 0, seq_len = 0;
   std::vector<BufferSpec> buffers;
+  const BufferSpec& find(const std::string& name) const;
+  int64_t offset_bytes(const std::string& name) const;  // in one arena, each buffer 64-byte aligned
   int64_t bytes() const;
   int64_t saved_bytes() const;
   int64_t scratch_bytes() const;

@@ -1,15 +1,38 @@
 #include "multinorm/activation_plan.h"
 
+#include <algorithm>
+
+#include "multinorm/error.h"
+
 namespace multinorm {
+
+namespace {
+int64_t aligned(int64_t bytes) { return (bytes + 63) / 64 * 64; }
+}  // namespace
 
 int64_t ActivationPlan::bytes() const {
   int64_t n = 0;
-  for (const auto& b : buffers) n += b.bytes();
+  for (const auto& b : buffers) n += aligned(b.bytes());
   return n;
+}
+
+const BufferSpec& ActivationPlan::find(const std::string& name) const {
+  for (const auto& b : buffers)
+    if (b.name == name) return b;
+  throw Error("activation plan: no buffer '" + name + "'");
+}
+
+int64_t ActivationPlan::offset_bytes(const std::string& name) const {
+  int64_t off = 0;
+  for (const auto& b : buffers) {
+    if (b.name == name) return off;
+    off += aligned(b.bytes());
+  }
+  throw Error("activation plan: no buffer '" + name + "'");
 }
 int64_t ActivationPlan::saved_bytes() const {
   int64_t n = 0;
-  for (const auto& b : buffers) n += b.saved ? b.bytes() : 0;
+  for (const auto& b : buffers) n += b.saved ? aligned(b.bytes()) : 0;
   return n;
 }
 int64_t ActivationPlan::scratch_bytes() const { return bytes() - saved_bytes(); }
@@ -38,7 +61,9 @@ ActivationPlan plan_activations(const ModelConfig& m, int64_t B, int64_t T, DTyp
   saved("final.input", BT * C, act);
   saved("final.ln", BT * C, act);
   saved("final.rstd", BT, f32);
-  saved("logits", BT * V, f32);
+  const int64_t R = std::min(BT, kHeadChunkRows);
+  saved("logits", R * V, f32);
+  if (act != f32) saved("d_logits", R * V, act);
   saved("losses", BT, f32);
   scratch("d_resid", BT * C, f32);
   scratch("d_x", BT * C, f32);

@@ -1,0 +1,121 @@
+// The LLaMA model, written out by hand: forward and backward of every layer side by side in
+// src/model/llama_model.cpp, on any Backend. One parameter arena and one gradient arena (offsets
+// from llama_parameters), one activation arena (plan_activations): all allocated at construction,
+// nothing inside a step.
+#pragma once
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "multinorm/activation_plan.h"
+#include "multinorm/backend.h"
+#include "multinorm/model_config.h"
+#include "multinorm/model_spec.h"
+
+namespace multinorm {
+
+// One micro-batch on the host: B sequences of T tokens, row-major [B, T]. targets[b, t] is the token
+// to predict at position t (the caller shifts); loss_mask[b, t] = 0 excludes the position (padding);
+// a null loss_mask counts every position.
+struct MicroBatch {
+  const int32_t* tokens = nullptr;
+  const int32_t* targets = nullptr;
+  const uint8_t* loss_mask = nullptr;
+  int64_t B = 0, T = 0;
+  int64_t count_targets() const;  // positions that count in the loss
+};
+
+struct LossSum {
+  double sum = 0.0;    // sum of per-position losses over counted positions
+  int64_t count = 0;   // counted positions
+  double mean() const { return count ? sum / static_cast<double>(count) : 0.0; }
+};
+
+// Wall time per op kind, for `bench model` (host-side timing: exact on the CPU backend).
+enum class Op { Embedding, RmsNorm, Matmul, Rope, Attention, SwiGLU, CrossEntropy, Copy, kCount };
+const char* op_name(Op op);
+struct OpProfile {
+  std::array<double, static_cast<size_t>(Op::kCount)> seconds{};
+  bool enabled = false;
+  void reset() { seconds.fill(0.0); }
+};
+
+class LlamaModel {
+ public:
+  LlamaModel(Backend& backend, const ModelConfig& config, DType dtype, int64_t max_batch, int64_t max_seq);
+  ~LlamaModel();
+  LlamaModel(const LlamaModel&) = delete;
+  LlamaModel& operator=(const LlamaModel&) = delete;
+
+  const ModelConfig& config() const { return cfg_; }
+  const std::vector<TensorSpec>& tensors() const { return specs_; }
+  const TensorSpec& tensor(const std::string& name) const;
+  DType dtype() const { return dtype_; }
+  int64_t num_params() const { return nparams_; }
+  Backend& backend() { return be_; }
+  Buf params() const { return {params_, dtype_}; }
+  Buf grads() const { return {grads_, dtype_}; }
+  Buf param(const TensorSpec& t) const { return params().at(t.offset); }
+  Buf grad(const TensorSpec& t) const { return grads().at(t.offset); }
+  int64_t activation_bytes() const { return plan_.bytes(); }
+
+  // N(0, initializer_range) for the embedding and every linear, ones for the norms. Each element is
+  // a counter-based draw from (seed, tensor, element): independent of threads and backend.
+  void init_random(uint64_t seed);
+  // Parameters or gradients as FP32 on the host, in arena order, and back.
+  std::vector<float> params_to_host() const;
+  std::vector<float> grads_to_host() const;
+  void params_from_host(const std::vector<float>& values);
+  void zero_grads();
+
+  // Mean-free loss sums; forward() only evaluates. forward_backward() accumulates into the gradient
+  // arena the gradient of grad_scale * (sum of counted per-position losses).
+  LossSum forward(const MicroBatch& mb);
+  LossSum forward_backward(const MicroBatch& mb, float grad_scale);
+  // Logits of every position, [B*T, V] FP32 on the host (sampling, cross-checks).
+  void logits(const MicroBatch& mb, float* host_logits);
+
+  OpProfile& profile() { return profile_; }
+
+ private:
+  struct LayerWeights {
+    Buf qkv, o, gate_up, down, input_norm, post_norm;  // qkv = [q; k; v] rows, gate_up = [gate; up]
+  };
+  struct LayerActs {
+    Buf input, ln1, qkv, attn_out, mid, ln2, gate_up;
+    float *ln1_rstd, *lse, *ln2_rstd;
+  };
+  void upload(const MicroBatch& mb, bool need_targets);
+  void forward_layers(int64_t B, int64_t T);
+  LossSum head(int64_t BT, bool backward, float grad_scale, float* host_logits);
+  void backward_layers(int64_t B, int64_t T);
+  Buf act(const std::string& name) const;
+  float* act_f32(const std::string& name) const { return act(name).f32(); }
+
+  struct Timer;
+  Timer time(Op op);
+
+  Backend& be_;
+  ModelConfig cfg_;
+  DType dtype_;
+  int64_t max_batch_, max_seq_;
+  std::vector<TensorSpec> specs_;
+  int64_t nparams_ = 0;
+  ActivationPlan plan_;
+  void* params_ = nullptr;
+  void* grads_ = nullptr;
+  void* acts_ = nullptr;
+  float* rope_ = nullptr;  // [max_seq, D/2, 2] cos, sin
+  int32_t* tokens_ = nullptr;
+  int32_t* targets_ = nullptr;
+  uint8_t* mask_ = nullptr;
+  std::vector<float> host_losses_;
+  std::vector<LayerWeights> w_, dw_;
+  std::vector<LayerActs> a_;
+  Buf wte_, dwte_, wnorm_, dwnorm_, wlm_, dwlm_;
+  OpProfile profile_;
+};
+
+}  // namespace multinorm

@@ -1,0 +1,52 @@
+// CPU kernels of the model's ops: plain loops over rows, heads and tokens, threaded with OpenMP,
+// templated on the storage type T (float or bf16) with FP32 arithmetic. Each kernel's contract is
+// the matching Backend op in include/multinorm/backend.h; shapes are given there and in the
+// comments of each file. Kernels never allocate: scratch comes from the caller's Workspace.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "../common/bf16.h"
+
+namespace multinorm::cpu {
+
+// Grow-only scratch owned by the backend: sized on the first step, reused after (no allocation on
+// the hot path in steady state).
+class Workspace {
+ public:
+  float* floats(size_t n) {
+    if (f_.size() < n) f_.resize(n);
+    return f_.data();
+  }
+  int32_t* ints(size_t n) {
+    if (i_.size() < n) i_.resize(n);
+    return i_.data();
+  }
+
+ private:
+  std::vector<float> f_;
+  std::vector<int32_t> i_;
+};
+
+template <class T> void embedding_forward(T* out, const int32_t* tokens, const T* wte, int64_t BT, int64_t C);
+template <class T> void embedding_backward(T* dwte, const T* dout, const int32_t* tokens, int64_t BT, int64_t C, Workspace& ws);
+
+template <class T> void rmsnorm_forward(T* out, float* rstd, const T* x, const T* w, int64_t N, int64_t C, float eps);
+template <class T> void rmsnorm_backward(float* dx, T* dw, const float* dout, const T* x, const T* w, const float* rstd,
+                                         int64_t N, int64_t C, bool accumulate_dx, Workspace& ws);
+
+template <class T> void rope_forward(T* qkv, const float* cos_sin, int64_t B, int64_t T_, int64_t H, int64_t D, bool inverse);
+
+template <class T> void attention_forward(T* out, float* lse, const T* qkv, int64_t B, int64_t T_, int64_t H, int64_t D, Workspace& ws);
+template <class T> void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse,
+                                           int64_t B, int64_t T_, int64_t H, int64_t D, Workspace& ws);
+
+template <class T> void swiglu_forward(T* out, const T* gate_up, int64_t N, int64_t F);
+template <class T> void swiglu_backward(T* dgate_up, const T* dout, const T* gate_up, int64_t N, int64_t F);
+
+template <class T> void cross_entropy(float* losses, T* dlogits, const float* logits, const int32_t* targets,
+                                      const uint8_t* mask, int64_t N, int64_t V, float grad_scale);
+
+template <class TO, class TI> void convert(TO* dst, const TI* src, int64_t n);
+
+}  // namespace multinorm::cpu

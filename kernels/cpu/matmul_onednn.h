@@ -1,0 +1,27 @@
+// GEMMs on the CPU through oneDNN's matmul primitive (brgemm: AVX512_BF16 for bf16 inputs with FP32
+// accumulation, AVX-512 for fp32). One primitive per shape/layout/dtype, created on first use and
+// cached, so a training step creates none after the first.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+
+#include "multinorm/backend.h"
+
+namespace multinorm::cpu {
+
+class OneDnnMatmul {
+ public:
+  OneDnnMatmul();
+  ~OneDnnMatmul();
+  // out[M,N] (+)= op(a)[M,K] op(b)[K,N]; see Backend::matmul.
+  void run(Buf out, Buf a, Buf b, int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, bool accumulate);
+  size_t cached_primitives() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace multinorm::cpu

@@ -1,0 +1,77 @@
+// RMSNorm over rows of width C:  out = x * rstd * w,  rstd = 1 / sqrt(mean(x^2) + eps)  (FP32).
+// Backward, with xh = x * rstd and g = dout * w:
+//   dx = rstd * (g - xh * mean(g * xh))        dw += sum over rows of dout * xh
+// dw is reduced in fixed 32-row chunks and then over chunks in order: deterministic whatever the
+// thread count.
+#include <cmath>
+
+#include "cpu_kernels.h"
+
+namespace multinorm::cpu {
+
+namespace {
+constexpr int64_t kChunkRows = 32;
+}
+
+template <class T>
+void rmsnorm_forward(T* out, float* rstd, const T* x, const T* w, int64_t N, int64_t C, float eps) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < N; ++i) {
+    const T* xi = x + i * C;
+    float ss = 0.0f;
+    for (int64_t c = 0; c < C; ++c) {
+      const float v = to_f32(xi[c]);
+      ss += v * v;
+    }
+    const float r = 1.0f / std::sqrt(ss / static_cast<float>(C) + eps);
+    rstd[i] = r;
+    T* oi = out + i * C;
+    for (int64_t c = 0; c < C; ++c) oi[c] = from_f32<T>(to_f32(xi[c]) * r * to_f32(w[c]));
+  }
+}
+
+template <class T>
+void rmsnorm_backward(float* dx, T* dw, const float* dout, const T* x, const T* w, const float* rstd, int64_t N, int64_t C,
+                      bool accumulate_dx, Workspace& ws) {
+  const int64_t chunks = (N + kChunkRows - 1) / kChunkRows;
+  float* partial = ws.floats(static_cast<size_t>(chunks) * C);
+#pragma omp parallel for schedule(static)
+  for (int64_t k = 0; k < chunks; ++k) {
+    float* dwk = partial + k * C;
+    for (int64_t c = 0; c < C; ++c) dwk[c] = 0.0f;
+    const int64_t end = std::min(N, (k + 1) * kChunkRows);
+    for (int64_t i = k * kChunkRows; i < end; ++i) {
+      const T* xi = x + i * C;
+      const float* di = dout + i * C;
+      const float r = rstd[i];
+      float dot = 0.0f;  // sum_c g_c * xh_c
+      for (int64_t c = 0; c < C; ++c) {
+        const float xh = to_f32(xi[c]) * r, d = di[c];
+        dot += d * to_f32(w[c]) * xh;
+        dwk[c] += d * xh;
+      }
+      const float mean = dot / static_cast<float>(C);
+      float* dxi = dx + i * C;
+      for (int64_t c = 0; c < C; ++c) {
+        const float xh = to_f32(xi[c]) * r;
+        const float v = r * (di[c] * to_f32(w[c]) - xh * mean);
+        dxi[c] = accumulate_dx ? dxi[c] + v : v;
+      }
+    }
+  }
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < C; ++c) {
+    float s = 0.0f;
+    for (int64_t k = 0; k < chunks; ++k) s += partial[k * C + c];
+    dw[c] = from_f32<T>(to_f32(dw[c]) + s);
+  }
+}
+
+template void rmsnorm_forward<float>(float*, float*, const float*, const float*, int64_t, int64_t, float);
+template void rmsnorm_forward<bf16>(bf16*, float*, const bf16*, const bf16*, int64_t, int64_t, float);
+template void rmsnorm_backward<float>(float*, float*, const float*, const float*, const float*, const float*, int64_t,
+                                      int64_t, bool, Workspace&);
+template void rmsnorm_backward<bf16>(float*, bf16*, const float*, const bf16*, const bf16*, const float*, int64_t,
+                                     int64_t, bool, Workspace&);
+
+}  // namespace multinorm::cpu

@@ -1,0 +1,35 @@
+// Rotary position embedding, rotate-half layout (dimension i pairs with i + D/2), in place on the q
+// and k sections of qkv[B*T, 3*H*D] (row layout [q heads | k heads | v heads]):
+//   x'_i      = x_i cos(p w_i) - x_{i+h} sin(p w_i)        w_i = theta^(-2i/D), h = D/2
+//   x'_{i+h}  = x_{i+h} cos(p w_i) + x_i sin(p w_i)
+// The backward pass applies the transposed (inverse) rotation to the gradient.
+#include "cpu_kernels.h"
+
+namespace multinorm::cpu {
+
+template <class T>
+void rope_forward(T* qkv, const float* cos_sin, int64_t B, int64_t T_, int64_t H, int64_t D, bool inverse) {
+  const int64_t C = H * D, half = D / 2;
+  const float sign = inverse ? -1.0f : 1.0f;
+#pragma omp parallel for schedule(static)
+  for (int64_t bt = 0; bt < B * T_; ++bt) {
+    const int64_t pos = bt % T_;
+    const float* cs = cos_sin + pos * half * 2;
+    for (int64_t section = 0; section < 2; ++section) {  // q, then k
+      for (int64_t h = 0; h < H; ++h) {
+        T* x = qkv + bt * 3 * C + section * C + h * D;
+        for (int64_t i = 0; i < half; ++i) {
+          const float c = cs[2 * i], s = sign * cs[2 * i + 1];
+          const float a = to_f32(x[i]), b = to_f32(x[i + half]);
+          x[i] = from_f32<T>(a * c - b * s);
+          x[i + half] = from_f32<T>(b * c + a * s);
+        }
+      }
+    }
+  }
+}
+
+template void rope_forward<float>(float*, const float*, int64_t, int64_t, int64_t, int64_t, bool);
+template void rope_forward<bf16>(bf16*, const float*, int64_t, int64_t, int64_t, int64_t, bool);
+
+}  // namespace multinorm::cpu

@@ -1,0 +1,46 @@
+// SwiGLU: out = silu(g) * u with gate_up[N, 2F] = [g | u], silu(g) = g * sigmoid(g).
+// Backward: dg = dout * u * sigmoid(g) * (1 + g * (1 - sigmoid(g))),  du = dout * silu(g).
+#include <cmath>
+
+#include "cpu_kernels.h"
+
+namespace multinorm::cpu {
+
+template <class T>
+void swiglu_forward(T* out, const T* gate_up, int64_t N, int64_t F) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < N; ++i) {
+    const T* g = gate_up + i * 2 * F;
+    const T* u = g + F;
+    T* o = out + i * F;
+    for (int64_t f = 0; f < F; ++f) {
+      const float gv = to_f32(g[f]);
+      o[f] = from_f32<T>(gv / (1.0f + std::exp(-gv)) * to_f32(u[f]));
+    }
+  }
+}
+
+template <class T>
+void swiglu_backward(T* dgate_up, const T* dout, const T* gate_up, int64_t N, int64_t F) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < N; ++i) {
+    const T* g = gate_up + i * 2 * F;
+    const T* u = g + F;
+    const T* d = dout + i * F;
+    T* dg = dgate_up + i * 2 * F;
+    T* du = dg + F;
+    for (int64_t f = 0; f < F; ++f) {
+      const float gv = to_f32(g[f]), uv = to_f32(u[f]), dv = to_f32(d[f]);
+      const float sig = 1.0f / (1.0f + std::exp(-gv));
+      dg[f] = from_f32<T>(dv * uv * sig * (1.0f + gv * (1.0f - sig)));
+      du[f] = from_f32<T>(dv * gv * sig);
+    }
+  }
+}
+
+template void swiglu_forward<float>(float*, const float*, int64_t, int64_t);
+template void swiglu_forward<bf16>(bf16*, const bf16*, int64_t, int64_t);
+template void swiglu_backward<float>(float*, const float*, const float*, int64_t, int64_t);
+template void swiglu_backward<bf16>(bf16*, const bf16*, const bf16*, int64_t, int64_t);
+
+}  // namespace multinorm::cpu

@@ -1,0 +1,146 @@
+// The CPU backend: host memory, oneDNN GEMMs, OpenMP kernels (kernels/cpu/). Each op dispatches on
+// the storage dtype to the templated kernel.
+#include <omp.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "../../kernels/cpu/cpu_kernels.h"
+#include "../../kernels/cpu/matmul_onednn.h"
+#include "multinorm/backend.h"
+#include "multinorm/error.h"
+
+namespace multinorm {
+
+namespace {
+
+// Calls fn(T*) with the buffer's storage type.
+template <class Fn>
+void with_type(DType t, Fn&& fn) {
+  if (t == DType::BF16) fn(static_cast<bf16*>(nullptr));
+  else fn(static_cast<float*>(nullptr));
+}
+template <class T>
+T* as(Buf b) {
+  return static_cast<T*>(b.ptr);
+}
+
+void same_dtype(std::initializer_list<Buf> bufs, const char* op) {
+  const DType t = bufs.begin()->dtype;
+  for (const Buf& b : bufs)
+    if (b.dtype != t) throw Error(std::string(op) + ": buffers must share a dtype");
+}
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(int threads) {
+    threads_ = threads > 0 ? threads : omp_get_num_procs();
+    omp_set_num_threads(threads_);
+  }
+  std::string name() const override { return "cpu"; }
+  int threads() const override { return threads_; }
+
+  void* allocate(int64_t bytes) override {
+    const size_t size = (static_cast<size_t>(bytes) + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, size ? size : 64);
+    if (!p) throw Error("cpu backend: out of memory allocating " + std::to_string(bytes) + " bytes");
+    std::memset(p, 0, size);
+    return p;
+  }
+  void release(void* ptr) override { std::free(ptr); }
+  void to_device(void* dst, const void* src, int64_t bytes) override { std::memcpy(dst, src, bytes); }
+  void to_host(void* dst, const void* src, int64_t bytes) override { std::memcpy(dst, src, bytes); }
+  void zero(Buf x, int64_t n) override { std::memset(x.ptr, 0, n * dtype_bytes(x.dtype)); }
+  void convert(Buf dst, Buf src, int64_t n) override {
+    with_type(dst.dtype, [&](auto* d) {
+      with_type(src.dtype, [&](auto* s) { cpu::convert(as<std::remove_pointer_t<decltype(d)>>(dst), as<std::remove_pointer_t<decltype(s)>>(src), n); });
+    });
+  }
+
+  void matmul(Buf out, Buf a, Buf b, int64_t M, int64_t N, int64_t K, bool ta, bool tb, bool acc) override {
+    gemm_.run(out, a, b, M, N, K, ta, tb, acc);
+  }
+
+  void embedding_forward(Buf out, const int32_t* tokens, Buf wte, int64_t BT, int64_t C) override {
+    same_dtype({out, wte}, "embedding_forward");
+    with_type(out.dtype, [&](auto* t) {
+      using T = std::remove_pointer_t<decltype(t)>;
+      cpu::embedding_forward(as<T>(out), tokens, as<T>(wte), BT, C);
+    });
+  }
+  void embedding_backward(Buf dwte, Buf dout, const int32_t* tokens, int64_t BT, int64_t C) override {
+    same_dtype({dwte, dout}, "embedding_backward");
+    with_type(dwte.dtype, [&](auto* t) {
+      using T = std::remove_pointer_t<decltype(t)>;
+      cpu::embedding_backward(as<T>(dwte), as<T>(dout), tokens, BT, C, ws_);
+    });
+  }
+  void rmsnorm_forward(Buf out, float* rstd, Buf x, Buf w, int64_t N, int64_t C, float eps) override {
+    same_dtype({out, x, w}, "rmsnorm_forward");
+    with_type(out.dtype, [&](auto* t) {
+      using T = std::remove_pointer_t<decltype(t)>;
+      cpu::rmsnorm_forward(as<T>(out), rstd, as<T>(x), as<T>(w), N, C, eps);
+    });
+  }
+  void rmsnorm_backward(float* dx, Buf dw, const float* dout, Buf x, Buf w, const float* rstd, int64_t N, int64_t C,
+                        bool accumulate_dx) override {
+    same_dtype({dw, x, w}, "rmsnorm_backward");
+    with_type(dw.dtype, [&](auto* t) {
+      using T = std::remove_pointer_t<decltype(t)>;
+      cpu::rmsnorm_backward(dx, as<T>(dw), dout, as<T>(x), as<T>(w), rstd, N, C, accumulate_dx, ws_);
+    });
+  }
+  void rope_forward(Buf qkv, const float* cs, int64_t B, int64_t T_, int64_t H, int64_t D) override {
+    with_type(qkv.dtype, [&](auto* t) { cpu::rope_forward(as<std::remove_pointer_t<decltype(t)>>(qkv), cs, B, T_, H, D, false); });
+  }
+  void rope_backward(Buf dqkv, const float* cs, int64_t B, int64_t T_, int64_t H, int64_t D) override {
+    with_type(dqkv.dtype, [&](auto* t) { cpu::rope_forward(as<std::remove_pointer_t<decltype(t)>>(dqkv), cs, B, T_, H, D, true); });
+  }
+  void attention_forward(Buf out, float* lse, Buf qkv, int64_t B, int64_t T_, int64_t H, int64_t D) override {
+    same_dtype({out, qkv}, "attention_forward");
+    with_type(out.dtype, [&](auto* t) {
+      using T = std::remove_pointer_t<decltype(t)>;
+      cpu::attention_forward(as<T>(out), lse, as<T>(qkv), B, T_, H, D, ws_);
+    });
+  }
+  void attention_backward(Buf dqkv, Buf dout, Buf qkv, Buf out, const float* lse, int64_t B, int64_t T_, int64_t H,
+                          int64_t D) override {
+    same_dtype({dqkv, dout, qkv, out}, "attention_backward");
+    with_type(dqkv.dtype, [&](auto* t) {
+      using T = std::remove_pointer_t<decltype(t)>;
+      cpu::attention_backward(as<T>(dqkv), as<T>(dout), as<T>(qkv), as<T>(out), lse, B, T_, H, D, ws_);
+    });
+  }
+  void swiglu_forward(Buf out, Buf gate_up, int64_t N, int64_t F) override {
+    same_dtype({out, gate_up}, "swiglu_forward");
+    with_type(out.dtype, [&](auto* t) {
+      using T = std::remove_pointer_t<decltype(t)>;
+      cpu::swiglu_forward(as<T>(out), as<T>(gate_up), N, F);
+    });
+  }
+  void swiglu_backward(Buf dgate_up, Buf dout, Buf gate_up, int64_t N, int64_t F) override {
+    same_dtype({dgate_up, dout, gate_up}, "swiglu_backward");
+    with_type(dgate_up.dtype, [&](auto* t) {
+      using T = std::remove_pointer_t<decltype(t)>;
+      cpu::swiglu_backward(as<T>(dgate_up), as<T>(dout), as<T>(gate_up), N, F);
+    });
+  }
+  void cross_entropy(float* losses, Buf dlogits, const float* logits, const int32_t* targets, const uint8_t* mask,
+                     int64_t N, int64_t V, float grad_scale) override {
+    with_type(dlogits.dtype, [&](auto* t) {
+      using T = std::remove_pointer_t<decltype(t)>;
+      cpu::cross_entropy(losses, as<T>(dlogits), logits, targets, mask, N, V, grad_scale);
+    });
+  }
+
+ private:
+  int threads_;
+  cpu::OneDnnMatmul gemm_;
+  cpu::Workspace ws_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(int threads) { return std::make_unique<CpuBackend>(threads); }
+
+}  // namespace multinorm

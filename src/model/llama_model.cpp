@@ -1,0 +1,370 @@
+// LLaMA forward and backward, written out layer by layer (no autograd).
+//
+// Shapes: B sequences, T positions, BT = B*T rows; C = hidden, F = intermediate, H heads of D = C/H,
+// V = vocab. Weights in Hugging Face layout [out, in]; a linear y = x W^T is matmul(trans_b). The
+// arena keeps q, k, v (and gate, up) adjacent, so each group is one [3C, C] (or [2F, C]) GEMM.
+//
+// Block l (pre-norm):   ln1 = rmsnorm(x)               qkv = ln1 Wqkv^T, RoPE on q and k
+//                       attn = causal_softmax_attention(qkv)
+//                       mid = x + attn Wo^T            ln2 = rmsnorm(mid)
+//                       gate_up = ln2 Wgu^T            out = mid + swiglu(gate_up) Wdown^T
+// Head:                 lnf = rmsnorm(x_L)             logits = lnf Wlm^T (chunks of rows)
+//                       loss = cross_entropy(logits, targets, mask)
+#include "multinorm/llama_model.h"
+
+#include <omp.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "multinorm/error.h"
+
+namespace multinorm {
+
+const char* op_name(Op op) {
+  static const char* names[] = {"embedding", "rmsnorm", "matmul", "rope", "attention", "swiglu", "cross_entropy", "copy"};
+  return names[static_cast<size_t>(op)];
+}
+
+int64_t MicroBatch::count_targets() const {
+  if (!loss_mask) return B * T;
+  int64_t n = 0;
+  for (int64_t i = 0; i < B * T; ++i) n += loss_mask[i] != 0;
+  return n;
+}
+
+struct LlamaModel::Timer {
+  OpProfile* profile;
+  Op op;
+  std::chrono::steady_clock::time_point start;
+  ~Timer() {
+    if (profile)
+      profile->seconds[static_cast<size_t>(op)] +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+};
+
+LlamaModel::Timer LlamaModel::time(Op op) {
+  return Timer{profile_.enabled ? &profile_ : nullptr, op, std::chrono::steady_clock::now()};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Construction: the three arenas and their named views
+// ---------------------------------------------------------------------------------------------
+
+LlamaModel::LlamaModel(Backend& backend, const ModelConfig& config, DType dtype, int64_t max_batch, int64_t max_seq)
+    : be_(backend), cfg_(config), dtype_(dtype), max_batch_(max_batch), max_seq_(max_seq) {
+  if (max_seq > cfg_.max_position_embeddings)
+    throw Error("model: sequence length " + std::to_string(max_seq) + " exceeds max_position_embeddings " +
+                std::to_string(cfg_.max_position_embeddings));
+  specs_ = llama_parameters(cfg_);
+  nparams_ = count_parameters(specs_);
+  plan_ = plan_activations(cfg_, max_batch, max_seq, dtype);
+  params_ = be_.allocate(nparams_ * dtype_bytes(dtype));
+  grads_ = be_.allocate(nparams_ * dtype_bytes(dtype));
+  acts_ = be_.allocate(plan_.bytes());
+  const int64_t BT = max_batch * max_seq, D = cfg_.head_dim();
+  tokens_ = static_cast<int32_t*>(be_.allocate(BT * 4));
+  targets_ = static_cast<int32_t*>(be_.allocate(BT * 4));
+  mask_ = static_cast<uint8_t*>(be_.allocate(BT));
+  host_losses_.resize(BT);
+
+  // RoPE table, computed as Hugging Face does (FP32 inverse frequencies, FP32 angle).
+  std::vector<float> cs(max_seq * D);
+  for (int64_t p = 0; p < max_seq; ++p)
+    for (int64_t i = 0; i < D / 2; ++i) {
+      const float inv = 1.0f / std::pow(static_cast<float>(cfg_.rope_theta), static_cast<float>(2 * i) / static_cast<float>(D));
+      const float angle = static_cast<float>(p) * inv;
+      cs[(p * (D / 2) + i) * 2] = static_cast<float>(std::cos(static_cast<double>(angle)));
+      cs[(p * (D / 2) + i) * 2 + 1] = static_cast<float>(std::sin(static_cast<double>(angle)));
+    }
+  rope_ = static_cast<float*>(be_.allocate(cs.size() * 4));
+  be_.to_device(rope_, cs.data(), cs.size() * 4);
+
+  auto view = [&](const std::string& name, bool grad) { const auto& t = tensor(name); return grad ? this->grad(t) : param(t); };
+  for (bool g : {false, true}) {
+    auto& dst = g ? dw_ : w_;
+    for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l) {
+      const std::string p = "model.layers." + std::to_string(l) + ".";
+      dst.push_back({view(p + "self_attn.q_proj.weight", g), view(p + "self_attn.o_proj.weight", g),
+                     view(p + "mlp.gate_proj.weight", g), view(p + "mlp.down_proj.weight", g),
+                     view(p + "input_layernorm.weight", g), view(p + "post_attention_layernorm.weight", g)});
+    }
+  }
+  wte_ = view("model.embed_tokens.weight", false);
+  dwte_ = view("model.embed_tokens.weight", true);
+  wnorm_ = view("model.norm.weight", false);
+  dwnorm_ = view("model.norm.weight", true);
+  const std::string lm = cfg_.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
+  wlm_ = view(lm, false);
+  dwlm_ = view(lm, true);
+  for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    a_.push_back({act(p + "input"), act(p + "ln1"), act(p + "qkv"), act(p + "attn_out"), act(p + "mid"), act(p + "ln2"),
+                  act(p + "gate_up"), act_f32(p + "ln1_rstd"), act_f32(p + "attn_lse"), act_f32(p + "ln2_rstd")});
+  }
+}
+
+LlamaModel::~LlamaModel() {
+  for (void* p : {params_, grads_, acts_, static_cast<void*>(rope_), static_cast<void*>(tokens_),
+                  static_cast<void*>(targets_), static_cast<void*>(mask_)})
+    be_.release(p);
+}
+
+const TensorSpec& LlamaModel::tensor(const std::string& name) const {
+  for (const auto& t : specs_)
+    if (t.name == name) return t;
+  throw Error("model: no tensor named '" + name + "'");
+}
+
+Buf LlamaModel::act(const std::string& name) const {
+  const BufferSpec& b = plan_.find(name);
+  return {static_cast<char*>(acts_) + plan_.offset_bytes(name), b.dtype};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Parameters
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+// splitmix64: a counter-based generator, so element e of tensor t gets the same draw whatever the
+// thread layout.
+inline uint64_t mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+inline double uniform01(uint64_t bits) { return (static_cast<double>(bits >> 11) + 0.5) * (1.0 / 9007199254740992.0); }
+}  // namespace
+
+void LlamaModel::init_random(uint64_t seed) {
+  std::vector<float> host(nparams_);
+  for (size_t ti = 0; ti < specs_.size(); ++ti) {
+    const TensorSpec& t = specs_[ti];
+    float* dst = host.data() + t.offset;
+    const int64_t n = t.numel();
+    if (t.group() == TensorGroup::Norm) {
+      std::fill(dst, dst + n, 1.0f);
+      continue;
+    }
+    const uint64_t stream = mix(seed * 0x100000001b3ULL + ti + 1);
+    const double std_dev = cfg_.initializer_range;
+#pragma omp parallel for schedule(static)
+    for (int64_t e = 0; e < n; ++e) {
+      // Box-Muller on two counter-based uniforms.
+      const double u1 = uniform01(mix(stream ^ (2 * static_cast<uint64_t>(e)))),
+                   u2 = uniform01(mix(stream ^ (2 * static_cast<uint64_t>(e) + 1)));
+      dst[e] = static_cast<float>(std_dev * std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
+    }
+  }
+  params_from_host(host);
+  zero_grads();
+}
+
+void LlamaModel::params_from_host(const std::vector<float>& values) {
+  if (static_cast<int64_t>(values.size()) != nparams_)
+    throw Error("model: expected " + std::to_string(nparams_) + " parameter values, got " + std::to_string(values.size()));
+  // Stage FP32 in a backend buffer and convert there (RNE to bf16).
+  void* staging = be_.allocate(nparams_ * 4);
+  be_.to_device(staging, values.data(), nparams_ * 4);
+  be_.convert(params(), Buf{staging, DType::F32}, nparams_);
+  be_.release(staging);
+}
+
+static std::vector<float> arena_to_host(Backend& be, Buf arena, int64_t n) {
+  std::vector<float> out(n);
+  void* staging = be.allocate(n * 4);
+  be.convert(Buf{staging, DType::F32}, arena, n);
+  be.to_host(out.data(), staging, n * 4);
+  be.release(staging);
+  return out;
+}
+
+std::vector<float> LlamaModel::params_to_host() const { return arena_to_host(be_, params(), nparams_); }
+std::vector<float> LlamaModel::grads_to_host() const { return arena_to_host(be_, grads(), nparams_); }
+void LlamaModel::zero_grads() { be_.zero(grads(), nparams_); }
+
+// ---------------------------------------------------------------------------------------------
+// Inputs
+// ---------------------------------------------------------------------------------------------
+
+void LlamaModel::upload(const MicroBatch& mb, bool need_targets) {
+  if (mb.B < 1 || mb.T < 1 || mb.B > max_batch_ || mb.T > max_seq_)
+    throw Error("model: micro-batch " + std::to_string(mb.B) + " x " + std::to_string(mb.T) + " exceeds the planned " +
+                std::to_string(max_batch_) + " x " + std::to_string(max_seq_));
+  const int64_t BT = mb.B * mb.T, V = cfg_.vocab_size;
+  auto check = [&](const int32_t* ids, const char* what, bool skip_masked) {
+    for (int64_t i = 0; i < BT; ++i) {
+      if (skip_masked && mb.loss_mask && !mb.loss_mask[i]) continue;
+      if (ids[i] < 0 || ids[i] >= V)
+        throw Error(std::string("model: ") + what + " id " + std::to_string(ids[i]) + " at (sequence " +
+                    std::to_string(i / mb.T) + ", position " + std::to_string(i % mb.T) + ") is outside [0, " +
+                    std::to_string(V) + ")");
+    }
+  };
+  check(mb.tokens, "token", false);
+  be_.to_device(tokens_, mb.tokens, BT * 4);
+  if (need_targets) {
+    if (!mb.targets) throw Error("model: the loss needs targets");
+    check(mb.targets, "target", true);
+    // Masked targets may hold anything (e.g. a pad id): the kernels never read them.
+    be_.to_device(targets_, mb.targets, BT * 4);
+    std::vector<uint8_t> ones;
+    const uint8_t* mask = mb.loss_mask;
+    if (!mask) {
+      ones.assign(BT, 1);
+      mask = ones.data();
+    }
+    be_.to_device(mask_, mask, BT);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forward
+// ---------------------------------------------------------------------------------------------
+
+void LlamaModel::forward_layers(int64_t B, int64_t T) {
+  const int64_t BT = B * T, C = cfg_.hidden_size, F = cfg_.intermediate_size, H = cfg_.num_attention_heads,
+                D = cfg_.head_dim();
+  const float eps = static_cast<float>(cfg_.rms_norm_eps);
+  Buf swiglu = act("swiglu");
+  {
+    auto t = time(Op::Embedding);
+    be_.embedding_forward(a_[0].input, tokens_, wte_, BT, C);  // x0[BT,C] = wte[tokens]
+  }
+  for (size_t l = 0; l < a_.size(); ++l) {
+    const LayerActs& A = a_[l];
+    const LayerWeights& W = w_[l];
+    Buf out = l + 1 < a_.size() ? a_[l + 1].input : act("final.input");
+    { auto t = time(Op::RmsNorm);   be_.rmsnorm_forward(A.ln1, A.ln1_rstd, A.input, W.input_norm, BT, C, eps); }
+    { auto t = time(Op::Matmul);    be_.matmul(A.qkv, A.ln1, W.qkv, BT, 3 * C, C, false, true, false); }  // [BT,3C]
+    { auto t = time(Op::Rope);      be_.rope_forward(A.qkv, rope_, B, T, H, D); }
+    { auto t = time(Op::Attention); be_.attention_forward(A.attn_out, A.lse, A.qkv, B, T, H, D); }  // [BT,C]
+    { auto t = time(Op::Copy);      be_.convert(A.mid, A.input, BT * C); }
+    { auto t = time(Op::Matmul);    be_.matmul(A.mid, A.attn_out, W.o, BT, C, C, false, true, true); }  // mid = x + attn Wo^T
+    { auto t = time(Op::RmsNorm);   be_.rmsnorm_forward(A.ln2, A.ln2_rstd, A.mid, W.post_norm, BT, C, eps); }
+    { auto t = time(Op::Matmul);    be_.matmul(A.gate_up, A.ln2, W.gate_up, BT, 2 * F, C, false, true, false); }  // [BT,2F]
+    { auto t = time(Op::SwiGLU);    be_.swiglu_forward(swiglu, A.gate_up, BT, F); }  // [BT,F]
+    { auto t = time(Op::Copy);      be_.convert(out, A.mid, BT * C); }
+    { auto t = time(Op::Matmul);    be_.matmul(out, swiglu, W.down, BT, C, F, false, true, true); }  // out = mid + s Wdown^T
+  }
+  auto t = time(Op::RmsNorm);
+  be_.rmsnorm_forward(act("final.ln"), act_f32("final.rstd"), act("final.input"), wnorm_, BT, C, eps);
+}
+
+// The loss head, in chunks of rows: logits, cross-entropy, and (backward) d_lnf and dWlm at once, so
+// only one chunk of logits ever exists.
+LossSum LlamaModel::head(int64_t BT, bool backward, float grad_scale, float* host_logits) {
+  const int64_t C = cfg_.hidden_size, V = cfg_.vocab_size;
+  Buf lnf = act("final.ln"), logits = act("logits");
+  Buf dlogits = dtype_ == DType::F32 ? logits : act("d_logits");
+  float* losses = act_f32("losses");
+  float* d_lnf = act_f32("d_x");
+  for (int64_t r0 = 0; r0 < BT; r0 += kHeadChunkRows) {
+    const int64_t R = std::min(kHeadChunkRows, BT - r0);
+    { auto t = time(Op::Matmul); be_.matmul(logits, lnf.at(r0 * C), wlm_, R, V, C, false, true, false); }  // [R,V] f32
+    if (host_logits) {
+      be_.to_host(host_logits + r0 * V, logits.ptr, R * V * 4);
+      continue;
+    }
+    {
+      auto t = time(Op::CrossEntropy);
+      be_.cross_entropy(losses + r0, backward ? dlogits : Buf{nullptr, dlogits.dtype}, logits.f32(), targets_ + r0,
+                        mask_ + r0, R, V, grad_scale);
+    }
+    if (backward) {
+      auto t = time(Op::Matmul);
+      be_.matmul(Buf{d_lnf + r0 * C, DType::F32}, dlogits, wlm_, R, C, V, false, false, false);  // d_lnf = dlogits Wlm
+      be_.matmul(dwlm_, dlogits, lnf.at(r0 * C), V, C, R, true, false, true);  // dWlm += dlogits^T lnf
+    }
+  }
+  LossSum loss;
+  if (host_logits) return loss;
+  be_.to_host(host_losses_.data(), losses, BT * 4);
+  std::vector<uint8_t> mask(BT);
+  be_.to_host(mask.data(), mask_, BT);
+  for (int64_t i = 0; i < BT; ++i)
+    if (mask[i]) {
+      loss.sum += host_losses_[i];
+      ++loss.count;
+    }
+  return loss;
+}
+
+LossSum LlamaModel::forward(const MicroBatch& mb) {
+  upload(mb, true);
+  forward_layers(mb.B, mb.T);
+  return head(mb.B * mb.T, false, 0.0f, nullptr);
+}
+
+void LlamaModel::logits(const MicroBatch& mb, float* host_logits) {
+  upload(mb, false);
+  forward_layers(mb.B, mb.T);
+  head(mb.B * mb.T, false, 0.0f, host_logits);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backward
+// ---------------------------------------------------------------------------------------------
+
+LossSum LlamaModel::forward_backward(const MicroBatch& mb, float grad_scale) {
+  upload(mb, true);
+  forward_layers(mb.B, mb.T);
+  const LossSum loss = head(mb.B * mb.T, true, grad_scale, nullptr);
+  backward_layers(mb.B, mb.T);
+  return loss;
+}
+
+void LlamaModel::backward_layers(int64_t B, int64_t T) {
+  const int64_t BT = B * T, C = cfg_.hidden_size, F = cfg_.intermediate_size, H = cfg_.num_attention_heads,
+                D = cfg_.head_dim();
+  float* d_resid = act_f32("d_resid");  // dL/d(residual stream), FP32
+  float* d_x = act_f32("d_x");          // FP32 output of the dX GEMMs
+  Buf d_ln = act("d_ln"), d_attn_out = act("d_attn_out"), d_qkv = act("d_qkv"), swiglu = act("swiglu"),
+      d_swiglu = act("d_swiglu"), d_gate_up = act("d_gate_up");
+  const Buf d_resid_buf{d_resid, DType::F32};
+  {
+    auto t = time(Op::RmsNorm);  // final norm: d_x holds d_lnf from the head
+    be_.rmsnorm_backward(d_resid, dwnorm_, d_x, act("final.input"), wnorm_, act_f32("final.rstd"), BT, C, false);
+  }
+  for (size_t l = a_.size(); l-- > 0;) {
+    const LayerActs& A = a_[l];
+    const LayerWeights& W = w_[l];
+    const LayerWeights& dW = dw_[l];
+    // MLP branch: out = mid + swiglu(ln2 Wgu^T) Wdown^T
+    { auto t = time(Op::Copy);    be_.convert(d_ln, d_resid_buf, BT * C); }  // d_out in the GEMM dtype
+    { auto t = time(Op::SwiGLU);  be_.swiglu_forward(swiglu, A.gate_up, BT, F); }  // recomputed, not stored
+    {
+      auto t = time(Op::Matmul);
+      be_.matmul(dW.down, d_ln, swiglu, C, F, BT, true, false, true);     // dWdown[C,F] += d_out^T s
+      be_.matmul(d_swiglu, d_ln, W.down, BT, F, C, false, false, false);  // d_s[BT,F] = d_out Wdown
+    }
+    { auto t = time(Op::SwiGLU);  be_.swiglu_backward(d_gate_up, d_swiglu, A.gate_up, BT, F); }
+    {
+      auto t = time(Op::Matmul);
+      be_.matmul(dW.gate_up, d_gate_up, A.ln2, 2 * F, C, BT, true, false, true);              // dWgu += d_gu^T ln2
+      be_.matmul(Buf{d_x, DType::F32}, d_gate_up, W.gate_up, BT, C, 2 * F, false, false, false);  // d_ln2 = d_gu Wgu
+    }
+    { auto t = time(Op::RmsNorm); be_.rmsnorm_backward(d_resid, dW.post_norm, d_x, A.mid, W.post_norm, A.ln2_rstd, BT, C, true); }
+    // Attention branch: mid = x + attention(RoPE(ln1 Wqkv^T)) Wo^T
+    { auto t = time(Op::Copy);    be_.convert(d_ln, d_resid_buf, BT * C); }
+    {
+      auto t = time(Op::Matmul);
+      be_.matmul(dW.o, d_ln, A.attn_out, C, C, BT, true, false, true);     // dWo += d_mid^T attn
+      be_.matmul(d_attn_out, d_ln, W.o, BT, C, C, false, false, false);    // d_attn = d_mid Wo
+    }
+    { auto t = time(Op::Attention); be_.attention_backward(d_qkv, d_attn_out, A.qkv, A.attn_out, A.lse, B, T, H, D); }
+    { auto t = time(Op::Rope);      be_.rope_backward(d_qkv, rope_, B, T, H, D); }
+    {
+      auto t = time(Op::Matmul);
+      be_.matmul(dW.qkv, d_qkv, A.ln1, 3 * C, C, BT, true, false, true);                   // dWqkv += d_qkv^T ln1
+      be_.matmul(Buf{d_x, DType::F32}, d_qkv, W.qkv, BT, C, 3 * C, false, false, false);  // d_ln1 = d_qkv Wqkv
+    }
+    { auto t = time(Op::RmsNorm); be_.rmsnorm_backward(d_resid, dW.input_norm, d_x, A.input, W.input_norm, A.ln1_rstd, BT, C, true); }
+  }
+  { auto t = time(Op::Copy);      be_.convert(d_ln, d_resid_buf, BT * C); }
+  { auto t = time(Op::Embedding); be_.embedding_backward(dwte_, d_ln, tokens_, BT, C); }
+}
+
+}  // namespace multinorm

@@ -1,0 +1,207 @@
+// The whole LLaMA on the CPU backend against the independent FP64 reference: logits, loss, and every
+// parameter's gradient against central finite differences of the reference loss.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "multinorm/error.h"
+#include "multinorm/llama_model.h"
+#include "reference_llama.h"
+#include "test_support.h"
+
+using namespace multinorm;
+using namespace multinorm::testing;
+namespace ref = multinorm::reference;
+
+namespace {
+
+ModelConfig tiny(bool tied = false) {
+  ModelConfig m;
+  m.name = "grad-check";
+  m.vocab_size = 37;
+  m.hidden_size = 16;
+  m.intermediate_size = 24;
+  m.num_hidden_layers = 2;
+  m.num_attention_heads = 2;
+  m.max_position_embeddings = 16;
+  m.rms_norm_eps = 1e-5;
+  m.initializer_range = 0.3;  // large enough that every path carries signal
+  m.tie_word_embeddings = tied;
+  return m;
+}
+
+struct Batch {
+  int64_t B, T;
+  std::vector<int32_t> tokens, targets;
+  std::vector<uint8_t> mask;
+  Batch(int64_t b, int64_t t, int64_t V, uint32_t seed) : B(b), T(t), tokens(b * t), targets(b * t), mask(b * t, 1) {
+    std::mt19937 gen(seed);
+    for (auto& x : tokens) x = static_cast<int32_t>(gen() % V);
+    for (int64_t i = 0; i < b * t; ++i) targets[i] = (i % t + 1 < t) ? tokens[i + 1] : static_cast<int32_t>(gen() % V);
+    // Padding at the end of the last sequence: masked positions never count.
+    for (int64_t i = b * t - 2; i < b * t; ++i) mask[i] = 0, targets[i] = -1;
+  }
+  MicroBatch mb() const { return {tokens.data(), targets.data(), mask.data(), B, T}; }
+};
+
+}  // namespace
+
+class ModelGrad : public ::testing::TestWithParam<bool> {};
+
+TEST_P(ModelGrad, MatchesFiniteDifferencesOfTheFp64Reference) {
+  const bool tied = GetParam();
+  auto be = make_cpu_backend(2);
+  const ModelConfig cfg = tiny(tied);
+  const Batch batch(2, 7, cfg.vocab_size, 17);  // T = 7: no block size divides it
+  LlamaModel model(*be, cfg, DType::F32, batch.B, batch.T);
+  model.init_random(5);
+  const std::vector<float> p32 = model.params_to_host();
+  const Vec params(p32.begin(), p32.end());
+
+  const float scale = 0.25f;
+  const LossSum loss = model.forward_backward(batch.mb(), scale);
+  const double ref_loss = ref::loss_sum(cfg, params, batch.tokens, batch.targets, batch.mask, batch.B, batch.T);
+  EXPECT_EQ(loss.count, batch.B * batch.T - 2);
+  EXPECT_NEAR(loss.sum, ref_loss, 1e-5 * std::fabs(ref_loss));
+
+  const std::vector<float> g32 = model.grads_to_host();
+  const Vec grads(g32.begin(), g32.end());
+  const Vec fd = numeric_grad([&](const Vec& p) {
+    return scale * ref::loss_sum(cfg, p, batch.tokens, batch.targets, batch.mask, batch.B, batch.T);
+  }, params, 1e-5);
+  // Per tensor, so a wrong gradient names its tensor.
+  for (const auto& t : model.tensors()) {
+    const Vec a(grads.begin() + t.offset, grads.begin() + t.offset + t.numel());
+    const Vec e(fd.begin() + t.offset, fd.begin() + t.offset + t.numel());
+    EXPECT_TRUE(close(a, e, 2e-4, 1e-7)) << t.name;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Untied, ModelGrad, ::testing::Values(false));
+INSTANTIATE_TEST_SUITE_P(Tied, ModelGrad, ::testing::Values(true));
+
+TEST(Model, LogitsMatchTheReference) {
+  auto be = make_cpu_backend(2);
+  const ModelConfig cfg = tiny();
+  const Batch batch(3, 5, cfg.vocab_size, 3);
+  LlamaModel model(*be, cfg, DType::F32, 3, 5);
+  model.init_random(1);
+  const std::vector<float> p32 = model.params_to_host();
+  Vec ref_logits;
+  ref::loss_sum(cfg, Vec(p32.begin(), p32.end()), batch.tokens, batch.targets, batch.mask, 3, 5, &ref_logits);
+  std::vector<float> logits(3 * 5 * cfg.vocab_size);
+  model.logits(batch.mb(), logits.data());
+  EXPECT_TRUE(close(Vec(logits.begin(), logits.end()), ref_logits, 1e-5));
+}
+
+TEST(Model, GradientsAccumulateAcrossMicroBatches) {
+  auto be = make_cpu_backend(2);
+  const ModelConfig cfg = tiny();
+  const Batch a(2, 6, cfg.vocab_size, 8), b(2, 6, cfg.vocab_size, 9);
+  LlamaModel model(*be, cfg, DType::F32, 2, 6);
+  model.init_random(2);
+  model.forward_backward(a.mb(), 1.0f);
+  const auto ga = model.grads_to_host();
+  model.zero_grads();
+  model.forward_backward(b.mb(), 1.0f);
+  const auto gb = model.grads_to_host();
+  model.zero_grads();
+  model.forward_backward(a.mb(), 1.0f);
+  model.forward_backward(b.mb(), 1.0f);
+  const auto gab = model.grads_to_host();
+  Vec sum(ga.size()), got(gab.begin(), gab.end());
+  for (size_t i = 0; i < ga.size(); ++i) sum[i] = double(ga[i]) + gb[i];
+  EXPECT_TRUE(close(got, sum, 1e-6));
+}
+
+TEST(Model, DeterministicForASeedAndThreadCount) {
+  const ModelConfig cfg = tiny();
+  const Batch batch(2, 9, cfg.vocab_size, 4);
+  std::vector<float> first_grads;
+  double first_loss = 0;
+  for (int run = 0; run < 2; ++run) {
+    auto be = make_cpu_backend(2);
+    for (DType dt : {DType::BF16}) {
+      LlamaModel model(*be, cfg, dt, 2, 9);
+      model.init_random(42);
+      const LossSum l = model.forward_backward(batch.mb(), 1.0f);
+      const auto g = model.grads_to_host();
+      if (run == 0) {
+        first_grads = g;
+        first_loss = l.sum;
+      } else {
+        EXPECT_EQ(std::memcmp(&first_loss, &l.sum, sizeof(double)), 0);
+        ASSERT_EQ(g.size(), first_grads.size());
+        EXPECT_EQ(std::memcmp(g.data(), first_grads.data(), g.size() * sizeof(float)), 0);
+      }
+    }
+  }
+}
+
+TEST(Model, Bf16TracksFp32) {
+  auto be = make_cpu_backend(2);
+  ModelConfig cfg = tiny();
+  cfg.initializer_range = 0.02;  // the paper's init
+  cfg.vocab_size = 301;
+  cfg.hidden_size = 64;
+  cfg.intermediate_size = 172;
+  cfg.num_attention_heads = 4;
+  cfg.max_position_embeddings = 32;
+  const Batch batch(2, 32, cfg.vocab_size, 5);
+  LlamaModel m32(*be, cfg, DType::F32, 2, 32), m16(*be, cfg, DType::BF16, 2, 32);
+  m32.init_random(3);
+  m16.init_random(3);
+  const LossSum l32 = m32.forward_backward(batch.mb(), 1.0f), l16 = m16.forward_backward(batch.mb(), 1.0f);
+  EXPECT_NEAR(l16.mean(), l32.mean(), 0.01 * l32.mean());
+  const auto g32 = m32.grads_to_host(), g16 = m16.grads_to_host();
+  // Per tensor: the BF16 gradient points the same way (cosine) as the FP32 one.
+  for (const auto& t : m32.tensors()) {
+    double ab = 0, aa = 0, bb = 0;
+    for (int64_t i = t.offset; i < t.offset + t.numel(); ++i) ab += double(g32[i]) * g16[i], aa += double(g32[i]) * g32[i], bb += double(g16[i]) * g16[i];
+    EXPECT_GT(ab / std::sqrt(aa * bb + 1e-300), 0.99) << t.name;
+  }
+}
+
+TEST(Model, InitIsNormalWithTheConfiguredStd) {
+  auto be = make_cpu_backend(2);
+  ModelConfig cfg = tiny();
+  cfg.initializer_range = 0.02;
+  LlamaModel model(*be, cfg, DType::F32, 1, 4);
+  model.init_random(7);
+  const auto p = model.params_to_host();
+  const TensorSpec& emb = model.tensor("model.embed_tokens.weight");
+  double s = 0, ss = 0;
+  for (int64_t i = emb.offset; i < emb.offset + emb.numel(); ++i) s += p[i], ss += double(p[i]) * p[i];
+  const double n = static_cast<double>(emb.numel()), mean = s / n, std_dev = std::sqrt(ss / n - mean * mean);
+  EXPECT_NEAR(mean, 0.0, 4 * 0.02 / std::sqrt(n));
+  EXPECT_NEAR(std_dev, 0.02, 0.02 * 0.1);
+  for (int64_t i = model.tensor("model.norm.weight").offset; i < model.tensor("model.norm.weight").offset + 16; ++i)
+    EXPECT_EQ(p[i], 1.0f);
+  // Another seed gives other weights; the same seed the same ones.
+  LlamaModel other(*be, cfg, DType::F32, 1, 4);
+  other.init_random(8);
+  EXPECT_NE(other.params_to_host()[emb.offset], p[emb.offset]);
+  other.init_random(7);
+  EXPECT_EQ(other.params_to_host(), p);
+}
+
+TEST(Model, OutOfRangeTokensAreErrorsNamingThePosition) {
+  auto be = make_cpu_backend(1);
+  const ModelConfig cfg = tiny();
+  LlamaModel model(*be, cfg, DType::F32, 2, 4);
+  model.init_random(1);
+  std::vector<int32_t> tokens = {1, 2, 3, 4, 5, 6, 37, 8}, targets(8, 0);
+  try {
+    model.forward({tokens.data(), targets.data(), nullptr, 2, 4});
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("token id 37 at (sequence 1, position 2) is outside [0, 37)"), std::string::npos)
+        << e.what();
+  }
+  tokens[6] = 7;
+  targets[3] = -5;
+  EXPECT_THROW(model.forward({tokens.data(), targets.data(), nullptr, 2, 4}), Error);
+  std::vector<uint8_t> mask = {1, 1, 1, 0, 1, 1, 1, 1};  // a masked target is never read
+  EXPECT_NO_THROW(model.forward({tokens.data(), targets.data(), mask.data(), 2, 4}));
+  EXPECT_THROW(model.forward({tokens.data(), targets.data(), mask.data(), 3, 4}), Error);  // over the plan
+}

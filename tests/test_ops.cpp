@@ -1,0 +1,202 @@
+// Every op of the CPU backend: forward against the FP64 reference, backward against central finite
+// differences of that reference (FP32 kernels: tolerances a few FP32 ulps of the data's scale).
+// Odd shapes on purpose: nothing is a multiple of a block or vector width.
+#include <gtest/gtest.h>
+
+#include "multinorm/backend.h"
+#include "reference_llama.h"
+#include "test_support.h"
+
+using namespace multinorm;
+using namespace multinorm::testing;
+namespace ref = multinorm::reference;
+
+namespace {
+
+struct Ops : ::testing::Test {
+  std::unique_ptr<Backend> be = make_cpu_backend(2);
+  static constexpr DType f32 = DType::F32;
+};
+
+// qkv [B*T, 3*H*D] -> the reference's q, k, v [B,T,H,D] (same memory order per section).
+void split_qkv(const Vec& qkv, int64_t N, int64_t C, Vec& q, Vec& k, Vec& v) {
+  q.assign(N * C, 0), k.assign(N * C, 0), v.assign(N * C, 0);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t c = 0; c < C; ++c) {
+      q[n * C + c] = qkv[n * 3 * C + c];
+      k[n * C + c] = qkv[n * 3 * C + C + c];
+      v[n * C + c] = qkv[n * 3 * C + 2 * C + c];
+    }
+}
+
+}  // namespace
+
+TEST_F(Ops, MatmulAllLayoutsAndAccumulate) {
+  const int64_t M = 7, N = 5, K = 11;
+  for (DType in : {DType::F32, DType::BF16}) {
+    for (int ta = 0; ta < 2; ++ta)
+      for (int tb = 0; tb < 2; ++tb)
+        for (int acc = 0; acc < 2; ++acc) {
+          Vec a = random_vec(M * K, 1), b = random_vec(K * N, 2), c0 = random_vec(M * N, 3);
+          DeviceBuffer A(*be, a, in), B(*be, b, in), O(*be, c0, f32);
+          a = A.get(), b = B.get();  // the values as stored (bf16-rounded)
+          be->matmul(O.buf(), A.buf(), B.buf(), M, N, K, ta, tb, acc);
+          Vec expect(M * N);
+          for (int64_t i = 0; i < M; ++i)
+            for (int64_t j = 0; j < N; ++j) {
+              double s = acc ? c0[i * N + j] : 0.0;
+              for (int64_t k = 0; k < K; ++k) s += (ta ? a[k * M + i] : a[i * K + k]) * (tb ? b[j * K + k] : b[k * N + j]);
+              expect[i * N + j] = s;
+            }
+          EXPECT_TRUE(close(O.get(), expect, 1e-6)) << "ta " << ta << " tb " << tb << " acc " << acc << " " << dtype_name(in);
+        }
+  }
+}
+
+TEST_F(Ops, RmsNormForwardBackward) {
+  const int64_t N = 37, C = 13;  // 37 rows: more than one 32-row reduction chunk
+  const double eps = 1e-5;
+  const Vec x = random_vec(N * C, 4), w = random_vec(C, 5), dy = random_vec(N * C, 6);
+  DeviceBuffer X(*be, x, f32), W(*be, w, f32), Y(*be, N * C, f32), R(*be, N, f32), DX(*be, N * C, f32), DW(*be, C, f32),
+      DY(*be, dy, f32);
+  be->rmsnorm_forward(Y.buf(), R.f32(), X.buf(), W.buf(), N, C, static_cast<float>(eps));
+  EXPECT_TRUE(close(Y.get(), ref::rmsnorm(x, w.data(), N, C, eps), 1e-6));
+  be->rmsnorm_backward(DX.f32(), DW.buf(), DY.f32(), X.buf(), W.buf(), R.f32(), N, C, false);
+  const Vec gx = numeric_grad([&](const Vec& v) { return dot(dy, ref::rmsnorm(v, w.data(), N, C, eps)); }, x);
+  const Vec gw = numeric_grad([&](const Vec& v) { return dot(dy, ref::rmsnorm(x, v.data(), N, C, eps)); }, w);
+  EXPECT_TRUE(close(DX.get(), gx, 1e-5));
+  EXPECT_TRUE(close(DW.get(), gw, 1e-5));
+  // dx accumulates on request; dw always accumulates.
+  be->rmsnorm_backward(DX.f32(), DW.buf(), DY.f32(), X.buf(), W.buf(), R.f32(), N, C, true);
+  Vec gx2 = gx, gw2 = gw;
+  for (auto& v : gx2) v *= 2;
+  for (auto& v : gw2) v *= 2;
+  EXPECT_TRUE(close(DX.get(), gx2, 1e-5));
+  EXPECT_TRUE(close(DW.get(), gw2, 1e-5));
+}
+
+TEST_F(Ops, RopeForwardBackward) {
+  const int64_t B = 2, T = 5, H = 3, D = 6, C = H * D, N = B * T;
+  const double theta = 10000.0;
+  std::vector<float> cs(T * D);
+  for (int64_t p = 0; p < T; ++p)
+    for (int64_t i = 0; i < D / 2; ++i) {
+      cs[(p * D / 2 + i) * 2] = std::cos(p * std::pow(theta, -2.0 * i / D));
+      cs[(p * D / 2 + i) * 2 + 1] = std::sin(p * std::pow(theta, -2.0 * i / D));
+    }
+  DeviceBuffer CS(*be, Vec(cs.begin(), cs.end()), f32);
+  auto reference = [&](Vec qkv) {
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t s = 0; s < 2; ++s)
+        for (int64_t h = 0; h < H; ++h) ref::rope(&qkv[n * 3 * C + s * C + h * D], D, n % T, theta);
+    return qkv;
+  };
+  const Vec x = random_vec(N * 3 * C, 7), dy = random_vec(N * 3 * C, 8);
+  DeviceBuffer X(*be, x, f32), DY(*be, dy, f32);
+  be->rope_forward(X.buf(), CS.f32(), B, T, H, D);
+  EXPECT_TRUE(close(X.get(), reference(x), 1e-6));  // v untouched, q and k rotated
+  be->rope_backward(DY.buf(), CS.f32(), B, T, H, D);
+  EXPECT_TRUE(close(DY.get(), numeric_grad([&](const Vec& v) { return dot(dy, reference(v)); }, x), 1e-6));
+}
+
+TEST_F(Ops, AttentionForwardBackward) {
+  const int64_t B = 2, T = 7, H = 2, D = 5, C = H * D, N = B * T;
+  const Vec qkv = random_vec(N * 3 * C, 9), dout = random_vec(N * C, 10);
+  auto reference = [&](const Vec& x) {
+    Vec q, k, v;
+    split_qkv(x, N, C, q, k, v);
+    return ref::attention(q, k, v, B, T, H, D);
+  };
+  DeviceBuffer QKV(*be, qkv, f32), O(*be, N * C, f32), LSE(*be, B * H * T, f32), DO(*be, dout, f32),
+      DQKV(*be, N * 3 * C, f32);
+  be->attention_forward(O.buf(), LSE.f32(), QKV.buf(), B, T, H, D);
+  EXPECT_TRUE(close(O.get(), reference(qkv), 1e-6));
+  be->attention_backward(DQKV.buf(), DO.buf(), QKV.buf(), O.buf(), LSE.f32(), B, T, H, D);
+  EXPECT_TRUE(close(DQKV.get(), numeric_grad([&](const Vec& v) { return dot(dout, reference(v)); }, qkv), 1e-5));
+  // Causality: the first position attends to itself only, so its output is v_0.
+  const Vec o = O.get();
+  for (int64_t h = 0; h < H; ++h)
+    for (int64_t d = 0; d < D; ++d) EXPECT_NEAR(o[h * D + d], qkv[2 * C + h * D + d], 1e-6);
+}
+
+TEST_F(Ops, SwiGLUForwardBackward) {
+  const int64_t N = 5, F = 9;
+  const Vec gu = random_vec(N * 2 * F, 11, 2.0), dy = random_vec(N * F, 12);
+  auto reference = [&](const Vec& x) {
+    Vec y(N * F);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t f = 0; f < F; ++f) {
+        const double g = x[n * 2 * F + f], u = x[n * 2 * F + F + f];
+        y[n * F + f] = g / (1 + std::exp(-g)) * u;
+      }
+    return y;
+  };
+  DeviceBuffer GU(*be, gu, f32), Y(*be, N * F, f32), DY(*be, dy, f32), DGU(*be, N * 2 * F, f32);
+  be->swiglu_forward(Y.buf(), GU.buf(), N, F);
+  EXPECT_TRUE(close(Y.get(), reference(gu), 1e-6));
+  be->swiglu_backward(DGU.buf(), DY.buf(), GU.buf(), N, F);
+  EXPECT_TRUE(close(DGU.get(), numeric_grad([&](const Vec& v) { return dot(dy, reference(v)); }, gu), 1e-5));
+}
+
+TEST_F(Ops, CrossEntropyWithMaskAndScale) {
+  const int64_t N = 6, V = 11;
+  const float scale = 0.37f;
+  const Vec logits = random_vec(N * V, 13, 3.0);
+  const std::vector<int32_t> targets = {3, 0, 10, 7, 7, 1};
+  const std::vector<uint8_t> mask = {1, 1, 0, 1, 0, 1};
+  auto reference = [&](const Vec& x, int64_t n) { return ref::cross_entropy(&x[n * V], V, targets[n]); };
+  DeviceBuffer L(*be, logits, f32), LOSS(*be, N, f32), DL(*be, N * V, f32);
+  int32_t* t = static_cast<int32_t*>(be->allocate(N * 4));
+  uint8_t* m = static_cast<uint8_t*>(be->allocate(N));
+  be->to_device(t, targets.data(), N * 4);
+  be->to_device(m, mask.data(), N);
+  be->cross_entropy(LOSS.f32(), DL.buf(), L.f32(), t, m, N, V, scale);
+  Vec expect_loss(N);
+  for (int64_t n = 0; n < N; ++n) expect_loss[n] = mask[n] ? reference(logits, n) : 0.0;
+  EXPECT_TRUE(close(LOSS.get(), expect_loss, 1e-6));
+  const Vec g = numeric_grad([&](const Vec& x) {
+    double s = 0;
+    for (int64_t n = 0; n < N; ++n) s += mask[n] ? reference(x, n) : 0.0;
+    return scale * s;
+  }, logits);
+  EXPECT_TRUE(close(DL.get(), g, 1e-5));
+  // In place (dlogits aliasing FP32 logits) gives the same gradient.
+  be->cross_entropy(LOSS.f32(), L.buf(), L.f32(), t, m, N, V, scale);
+  EXPECT_TRUE(close(L.get(), g, 1e-5));
+  be->release(t);
+  be->release(m);
+}
+
+TEST_F(Ops, EmbeddingForwardBackwardWithRepeatedTokens) {
+  const int64_t V = 9, C = 6, BT = 10;
+  const std::vector<int32_t> tokens = {4, 1, 4, 4, 0, 8, 1, 2, 4, 8};
+  const Vec wte = random_vec(V * C, 14), dout = random_vec(BT * C, 15), dwte0 = random_vec(V * C, 16);
+  for (DType dt : {DType::F32, DType::BF16}) {
+    DeviceBuffer W(*be, wte, dt), O(*be, BT * C, dt), DO(*be, dout, dt), DW(*be, dwte0, dt);
+    int32_t* t = static_cast<int32_t*>(be->allocate(BT * 4));
+    be->to_device(t, tokens.data(), BT * 4);
+    be->embedding_forward(O.buf(), t, W.buf(), BT, C);
+    const Vec w_stored = W.get(), o = O.get(), d_stored = DO.get(), dw0_stored = DW.get();
+    for (int64_t i = 0; i < BT; ++i)
+      for (int64_t c = 0; c < C; ++c) EXPECT_EQ(o[i * C + c], w_stored[tokens[i] * C + c]);
+    be->embedding_backward(DW.buf(), DO.buf(), t, BT, C);
+    Vec expect = dw0_stored;
+    for (int64_t i = 0; i < BT; ++i)
+      for (int64_t c = 0; c < C; ++c) expect[tokens[i] * C + c] += d_stored[i * C + c];
+    // FP32: exact up to summation order; BF16: one rounding of each updated row.
+    EXPECT_TRUE(close(DW.get(), expect, dt == DType::F32 ? 1e-6 : 8e-3)) << dtype_name(dt);
+    be->release(t);
+  }
+}
+
+TEST_F(Ops, ConvertRoundsToNearestEven) {
+  // 1 + 2^-8 is halfway between bf16 neighbours 1 and 1 + 2^-7: ties go to the even mantissa (1).
+  const Vec v = {1.0 + std::ldexp(1.0, -8), 1.0 + 3 * std::ldexp(1.0, -8), -2.5, 65504.0};
+  DeviceBuffer S(*be, v, f32), D(*be, v.size(), DType::BF16);
+  be->convert(D.buf(), S.buf(), static_cast<int64_t>(v.size()));
+  const Vec d = D.get();
+  EXPECT_EQ(d[0], 1.0);
+  EXPECT_EQ(d[1], 1.0 + std::ldexp(1.0, -6));
+  EXPECT_EQ(d[2], -2.5);
+  EXPECT_EQ(d[3], 65536.0);
+}
