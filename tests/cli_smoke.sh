@@ -35,5 +35,8 @@ echo '{"model": {"config": "'"$models"'/llama_tiny.json"}, "optimzer": {}}' > "$
 check "unknown section" 2 "typo.json: optimzer: unknown key \(did you mean 'optimizer'\?\)" -- "$bin" info --config "$tmp/typo.json"
 check "unknown subcommand" 106 "subcommand is required" -- "$bin" frobnicate
 check "reference" 0 "optimizer.sinkgd.iterations" -- "$bin" config --reference
+check "export init" 0 "wrote .*/hf/model.safetensors \(7,358,720|wrote .*model.safetensors \(7358720 parameters, bf16\)" -- "$bin" export --config "$models/llama_tiny.json" --out "$tmp/hf"
+check "export re-read" 0 "fp32" -- "$bin" export --config "$models/llama_tiny.json" --from "$tmp/hf" --out "$tmp/hf32" --dtype fp32
+check "export wrong architecture" 2 "config.json: vocab_size is 8192, the run's model has 32000" -- "$bin" export --config "$models/llama_60m.json" --from "$tmp/hf" --out "$tmp/x"
 echo "cli_smoke: $passes passed, $fails failed"
 [ "$fails" -eq 0 ]

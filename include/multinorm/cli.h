@@ -13,6 +13,8 @@ namespace multinorm {
 void add_info_command(CLI::App& app);
 void add_config_command(CLI::App& app);
 void add_devices_command(CLI::App& app);
+void add_bench_command(CLI::App& app);
+void add_export_command(CLI::App& app);
 
 // "58,073,600"
 std::string with_commas(int64_t n);

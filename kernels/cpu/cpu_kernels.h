@@ -12,11 +12,17 @@ namespace multinorm::cpu {
 
 // Grow-only scratch owned by the backend: sized on the first step, reused after (no allocation on
 // the hot path in steady state).
+// `slot` names independent regions, so one op can hold several scratch buffers at once.
 class Workspace {
  public:
-  float* floats(size_t n) {
-    if (f_.size() < n) f_.resize(n);
-    return f_.data();
+  float* floats(size_t n, size_t slot = 0) {
+    if (f_.size() <= slot) f_.resize(slot + 1);
+    if (f_[slot].size() < n) f_[slot].resize(n);
+    return f_[slot].data();
+  }
+  template <class T>
+  T* as(size_t n, size_t slot) {  // n elements of T (float or bf16)
+    return reinterpret_cast<T*>(floats((n * sizeof(T) + 3) / 4, slot));
   }
   int32_t* ints(size_t n) {
     if (i_.size() < n) i_.resize(n);
@@ -24,9 +30,11 @@ class Workspace {
   }
 
  private:
-  std::vector<float> f_;
+  std::vector<std::vector<float>> f_;
   std::vector<int32_t> i_;
 };
+
+class OneDnnMatmul;
 
 template <class T> void embedding_forward(T* out, const int32_t* tokens, const T* wte, int64_t BT, int64_t C);
 template <class T> void embedding_backward(T* dwte, const T* dout, const int32_t* tokens, int64_t BT, int64_t C, Workspace& ws);
@@ -37,9 +45,10 @@ template <class T> void rmsnorm_backward(float* dx, T* dw, const float* dout, co
 
 template <class T> void rope_forward(T* qkv, const float* cos_sin, int64_t B, int64_t T_, int64_t H, int64_t D, bool inverse);
 
-template <class T> void attention_forward(T* out, float* lse, const T* qkv, int64_t B, int64_t T_, int64_t H, int64_t D, Workspace& ws);
+template <class T> void attention_forward(T* out, float* lse, const T* qkv, int64_t B, int64_t T_, int64_t H, int64_t D,
+                                          OneDnnMatmul& gemm, Workspace& ws);
 template <class T> void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse,
-                                           int64_t B, int64_t T_, int64_t H, int64_t D, Workspace& ws);
+                                           int64_t B, int64_t T_, int64_t H, int64_t D, OneDnnMatmul& gemm, Workspace& ws);
 
 template <class T> void swiglu_forward(T* out, const T* gate_up, int64_t N, int64_t F);
 template <class T> void swiglu_backward(T* dgate_up, const T* dout, const T* gate_up, int64_t N, int64_t F);

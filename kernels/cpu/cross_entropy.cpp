@@ -4,6 +4,7 @@
 //   dlogits_i = (softmax(x_i) - onehot(target_i)) * grad_scale  (0 where mask_i == 0)
 #include <cmath>
 
+#include "../common/fast_math.h"
 #include "cpu_kernels.h"
 
 namespace multinorm::cpu {
@@ -22,16 +23,19 @@ void cross_entropy(float* losses, T* dlogits, const float* logits, const int32_t
       continue;
     }
     float m = -INFINITY;
+#pragma omp simd reduction(max : m)
     for (int64_t v = 0; v < V; ++v) m = std::max(m, x[v]);
     float sum = 0.0f;
-    for (int64_t v = 0; v < V; ++v) sum += std::exp(x[v] - m);
+#pragma omp simd reduction(+ : sum)
+    for (int64_t v = 0; v < V; ++v) sum += exp_f32(x[v] - m);
     const int32_t t = targets[i];
     losses[i] = std::log(sum) + m - x[t];
     if (d) {
       const float scale = grad_scale / sum;
       const float xt = x[t];  // read before the row is overwritten (dlogits may alias logits)
-      for (int64_t v = 0; v < V; ++v) d[v] = from_f32<T>(std::exp(x[v] - m) * scale);
-      d[t] = from_f32<T>((std::exp(xt - m) / sum - 1.0f) * grad_scale);
+#pragma omp simd
+      for (int64_t v = 0; v < V; ++v) d[v] = from_f32<T>(exp_f32(x[v] - m) * scale);
+      d[t] = from_f32<T>((exp_f32(xt - m) / sum - 1.0f) * grad_scale);
     }
   }
 }

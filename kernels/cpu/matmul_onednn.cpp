@@ -26,19 +26,26 @@ OneDnnMatmul::OneDnnMatmul() : impl_(std::make_unique<Impl>()) {}
 OneDnnMatmul::~OneDnnMatmul() = default;
 size_t OneDnnMatmul::cached_primitives() const { return impl_->cache.size(); }
 
-void OneDnnMatmul::run(Buf out, Buf a, Buf b, int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b,
-                       bool accumulate) {
+void OneDnnMatmul::run_batched(Buf out, Buf a, Buf b, int64_t batch, int64_t M, int64_t N, int64_t K, bool trans_a,
+                               bool trans_b, bool accumulate) {
   if (a.dtype != b.dtype) throw Error("matmul: operands must share a dtype");
-  const std::string key = std::to_string(M) + "," + std::to_string(N) + "," + std::to_string(K) + "," +
+  const std::string key = std::to_string(batch) + "x" + std::to_string(M) + "," + std::to_string(N) + "," + std::to_string(K) + "," +
                           std::to_string(trans_a) + std::to_string(trans_b) + std::to_string(accumulate) +
                           dtype_name(a.dtype) + dtype_name(out.dtype);
   auto it = impl_->cache.find(key);
   if (it == impl_->cache.end()) {
     using dims = dnnl::memory::dims;
     // Row-major storage; a transposed operand is described by its strides, not copied.
-    dnnl::memory::desc a_md(dims{M, K}, dnnl_type(a.dtype), trans_a ? dims{1, M} : dims{K, 1});
-    dnnl::memory::desc b_md(dims{K, N}, dnnl_type(b.dtype), trans_b ? dims{1, K} : dims{N, 1});
-    dnnl::memory::desc o_md(dims{M, N}, dnnl_type(out.dtype), dims{N, 1});
+    dnnl::memory::desc a_md, b_md, o_md;
+    if (batch == 1) {
+      a_md = {dims{M, K}, dnnl_type(a.dtype), trans_a ? dims{1, M} : dims{K, 1}};
+      b_md = {dims{K, N}, dnnl_type(b.dtype), trans_b ? dims{1, K} : dims{N, 1}};
+      o_md = {dims{M, N}, dnnl_type(out.dtype), dims{N, 1}};
+    } else {
+      a_md = {dims{batch, M, K}, dnnl_type(a.dtype), trans_a ? dims{M * K, 1, M} : dims{M * K, K, 1}};
+      b_md = {dims{batch, K, N}, dnnl_type(b.dtype), trans_b ? dims{K * N, 1, K} : dims{K * N, N, 1}};
+      o_md = {dims{batch, M, N}, dnnl_type(out.dtype), dims{M * N, N, 1}};
+    }
     dnnl::primitive_attr attr;
     if (accumulate) {
       dnnl::post_ops ops;

@@ -16,7 +16,12 @@ class OneDnnMatmul {
   OneDnnMatmul();
   ~OneDnnMatmul();
   // out[M,N] (+)= op(a)[M,K] op(b)[K,N]; see Backend::matmul.
-  void run(Buf out, Buf a, Buf b, int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, bool accumulate);
+  void run(Buf out, Buf a, Buf b, int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, bool accumulate) {
+    run_batched(out, a, b, 1, M, N, K, trans_a, trans_b, accumulate);
+  }
+  // `batch` independent GEMMs over consecutive matrices of each operand (strides M*K, K*N, M*N).
+  void run_batched(Buf out, Buf a, Buf b, int64_t batch, int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b,
+                   bool accumulate);
   size_t cached_primitives() const;
 
  private:

@@ -2,6 +2,7 @@
 // Backward: dg = dout * u * sigmoid(g) * (1 + g * (1 - sigmoid(g))),  du = dout * silu(g).
 #include <cmath>
 
+#include "../common/fast_math.h"
 #include "cpu_kernels.h"
 
 namespace multinorm::cpu {
@@ -13,9 +14,10 @@ void swiglu_forward(T* out, const T* gate_up, int64_t N, int64_t F) {
     const T* g = gate_up + i * 2 * F;
     const T* u = g + F;
     T* o = out + i * F;
+#pragma omp simd
     for (int64_t f = 0; f < F; ++f) {
       const float gv = to_f32(g[f]);
-      o[f] = from_f32<T>(gv / (1.0f + std::exp(-gv)) * to_f32(u[f]));
+      o[f] = from_f32<T>(gv * sigmoid_f32(gv) * to_f32(u[f]));
     }
   }
 }
@@ -29,9 +31,10 @@ void swiglu_backward(T* dgate_up, const T* dout, const T* gate_up, int64_t N, in
     const T* d = dout + i * F;
     T* dg = dgate_up + i * 2 * F;
     T* du = dg + F;
+#pragma omp simd
     for (int64_t f = 0; f < F; ++f) {
       const float gv = to_f32(g[f]), uv = to_f32(u[f]), dv = to_f32(d[f]);
-      const float sig = 1.0f / (1.0f + std::exp(-gv));
+      const float sig = sigmoid_f32(gv);
       dg[f] = from_f32<T>(dv * uv * sig * (1.0f + gv * (1.0f - sig)));
       du[f] = from_f32<T>(dv * gv * sig);
     }

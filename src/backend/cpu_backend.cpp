@@ -100,7 +100,7 @@ class CpuBackend final : public Backend {
     same_dtype({out, qkv}, "attention_forward");
     with_type(out.dtype, [&](auto* t) {
       using T = std::remove_pointer_t<decltype(t)>;
-      cpu::attention_forward(as<T>(out), lse, as<T>(qkv), B, T_, H, D, ws_);
+      cpu::attention_forward(as<T>(out), lse, as<T>(qkv), B, T_, H, D, gemm_, ws_);
     });
   }
   void attention_backward(Buf dqkv, Buf dout, Buf qkv, Buf out, const float* lse, int64_t B, int64_t T_, int64_t H,
@@ -108,7 +108,7 @@ class CpuBackend final : public Backend {
     same_dtype({dqkv, dout, qkv, out}, "attention_backward");
     with_type(dqkv.dtype, [&](auto* t) {
       using T = std::remove_pointer_t<decltype(t)>;
-      cpu::attention_backward(as<T>(dqkv), as<T>(dout), as<T>(qkv), as<T>(out), lse, B, T_, H, D, ws_);
+      cpu::attention_backward(as<T>(dqkv), as<T>(dout), as<T>(qkv), as<T>(out), lse, B, T_, H, D, gemm_, ws_);
     });
   }
   void swiglu_forward(Buf out, Buf gate_up, int64_t N, int64_t F) override {

@@ -15,6 +15,8 @@ int main(int argc, char** argv) {
   multinorm::add_info_command(app);
   multinorm::add_config_command(app);
   multinorm::add_devices_command(app);
+  multinorm::add_export_command(app);
+  multinorm::add_bench_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,23 @@
+// Benchmarks (`multinorm bench ...`): speed figures printed as ratios against baselines measured in
+// the same run, never asserted in tests.
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace multinorm {
+
+struct ModelBenchOptions {
+  std::string config;     // model config or run config
+  int64_t batch = 16;
+  int64_t seq = 256;
+  int64_t steps = 5;
+  int64_t warmup = 2;
+  int threads = 0;
+  std::string precision = "bf16";
+  std::string torch = "auto";  // auto | off: run bench/torch_llama_bench.py for the PyTorch baseline
+  bool json = false;
+};
+
+void bench_model(const ModelBenchOptions& o);
+
+}  // namespace multinorm

@@ -1,0 +1,168 @@
+// `multinorm bench model`: training throughput of the hand-written LLaMA, against (a) the oneDNN
+// BF16 GEMM throughput on the model's own GEMM shapes and (b) PyTorch CPU on the same model and batch,
+// both measured in the same run. FLOPs per token follow PLATFORM.md's convention:
+// 6 x (GEMM parameters incl. lm_head) + 12 x layers x T x C (attention, counted without the causal
+// saving).
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <random>
+
+#include "multinorm/bench.h"
+#include "multinorm/error.h"
+#include "multinorm/json_file.h"
+#include "multinorm/llama_model.h"
+#include "multinorm/run_config.h"
+
+namespace multinorm {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+struct GemmShape {
+  int64_t M, N, K;
+  bool ta, tb;
+  int count;  // per micro-batch step
+};
+
+// The GEMMs of one training step of the model, as llama_model.cpp issues them.
+std::vector<GemmShape> model_gemms(const ModelConfig& m, int64_t BT) {
+  const int64_t C = m.hidden_size, F = m.intermediate_size, V = m.vocab_size, L = m.num_hidden_layers;
+  const int64_t R = std::min(BT, kHeadChunkRows);
+  const int chunks = static_cast<int>((BT + R - 1) / R);
+  const int l = static_cast<int>(L);
+  return {
+      {BT, 3 * C, C, false, true, l}, {BT, C, C, false, true, l}, {BT, 2 * F, C, false, true, l},
+      {BT, C, F, false, true, l},                                                    // forward
+      {R, V, C, false, true, chunks}, {R, C, V, false, false, chunks}, {V, C, R, true, false, chunks},  // head
+      {C, F, BT, true, false, l}, {BT, F, C, false, false, l},                       // down backward
+      {2 * F, C, BT, true, false, l}, {BT, C, 2 * F, false, false, l},               // gate/up backward
+      {C, C, BT, true, false, l}, {BT, C, C, false, false, l},                       // o backward
+      {3 * C, C, BT, true, false, l}, {BT, C, 3 * C, false, false, l},               // qkv backward
+  };
+}
+
+std::string run_command(const std::string& cmd) {
+  std::string out;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) return out;
+  char buf[4096];
+  while (size_t n = std::fread(buf, 1, sizeof(buf), p)) out.append(buf, n);
+  ::pclose(p);
+  return out;
+}
+
+}  // namespace
+
+void bench_model(const ModelBenchOptions& o) {
+  const json doc = read_json_file(o.config);
+  const ModelConfig cfg = is_model_config(doc) ? load_model_config(o.config) : load_run_config(o.config).model;
+  const DType dt = parse_dtype(o.precision);
+  auto be = make_cpu_backend(o.threads);
+  const int64_t B = o.batch, T = o.seq, BT = B * T;
+  LlamaModel model(*be, cfg, dt, B, T);
+  model.init_random(0);
+
+  std::mt19937 gen(1);
+  std::vector<int32_t> tokens(BT), targets(BT);
+  for (auto& t : tokens) t = static_cast<int32_t>(gen() % cfg.vocab_size);
+  for (int64_t i = 0; i < BT; ++i) targets[i] = tokens[(i + 1) % BT];
+  const MicroBatch mb{tokens.data(), targets.data(), nullptr, B, T};
+
+  // FLOPs per token.
+  int64_t gemm_params = 0;
+  for (const auto& t : model.tensors())
+    if (t.group() == TensorGroup::Attention || t.group() == TensorGroup::Mlp || t.group() == TensorGroup::LmHead ||
+        (cfg.tie_word_embeddings && t.group() == TensorGroup::Embedding))
+      gemm_params += t.numel();
+  const double flops_token = 6.0 * gemm_params + 12.0 * cfg.num_hidden_layers * T * cfg.hidden_size;
+
+  // Training steps.
+  for (int64_t i = 0; i < o.warmup; ++i) model.forward_backward(mb, 1.0f / BT);
+  model.profile().enabled = true;
+  model.profile().reset();
+  auto t0 = Clock::now();
+  for (int64_t i = 0; i < o.steps; ++i) model.forward_backward(mb, 1.0f / BT);
+  const double train_s = seconds_since(t0) / o.steps;
+  const OpProfile train_profile = model.profile();
+  model.profile().enabled = false;
+  t0 = Clock::now();
+  for (int64_t i = 0; i < o.steps; ++i) model.forward(mb);
+  const double fwd_s = seconds_since(t0) / o.steps;
+  const double bwd_s = train_s - fwd_s;
+  const double train_tps = BT / train_s;
+  const double achieved = flops_token * train_tps / 1e9;
+
+  // (a) GEMM throughput on the model's own shapes, same backend and dtype.
+  double gemm_flops = 0, gemm_s = 0;
+  {
+    std::vector<void*> bufs;
+    auto alloc = [&](int64_t n, DType t) { bufs.push_back(be->allocate(n * dtype_bytes(t))); return Buf{bufs.back(), t}; };
+    for (const auto& g : model_gemms(cfg, BT)) {
+      Buf a = alloc(g.M * g.K, dt), b = alloc(g.K * g.N, dt), c = alloc(g.M * g.N, DType::F32);
+      be->matmul(c, a, b, g.M, g.N, g.K, g.ta, g.tb, false);  // create the primitive, warm caches
+      const int reps = 3;
+      auto t = Clock::now();
+      for (int r = 0; r < reps; ++r) be->matmul(c, a, b, g.M, g.N, g.K, g.ta, g.tb, false);
+      gemm_s += seconds_since(t) / reps * g.count;
+      gemm_flops += 2.0 * g.M * g.N * g.K * g.count;
+    }
+    for (void* p : bufs) be->release(p);
+  }
+  const double gemm_gflops = gemm_flops / gemm_s / 1e9;
+
+  // (b) PyTorch on the same model and batch.
+  double torch_tps = 0;
+  std::string torch_mode = "not measured";
+  if (o.torch != "off") {
+    const std::string script = std::string(MULTINORM_SOURCE_DIR) + "/bench/torch_llama.py";
+    const std::string cmd = "/usr/bin/python3 " + script + " --config " + o.config + " --batch " + std::to_string(B) +
+                            " --seq " + std::to_string(T) + " --threads " + std::to_string(be->threads()) +
+                            " --steps " + std::to_string(o.steps) + " 2>/dev/null";
+    const std::string out = run_command(cmd);
+    const json r = json::parse(out, nullptr, false);
+    if (r.is_object() && r.contains("best_tokens_per_s")) {
+      torch_tps = r["best_tokens_per_s"].get<double>();
+      torch_mode = r["best_mode"].get<std::string>();
+    } else {
+      torch_mode = "unavailable (python3-torch missing or the script failed)";
+    }
+  }
+
+  if (o.json) {
+    json j = {{"model", cfg.name}, {"batch", B}, {"seq", T}, {"threads", be->threads()}, {"precision", o.precision},
+              {"train_tokens_per_s", train_tps}, {"forward_tokens_per_s", BT / fwd_s}, {"backward_s", bwd_s},
+              {"gflops", achieved}, {"gemm_peak_gflops", gemm_gflops}, {"ratio_to_gemm_peak", achieved / gemm_gflops},
+              {"torch_tokens_per_s", torch_tps}, {"torch_mode", torch_mode},
+              {"ratio_to_torch", torch_tps > 0 ? train_tps / torch_tps : 0.0}};
+    for (size_t i = 0; i < train_profile.seconds.size(); ++i)
+      j["profile_s"][op_name(static_cast<Op>(i))] = train_profile.seconds[i] / o.steps;
+    std::printf("%s\n", j.dump(2).c_str());
+    return;
+  }
+  std::printf("bench model: %s, micro-batch %lld x %lld, %s, %d threads, %lld steps after %lld warm-up\n",
+              cfg.name.c_str(), (long long)B, (long long)T, o.precision.c_str(), be->threads(), (long long)o.steps,
+              (long long)o.warmup);
+  std::printf("  %.1f MFLOP per token (6 x %lld GEMM params + 12 x L x T x C)\n", flops_token / 1e6, (long long)gemm_params);
+  std::printf("  forward            %9.3f s   %10.0f tokens/s\n", fwd_s, BT / fwd_s);
+  std::printf("  backward           %9.3f s\n", bwd_s);
+  std::printf("  train step         %9.3f s   %10.0f tokens/s   %7.1f GFLOP/s\n", train_s, train_tps, achieved);
+  std::printf("  oneDNN %s GEMM on the model's shapes: %.1f GFLOP/s -> model reaches %.0f%% of it\n", o.precision.c_str(),
+              gemm_gflops, 100.0 * achieved / gemm_gflops);
+  if (torch_tps > 0)
+    std::printf("  PyTorch CPU (%s): %.0f tokens/s -> multinorm is %.2fx PyTorch\n", torch_mode.c_str(), torch_tps,
+                train_tps / torch_tps);
+  else
+    std::printf("  PyTorch CPU: %s\n", torch_mode.c_str());
+  std::printf("  where a training step's time goes:\n");
+  double total = 0;
+  for (double s : train_profile.seconds) total += s;
+  for (size_t i = 0; i < train_profile.seconds.size(); ++i) {
+    const double s = train_profile.seconds[i] / o.steps;
+    std::printf("    %-14s %8.4f s  %5.1f%%\n", op_name(static_cast<Op>(i)), s, 100.0 * train_profile.seconds[i] / total);
+  }
+}
+
+}  // namespace multinorm

@@ -1,0 +1,26 @@
+// `multinorm bench`: throughput benchmarks with same-run baselines.
+#include <CLI/CLI.hpp>
+
+#include "multinorm/bench.h"
+#include "multinorm/cli.h"
+
+namespace multinorm {
+
+void add_bench_command(CLI::App& app) {
+  auto* bench = app.add_subcommand("bench", "Benchmarks, printed as ratios against baselines measured in the same run");
+  bench->require_subcommand(1);
+  auto* model = bench->add_subcommand("model", "Training throughput vs the oneDNN GEMM peak and PyTorch CPU");
+  static ModelBenchOptions o;
+  model->add_option("--config,-c", o.config, "model config or run config")->required();
+  model->add_option("--batch", o.batch, "micro-batch (sequences)");
+  model->add_option("--seq", o.seq, "sequence length");
+  model->add_option("--steps", o.steps, "timed steps");
+  model->add_option("--warmup", o.warmup, "untimed steps first");
+  model->add_option("--threads", o.threads, "CPU threads (0: all cores)");
+  model->add_option("--precision", o.precision, "bf16 or fp32")->check(CLI::IsMember({"bf16", "fp32"}));
+  model->add_option("--torch", o.torch, "auto: also measure PyTorch (python3-torch); off: skip")->check(CLI::IsMember({"auto", "off"}));
+  model->add_flag("--json", o.json, "machine-readable output");
+  model->callback([] { bench_model(o); });
+}
+
+}  // namespace multinorm
