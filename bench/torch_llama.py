@@ -133,7 +133,8 @@ def loss_fn(logits, targets, mask):
     return (ce * m).sum() / m.sum()
 
 
-def bench(cfg, batch, seq, steps, mode):
+def bench(cfg, batch, seq, steps, mode, budget_s=20.0):
+    """Tokens/s of forward+backward; stops timing early once budget_s has passed (at least one step)."""
     torch.manual_seed(0)
     model = Llama(cfg, seq)
     for p in model.parameters():
@@ -150,12 +151,13 @@ def bench(cfg, batch, seq, steps, mode):
         loss = loss_fn(logits, targets, mask)
         loss.backward()
 
-    step()
-    step()
+    step()  # warm-up
     t0 = time.perf_counter()
-    for _ in range(steps):
+    done = 0
+    while done < steps and (done == 0 or time.perf_counter() - t0 < budget_s):
         step()
-    return batch * seq * steps / (time.perf_counter() - t0)
+        done += 1
+    return batch * seq * done / (time.perf_counter() - t0)
 
 
 def main():

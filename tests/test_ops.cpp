@@ -3,6 +3,7 @@
 // Odd shapes on purpose: nothing is a multiple of a block or vector width.
 #include <gtest/gtest.h>
 
+#include "../kernels/common/fast_math.h"
 #include "multinorm/backend.h"
 #include "reference_llama.h"
 #include "test_support.h"
@@ -199,4 +200,17 @@ TEST_F(Ops, ConvertRoundsToNearestEven) {
   EXPECT_EQ(d[1], 1.0 + std::ldexp(1.0, -6));
   EXPECT_EQ(d[2], -2.5);
   EXPECT_EQ(d[3], 65536.0);
+}
+
+TEST(FastMath, ExpMatchesLibmToAFewUlps) {
+  double worst = 0;
+  for (float x = -87.0f; x <= 88.0f; x += 0.0137f) {
+    const double e = std::exp(static_cast<double>(x));
+    worst = std::max(worst, std::fabs(exp_f32(x) - e) / e);
+  }
+  EXPECT_LT(worst, 3e-7);
+  EXPECT_EQ(exp_f32(-100.0f), 0.0f);
+  EXPECT_EQ(exp_f32(-INFINITY), 0.0f);
+  EXPECT_EQ(exp_f32(0.0f), 1.0f);
+  EXPECT_TRUE(std::isfinite(exp_f32(1000.0f)));
 }

@@ -1,14 +1,14 @@
 // exp() for FP32 kernels, branch-free so that loops over it vectorize (glibc's expf is a scalar call
 // without -ffast-math, and it dominated softmax, cross-entropy and SwiGLU). Cephes' range reduction
 // and degree-6 polynomial: relative error below 2e-7 over [-87, 88]; below -87.3 the result is 0,
-// above 88.7 it saturates at exp(88.7).
+// above 88.3 it saturates at exp(88.3).
 #pragma once
 #include <cstdint>
 
 namespace multinorm {
 
 inline float exp_f32(float x) {
-  const float hi = 88.7f, lo = -87.3f;
+  const float hi = 88.3f, lo = -87.3f;  // 2^n stays a normal float
   const bool underflow = x < lo;
   x = x > hi ? hi : (x < lo ? lo : x);
   // x = n ln2 + r, |r| <= ln2 / 2
