@@ -13,6 +13,7 @@ packages=(
   nlohmann-json3-dev libcli11-dev libgtest-dev
   libopenmpi-dev openmpi-bin  # optional at build time: data parallelism over MPI
   zlib1g-dev
+  liblapack-dev               # dsyevd: SWAN's exact FP64 whitening path
 )
 if [ -z "${MULTINORM_DEPS_MINIMAL:-}" ]; then
   packages+=(python3 python3-torch python3-numpy python3-matplotlib)

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "multinorm/dtype.h"
+#include "../../kernels/common/rounding.h"
 
 namespace multinorm {
 
@@ -22,6 +23,36 @@ struct Buf {
     return {static_cast<char*>(ptr) + elements * dtype_bytes(dtype), dtype};
   }
   float* f32() const { return static_cast<float*>(ptr); }
+};
+
+// Arguments of the per-tensor optimizer ops. Every update computes u in FP32 and writes
+//   w <- w * (1 - lr * decoupled_decay) - lr * u      (rounded per WriteBack)
+struct SinkGDArgs {
+  float lr = 0, decoupled_decay = 0;
+  int iterations = 5;  // L
+  float eps = 1e-8f;   // floor on row/column norms
+  WriteBack write;
+};
+struct SwanArgs {
+  float lr = 0, decoupled_decay = 0;
+  bool standardize = false;  // rows: subtract mean, divide by std (SWAN paper) instead of l2
+  bool exact = false;        // exact FP64 eigendecomposition instead of Newton-Schulz
+  int ns_steps = 10;
+  float ns_tolerance = 0;    // stop when ||I - Y Z||_F / sqrt(m) < tolerance (0: all steps)
+  float eps = 1e-8f;
+  WriteBack write;
+};
+struct AdamArgs {
+  float lr = 0, eps = 1e-8f;
+  double beta1 = 0.9, beta2 = 0.999;  // double: 1 - beta is formed exactly, then rounded (as torch does)
+  float l2_decay = 0;         // torch.optim.Adam's weight_decay: g += l2_decay * w
+  float decoupled_decay = 0;  // torch.optim.AdamW's: w *= 1 - lr * decoupled_decay
+  int64_t step = 1;           // t of the bias correction, from 1
+  WriteBack write;
+};
+struct SgdArgs {
+  float lr = 0, momentum = 0, decoupled_decay = 0;
+  WriteBack write;
 };
 
 class Backend {
@@ -72,6 +103,18 @@ class Backend {
   // dlogits may alias logits when both are FP32.
   virtual void cross_entropy(float* losses, Buf dlogits, const float* logits, const int32_t* targets,
                              const uint8_t* mask, int64_t N, int64_t V, float grad_scale) = 0;
+
+  // ---- optimizer ops: one tensor per call, w and g in the parameter dtype -----------------------
+  virtual double sum_squares(Buf x, int64_t n) = 0;  // FP64 accumulation (global-norm clipping)
+  virtual void scale(Buf x, int64_t n, float factor) = 0;
+  // SinkGD on W[m,n] (fused: X = diag(u) G diag(v) is never materialised); see kernels/cpu/sinkgd.cpp
+  virtual void sinkgd_update(Buf w, Buf g, int64_t m, int64_t n, const SinkGDArgs& args) = 0;
+  // SWAN: row normalisation then whitening sqrt(n) (X X^T)^(-1/2) X (transposed when m > n)
+  virtual void swan_update(Buf w, Buf g, int64_t m, int64_t n, const SwanArgs& args) = 0;
+  // Adam/AdamW with torch semantics; states m, v in their own dtype
+  virtual void adam_update(Buf w, Buf g, Buf m, Buf v, int64_t n, const AdamArgs& args) = 0;
+  // SGD, torch semantics: buf = momentum * buf + g, w -= lr * buf (no buffer when momentum is 0)
+  virtual void sgd_update(Buf w, Buf g, Buf momentum_buf, int64_t n, const SgdArgs& args) = 0;
 };
 
 // The CPU backend with `threads` OpenMP threads (0: all cores).

@@ -36,8 +36,8 @@ struct SinkGDConfig {
 struct SwanConfig {
   std::string row_norm;    // "l2" (the multi-normalization paper) | "standardize" (SWAN paper)
   std::string whitening;   // "newton_schulz" | "eigh" (exact, FP64, CPU)
-  int64_t ns_steps = 10;
-  double ns_tolerance = 0.0;
+  int64_t ns_steps = 30;
+  double ns_tolerance = 1e-4;
   double eps = 1e-8;
 };
 

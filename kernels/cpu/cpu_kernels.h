@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "../common/bf16.h"
+#include "../common/rounding.h"
+#include "multinorm/backend.h"
 
 namespace multinorm::cpu {
 
@@ -57,5 +59,13 @@ template <class T> void cross_entropy(float* losses, T* dlogits, const float* lo
                                       const uint8_t* mask, int64_t N, int64_t V, float grad_scale);
 
 template <class TO, class TI> void convert(TO* dst, const TI* src, int64_t n);
+
+// Optimizer kernels (contracts: the Backend optimizer ops).
+template <class T> void sinkgd_update(T* w, const T* g, int64_t m, int64_t n, const SinkGDArgs& a, Workspace& ws);
+template <class T> void swan_update(T* w, const T* g, int64_t m, int64_t n, const SwanArgs& a, OneDnnMatmul& gemm, Workspace& ws);
+template <class T, class S> void adam_update(T* w, const T* g, S* m, S* v, int64_t n, const AdamArgs& a);
+template <class T, class S> void sgd_update(T* w, const T* g, S* buf, int64_t n, const SgdArgs& a);
+template <class T> double sum_squares(const T* x, int64_t n);
+template <class T> void scale(T* x, int64_t n, float factor);
 
 }  // namespace multinorm::cpu

@@ -133,6 +133,50 @@ class CpuBackend final : public Backend {
     });
   }
 
+  double sum_squares(Buf x, int64_t n) override {
+    double r = 0;
+    with_type(x.dtype, [&](auto* t) { r = cpu::sum_squares(as<std::remove_pointer_t<decltype(t)>>(x), n); });
+    return r;
+  }
+  void scale(Buf x, int64_t n, float factor) override {
+    with_type(x.dtype, [&](auto* t) { cpu::scale(as<std::remove_pointer_t<decltype(t)>>(x), n, factor); });
+  }
+  void sinkgd_update(Buf w, Buf g, int64_t m, int64_t n, const SinkGDArgs& args) override {
+    same_dtype({w, g}, "sinkgd_update");
+    with_type(w.dtype, [&](auto* t) {
+      using T = std::remove_pointer_t<decltype(t)>;
+      cpu::sinkgd_update(as<T>(w), as<T>(g), m, n, args, ws_);
+    });
+  }
+  void swan_update(Buf w, Buf g, int64_t m, int64_t n, const SwanArgs& args) override {
+    same_dtype({w, g}, "swan_update");
+    with_type(w.dtype, [&](auto* t) {
+      using T = std::remove_pointer_t<decltype(t)>;
+      cpu::swan_update(as<T>(w), as<T>(g), m, n, args, gemm_, ws_);
+    });
+  }
+  void adam_update(Buf w, Buf g, Buf m, Buf v, int64_t n, const AdamArgs& args) override {
+    same_dtype({w, g}, "adam_update");
+    same_dtype({m, v}, "adam_update states");
+    with_type(w.dtype, [&](auto* t) {
+      using T = std::remove_pointer_t<decltype(t)>;
+      with_type(m.dtype, [&](auto* s) {
+        using S = std::remove_pointer_t<decltype(s)>;
+        cpu::adam_update(as<T>(w), as<T>(g), as<S>(m), as<S>(v), n, args);
+      });
+    });
+  }
+  void sgd_update(Buf w, Buf g, Buf buf, int64_t n, const SgdArgs& args) override {
+    same_dtype({w, g}, "sgd_update");
+    with_type(w.dtype, [&](auto* t) {
+      using T = std::remove_pointer_t<decltype(t)>;
+      with_type(buf.dtype, [&](auto* s) {
+        using S = std::remove_pointer_t<decltype(s)>;
+        cpu::sgd_update(as<T>(w), as<T>(g), as<S>(buf), n, args);
+      });
+    });
+  }
+
  private:
   int threads_;
   cpu::OneDnnMatmul gemm_;

@@ -1,14 +1,14 @@
 #include "multinorm/param_groups.h"
 
 #include "multinorm/error.h"
+#include "multinorm/optimizer.h"
 
 namespace multinorm {
 
 int optimizer_state_slots(const std::string& optimizer, double momentum) {
-  if (optimizer == "adam" || optimizer == "adamw") return 2;
-  if (optimizer == "sgd") return momentum > 0.0 ? 1 : 0;
-  if (optimizer == "sinkgd" || optimizer == "swan") return 0;
-  throw ConfigError("unknown optimizer '" + optimizer + "' (expected sinkgd, swan, adam, adamw or sgd)");
+  OptimizerConfig c;
+  c.momentum = momentum;
+  return make_rule(optimizer, c)->state_slots();
 }
 
 std::vector<ParamAssignment> assign_optimizers(const std::vector<TensorSpec>& specs, const std::string& matrix_optimizer,
@@ -16,7 +16,7 @@ std::vector<ParamAssignment> assign_optimizers(const std::vector<TensorSpec>& sp
                                                const std::vector<std::string>& matrix_params) {
   std::vector<ParamAssignment> out;
   out.reserve(specs.size());
-  const bool needs_2d = matrix_optimizer == "sinkgd" || matrix_optimizer == "swan";
+  const bool needs_2d = make_rule(matrix_optimizer, OptimizerConfig{})->matrices_only();
   for (const auto& s : specs) {
     bool matrix = false;
     for (const auto& pattern : matrix_params)

@@ -1,0 +1,75 @@
+// The optimizer layer. A TensorRule is one algorithm (SinkGD, SWAN, Adam, AdamW, SGD) applied to
+// one tensor through the backend's fused kernel; rules are built by name from the registry
+// (src/optim/registry.cpp). An Optimizer assigns a rule to every parameter (param_groups.h), owns
+// the state arena, and runs one update: learning-rate schedule, optional global-norm clipping,
+// every tensor's rule.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "multinorm/backend.h"
+#include "multinorm/llama_model.h"
+#include "multinorm/param_groups.h"
+#include "multinorm/run_config.h"
+
+namespace multinorm {
+
+struct UpdateContext {
+  float lr = 0;           // this tensor's learning rate for this update
+  int64_t update = 1;     // optimizer update number, from 1
+  uint64_t seed = 0;      // run seed (stochastic rounding)
+  uint64_t tensor = 0;    // tensor index (stochastic rounding)
+  bool stochastic = false;
+};
+
+class TensorRule {
+ public:
+  virtual ~TensorRule() = default;
+  virtual std::string name() const = 0;
+  virtual int state_slots() const = 0;      // per-element state tensors (Adam: m, v)
+  virtual bool matrices_only() const { return false; }
+  virtual void update(Backend& be, const TensorSpec& t, Buf w, Buf g, Buf* states, const UpdateContext& ctx) const = 0;
+};
+
+using RuleFactory = std::function<std::unique_ptr<TensorRule>(const OptimizerConfig&)>;
+
+// Builds the rule registered under `name`; ConfigError naming the choices for an unknown name.
+std::unique_ptr<TensorRule> make_rule(const std::string& name, const OptimizerConfig& config);
+std::vector<std::string> registered_rules();
+
+struct StepStats {
+  double lr_multiplier = 0, lr_matrix = 0, lr_fallback = 0;
+  double grad_norm = 0;  // before clipping
+  bool clipped = false;
+};
+
+class Optimizer {
+ public:
+  Optimizer(LlamaModel& model, const RunConfig& run);
+  ~Optimizer();
+
+  // Applies update number `update` (from 1) with the model's accumulated gradients.
+  StepStats step(int64_t update);
+
+  int64_t state_bytes() const { return state_bytes_; }
+  int64_t matrix_state_bytes() const { return matrix_state_bytes_; }
+  const std::vector<ParamAssignment>& assignments() const { return assign_; }
+  // The state arena as raw bytes (checkpoints).
+  std::vector<uint8_t> states_to_host() const;
+  void states_from_host(const std::vector<uint8_t>& bytes);
+
+ private:
+  LlamaModel& model_;
+  RunConfig run_;
+  std::vector<ParamAssignment> assign_;
+  std::vector<std::unique_ptr<TensorRule>> rules_;  // one per tensor (shared configs are cheap)
+  std::vector<std::vector<Buf>> states_;            // per tensor
+  void* arena_ = nullptr;
+  int64_t state_bytes_ = 0, matrix_state_bytes_ = 0;
+  DType state_dtype_;
+};
+
+}  // namespace multinorm

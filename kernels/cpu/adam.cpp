@@ -1,0 +1,87 @@
+// Adam / AdamW with torch.optim semantics, one fused pass reading g, m, v, w and writing m, v, w:
+//   g += l2_decay * w                          (Adam's weight_decay)
+//   m = b1 m + (1 - b1) g        v = b2 v + (1 - b2) g^2
+//   w <- w (1 - lr decoupled_decay) - lr (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
+// States are stored in their own dtype (BF16 as in the paper, or FP32), rounded to nearest.
+#include <cmath>
+
+#include "cpu_kernels.h"
+
+namespace multinorm::cpu {
+
+template <class T, class S>
+void adam_update(T* w, const T* g, S* m, S* v, int64_t n, const AdamArgs& a) {
+  const float bc1 = 1.0f - static_cast<float>(std::pow(static_cast<double>(a.beta1), static_cast<double>(a.step)));
+  const float bc2 = 1.0f - static_cast<float>(std::pow(static_cast<double>(a.beta2), static_cast<double>(a.step)));
+  const float step_size = a.lr / bc1, inv_sqrt_bc2 = 1.0f / std::sqrt(bc2);
+  const float keep = 1.0f - a.lr * a.decoupled_decay;
+  const float b1 = static_cast<float>(a.beta1), c1 = static_cast<float>(1.0 - a.beta1);
+  const float b2 = static_cast<float>(a.beta2), c2 = static_cast<float>(1.0 - a.beta2);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float wi = to_f32(w[i]);
+    const float gi = to_f32(g[i]) + a.l2_decay * wi;
+    const float mi = b1 * to_f32(m[i]) + c1 * gi;
+    const float vi = b2 * to_f32(v[i]) + c2 * gi * gi;
+    m[i] = from_f32<S>(mi);
+    v[i] = from_f32<S>(vi);
+    w[i] = write_weight<T>(wi * keep - step_size * mi / (std::sqrt(vi) * inv_sqrt_bc2 + a.eps), a.write, static_cast<uint64_t>(i));
+  }
+}
+
+template <class T, class S>
+void sgd_update(T* w, const T* g, S* buf, int64_t n, const SgdArgs& a) {
+  const float keep = 1.0f - a.lr * a.decoupled_decay;
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    float d = to_f32(g[i]);
+    if (buf) {
+      d = a.momentum * to_f32(buf[i]) + d;
+      buf[i] = from_f32<S>(d);
+    }
+    w[i] = write_weight<T>(to_f32(w[i]) * keep - a.lr * d, a.write, static_cast<uint64_t>(i));
+  }
+}
+
+#define MULTINORM_INSTANTIATE(T, S)                                                   \
+  template void adam_update<T, S>(T*, const T*, S*, S*, int64_t, const AdamArgs&); \
+  template void sgd_update<T, S>(T*, const T*, S*, int64_t, const SgdArgs&);
+MULTINORM_INSTANTIATE(float, float)
+MULTINORM_INSTANTIATE(float, bf16)
+MULTINORM_INSTANTIATE(bf16, float)
+MULTINORM_INSTANTIATE(bf16, bf16)
+#undef MULTINORM_INSTANTIATE
+
+template <class T>
+double sum_squares(const T* x, int64_t n) {
+  // Fixed blocks summed in order: deterministic for any thread count.
+  constexpr int64_t kBlock = 1 << 16;
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+  std::vector<double> part(blocks);
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < blocks; ++b) {
+    double s = 0;
+    const int64_t end = std::min(n, (b + 1) * kBlock);
+    for (int64_t i = b * kBlock; i < end; ++i) {
+      const double v = to_f32(x[i]);
+      s += v * v;
+    }
+    part[b] = s;
+  }
+  double s = 0;
+  for (double p : part) s += p;
+  return s;
+}
+
+template <class T>
+void scale(T* x, int64_t n, float factor) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) x[i] = from_f32<T>(to_f32(x[i]) * factor);
+}
+
+template double sum_squares<float>(const float*, int64_t);
+template double sum_squares<bf16>(const bf16*, int64_t);
+template void scale<float>(float*, int64_t, float);
+template void scale<bf16>(bf16*, int64_t, float);
+
+}  // namespace multinorm::cpu

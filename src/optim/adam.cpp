@@ -1,0 +1,35 @@
+// Adam and AdamW (torch.optim semantics): two state tensors, m and v. The fused kernel is
+// kernels/cpu/adam.cpp. `adam` applies optimizer.weight_decay as torch.optim.Adam does (L2, added
+// to the gradient); `adamw` decoupled, as torch.optim.AdamW.
+#include "multinorm/optimizer.h"
+
+namespace multinorm {
+
+namespace {
+class Adam final : public TensorRule {
+ public:
+  Adam(const OptimizerConfig& c, bool decoupled) : c_(c), decoupled_(decoupled) {}
+  std::string name() const override { return decoupled_ ? "adamw" : "adam"; }
+  int state_slots() const override { return 2; }
+  void update(Backend& be, const TensorSpec& t, Buf w, Buf g, Buf* states, const UpdateContext& ctx) const override {
+    AdamArgs a;
+    a.lr = ctx.lr;
+    a.beta1 = c_.adam.beta1;
+    a.beta2 = c_.adam.beta2;
+    a.eps = static_cast<float>(c_.adam.eps);
+    (decoupled_ ? a.decoupled_decay : a.l2_decay) = static_cast<float>(c_.weight_decay);
+    a.step = ctx.update;
+    a.write = {ctx.stochastic, ctx.seed, static_cast<uint64_t>(ctx.update), ctx.tensor};
+    be.adam_update(w, g, states[0], states[1], t.numel(), a);
+  }
+
+ private:
+  OptimizerConfig c_;
+  bool decoupled_;
+};
+}  // namespace
+
+std::unique_ptr<TensorRule> make_adam(const OptimizerConfig& c) { return std::make_unique<Adam>(c, false); }
+std::unique_ptr<TensorRule> make_adamw(const OptimizerConfig& c) { return std::make_unique<Adam>(c, true); }
+
+}  // namespace multinorm

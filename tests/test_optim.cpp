@@ -1,0 +1,409 @@
+// Optimizers: the fused kernels against naive FP64 references and their mathematical properties;
+// Adam against torch.optim.Adam's update written out in FP64; rounding; the schedule; and a short
+// training run per optimizer.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+
+#include "multinorm/optimizer.h"
+#include "multinorm/schedule.h"
+#include "test_support.h"
+
+using namespace multinorm;
+using namespace multinorm::testing;
+
+namespace {
+
+// Naive SR-Sinkhorn, materialising X (FP64), with norms floored at eps.
+Vec sinkgd_reference(const Vec& g, int64_t m, int64_t n, int L, double eps = 1e-8) {
+  Vec x = g;
+  for (int it = 0; it < L; ++it) {
+    for (int64_t i = 0; i < m; ++i) {
+      double s = 0;
+      for (int64_t j = 0; j < n; ++j) s += x[i * n + j] * x[i * n + j];
+      const double f = std::sqrt(double(n)) / std::max(std::sqrt(s), eps);
+      for (int64_t j = 0; j < n; ++j) x[i * n + j] *= f;
+    }
+    for (int64_t j = 0; j < n; ++j) {
+      double s = 0;
+      for (int64_t i = 0; i < m; ++i) s += x[i * n + j] * x[i * n + j];
+      const double f = std::sqrt(double(m)) / std::max(std::sqrt(s), eps);
+      for (int64_t i = 0; i < m; ++i) x[i * n + j] *= f;
+    }
+  }
+  return x;
+}
+
+// The update direction a kernel applied: (w0 - w1) / lr.
+Vec applied(const Vec& w0, const Vec& w1, double lr) {
+  Vec u(w0.size());
+  for (size_t i = 0; i < u.size(); ++i) u[i] = (w0[i] - w1[i]) / lr;
+  return u;
+}
+
+Vec run_sinkgd(Backend& be, const Vec& w0, const Vec& g, int64_t m, int64_t n, int L, DType dt = DType::F32) {
+  DeviceBuffer W(be, w0, dt), G(be, g, dt);
+  const Vec stored = W.get();  // w0 as the kernel sees it
+  SinkGDArgs a;
+  a.lr = 0.125f;
+  a.iterations = L;
+  be.sinkgd_update(W.buf(), G.buf(), m, n, a);
+  return applied(stored, W.get(), a.lr);
+}
+
+double row_norm(const Vec& x, int64_t n, int64_t i) {
+  double s = 0;
+  for (int64_t j = 0; j < n; ++j) s += x[i * n + j] * x[i * n + j];
+  return std::sqrt(s);
+}
+double col_norm(const Vec& x, int64_t m, int64_t n, int64_t j) {
+  double s = 0;
+  for (int64_t i = 0; i < m; ++i) s += x[i * n + j] * x[i * n + j];
+  return std::sqrt(s);
+}
+
+// FP64 Jacobi eigendecomposition of a symmetric k x k matrix: a reference independent of LAPACK.
+void jacobi_eigen(Vec a, int64_t k, Vec& values, Vec& vectors) {
+  vectors.assign(k * k, 0.0);
+  for (int64_t i = 0; i < k; ++i) vectors[i * k + i] = 1.0;
+  for (int sweep = 0; sweep < 100; ++sweep) {
+    double off = 0;
+    for (int64_t p = 0; p < k; ++p)
+      for (int64_t q = p + 1; q < k; ++q) off += a[p * k + q] * a[p * k + q];
+    if (off < 1e-26) break;
+    for (int64_t p = 0; p < k; ++p)
+      for (int64_t q = p + 1; q < k; ++q) {
+        if (std::fabs(a[p * k + q]) < 1e-300) continue;
+        const double theta = (a[q * k + q] - a[p * k + p]) / (2 * a[p * k + q]);
+        const double t = (theta >= 0 ? 1 : -1) / (std::fabs(theta) + std::sqrt(theta * theta + 1));
+        const double c = 1 / std::sqrt(t * t + 1), s = t * c;
+        for (int64_t r = 0; r < k; ++r) {  // A <- A J (columns p, q)
+          const double ap = a[r * k + p], aq = a[r * k + q];
+          a[r * k + p] = c * ap - s * aq;
+          a[r * k + q] = s * ap + c * aq;
+        }
+        for (int64_t r = 0; r < k; ++r) {  // A <- J^T A (rows p, q)
+          const double ap = a[p * k + r], aq = a[q * k + r];
+          a[p * k + r] = c * ap - s * aq;
+          a[q * k + r] = s * ap + c * aq;
+        }
+        for (int64_t r = 0; r < k; ++r) {
+          const double vp = vectors[r * k + p], vq = vectors[r * k + q];
+          vectors[r * k + p] = c * vp - s * vq;
+          vectors[r * k + q] = s * vp + c * vq;
+        }
+      }
+  }
+  values.resize(k);
+  for (int64_t i = 0; i < k; ++i) values[i] = a[i * k + i];
+}
+
+Vec transpose(const Vec& x, int64_t m, int64_t n);
+
+// sqrt(n) x the polar factor of x [m, n], m <= n: sqrt(n) (x x^T)^(-1/2) x, by Jacobi (FP64).
+Vec polar_reference(const Vec& x, int64_t m, int64_t n, double scale) {
+  Vec a(m * m, 0.0);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t l = 0; l < m; ++l)
+      for (int64_t j = 0; j < n; ++j) a[i * m + l] += x[i * n + j] * x[l * n + j];
+  Vec lam, q;
+  jacobi_eigen(a, m, lam, q);
+  Vec inv(m * m, 0.0);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t l = 0; l < m; ++l)
+      for (int64_t e = 0; e < m; ++e) inv[i * m + l] += q[i * m + e] * q[l * m + e] / std::sqrt(lam[e]);
+  Vec u(m * n, 0.0);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t l = 0; l < m; ++l)
+      for (int64_t j = 0; j < n; ++j) u[i * n + j] += scale * inv[i * m + l] * x[l * n + j];
+  return u;
+}
+
+// SWAN's update direction in FP64: X = sqrt(n) rownorm(G), U = sqrt(n) polar(X); a tall X's polar
+// factor is the transpose of its transpose's.
+Vec swan_reference(const Vec& g, int64_t m, int64_t n) {
+  Vec x(m * n);
+  for (int64_t i = 0; i < m; ++i) {
+    const double f = std::sqrt(double(n)) / row_norm(g, n, i);
+    for (int64_t j = 0; j < n; ++j) x[i * n + j] = g[i * n + j] * f;
+  }
+  if (m <= n) return polar_reference(x, m, n, std::sqrt(double(n)));
+  return transpose(polar_reference(transpose(x, m, n), n, m, std::sqrt(double(n))), n, m);
+}
+
+Vec transpose(const Vec& x, int64_t m, int64_t n) {
+  Vec t(m * n);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) t[j * m + i] = x[i * n + j];
+  return t;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// SinkGD
+// ---------------------------------------------------------------------------------------------
+
+TEST(SinkGD, FusedEqualsTheMaterialisedReference) {
+  auto be = make_cpu_backend(2);
+  struct Shape { int64_t m, n; };
+  for (Shape s : {Shape{13, 17}, Shape{29, 7}, Shape{1, 19}, Shape{23, 1}, Shape{130, 70}}) {
+    for (int L : {1, 5}) {
+      const Vec g = random_vec(s.m * s.n, 21), w0 = random_vec(s.m * s.n, 22);
+      EXPECT_TRUE(close(run_sinkgd(*be, w0, g, s.m, s.n, L), sinkgd_reference(g, s.m, s.n, L), 2e-5))
+          << s.m << "x" << s.n << " L=" << L;
+    }
+  }
+}
+
+TEST(SinkGD, ColumnsEndAtSqrtMAndRowsConvergeToSqrtN) {
+  auto be = make_cpu_backend(2);
+  const int64_t m = 48, n = 80;
+  const Vec g = random_vec(m * n, 23), w0(m * n, 0.0);
+  std::vector<double> worst;
+  for (int L : {1, 2, 4, 30}) {
+    const Vec x = run_sinkgd(*be, w0, g, m, n, L);
+    for (int64_t j = 0; j < n; ++j) EXPECT_NEAR(col_norm(x, m, n, j), std::sqrt(double(m)), 1e-4);
+    double w = 0;
+    for (int64_t i = 0; i < m; ++i) w = std::max(w, std::fabs(row_norm(x, n, i) - std::sqrt(double(n))));
+    worst.push_back(w);
+  }
+  // Row norms approach sqrt(n) as L grows, down to FP32 round-off at the fixed point.
+  EXPECT_LT(worst[1], worst[0]);
+  EXPECT_LT(worst[2], worst[1]);
+  EXPECT_GT(worst[0], 1e-2 * std::sqrt(double(n)));  // one iteration is visibly not converged
+  EXPECT_LT(worst[3], 1e-5 * std::sqrt(double(n)));
+}
+
+TEST(SinkGD, ZeroRowsAndColumnsGiveZeroUpdatesNeverNaN) {
+  auto be = make_cpu_backend(2);
+  const int64_t m = 16, n = 12;
+  Vec g = random_vec(m * n, 24);
+  for (int64_t j = 0; j < n; ++j) g[3 * n + j] = 0;
+  for (int64_t i = 0; i < m; ++i) g[i * n + 5] = 0;
+  const Vec x = run_sinkgd(*be, random_vec(m * n, 25), g, m, n, 5);
+  for (double v : x) ASSERT_TRUE(std::isfinite(v));
+  for (int64_t j = 0; j < n; ++j) EXPECT_EQ(x[3 * n + j], 0.0);
+  for (int64_t i = 0; i < m; ++i) EXPECT_EQ(x[i * n + 5], 0.0);
+  EXPECT_TRUE(close(x, sinkgd_reference(g, m, n, 5), 2e-5));
+  const Vec zero = run_sinkgd(*be, Vec(m * n, 1.0), Vec(m * n, 0.0), m, n, 5);  // all-zero gradient
+  for (double v : zero) EXPECT_EQ(v, 0.0);
+}
+
+TEST(SinkGD, Bf16WeightsAndThreadIndependence) {
+  const int64_t m = 70, n = 90;
+  const Vec g = random_vec(m * n, 26), w0 = random_vec(m * n, 27);
+  auto one = make_cpu_backend(1);
+  const Vec a = run_sinkgd(*one, w0, g, m, n, 5);
+  auto two = make_cpu_backend(2);
+  const Vec b = run_sinkgd(*two, w0, g, m, n, 5);
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(double)), 0) << "result depends on the thread count";
+  // BF16 storage: the update is computed in FP32 from the BF16 gradient and rounded once.
+  DeviceBuffer W(*two, w0, DType::BF16), G(*two, g, DType::BF16);
+  const Vec w_stored = W.get(), g_stored = G.get();
+  SinkGDArgs args;
+  args.lr = 0.125f;
+  two->sinkgd_update(W.buf(), G.buf(), m, n, args);
+  const Vec ref = sinkgd_reference(g_stored, m, n, 5);
+  Vec expect(m * n);
+  for (int64_t i = 0; i < m * n; ++i) expect[i] = w_stored[i] - 0.125 * ref[i];
+  EXPECT_TRUE(close(W.get(), expect, 1.0 / 128));  // one BF16 rounding (2^-8 relative) of each weight
+}
+
+// ---------------------------------------------------------------------------------------------
+// SWAN
+// ---------------------------------------------------------------------------------------------
+
+Vec run_swan(Backend& be, const Vec& g, int64_t m, int64_t n, bool exact, int ns_steps, bool standardize = false) {
+  const Vec w0(m * n, 0.0);
+  DeviceBuffer W(be, w0, DType::F32), G(be, g, DType::F32);
+  SwanArgs a;
+  a.lr = 0.5f;
+  a.exact = exact;
+  a.ns_steps = ns_steps;
+  a.standardize = standardize;
+  be.swan_update(W.buf(), G.buf(), m, n, a);
+  return applied(w0, W.get(), a.lr);
+}
+
+TEST(Swan, WhitensRowsToNTimesIdentity) {
+  auto be = make_cpu_backend(2);
+  struct Shape { int64_t m, n; };
+  for (Shape s : {Shape{24, 40}, Shape{32, 32}, Shape{40, 24}}) {
+    // A well-conditioned matrix (singular values within ~1:20): FP32 Newton-Schulz whitens it.
+    // Directions with eigenvalues below ~1e-6 of the largest are FP32 noise in the Gram matrix,
+    // which only the exact FP64 path resolves (docs/optimizers.md).
+    Vec g = random_vec(s.m * s.n, 31, 0.5);
+    for (int64_t i = 0; i < std::min(s.m, s.n); ++i) g[i * s.n + i] += 6.0;
+    for (bool exact : {false, true}) {
+      const Vec u = run_swan(*be, g, s.m, s.n, exact, 30);
+      // Wide: U U^T = n I. Tall (computed on the transpose): U^T U = n I.
+      const bool wide = s.m <= s.n;
+      const int64_t k = wide ? s.m : s.n;
+      double worst = 0;
+      for (int64_t a = 0; a < k; ++a)
+        for (int64_t b = 0; b < k; ++b) {
+          double dot = 0;
+          if (wide) for (int64_t j = 0; j < s.n; ++j) dot += u[a * s.n + j] * u[b * s.n + j];
+          else for (int64_t i = 0; i < s.m; ++i) dot += u[i * s.n + a] * u[i * s.n + b];
+          worst = std::max(worst, std::fabs(dot - (a == b ? double(s.n) : 0.0)));
+        }
+      // Stated tolerance: 1e-3 n (Newton-Schulz, 40 steps) and 1e-4 n (exact FP64 path, FP32 output).
+      EXPECT_LT(worst, (exact ? 1e-4 : 1e-3) * s.n) << s.m << "x" << s.n << (exact ? " exact" : " newton-schulz");
+    }
+  }
+}
+
+TEST(Swan, MatchesTheEigendecompositionReference) {
+  auto be = make_cpu_backend(2);
+  const int64_t m = 12, n = 20;
+  const Vec g = random_vec(m * n, 32);
+  const Vec ref = swan_reference(g, m, n);
+  EXPECT_TRUE(close(run_swan(*be, g, m, n, true, 0), ref, 1e-5));
+  EXPECT_TRUE(close(run_swan(*be, g, m, n, false, 40), ref, 1e-3));
+  // Tall (20 x 12): the same polar factor, computed through the 12 x 12 Gram matrix X^T X.
+  const Vec gt = random_vec(n * m, 33);
+  EXPECT_TRUE(close(run_swan(*be, gt, n, m, true, 0), swan_reference(gt, n, m), 1e-5));
+  EXPECT_TRUE(close(run_swan(*be, gt, n, m, false, 40), swan_reference(gt, n, m), 1e-3));
+}
+
+TEST(Swan, RankDeficientGradientsStayFinite) {
+  auto be = make_cpu_backend(2);
+  const int64_t m = 16, n = 32, r = 3;
+  const Vec a = random_vec(m * r, 34), b = random_vec(r * n, 35);
+  Vec g(m * n, 0.0);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t k = 0; k < r; ++k) g[i * n + j] += a[i * r + k] * b[k * n + j];
+  for (bool exact : {false, true})
+    for (double v : run_swan(*be, g, m, n, exact, 30)) ASSERT_TRUE(std::isfinite(v)) << (exact ? "exact" : "ns");
+  // Standardised rows (the SWAN paper's GradNorm) too.
+  for (double v : run_swan(*be, random_vec(m * n, 36), m, n, false, 30, true)) ASSERT_TRUE(std::isfinite(v));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Adam, SGD, rounding
+// ---------------------------------------------------------------------------------------------
+
+TEST(Adam, MatchesTorchAdamTrajectory) {
+  auto be = make_cpu_backend(2);
+  const int64_t n = 37;
+  for (bool adamw : {false, true}) {
+    const Vec w0 = random_vec(n, 41);
+    DeviceBuffer W(*be, w0, DType::F32), M(*be, n, DType::F32), V(*be, n, DType::F32);
+    Vec w = w0, m(n, 0.0), v(n, 0.0);
+    const double lr = 1e-2, b1 = 0.9, b2 = 0.999, eps = 1e-8, wd = 0.1;
+    for (int t = 1; t <= 6; ++t) {
+      const Vec g = random_vec(n, 100 + t, 0.1 * t);
+      DeviceBuffer G(*be, g, DType::F32);
+      AdamArgs a;
+      a.lr = static_cast<float>(lr);
+      (adamw ? a.decoupled_decay : a.l2_decay) = static_cast<float>(wd);
+      a.step = t;
+      be->adam_update(W.buf(), G.buf(), M.buf(), V.buf(), n, a);
+      for (int64_t i = 0; i < n; ++i) {  // torch.optim.Adam / AdamW, written out
+        double gi = g[i];
+        if (adamw) w[i] *= 1 - lr * wd;
+        else gi += wd * w[i];
+        m[i] = b1 * m[i] + (1 - b1) * gi;
+        v[i] = b2 * v[i] + (1 - b2) * gi * gi;
+        const double mh = m[i] / (1 - std::pow(b1, t)), vh = v[i] / (1 - std::pow(b2, t));
+        w[i] -= lr * mh / (std::sqrt(vh) + eps);
+      }
+      EXPECT_TRUE(close(W.get(), w, 1e-6)) << (adamw ? "adamw" : "adam") << " step " << t;
+      EXPECT_TRUE(close(M.get(), m, 1e-6));
+      EXPECT_TRUE(close(V.get(), v, 1e-5));
+    }
+  }
+}
+
+TEST(Adam, Bf16StatesStayWithinTheirRounding) {
+  auto be = make_cpu_backend(2);
+  const int64_t n = 4096;
+  const Vec w0 = random_vec(n, 42);
+  DeviceBuffer W32(*be, w0, DType::F32), M32(*be, n, DType::F32), V32(*be, n, DType::F32);
+  DeviceBuffer W16(*be, w0, DType::F32), M16(*be, n, DType::BF16), V16(*be, n, DType::BF16);
+  for (int t = 1; t <= 10; ++t) {
+    DeviceBuffer G(*be, random_vec(n, 200 + t), DType::F32);
+    AdamArgs a;
+    a.lr = 1e-3f;
+    a.step = t;
+    be->adam_update(W32.buf(), G.buf(), M32.buf(), V32.buf(), n, a);
+    be->adam_update(W16.buf(), G.buf(), M16.buf(), V16.buf(), n, a);
+  }
+  // Stated bound: BF16 states (8 mantissa bits) change each element's total displacement over 10
+  // steps by at most 2% of that displacement's scale.
+  EXPECT_TRUE(close(applied(w0, W16.get(), 1.0), applied(w0, W32.get(), 1.0), 2e-2));
+  EXPECT_TRUE(close(M16.get(), M32.get(), 1.0 / 128));
+}
+
+TEST(Sgd, MomentumFollowsTorchSemantics) {
+  auto be = make_cpu_backend(1);
+  const int64_t n = 9;
+  const Vec w0 = random_vec(n, 43);
+  DeviceBuffer W(*be, w0, DType::F32), B(*be, n, DType::F32);
+  Vec w = w0, buf(n, 0.0);
+  for (int t = 1; t <= 3; ++t) {
+    const Vec g = random_vec(n, 300 + t);
+    DeviceBuffer G(*be, g, DType::F32);
+    SgdArgs a;
+    a.lr = 0.1f;
+    a.momentum = 0.9f;
+    be->sgd_update(W.buf(), G.buf(), B.buf(), n, a);
+    for (int64_t i = 0; i < n; ++i) buf[i] = 0.9 * buf[i] + g[i], w[i] -= 0.1 * buf[i];
+  }
+  EXPECT_TRUE(close(W.get(), w, 1e-6));
+}
+
+TEST(Rounding, StochasticIsUnbiasedAndReproducible) {
+  // x sits 30% of the way from one BF16 value to the next: nearest rounding always goes down.
+  const float lo = 1.0f, hi = 1.0f + 1.0f / 128;
+  const float x = lo + 0.3f * (hi - lo);
+  WriteBack wb{true, 7, 3, 11};
+  double sum = 0;
+  const int draws = 200000;
+  for (int i = 0; i < draws; ++i) sum += to_f32(write_weight<bf16>(x, wb, i));
+  const double mean = sum / draws, sigma = (hi - lo) * std::sqrt(0.3 * 0.7 / draws);
+  EXPECT_NEAR(mean, x, 4 * sigma);
+  EXPECT_EQ(to_f32(write_weight<bf16>(x, WriteBack{false, 7, 3, 11}, 0)), lo);
+  // Same counter, same bits; another step, other bits somewhere.
+  int differ = 0;
+  for (int i = 0; i < 1000; ++i) {
+    EXPECT_EQ(write_weight<bf16>(x, wb, i).bits, write_weight<bf16>(x, wb, i).bits);
+    differ += write_weight<bf16>(x, wb, i).bits != write_weight<bf16>(x, WriteBack{true, 7, 4, 11}, i).bits;
+  }
+  EXPECT_GT(differ, 100);
+  // Values already representable are kept exactly; NaN stays NaN.
+  EXPECT_EQ(to_f32(write_weight<bf16>(1.5f, wb, 5)), 1.5f);
+  EXPECT_TRUE(std::isnan(to_f32(write_weight<bf16>(NAN, wb, 5))));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Schedule
+// ---------------------------------------------------------------------------------------------
+
+TEST(Schedule, WarmupThenCosineToMinRatio) {
+  ScheduleConfig s;
+  s.kind = "cosine";
+  s.total_steps = 1000;
+  s.warmup_steps = 100;
+  s.min_lr_ratio = 0.1;
+  EXPECT_DOUBLE_EQ(schedule_multiplier(s, 1), 0.01);     // warmup start: 1/100
+  EXPECT_DOUBLE_EQ(schedule_multiplier(s, 50), 0.5);
+  EXPECT_DOUBLE_EQ(schedule_multiplier(s, 100), 1.0);    // warmup end: the peak
+  EXPECT_NEAR(schedule_multiplier(s, 550), 0.55, 1e-12); // mid-decay: 0.1 + 0.9 * 0.5
+  EXPECT_NEAR(schedule_multiplier(s, 1000), 0.1, 1e-12); // last update: min_lr_ratio
+  s.galore_offset = true;
+  EXPECT_DOUBLE_EQ(schedule_multiplier(s, 1), 0.0);      // GaLore: the first update runs at lr 0
+  EXPECT_DOUBLE_EQ(schedule_multiplier(s, 101), 1.0);
+  s.galore_offset = false;
+  s.kind = "linear";
+  EXPECT_NEAR(schedule_multiplier(s, 550), 0.55, 1e-12);
+  EXPECT_NEAR(schedule_multiplier(s, 325), 0.775, 1e-12);
+  s.kind = "constant";
+  EXPECT_DOUBLE_EQ(schedule_multiplier(s, 900), 1.0);
+  s.warmup_steps = 0;
+  s.kind = "cosine";
+  EXPECT_NEAR(schedule_multiplier(s, 0), 1.0, 1e-12);
+}
