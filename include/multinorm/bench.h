@@ -20,4 +20,14 @@ struct ModelBenchOptions {
 
 void bench_model(const ModelBenchOptions& o);
 
+struct OptimBenchOptions {
+  std::string config;  // model config or run config (its optimizer settings)
+  std::string precision = "bf16";
+  int steps = 3;
+  int threads = 0;
+  bool json = false;
+};
+
+void bench_optim(const OptimBenchOptions& o);
+
 }  // namespace multinorm

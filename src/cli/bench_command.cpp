@@ -21,6 +21,15 @@ void add_bench_command(CLI::App& app) {
   model->add_option("--torch", o.torch, "auto: also measure PyTorch (python3-torch); off: skip")->check(CLI::IsMember({"auto", "off"}));
   model->add_flag("--json", o.json, "machine-readable output");
   model->callback([] { bench_model(o); });
+
+  auto* optim = bench->add_subcommand("optim", "One optimizer step per optimizer: SinkGD/Adam and SWAN/SinkGD ratios, bandwidth");
+  static OptimBenchOptions p;
+  optim->add_option("--config,-c", p.config, "model config or run config")->required();
+  optim->add_option("--precision", p.precision, "bf16 or fp32 weights and states")->check(CLI::IsMember({"bf16", "fp32"}));
+  optim->add_option("--steps", p.steps, "timed repetitions (best is reported)");
+  optim->add_option("--threads", p.threads, "CPU threads (0: all cores)");
+  optim->add_flag("--json", p.json, "machine-readable output");
+  optim->callback([] { bench_optim(p); });
 }
 
 }  // namespace multinorm
