@@ -30,4 +30,12 @@ struct OptimBenchOptions {
 
 void bench_optim(const OptimBenchOptions& o);
 
+struct DataBenchOptions {
+  std::string inputs;     // C4 json.gz globs
+  std::string tokenizer;
+  double train_tokens_per_s = 15000;  // the trainer rate the loader is compared with (bench model, llama_tiny)
+};
+
+void bench_data(const DataBenchOptions& o);
+
 }  // namespace multinorm

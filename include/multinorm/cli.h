@@ -15,6 +15,10 @@ void add_config_command(CLI::App& app);
 void add_devices_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 void add_export_command(CLI::App& app);
+void add_data_command(CLI::App& app);
+void add_train_command(CLI::App& app);
+void add_generate_command(CLI::App& app);
+void add_sweep_command(CLI::App& app);
 
 // "58,073,600"
 std::string with_commas(int64_t n);

@@ -78,6 +78,9 @@ class LlamaModel {
   void logits(const MicroBatch& mb, float* host_logits);
 
   OpProfile& profile() { return profile_; }
+  // Wall time of the forward and backward passes of the last forward_backward() call.
+  double last_forward_seconds() const { return last_forward_s_; }
+  double last_backward_seconds() const { return last_backward_s_; }
 
  private:
   struct LayerWeights {
@@ -116,6 +119,7 @@ class LlamaModel {
   std::vector<LayerActs> a_;
   Buf wte_, dwte_, wnorm_, dwnorm_, wlm_, dwlm_;
   OpProfile profile_;
+  double last_forward_s_ = 0, last_backward_s_ = 0;
 };
 
 }  // namespace multinorm

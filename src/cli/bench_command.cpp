@@ -30,6 +30,13 @@ void add_bench_command(CLI::App& app) {
   optim->add_option("--threads", p.threads, "CPU threads (0: all cores)");
   optim->add_flag("--json", p.json, "machine-readable output");
   optim->callback([] { bench_optim(p); });
+
+  auto* data = bench->add_subcommand("data", "Tokenize throughput vs spm_encode, loader throughput");
+  static DataBenchOptions d;
+  data->add_option("--input,-i", d.inputs, "C4 json.gz globs")->required();
+  data->add_option("--tokenizer,-t", d.tokenizer, "SentencePiece model")->required();
+  data->add_option("--train-tokens-per-s", d.train_tokens_per_s, "trainer rate to compare the loader with");
+  data->callback([] { bench_data(d); });
 }
 
 }  // namespace multinorm

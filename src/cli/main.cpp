@@ -12,9 +12,13 @@ int main(int argc, char** argv) {
                ": LLaMA pretraining with stateless multi-normalized optimizers (SinkGD, SWAN) and Adam"};
   app.set_version_flag("--version", "multinorm " MULTINORM_VERSION);
   app.require_subcommand(1);
+  multinorm::add_train_command(app);
+  multinorm::add_sweep_command(app);
+  multinorm::add_generate_command(app);
   multinorm::add_info_command(app);
   multinorm::add_config_command(app);
   multinorm::add_devices_command(app);
+  multinorm::add_data_command(app);
   multinorm::add_export_command(app);
   multinorm::add_bench_command(app);
   try {

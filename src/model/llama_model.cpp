@@ -309,10 +309,14 @@ void LlamaModel::logits(const MicroBatch& mb, float* host_logits) {
 // ---------------------------------------------------------------------------------------------
 
 LossSum LlamaModel::forward_backward(const MicroBatch& mb, float grad_scale) {
+  const auto t0 = std::chrono::steady_clock::now();
   upload(mb, true);
   forward_layers(mb.B, mb.T);
-  const LossSum loss = head(mb.B * mb.T, true, grad_scale, nullptr);
+  const LossSum loss = head(mb.B * mb.T, true, grad_scale, nullptr);  // the head's backward GEMMs count as forward
+  const auto t1 = std::chrono::steady_clock::now();
   backward_layers(mb.B, mb.T);
+  last_forward_s_ = std::chrono::duration<double>(t1 - t0).count();
+  last_backward_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
   return loss;
 }
 

@@ -1,0 +1,45 @@
+// The trainer: `multinorm train` and `multinorm eval`. Ties the model, the optimizer and the data:
+// gradient accumulation into a global batch, evaluation, metrics, checkpoints (atomic, bit-exact
+// resume), non-finite handling.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "multinorm/llama_model.h"
+#include "multinorm/loader.h"
+#include "multinorm/run_config.h"
+
+namespace multinorm {
+
+struct TrainOptions {
+  bool resume = false;
+  bool skip_nonfinite = false;
+  int64_t max_updates = -1;  // stop (with a checkpoint) after this update, schedule unchanged; -1: total_steps
+  bool quiet = false;
+};
+
+struct EvalResult {
+  double loss = 0;         // unbiased: mean of per-batch mean losses
+  double galore_loss = 0;  // GaLore's figure: sum of batch means / (batches + 1)
+  int64_t batches = 0, tokens = 0;
+  double perplexity() const;
+  double galore_perplexity() const;
+};
+
+struct TrainResult {
+  int64_t updates = 0, skipped = 0;
+  double last_loss = 0;
+  EvalResult eval;
+  double seconds = 0, tokens_per_s = 0;
+  std::string run_dir, last_checkpoint;
+};
+
+TrainResult train(const RunConfig& run, const TrainOptions& opt);
+
+// Evaluates `model` on `data` over `token_budget` counted targets (the same code the trainer uses).
+EvalResult evaluate(LlamaModel& model, std::shared_ptr<const ShardSet> data, int64_t micro_batch, int64_t token_budget);
+
+// The newest complete checkpoint directory of a run ("" when none).
+std::string latest_checkpoint(const std::string& run_dir);
+
+}  // namespace multinorm

@@ -1,0 +1,58 @@
+// `multinorm data`: train-tokenizer, tokenize, inspect, verify (implementations in data_tools/).
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+
+#include "multinorm/cli.h"
+#include "multinorm/data_tools.h"
+
+namespace multinorm {
+
+void add_data_command(CLI::App& app) {
+  auto* data = app.add_subcommand("data", "Tokenizer training, C4 json.gz -> token shards, shard inspection");
+  data->require_subcommand(1);
+
+  auto* tt = data->add_subcommand("train-tokenizer", "Train a SentencePiece model on C4-format files");
+  static TrainTokenizerOptions t;
+  tt->add_option("--input,-i", t.inputs, "comma-separated globs of C4 json.gz files")->required();
+  tt->add_option("--out,-o", t.out_prefix, "output prefix: writes PREFIX.model and PREFIX.vocab")->required();
+  tt->add_option("--vocab-size", t.vocab_size, "pieces");
+  tt->add_option("--model-type", t.model_type, "bpe or unigram");
+  tt->add_option("--max-sentences", t.max_sentences, "paragraphs used for training");
+  tt->add_option("--threads", t.threads, "trainer threads (0: all cores)");
+  tt->callback([] { train_tokenizer(t); });
+
+  auto* tk = data->add_subcommand("tokenize", "C4 json.gz files -> token shards (resumable)");
+  static TokenizeOptions k;
+  tk->add_option("--input,-i", k.inputs, "comma-separated globs of C4 json.gz files")->required();
+  tk->add_option("--tokenizer,-t", k.tokenizer, "SentencePiece model")->required();
+  tk->add_option("--out,-o", k.out_dir, "output directory")->required();
+  tk->add_option("--layout", k.layout, "rows (one document per row, the paper) or stream (packed)")
+      ->check(CLI::IsMember({"rows", "stream"}));
+  tk->add_option("--seq-len", k.seq_len, "rows layout: tokens per row (EOS kept last when truncated)");
+  tk->add_option("--max-bad-lines", k.max_bad_lines, "malformed records tolerated before failing");
+  tk->add_option("--threads", k.threads, "threads (0: all cores)");
+  tk->callback([] {
+    const TokenizeStats s = tokenize_files(k);
+    std::printf("tokenized %lld file(s) (%lld already complete): %lld documents, %lld tokens, %lld truncated, "
+                "%lld empty, %lld malformed; %.1f MB of text in %.1f s (%.1f MB/s)\n",
+                (long long)s.files, (long long)s.skipped_files, (long long)s.documents, (long long)s.tokens,
+                (long long)s.truncated, (long long)s.empty, (long long)s.malformed, s.text_bytes / 1e6, s.seconds,
+                s.text_bytes / 1e6 / std::max(s.seconds, 1e-9));
+  });
+
+  auto* in = data->add_subcommand("inspect", "Header, counts, token histogram, decoded first documents");
+  static std::string shard, tokenizer;
+  static int64_t docs = 2;
+  in->add_option("shard", shard, "shard file")->required();
+  in->add_option("--tokenizer,-t", tokenizer, "SentencePiece model, to decode");
+  in->add_option("--docs", docs, "documents to decode");
+  in->callback([] { inspect_shard(shard, tokenizer, docs); });
+
+  auto* ve = data->add_subcommand("verify", "Check shards' sizes, checksums and token ids");
+  static std::string globs;
+  ve->add_option("shards", globs, "comma-separated globs")->required();
+  ve->callback([] { verify_shards(globs); });
+}
+
+}  // namespace multinorm

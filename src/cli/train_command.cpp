@@ -1,0 +1,70 @@
+// `multinorm train` and `multinorm eval`.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+
+#include "multinorm/c4_reader.h"
+#include "multinorm/checkpoint.h"
+#include "multinorm/cli.h"
+#include "multinorm/error.h"
+#include "multinorm/json_file.h"
+#include "multinorm/trainer.h"
+
+namespace multinorm {
+
+void add_train_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("train", "Pretrain a LLaMA from a run config");
+  static std::string path;
+  static std::vector<std::string> overrides;
+  static TrainOptions o;
+  cmd->add_option("--config,-c", path, "run config (JSON)")->required();
+  cmd->add_option("--set", overrides, "override a key, e.g. --set optimizer.lr=0.01 (repeatable)");
+  cmd->add_flag("--resume", o.resume, "continue from the run directory's latest checkpoint (bit-exact)");
+  cmd->add_flag("--skip-nonfinite", o.skip_nonfinite, "skip (and count) updates with a non-finite loss or gradient");
+  cmd->add_option("--max-updates", o.max_updates, "stop after this update (with a checkpoint); the schedule is unchanged");
+  cmd->add_flag("--quiet", o.quiet, "no progress output");
+  cmd->callback([] {
+    const RunConfig run = load_run_config(path, overrides);
+    const TrainResult r = train(run, o);
+    std::printf("trained %lld updates in %.1f s (%.0f tokens/s); last loss %.4f%s\n", (long long)r.updates, r.seconds,
+                r.tokens_per_s, r.last_loss, r.skipped ? (" (" + std::to_string(r.skipped) + " skipped)").c_str() : "");
+    if (r.eval.batches)
+      std::printf("validation: loss %.4f, perplexity %.2f (%lld tokens)\n", r.eval.loss, r.eval.perplexity(),
+                  (long long)r.eval.tokens);
+    std::printf("run directory: %s (metrics.jsonl, checkpoints/)\n", r.run_dir.c_str());
+  });
+
+  auto* ev = app.add_subcommand("eval", "Validation loss and perplexity of a checkpoint");
+  static std::string checkpoint, data;
+  static int64_t tokens = -1;
+  static bool as_json = false;
+  ev->add_option("--checkpoint", checkpoint, "checkpoint directory (runs/NAME/checkpoints/step_N) or a run directory")->required();
+  ev->add_option("--data", data, "validation shards (default: the run's data.validation)");
+  ev->add_option("--tokens", tokens, "counted target tokens to evaluate (default: the run's eval.tokens)");
+  ev->add_flag("--json", as_json, "machine-readable output");
+  ev->callback([] {
+    std::string dir = checkpoint;
+    if (!latest_checkpoint(dir).empty()) dir = latest_checkpoint(dir);  // a run directory
+    const std::string run_dir = dir + "/../..";
+    const RunConfig run = run_config_from_json(read_json_file(run_dir + "/config.json"), run_dir + "/config.json");
+    auto be = make_cpu_backend(static_cast<int>(run.threads));
+    LlamaModel model(*be, run.model, run.precision.params, run.eval.micro_batch, run.batch.seq_len);
+    const TrainerState st = read_checkpoint(dir, model, nullptr, run);
+    const std::string globs = data.empty() ? run.data.validation : data;
+    if (globs.empty()) throw ConfigError("eval: no validation data (--data, or data.validation in the run config)");
+    auto val = std::make_shared<const ShardSet>(expand_globs(globs), run.batch.seq_len, run.model.vocab_size);
+    const EvalResult r = evaluate(model, val, run.eval.micro_batch, tokens > 0 ? tokens : run.eval.tokens);
+    if (as_json) {
+      std::printf("%s\n", json{{"checkpoint", dir}, {"step", st.step}, {"loss", r.loss}, {"perplexity", r.perplexity()},
+                               {"galore_loss", r.galore_loss}, {"galore_perplexity", r.galore_perplexity()},
+                               {"batches", r.batches}, {"tokens", r.tokens}}.dump(2).c_str());
+    } else {
+      std::printf("%s (update %lld): validation loss %.4f, perplexity %.3f over %lld tokens in %lld batches\n",
+                  dir.c_str(), (long long)st.step, r.loss, r.perplexity(), (long long)r.tokens, (long long)r.batches);
+      std::printf("  GaLore's figure (sum of batch means / (batches + 1)): loss %.4f, perplexity %.3f\n", r.galore_loss,
+                  r.galore_perplexity());
+    }
+  });
+}
+
+}  // namespace multinorm

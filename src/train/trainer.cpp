@@ -1,0 +1,282 @@
+// The training loop. One update = `accum` micro-batches (global_batch / (micro_batch x world)),
+// gradients accumulated in the model's gradient arena, then one optimizer step.
+// Loss normalisation: micro_batch_mean (GaLore: every micro-batch's mean loss weighs the same,
+// gradient scale 1 / (count x accum)) or token_mean (every counted target of the update weighs the
+// same, scale 1 / total count).
+#include "multinorm/trainer.h"
+
+#include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+
+#include "multinorm/c4_reader.h"
+#include "multinorm/checkpoint.h"
+#include "multinorm/device.h"
+#include "multinorm/error.h"
+#include "multinorm/json_file.h"
+#include "multinorm/model_io.h"
+#include "multinorm/optimizer.h"
+
+namespace multinorm {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+int64_t rss_bytes() {
+  long pages = 0, resident = 0;
+  if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+    if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
+    std::fclose(f);
+  }
+  return static_cast<int64_t>(resident) * ::sysconf(_SC_PAGESIZE);
+}
+
+void mkdirs(const std::string& path) {
+  std::string cur;
+  for (size_t i = 0; i <= path.size(); ++i) {
+    if (i == path.size() || path[i] == '/') {
+      if (!cur.empty()) ::mkdir(cur.c_str(), 0755);
+    }
+    if (i < path.size()) cur += path[i];
+  }
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) throw Error(path + ": cannot create the run directory");
+}
+
+// Keeps metrics.jsonl lines up to `step` (a resumed run rewrites what came after its checkpoint).
+void truncate_metrics(const std::string& path, int64_t step) {
+  std::ifstream in(path);
+  if (!in) return;
+  std::string line, kept;
+  while (std::getline(in, line)) {
+    const json j = json::parse(line, nullptr, false);
+    if (!j.is_discarded() && j.value("step", int64_t{0}) <= step) kept += line + "\n";
+  }
+  write_text_file_atomic(path, kept);
+}
+
+std::string format_eta(double s) {
+  char buf[32];
+  const int64_t t = static_cast<int64_t>(s);
+  std::snprintf(buf, sizeof(buf), "%lld:%02lld:%02lld", (long long)(t / 3600), (long long)(t / 60 % 60), (long long)(t % 60));
+  return buf;
+}
+
+}  // namespace
+
+double EvalResult::perplexity() const { return std::exp(loss); }
+double EvalResult::galore_perplexity() const { return std::exp(galore_loss); }
+
+EvalResult evaluate(LlamaModel& model, std::shared_ptr<const ShardSet> data, int64_t micro_batch, int64_t token_budget) {
+  EvalLoader loader(std::move(data), micro_batch, token_budget);
+  EvalResult r;
+  double sum_of_means = 0;
+  Batch b;
+  while (loader.next(b)) {
+    if (b.count == 0) continue;
+    const LossSum l = model.forward(b.view());
+    sum_of_means += l.mean();
+    ++r.batches;
+    r.tokens += l.count;
+  }
+  if (r.batches == 0) throw Error("eval: the validation data holds no counted target");
+  r.loss = sum_of_means / r.batches;
+  r.galore_loss = sum_of_means / (r.batches + 1);
+  return r;
+}
+
+std::string latest_checkpoint(const std::string& run_dir) {
+  const std::string root = run_dir + "/checkpoints";
+  std::string best;
+  if (DIR* d = ::opendir(root.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      const std::string n = e->d_name;
+      if (n.rfind("step_", 0) == 0 && n.find('.') == std::string::npos && n > best) best = n;
+    }
+    ::closedir(d);
+  }
+  return best.empty() ? "" : root + "/" + best;
+}
+
+TrainResult train(const RunConfig& run, const TrainOptions& opt) {
+  const auto t_start = Clock::now();
+  TrainResult result;
+  result.run_dir = run.output_dir;
+  const BackendChoice choice = choose_backend(run.backend);
+  auto log = [&](const char* fmt, auto... args) {
+    if (!opt.quiet) std::fprintf(stderr, fmt, args...);
+  };
+  // Run directory and the resolved config.
+  mkdirs(run.output_dir);
+  const std::string existing = latest_checkpoint(run.output_dir);
+  if (!existing.empty() && !opt.resume)
+    throw Error(run.output_dir + " already holds checkpoints (" + existing + "): pass --resume, or another output_dir");
+  write_text_file_atomic(run.output_dir + "/config.json", run.resolved.dump(2) + "\n");
+
+  if (run.data.train.empty()) throw ConfigError(run.source + ": data.train: no training shards configured");
+  const int world = 1, rank = 0;
+  const int64_t accum = run.batch.global_batch / (run.batch.micro_batch * world);
+  if (run.eval.micro_batch > run.batch.micro_batch)
+    throw ConfigError(run.source + ": eval.micro_batch " + std::to_string(run.eval.micro_batch) +
+                      " exceeds batch.micro_batch " + std::to_string(run.batch.micro_batch));
+
+  auto backend = make_cpu_backend(static_cast<int>(run.threads));
+  LlamaModel model(*backend, run.model, run.precision.params, run.batch.micro_batch, run.batch.seq_len);
+  if (run.model_init_from.empty()) model.init_random(static_cast<uint64_t>(run.seed));
+  else load_hf_model(model, run.model_init_from);
+  Optimizer optimizer(model, run);
+
+  auto train_data = std::make_shared<const ShardSet>(expand_globs(run.data.train), run.batch.seq_len, run.model.vocab_size);
+  std::shared_ptr<const ShardSet> val_data;
+  if (!run.data.validation.empty())
+    val_data = std::make_shared<const ShardSet>(expand_globs(run.data.validation), run.batch.seq_len, run.model.vocab_size);
+
+  TrainerState state;
+  state.fingerprint = config_fingerprint(run);
+  if (opt.resume && !existing.empty()) {
+    state = read_checkpoint(existing, model, &optimizer, run);
+    truncate_metrics(run.output_dir + "/metrics.jsonl", state.step);
+    log("resumed from %s (update %lld)\n", existing.c_str(), (long long)state.step);
+  }
+  LoaderOptions lo;
+  lo.micro_batch = run.batch.micro_batch;
+  lo.rank = rank;
+  lo.world = world;
+  lo.shuffle = run.data.shuffle;
+  lo.seed = static_cast<uint64_t>(run.seed);
+  lo.prefetch = run.data.prefetch;
+  TrainLoader loader(train_data, lo, state.cursor);
+
+  const int64_t last = opt.max_updates > 0 ? std::min(opt.max_updates, run.schedule.total_steps) : run.schedule.total_steps;
+  log("multinorm train: %s, %s, %lld parameters, %s + %s (optimizer state %.1f MiB, %.1f MiB for the matrices)\n",
+      run.name.c_str(), choice.reason.c_str(), (long long)model.num_params(), run.optimizer.name.c_str(),
+      run.optimizer.fallback.c_str(), optimizer.state_bytes() / 1048576.0, optimizer.matrix_state_bytes() / 1048576.0);
+  log("  %lld updates of %lld x %lld tokens (%lld micro-batches of %lld), loss normalisation %s, %s weights\n",
+      (long long)run.schedule.total_steps, (long long)run.batch.global_batch, (long long)run.batch.seq_len,
+      (long long)accum, (long long)run.batch.micro_batch, run.batch.loss_normalization.c_str(),
+      dtype_name(run.precision.params));
+  std::ofstream metrics(run.output_dir + "/metrics.jsonl", std::ios::app);
+  const bool tty = ::isatty(STDERR_FILENO) && !opt.quiet;
+  const bool token_mean = run.batch.loss_normalization == "token_mean";
+
+  auto do_eval = [&](int64_t step) {
+    if (!val_data) return;
+    const auto t = Clock::now();
+    result.eval = evaluate(model, val_data, run.eval.micro_batch, run.eval.tokens);
+    json e = {{"type", "eval"}, {"step", step}, {"val_loss", result.eval.loss}, {"val_ppl", result.eval.perplexity()},
+              {"val_loss_galore", result.eval.galore_loss}, {"val_tokens", result.eval.tokens},
+              {"seconds", since(t)}};
+    metrics << e.dump() << "\n" << std::flush;
+    log("%seval @ %lld: loss %.4f, perplexity %.2f over %lld tokens (GaLore's divisor: %.2f)\n", tty ? "\n" : "",
+        (long long)step, result.eval.loss, result.eval.perplexity(), (long long)result.eval.tokens,
+        result.eval.galore_perplexity());
+  };
+  auto do_checkpoint = [&]() {
+    result.last_checkpoint = write_checkpoint(run.output_dir, model, optimizer, state, run.checkpoint.keep_last);
+  };
+
+  const auto t_loop = Clock::now();
+  const int64_t first = state.step + 1;
+  int64_t tokens_this_run = 0;
+  for (int64_t k = first; k <= last; ++k) {
+    const auto t_step = Clock::now();
+    const double wait_before = loader.wait_seconds();
+    std::vector<Batch> batches;
+    int64_t total_count = 0;
+    for (int64_t a = 0; a < accum; ++a) {
+      batches.push_back(loader.next());
+      total_count += batches.back().count;
+    }
+    const double data_s = loader.wait_seconds() - wait_before;
+    model.zero_grads();
+    double loss_sum = 0, mean_sum = 0;
+    int64_t counted = 0, means = 0;
+    const auto t_compute = Clock::now();
+    for (const Batch& b : batches) {
+      if (b.count == 0) continue;
+      const float scale = token_mean ? 1.0f / static_cast<float>(total_count)
+                                     : 1.0f / (static_cast<float>(b.count) * static_cast<float>(accum));
+      const LossSum l = model.forward_backward(b.view(), scale);
+      loss_sum += l.sum;
+      counted += l.count;
+      mean_sum += l.mean();
+      ++means;
+    }
+    const double compute_s = since(t_compute);
+    const double loss = token_mean ? loss_sum / std::max<int64_t>(counted, 1) : mean_sum / std::max<int64_t>(means, 1);
+    state.cursor = batches.back().after;
+    const auto t_opt = Clock::now();
+    StepStats st;
+    bool finite = std::isfinite(loss);
+    if (finite) {
+      st = optimizer.step(k);
+      finite = std::isfinite(st.grad_norm);
+    }
+    const double opt_s = since(t_opt);
+    if (!finite) {
+      if (!opt.skip_nonfinite)
+        throw Error("update " + std::to_string(k) + ": non-finite " + (std::isfinite(loss) ? "gradient norm" : "loss") +
+                    "; the last good checkpoint is " + (result.last_checkpoint.empty() ? existing : result.last_checkpoint) +
+                    " (pass --skip-nonfinite to skip such updates)");
+      ++state.skipped;
+      log("%supdate %lld: non-finite loss or gradient, skipped (%lld so far)\n", tty ? "\n" : "", (long long)k,
+          (long long)state.skipped);
+    }
+    state.step = k;
+    const int64_t raw = accum * run.batch.micro_batch * run.batch.seq_len;
+    state.tokens_seen += raw;
+    tokens_this_run += raw;
+    const double step_s = since(t_step);
+    result.last_loss = loss;
+    json m = {{"type", "train"},          {"step", k},
+              {"loss", loss},             {"lr_matrix", st.lr_matrix},
+              {"lr_fallback", st.lr_fallback}, {"grad_norm", st.grad_norm},
+              {"clipped", st.clipped},    {"skipped", !finite},
+              {"tokens", state.tokens_seen}, {"tokens_per_s", raw / step_s},
+              {"nonpad_tokens_per_s", counted / step_s}, {"step_s", step_s},
+              {"forward_s", model.last_forward_seconds()}, {"backward_s", model.last_backward_seconds()},
+              {"compute_s", compute_s},   {"optimizer_s", opt_s},
+              {"data_wait_s", data_s},    {"rss_bytes", rss_bytes()}};
+    metrics << m.dump() << "\n";
+    const double elapsed = since(t_loop), eta = elapsed / (k - first + 1) * (last - k);
+    if (tty) {
+      std::fprintf(stderr, "\r[%5.1f%%] update %lld/%lld  loss %.4f  lr %.2e/%.2e  |g| %.3f  %.0f tok/s  ETA %s   ",
+                   100.0 * k / last, (long long)k, (long long)last, loss, st.lr_matrix, st.lr_fallback, st.grad_norm,
+                   raw / step_s, format_eta(eta).c_str());
+    } else if (!opt.quiet && (k % run.log_every == 0 || k == last)) {
+      std::fprintf(stderr,
+                   "update %lld/%lld loss %.4f lr %.3e/%.3e grad_norm %.4f tok/s %.0f (non-pad %.0f) step %.3fs "
+                   "(fwd %.3f bwd %.3f opt %.3f data %.3f) rss %.0f MiB ETA %s\n",
+                   (long long)k, (long long)last, loss, st.lr_matrix, st.lr_fallback, st.grad_norm, raw / step_s,
+                   counted / step_s, step_s, model.last_forward_seconds(), model.last_backward_seconds(), opt_s, data_s,
+                   rss_bytes() / 1048576.0, format_eta(eta).c_str());
+    }
+    const bool end = k == last;
+    if ((run.eval.every > 0 && k % run.eval.every == 0) || (end && k == run.schedule.total_steps)) do_eval(k);
+    if ((run.checkpoint.every > 0 && k % run.checkpoint.every == 0) || end) do_checkpoint();
+    metrics << std::flush;
+    ++result.updates;
+  }
+  if (tty) std::fprintf(stderr, "\n");
+  result.skipped = state.skipped;
+  result.seconds = since(t_start);
+  result.tokens_per_s = tokens_this_run / std::max(since(t_loop), 1e-9);
+  if (state.step == run.schedule.total_steps) {  // the run is complete: sweeps skip it from now on
+    json res = {{"updates", state.step}, {"tokens", state.tokens_seen}, {"skipped_updates", state.skipped},
+                {"tokens_per_s", result.tokens_per_s}, {"wall_s", result.seconds}, {"final_train_loss", result.last_loss},
+                {"optimizer", run.optimizer.name}, {"optimizer_state_bytes", optimizer.state_bytes()},
+                {"matrix_state_bytes", optimizer.matrix_state_bytes()}};
+    if (result.eval.batches) res["final_val_loss"] = result.eval.loss, res["final_val_ppl"] = result.eval.perplexity();
+    write_text_file_atomic(run.output_dir + "/result.json", res.dump(2) + "\n");
+  }
+  return result;
+}
+
+}  // namespace multinorm

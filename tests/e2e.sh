@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# End to end through the command line, on generated text: corpus -> tokenizer -> shards -> train
+# with each optimizer -> resume -> eval -> sweep of two runs -> generate.
+# usage: e2e.sh <multinorm binary>
+set -euo pipefail
+bin=$(realpath "$1")
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+cd "$tmp"
+/usr/bin/python3 - <<'PY'
+import gzip, json, random
+random.seed(1)
+words = "the model learns a gradient of every layer and rows columns normalise quickly data shard token small large".split()
+def doc():
+    return "\n".join(" ".join(random.choice(words) for _ in range(random.randint(5, 14))) + "." for _ in range(random.randint(3, 30)))
+for name, n in (("c4-train.00000-of-00002.json.gz", 150), ("c4-train.00001-of-00002.json.gz", 150), ("c4-validation.00000-of-00001.json.gz", 40)):
+    with gzip.open(name, "wt") as f:
+        for i in range(n):
+            f.write(json.dumps({"text": doc(), "timestamp": "2019-04-25T12:57:54Z", "url": f"gen:{name}:{i}"}) + "\n")
+PY
+"$bin" data train-tokenizer -i 'c4-train.*.json.gz' -o tok --vocab-size 300 > /dev/null 2>&1
+"$bin" data tokenize -i 'c4-*.json.gz' -t tok.model -o shards --seq-len 32 > /dev/null 2>&1
+"$bin" data verify 'shards/*.tok' | grep -q "3 shard(s) verified"
+cat > run.json <<JSON
+{"model": {"config": {"vocab_size": 300, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+                      "num_attention_heads": 2, "max_position_embeddings": 64}},
+ "data": {"train": "shards/c4-train.*.tok", "validation": "shards/c4-validation.*.tok", "tokenizer": "tok.model"},
+ "batch": {"global_batch": 8, "micro_batch": 4, "seq_len": 32},
+ "schedule": {"total_steps": 6, "warmup_steps": 1},
+ "eval": {"every": 3, "tokens": 1000}, "checkpoint": {"every": 3}}
+JSON
+passes=0
+for opt in sinkgd swan adam adamw sgd; do
+  "$bin" train -c run.json --set optimizer.name=$opt --set output_dir=runs/$opt --max-updates 3 --quiet > out.txt
+  "$bin" train -c run.json --set optimizer.name=$opt --set output_dir=runs/$opt --resume --quiet > out.txt
+  grep -q "validation: loss" out.txt
+  test -f runs/$opt/result.json
+  test -d runs/$opt/checkpoints/step_00000006
+  passes=$((passes + 1))
+done
+"$bin" eval --checkpoint runs/sinkgd --json | grep -q '"perplexity"'
+passes=$((passes + 1))
+# Resuming without --resume is refused.
+if "$bin" train -c run.json --set output_dir=runs/sinkgd --quiet 2> err.txt; then echo "FAIL: retrain without --resume"; exit 1; fi
+grep -q "already holds checkpoints" err.txt
+passes=$((passes + 1))
+cat > sweep.json <<JSON
+{"base": "run.json", "output_dir": "runs/sweep", "set": {"schedule.total_steps": 4},
+ "grid": {"optimizer.name": ["sinkgd", "adam"]}}
+JSON
+"$bin" sweep sweep.json --quiet > sweep.txt
+grep -q "name=sinkgd" runs/sweep/summary.md && grep -q "name=adam" runs/sweep/summary.md
+test -f runs/sweep/summary.csv
+"$bin" sweep sweep.json > sweep2.txt 2>&1   # re-running skips finished runs
+grep -q "already finished, skipped" sweep2.txt
+passes=$((passes + 1))
+"$bin" generate --checkpoint runs/adam --prompt "the model" --tokens 8 --seed 1 > gen.txt 2>/dev/null
+grep -q "^the model" gen.txt
+passes=$((passes + 1))
+echo "e2e: $passes passed, 0 failed"
