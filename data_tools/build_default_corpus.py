@@ -45,8 +45,11 @@ def fetch(cache):
     missing = [p for p in PACKAGES if not glob.glob(os.path.join(debs, f"{p}_*.deb"))]
     if missing:
         log(f"apt-get download {' '.join(missing)}")
-        subprocess.run(["apt-get", "download", *missing], cwd=debs, check=True,
-                       stdout=subprocess.DEVNULL)
+        r = subprocess.run(["apt-get", "download", *missing], cwd=debs, stdout=subprocess.DEVNULL)
+        if r.returncode != 0:  # package lists missing or stale on a fresh machine: refresh once
+            log("apt-get update")
+            subprocess.run(["apt-get", "update", "-qq"], check=True)
+            subprocess.run(["apt-get", "download", *missing], cwd=debs, check=True, stdout=subprocess.DEVNULL)
     if not os.path.isdir(root):
         tmp = root + ".tmp"
         shutil.rmtree(tmp, ignore_errors=True)

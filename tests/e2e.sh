@@ -53,6 +53,11 @@ test -f runs/sweep/summary.csv
 "$bin" sweep sweep.json > sweep2.txt 2>&1   # re-running skips finished runs
 grep -q "already finished, skipped" sweep2.txt
 passes=$((passes + 1))
+# Interchange: export a checkpoint's weights in Hugging Face form and start a run from them.
+"$bin" export --config run.json --from runs/adam/checkpoints/step_00000006 --out hf --dtype bf16 > /dev/null
+"$bin" train -c run.json --set model.init_from=hf --set output_dir=runs/from_hf --max-updates 1 --quiet > out.txt
+grep -q "trained 1 updates" out.txt
+passes=$((passes + 1))
 "$bin" generate --checkpoint runs/adam --prompt "the model" --tokens 8 --seed 1 > gen.txt 2>/dev/null
 grep -q "^the model" gen.txt
 passes=$((passes + 1))

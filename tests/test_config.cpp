@@ -247,3 +247,29 @@ TEST(Schema, EditDistanceAndOverrideParsing) {
   EXPECT_EQ(k3, "name");
   EXPECT_EQ(v3, "a=b");
 }
+
+#include "multinorm/sweep.h"
+
+TEST(Configs, PaperSweepListsTheTwelveRunsWithTheirHyperparameters) {
+  const SweepPlan plan = load_sweep(std::string(MULTINORM_CONFIGS_DIR) + "/sweeps/paper_table1.json");
+  ASSERT_EQ(plan.runs.size(), 12u);
+  const RunConfig one_b = load_run_config(plan.base_config, plan.runs[9].overrides);  // llama_1b_adam
+  EXPECT_EQ(one_b.model.hidden_size, 2048);
+  EXPECT_EQ(one_b.optimizer.name, "adam");
+  EXPECT_DOUBLE_EQ(one_b.optimizer.lr, 7e-4);
+  EXPECT_EQ(one_b.schedule.total_steps, 100000);
+  EXPECT_EQ(one_b.schedule.warmup_steps, 10000);
+}
+
+TEST(Configs, SweepErrorsNameTheKey) {
+  TempDir dir;
+  dir.write("tiny.json", kTinyModel);
+  dir.write("base.json", R"({"model": {"config": "tiny.json"}, "batch": {"seq_len": 64}})");
+  expect_config_error([&] { load_sweep(dir.write("s1.json", R"({"base": "base.json", "gird": {}})")); },
+                      {"s1.json", "gird", "did you mean 'grid'?"});
+  expect_config_error([&] { load_sweep(dir.write("s2.json", R"({"base": "base.json", "grid": {"optimizer.lr": [0.1, "x"]}})")); },
+                      {"--set optimizer.lr=x", "expected a number"});
+  const SweepPlan p = load_sweep(dir.write("s3.json", R"({"base": "base.json", "grid": {"optimizer.name": ["sinkgd", "adam"],
+      "optimizer.lr": [0.1, 0.2]}, "runs": [{"name": "extra", "set": {"seed": 3}}]})"));
+  EXPECT_EQ(p.runs.size(), 5u);  // 2 x 2 grid + 1 listed
+}

@@ -97,7 +97,7 @@ TEST_P(Resume, TwoNStraightEqualsNPlusResumePlusN) {
   EXPECT_LT(la.back(), la.front());
 }
 
-INSTANTIATE_TEST_SUITE_P(Optimizers, Resume, ::testing::Values("sinkgd", "swan", "adam"));
+INSTANTIATE_TEST_SUITE_P(Optimizers, Resume, ::testing::Values("sinkgd", "swan", "adam", "adamw", "sgd"));
 
 TEST(Trainer, CheckpointsAreAtomicKeptAndCheckedForCompatibility) {
   TempDir dir;

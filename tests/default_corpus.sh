@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Builds the embedded default corpus (Debian packages -> C4 format; the downloads are cached per
+# machine in ~/.cache/multinorm) and reads it back: C4 fields, both splits, a stable rebuild, and
+# multinorm's own reader through a tokenizer trained on a sample.
+# usage: default_corpus.sh <multinorm binary> <source dir>
+set -euo pipefail
+bin=$(realpath "$1") src=$(realpath "$2")
+cache=${MULTINORM_CORPUS_CACHE:-$HOME/.cache/multinorm/corpus}
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+/usr/bin/python3 "$src/data_tools/build_default_corpus.py" --out "$tmp/a" --cache "$cache" 2> "$tmp/log"
+/usr/bin/python3 - "$tmp/a" <<'PY'
+import glob, gzip, json, sys
+d = sys.argv[1]
+train = sorted(glob.glob(d + "/c4-train.*-of-00004.json.gz"))
+val = glob.glob(d + "/c4-validation.00000-of-00001.json.gz")
+assert len(train) == 4 and len(val) == 1, (train, val)
+n = {"train": 0, "validation": 0}
+for split, files in (("train", train), ("validation", val)):
+    for f in files:
+        for line in gzip.open(f, "rt", encoding="utf-8"):
+            r = json.loads(line)
+            assert set(r) == {"text", "timestamp", "url"} and r["url"].startswith("debian:") and len(r["text"]) >= 200
+            n[split] += 1
+frac = n["validation"] / (n["train"] + n["validation"])
+assert n["train"] > 5000 and 0.01 < frac < 0.06, n
+print(f"default corpus: {n['train']} train / {n['validation']} validation documents ({100 * frac:.1f}%)")
+PY
+# Byte-identical on rebuild (from the cached packages).
+/usr/bin/python3 "$src/data_tools/build_default_corpus.py" --out "$tmp/b" --cache "$cache" 2> /dev/null
+for f in "$tmp"/a/*.json.gz; do cmp -s "$f" "$tmp/b/$(basename "$f")"; done
+"$bin" data train-tokenizer -i "$tmp/a/c4-train.00000-of-00004.json.gz" -o "$tmp/tok" --vocab-size 1000 --max-sentences 20000 > /dev/null 2>&1
+"$bin" data tokenize -i "$tmp/a/c4-validation.*.json.gz" -t "$tmp/tok.model" -o "$tmp/shards" > /dev/null 2>&1
+"$bin" data verify "$tmp/shards/*.tok" | grep -q "1 shard(s) verified"
+echo "default_corpus: 3 passed, 0 failed"
