@@ -17,16 +17,8 @@ namespace {
 const char* kTinyModel = R"({"vocab_size": 512, "hidden_size": 64, "intermediate_size": 172,
   "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 256})";
 
-// Expects `fn` to throw a ConfigError whose message contains every string in `parts`.
-template <class Fn>
-void expect_config_error(Fn fn, std::initializer_list<std::string> parts) {
-  try {
-    fn();
-    FAIL() << "expected a ConfigError";
-  } catch (const ConfigError& e) {
-    const std::string msg = e.what();
-    for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "message: " << msg << "\nmissing: " << p;
-  }
+void expect_config_error(const std::function<void()>& fn, const std::vector<std::string>& parts) {
+  multinorm::testing::expect_error<ConfigError>(fn, parts);
 }
 
 struct RunFixture : ::testing::Test {

@@ -11,17 +11,9 @@
 
 using namespace multinorm;
 using multinorm::testing::TempDir;
+using multinorm::testing::expect_error;
 
 namespace {
-
-void expect_error(const std::function<void()>& fn, const std::vector<std::string>& parts) {
-  try {
-    fn();
-    FAIL() << "expected an error";
-  } catch (const Error& e) {
-    for (const auto& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what() << "\nmissing: " << p;
-  }
-}
 
 std::string raw_file(const std::string& header, const std::string& data) {
   std::string out(8, '\0');

@@ -1,8 +1,14 @@
 // Helpers shared by the tests: temporary directories and files.
 #pragma once
+#include <gtest/gtest.h>
+
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <string>
+#include <vector>
+
+#include "multinorm/error.h"
 
 #include <unistd.h>
 
@@ -29,5 +35,17 @@ class TempDir {
  private:
   std::string path_;
 };
+
+// Expects fn() to throw an E whose message contains every one of `parts`.
+template <class E = multinorm::Error>
+void expect_error(const std::function<void()>& fn, const std::vector<std::string>& parts) {
+  try {
+    fn();
+    ADD_FAILURE() << "expected an error";
+  } catch (const E& e) {
+    const std::string msg = e.what();
+    for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "message: " << msg << "\nmissing: " << p;
+  }
+}
 
 }  // namespace multinorm::testing
