@@ -128,6 +128,9 @@ std::string run_sweep(const SweepPlan& plan, bool quiet) {
     while (static_cast<int>(running.size()) >= plan.parallel) reap(true);
     ::mkdir(dir.c_str(), 0755);
     std::vector<std::string> args = {exe, "train", "--config", plan.base_config, "--resume", "--quiet"};
+    // Runs side by side share the cores (OpenMP threads that outnumber cores spin against each other).
+    if (plan.parallel > 1)
+      args.insert(args.end(), {"--set", "threads=" + std::to_string(std::max<long>(1, ::sysconf(_SC_NPROCESSORS_ONLN) / plan.parallel))});
     for (const auto& o : r.overrides) args.insert(args.end(), {"--set", o});
     if (!quiet) std::fprintf(stderr, "sweep: starting %s\n", r.name.c_str());
     const pid_t pid = ::fork();
