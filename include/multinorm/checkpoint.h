@@ -7,6 +7,7 @@
 // leaves the previous checkpoint intact and no half-written one that looks complete.
 #pragma once
 #include <string>
+#include <vector>
 
 #include "multinorm/llama_model.h"
 #include "multinorm/loader.h"
@@ -24,6 +25,9 @@ struct TrainerState {
 // The parts of a run config a checkpoint must agree with to be resumed (model, batch, optimizer,
 // precision, data layout, seed), as a stable string.
 std::string config_fingerprint(const RunConfig& run);
+
+// Names of the complete checkpoint directories under `root` (step_NNNNNNNN, no suffix), oldest first.
+std::vector<std::string> checkpoint_dirs(const std::string& root);
 
 std::string write_checkpoint(const std::string& run_dir, const LlamaModel& model, const Optimizer& opt,
                              const TrainerState& state, int64_t keep_last);

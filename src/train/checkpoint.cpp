@@ -37,6 +37,8 @@ void remove_tree(const std::string& dir) {
   ::rmdir(dir.c_str());
 }
 
+}  // namespace
+
 std::vector<std::string> checkpoint_dirs(const std::string& root) {
   std::vector<std::string> out;
   if (DIR* d = ::opendir(root.c_str())) {
@@ -49,7 +51,6 @@ std::vector<std::string> checkpoint_dirs(const std::string& root) {
   std::sort(out.begin(), out.end());
   return out;
 }
-}  // namespace
 
 std::string config_fingerprint(const RunConfig& run) {
   const json& r = run.resolved;

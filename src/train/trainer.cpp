@@ -5,7 +5,6 @@
 // same, scale 1 / total count).
 #include "multinorm/trainer.h"
 
-#include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -93,16 +92,8 @@ EvalResult evaluate(LlamaModel& model, std::shared_ptr<const ShardSet> data, int
 }
 
 std::string latest_checkpoint(const std::string& run_dir) {
-  const std::string root = run_dir + "/checkpoints";
-  std::string best;
-  if (DIR* d = ::opendir(root.c_str())) {
-    while (dirent* e = ::readdir(d)) {
-      const std::string n = e->d_name;
-      if (n.rfind("step_", 0) == 0 && n.find('.') == std::string::npos && n > best) best = n;
-    }
-    ::closedir(d);
-  }
-  return best.empty() ? "" : root + "/" + best;
+  const auto all = checkpoint_dirs(run_dir + "/checkpoints");
+  return all.empty() ? "" : run_dir + "/checkpoints/" + all.back();
 }
 
 TrainResult train(const RunConfig& run, const TrainOptions& opt) {
