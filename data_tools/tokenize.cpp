@@ -45,7 +45,16 @@ TokenizeStats tokenize_files(const TokenizeOptions& o) {
   const ShardLayout layout = parse_layout(o.layout);
   if (tok.eos_id() < 0) throw Error(o.tokenizer + ": the tokenizer has no EOS piece");
   ::mkdir(o.out_dir.c_str(), 0755);
-  if (o.threads > 0) omp_set_num_threads(o.threads);
+  omp_set_num_threads(o.threads > 0 ? o.threads : omp_get_num_procs());
+  // One word cache per thread, kept across batches and files (words repeat across documents).
+  std::vector<WordCache> caches(static_cast<size_t>(omp_get_max_threads()));
+  WordCache* const no_cache = nullptr;
+  const bool use_cache = o.word_cache && tok.word_cache_exact();
+  if (!o.quiet)
+    std::fprintf(stderr, "tokenize: word cache %s\n",
+                 use_cache ? "on (exact for this BPE model)"
+                 : o.word_cache ? ("off: " + tok.word_cache_why_not()).c_str()
+                                : "off (--no-word-cache)");
   TokenizeStats st;
   constexpr size_t kBatch = 512;
   std::vector<std::string> lines(kBatch);
@@ -85,7 +94,7 @@ TokenizeStats tokenize_files(const TokenizeOptions& o) {
           continue;
         }
         status[i] = 0;
-        ids[i] = tok.encode(text);
+        ids[i] = tok.encode(text, use_cache ? &caches[static_cast<size_t>(omp_get_thread_num())] : no_cache);
         ids[i].push_back(tok.eos_id());
         lines[i].swap(text);  // keep the text length for the stats
       }
@@ -116,6 +125,10 @@ TokenizeStats tokenize_files(const TokenizeOptions& o) {
     if (!o.quiet)
       std::fprintf(stderr, "tokenize: %s -> %s (%llu documents, %llu tokens)\n", in.c_str(), out.c_str(),
                    (unsigned long long)writer.header().num_docs, (unsigned long long)writer.header().num_tokens);
+  }
+  for (const WordCache& c : caches) {
+    st.cache_hits += static_cast<int64_t>(c.hits());
+    st.cache_misses += static_cast<int64_t>(c.misses());
   }
   st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return st;

@@ -15,6 +15,7 @@ struct TokenizeOptions {
   int64_t seq_len = 256;
   int64_t max_bad_lines = 100;  // malformed lines tolerated (each reported) before the run fails
   int threads = 0;
+  bool word_cache = true;  // memoise word encodings where exact (Tokenizer::word_cache_exact)
   bool quiet = false;
 };
 
@@ -24,6 +25,7 @@ struct TokenizeStats {
   int64_t input_bytes = 0;  // compressed
   int64_t text_bytes = 0;
   int64_t json_bytes = 0;  // uncompressed input lines
+  int64_t cache_hits = 0, cache_misses = 0;  // word cache: segments found / encoded
   double seconds = 0;
   std::vector<std::string> outputs;
 };

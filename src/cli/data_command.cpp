@@ -32,6 +32,8 @@ void add_data_command(CLI::App& app) {
   tk->add_option("--seq-len", k.seq_len, "rows layout: tokens per row (EOS kept last when truncated)");
   tk->add_option("--max-bad-lines", k.max_bad_lines, "malformed records tolerated before failing");
   tk->add_option("--threads", k.threads, "threads (0: all cores)");
+  tk->add_flag("!--no-word-cache", k.word_cache,
+               "encode every document whole with SentencePiece (the word cache gives the same ids, faster)");
   tk->callback([] {
     const TokenizeStats s = tokenize_files(k);
     std::printf("tokenized %lld file(s) (%lld already complete): %lld documents, %lld tokens, %lld truncated, "
@@ -39,6 +41,9 @@ void add_data_command(CLI::App& app) {
                 (long long)s.files, (long long)s.skipped_files, (long long)s.documents, (long long)s.tokens,
                 (long long)s.truncated, (long long)s.empty, (long long)s.malformed, s.text_bytes / 1e6, s.seconds,
                 s.text_bytes / 1e6 / std::max(s.seconds, 1e-9));
+    if (s.cache_hits + s.cache_misses > 0)
+      std::printf("word cache: %.1f%% of %lld segments found\n", 100.0 * s.cache_hits / (s.cache_hits + s.cache_misses),
+                  (long long)(s.cache_hits + s.cache_misses));
   });
 
   auto* in = data->add_subcommand("inspect", "Header, counts, token histogram, decoded first documents");
