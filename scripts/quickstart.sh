@@ -41,8 +41,9 @@ echo "== a sample (temperature 0.8, top-k 40)"
 "$bin" generate --checkpoint "$run" --prompt "The meaning of the word" --tokens 48 --seed 1 2>/dev/null
 cat <<'NOTE'
 
-What this was: a 20M-parameter LLaMA trained for 300 updates (about 2.5M tokens) on ~7M tokens of
-Debian documentation and public-domain literature, on the CPU. The perplexity above is on this
-corpus's own validation split with its own 8192-piece tokenizer: it is not comparable with the
-paper's C4 numbers. For those, tokenize C4 and run configs/c4/*.json (README: "Running on C4").
+What this was: a 20M-parameter LLaMA trained on the CPU for 300 updates (about 2.5M tokens, a tenth
+of an epoch) on a 23M-token corpus of software documentation, public-domain literature, speeches and
+mail. The perplexity above is on this corpus's own validation split with its own 8192-piece
+tokenizer: it is not comparable with the paper's C4 numbers. For those, tokenize C4 and run
+configs/c4/*.json (README: "Running on C4").
 NOTE
