@@ -36,6 +36,11 @@ void add_data_command(CLI::App& app) {
                "encode every document whole with SentencePiece (the word cache gives the same ids, faster)");
   tk->callback([] {
     const TokenizeStats s = tokenize_files(k);
+    if (s.files == 0) {
+      std::printf("all %lld shard(s) already complete in %s: nothing to do\n", (long long)s.skipped_files,
+                  k.out_dir.c_str());
+      return;
+    }
     std::printf("tokenized %lld file(s) (%lld already complete): %lld documents, %lld tokens, %lld truncated, "
                 "%lld empty, %lld malformed; %.1f MB of text in %.1f s (%.1f MB/s)\n",
                 (long long)s.files, (long long)s.skipped_files, (long long)s.documents, (long long)s.tokens,

@@ -26,7 +26,11 @@ void add_train_command(CLI::App& app) {
   cmd->callback([] {
     const RunConfig run = load_run_config(path, overrides);
     const TrainResult r = train(run, o);
-    std::printf("trained %lld updates in %.1f s (%.0f tokens/s); last loss %.4f%s\n", (long long)r.updates, r.seconds,
+    if (r.updates == 0 && r.skipped == 0)
+      std::printf("nothing to train: %s is already at its last update (schedule.total_steps or --max-updates)\n",
+                  r.run_dir.c_str());
+    else
+      std::printf("trained %lld updates in %.1f s (%.0f tokens/s); last loss %.4f%s\n", (long long)r.updates, r.seconds,
                 r.tokens_per_s, r.last_loss, r.skipped ? (" (" + std::to_string(r.skipped) + " skipped)").c_str() : "");
     if (r.eval.batches)
       std::printf("validation: loss %.4f, perplexity %.2f (%lld tokens)\n", r.eval.loss, r.eval.perplexity(),
