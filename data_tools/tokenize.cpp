@@ -1,14 +1,20 @@
 // `multinorm data tokenize`: C4 json.gz files -> token shards (include/multinorm/shard.h).
-// Streaming with bounded memory (batches of lines), documents encoded in parallel on all cores and
-// written in input order; resumable (an existing complete shard is skipped; a shard is written to a
-// temporary file and renamed). Per document: encode, append EOS; rows layout truncates to seq_len
-// keeping EOS last. Malformed lines and records without "text" are reported with file:line and fail
-// the run above max_bad_lines; empty documents are skipped and counted.
+// Streaming with bounded memory (batches of lines); parallel over files (file workers, each reading
+// and decompressing its own file) and over the documents of a file (OpenMP threads of that worker),
+// documents written in input order; resumable (an existing complete shard is skipped; a shard is
+// written to a temporary file and renamed). Per document: encode, append EOS; rows layout truncates
+// to seq_len keeping EOS last. Malformed lines and records without "text" are reported with file:line
+// and fail the run above max_bad_lines (over all files); empty documents are skipped and counted.
 #include <omp.h>
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <exception>
+#include <mutex>
+#include <thread>
 
 #include "multinorm/c4_reader.h"
 #include "multinorm/data_tools.h"
@@ -38,100 +44,153 @@ static bool complete_shard(const std::string& path) {
   }
 }
 
-TokenizeStats tokenize_files(const TokenizeOptions& o) {
-  const auto t0 = std::chrono::steady_clock::now();
-  const std::vector<std::string> inputs = expand_globs(o.inputs);
-  const Tokenizer tok(o.tokenizer);
-  const ShardLayout layout = parse_layout(o.layout);
-  if (tok.eos_id() < 0) throw Error(o.tokenizer + ": the tokenizer has no EOS piece");
-  ::mkdir(o.out_dir.c_str(), 0755);
-  omp_set_num_threads(o.threads > 0 ? o.threads : omp_get_num_procs());
-  // One word cache per thread, kept across batches and files (words repeat across documents).
-  std::vector<WordCache> caches(static_cast<size_t>(omp_get_max_threads()));
-  WordCache* const no_cache = nullptr;
-  const bool use_cache = o.word_cache && tok.word_cache_exact();
-  if (!o.quiet)
-    std::fprintf(stderr, "tokenize: word cache %s\n",
-                 use_cache ? "on (exact for this BPE model)"
-                 : o.word_cache ? ("off: " + tok.word_cache_why_not()).c_str()
-                                : "off (--no-word-cache)");
+namespace {
+
+// What the file workers share: the tokenizer (thread-safe), the options, and the run's totals.
+struct TokenizeJob {
+  const TokenizeOptions& o;
+  const Tokenizer& tok;
+  ShardLayout layout;
+  bool use_cache;
+  std::mutex mu;  // guards st and stderr reports
   TokenizeStats st;
+};
+
+// One input file -> one shard, its documents encoded by `threads` OpenMP threads, each with its own
+// word cache (caches[thread], kept across files: words repeat across documents).
+void tokenize_file(TokenizeJob& job, const std::string& in, const std::string& out, int threads,
+                   std::vector<WordCache>& caches) {
+  const TokenizeOptions& o = job.o;
   constexpr size_t kBatch = 512;
   std::vector<std::string> lines(kBatch);
   std::vector<int64_t> line_no(kBatch);
   std::vector<std::vector<int32_t>> ids(kBatch);
   std::vector<int8_t> status(kBatch);  // 0 ok, 1 empty, 2 malformed
   std::vector<size_t> raw_size(kBatch);
+  TokenizeStats local;  // this file's counts, added to the run's at the end
+  C4Reader reader(in);
+  ShardWriter writer(out, static_cast<uint32_t>(job.tok.vocab_size()), job.tok.eos_id(), job.tok.pad_id(), job.layout,
+                     static_cast<uint32_t>(o.seq_len));
+  while (true) {
+    size_t n = 0;
+    while (n < kBatch && reader.next_line(lines[n], line_no[n])) {
+      raw_size[n] = lines[n].size();
+      ++n;
+    }
+    if (n == 0) break;
+    // One document per task: document sizes vary by 1000x, larger chunks leave a core idle.
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+    for (size_t i = 0; i < n; ++i) {
+      std::string text;
+      if (!parse_c4_line(lines[i], text)) {
+        status[i] = lines[i].find_first_not_of(" \t\r") == std::string::npos ? 1 : 2;  // blank line: empty
+        continue;
+      }
+      if (text.empty()) {
+        status[i] = 1;
+        continue;
+      }
+      status[i] = 0;
+      ids[i] = job.tok.encode(text, job.use_cache ? &caches[static_cast<size_t>(omp_get_thread_num())] : nullptr);
+      ids[i].push_back(job.tok.eos_id());
+      lines[i].swap(text);  // keep the text length for the stats
+    }
+    for (size_t i = 0; i < n; ++i) local.json_bytes += static_cast<int64_t>(raw_size[i]) + 1;
+    for (size_t i = 0; i < n; ++i) {
+      if (status[i] == 2) {
+        std::lock_guard<std::mutex> lock(job.mu);
+        ++job.st.malformed;
+        std::fprintf(stderr, "%s:%lld: malformed record (not a JSON object with a string \"text\")\n", in.c_str(),
+                     (long long)line_no[i]);
+        if (job.st.malformed > o.max_bad_lines)
+          throw Error(in + ":" + std::to_string(line_no[i]) + ": more than " + std::to_string(o.max_bad_lines) +
+                      " malformed records; stopping");
+        continue;
+      }
+      if (status[i] == 1) {
+        ++local.empty;
+        continue;
+      }
+      if (job.layout == ShardLayout::Rows && ids[i].size() > static_cast<size_t>(o.seq_len)) ++local.truncated;
+      writer.add_document(ids[i]);
+      ++local.documents;
+      local.text_bytes += static_cast<int64_t>(lines[i].size());
+    }
+  }
+  writer.finish();
+  struct stat s {};
+  std::lock_guard<std::mutex> lock(job.mu);
+  TokenizeStats& st = job.st;
+  if (::stat(in.c_str(), &s) == 0) st.input_bytes += s.st_size;
+  st.json_bytes += local.json_bytes;
+  st.empty += local.empty;
+  st.truncated += local.truncated;
+  st.documents += local.documents;
+  st.text_bytes += local.text_bytes;
+  st.tokens += static_cast<int64_t>(writer.header().num_tokens);
+  ++st.files;
+  if (!o.quiet)
+    std::fprintf(stderr, "tokenize: %s -> %s (%llu documents, %llu tokens)\n", in.c_str(), out.c_str(),
+                 (unsigned long long)writer.header().num_docs, (unsigned long long)writer.header().num_tokens);
+}
+
+}  // namespace
+
+TokenizeStats tokenize_files(const TokenizeOptions& o) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<std::string> inputs = expand_globs(o.inputs);
+  const Tokenizer tok(o.tokenizer);
+  if (tok.eos_id() < 0) throw Error(o.tokenizer + ": the tokenizer has no EOS piece");
+  ::mkdir(o.out_dir.c_str(), 0755);
+  TokenizeJob job{o, tok, parse_layout(o.layout), o.word_cache && tok.word_cache_exact(), {}, {}};
+  if (!o.quiet)
+    std::fprintf(stderr, "tokenize: word cache %s\n",
+                 job.use_cache    ? "on (exact for this BPE model)"
+                 : o.word_cache ? ("off: " + tok.word_cache_why_not()).c_str()
+                                : "off (--no-word-cache)");
+
+  std::vector<std::pair<std::string, std::string>> todo;  // (input, output) still to write
   for (const auto& in : inputs) {
     const std::string out = o.out_dir + "/" + shard_name_for(in);
-    st.outputs.push_back(out);
-    if (complete_shard(out)) {
-      ++st.skipped_files;
-      continue;
-    }
-    struct stat s {};
-    if (::stat(in.c_str(), &s) == 0) st.input_bytes += s.st_size;
-    C4Reader reader(in);
-    ShardWriter writer(out, static_cast<uint32_t>(tok.vocab_size()), tok.eos_id(), tok.pad_id(), layout,
-                       static_cast<uint32_t>(o.seq_len));
-    while (true) {
-      size_t n = 0;
-      while (n < kBatch && reader.next_line(lines[n], line_no[n])) {
-        raw_size[n] = lines[n].size();
-        ++n;
-      }
-      if (n == 0) break;
-      // One document per task: document sizes vary by 1000x, larger chunks leave a core idle.
-#pragma omp parallel for schedule(dynamic, 1)
-      for (size_t i = 0; i < n; ++i) {
-        std::string text;
-        if (!parse_c4_line(lines[i], text)) {
-          status[i] = lines[i].find_first_not_of(" \t\r") == std::string::npos ? 1 : 2;  // blank line: empty
-          continue;
-        }
-        if (text.empty()) {
-          status[i] = 1;
-          continue;
-        }
-        status[i] = 0;
-        ids[i] = tok.encode(text, use_cache ? &caches[static_cast<size_t>(omp_get_thread_num())] : no_cache);
-        ids[i].push_back(tok.eos_id());
-        lines[i].swap(text);  // keep the text length for the stats
-      }
-      for (size_t i = 0; i < n; ++i) st.json_bytes += static_cast<int64_t>(raw_size[i]) + 1;
-      for (size_t i = 0; i < n; ++i) {
-        if (status[i] == 2) {
-          ++st.malformed;
-          std::fprintf(stderr, "%s:%lld: malformed record (not a JSON object with a string \"text\")\n", in.c_str(),
-                       (long long)line_no[i]);
-          if (st.malformed > o.max_bad_lines)
-            throw Error(in + ":" + std::to_string(line_no[i]) + ": more than " + std::to_string(o.max_bad_lines) +
-                        " malformed records; stopping");
-          continue;
-        }
-        if (status[i] == 1) {
-          ++st.empty;
-          continue;
-        }
-        if (layout == ShardLayout::Rows && ids[i].size() > static_cast<size_t>(o.seq_len)) ++st.truncated;
-        writer.add_document(ids[i]);
-        ++st.documents;
-        st.text_bytes += static_cast<int64_t>(lines[i].size());
+    job.st.outputs.push_back(out);
+    if (complete_shard(out))
+      ++job.st.skipped_files;
+    else
+      todo.emplace_back(in, out);
+  }
+  // Cores are shared between file workers (each decompresses and parses its file serially, and the
+  // serial parts of one overlap with the encoding of another) and the document threads of each
+  // worker: two threads per worker by default, one worker with every core when there is one file.
+  const int cores = o.threads > 0 ? o.threads : omp_get_num_procs();
+  const int workers = static_cast<int>(std::max<int64_t>(
+      1, std::min<int64_t>(static_cast<int64_t>(todo.size()), o.file_workers > 0 ? o.file_workers : cores / 2)));
+  const int threads = std::max(1, cores / workers);
+  std::atomic<size_t> next{0};
+  std::exception_ptr error;
+  auto work = [&] {
+    std::vector<WordCache> caches(static_cast<size_t>(threads));
+    for (size_t f = next++; f < todo.size(); f = next++) {
+      try {
+        tokenize_file(job, todo[f].first, todo[f].second, threads, caches);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(job.mu);
+        if (!error) error = std::current_exception();
+        next = todo.size();  // the others stop after their current file
       }
     }
-    writer.finish();
-    st.tokens += static_cast<int64_t>(writer.header().num_tokens);
-    ++st.files;
-    if (!o.quiet)
-      std::fprintf(stderr, "tokenize: %s -> %s (%llu documents, %llu tokens)\n", in.c_str(), out.c_str(),
-                   (unsigned long long)writer.header().num_docs, (unsigned long long)writer.header().num_tokens);
-  }
-  for (const WordCache& c : caches) {
-    st.cache_hits += static_cast<int64_t>(c.hits());
-    st.cache_misses += static_cast<int64_t>(c.misses());
-  }
-  st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return st;
+    std::lock_guard<std::mutex> lock(job.mu);
+    for (const WordCache& c : caches) {
+      job.st.cache_hits += static_cast<int64_t>(c.hits());
+      job.st.cache_misses += static_cast<int64_t>(c.misses());
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int w = 1; w < workers; ++w) pool.emplace_back(work);
+  work();
+  for (auto& t : pool) t.join();
+  if (error) std::rethrow_exception(error);
+  job.st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return job.st;
 }
 
 }  // namespace multinorm

@@ -179,6 +179,56 @@ TEST(Tokenize, BadInputIsReportedWithFileAndLine) {
   expect_error([&] { tokenize_files(o); }, {"absent-*.json.gz: no file matches"});
 }
 
+TEST(Tokenize, FileWorkersWriteTheSameShardsAndStopOnABadFile) {
+  Fixture& f = fixture();
+  TempDir in;
+  std::mt19937 gen(4);
+  for (int file = 0; file < 4; ++file) {
+    std::string all;
+    for (int d = 0; d < 60; ++d) all += c4_line(make_text(gen, 1 + static_cast<int>(gen() % 30)), d);
+    write_gz(in.path() + "/c4-train.0000" + std::to_string(file) + "-of-00004.json.gz", all);
+  }
+  auto run = [&](int workers, int threads, const std::string& out) {
+    TokenizeOptions o;
+    o.inputs = in.path() + "/c4-train.*.json.gz";
+    o.tokenizer = f.tokenizer;
+    o.out_dir = out;
+    o.seq_len = 64;
+    o.threads = threads;
+    o.file_workers = workers;
+    o.quiet = true;
+    return tokenize_files(o);
+  };
+  TempDir one, four;
+  const TokenizeStats a = run(1, 1, one.path()), b = run(4, 4, four.path());
+  EXPECT_EQ(a.files, 4);
+  EXPECT_EQ(b.files, 4);
+  EXPECT_EQ(a.documents, b.documents);
+  EXPECT_EQ(a.tokens, b.tokens);
+  EXPECT_EQ(a.truncated, b.truncated);
+  EXPECT_EQ(a.json_bytes, b.json_bytes);
+  ASSERT_EQ(a.outputs.size(), 4u);
+  ASSERT_EQ(b.outputs.size(), 4u);
+  for (size_t i = 0; i < a.outputs.size(); ++i) {
+    std::ifstream x(a.outputs[i], std::ios::binary), y(b.outputs[i], std::ios::binary);
+    const std::string bx((std::istreambuf_iterator<char>(x)), {}), by((std::istreambuf_iterator<char>(y)), {});
+    EXPECT_FALSE(bx.empty());
+    EXPECT_EQ(bx, by) << a.outputs[i];
+  }
+  // A corrupt file among them fails the run naming it; the good shards stay valid, the bad one is absent.
+  const std::string victim = in.path() + "/c4-train.00002-of-00004.json.gz";
+  std::string gz;
+  {
+    std::ifstream i(victim, std::ios::binary);
+    gz.assign(std::istreambuf_iterator<char>(i), {});
+  }
+  std::ofstream(victim, std::ios::binary | std::ios::trunc) << gz.substr(0, gz.size() / 2);
+  TempDir bad;
+  expect_error([&] { run(4, 4, bad.path()); }, {"c4-train.00002-of-00004.json.gz", "truncated or corrupt"});
+  std::ifstream absent(bad.path() + "/c4-train.00002-of-00004.tok");
+  EXPECT_FALSE(absent.good());
+}
+
 TEST(ShardFormat, CorruptShardsAreRefused) {
   TempDir dir;
   const auto paths = synthetic_shards(dir, 1, 20, ShardLayout::Rows, 16);

@@ -14,7 +14,8 @@ struct TokenizeOptions {
   std::string layout = "rows";
   int64_t seq_len = 256;
   int64_t max_bad_lines = 100;  // malformed lines tolerated (each reported) before the run fails
-  int threads = 0;
+  int threads = 0;       // cores to use (0: all)
+  int file_workers = 0;  // files tokenized at once, sharing the cores (0: one per 2 cores)
   bool word_cache = true;  // memoise word encodings where exact (Tokenizer::word_cache_exact)
   bool quiet = false;
 };
