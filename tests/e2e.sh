@@ -3,20 +3,10 @@
 # with each optimizer -> resume -> eval -> sweep of two runs -> generate.
 # usage: e2e.sh <multinorm binary>
 set -euo pipefail
-bin=$(realpath "$1")
+bin=$(realpath "$1") fixtures=$(realpath "$(dirname "$0")/fixtures")
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 cd "$tmp"
-/usr/bin/python3 - <<'PY'
-import gzip, json, random
-random.seed(1)
-words = "the model learns a gradient of every layer and rows columns normalise quickly data shard token small large".split()
-def doc():
-    return "\n".join(" ".join(random.choice(words) for _ in range(random.randint(5, 14))) + "." for _ in range(random.randint(3, 30)))
-for name, n in (("c4-train.00000-of-00002.json.gz", 150), ("c4-train.00001-of-00002.json.gz", 150), ("c4-validation.00000-of-00001.json.gz", 40)):
-    with gzip.open(name, "wt") as f:
-        for i in range(n):
-            f.write(json.dumps({"text": doc(), "timestamp": "2019-04-25T12:57:54Z", "url": f"gen:{name}:{i}"}) + "\n")
-PY
+/usr/bin/python3 "$fixtures/make_c4.py"
 "$bin" data train-tokenizer -i 'c4-train.*.json.gz' -o tok --vocab-size 300 > /dev/null 2>&1
 "$bin" data tokenize -i 'c4-*.json.gz' -t tok.model -o shards --seq-len 32 > /dev/null 2>&1
 "$bin" data verify 'shards/*.tok' | grep -q "3 shard(s) verified"

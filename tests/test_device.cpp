@@ -28,6 +28,8 @@ TEST(Device, PluginBuiltIsFoundAndLoaded) {
   EXPECT_TRUE(p.plugin_loaded) << p.load_error;
   EXPECT_GE(p.runtime_version, 12000);
   // Here there is no GPU: cudaGetDeviceCount's error is reported rather than hidden.
-  if (p.device_count == 0) EXPECT_FALSE(p.device_error.empty());
+  if (p.device_count == 0) {
+    EXPECT_FALSE(p.device_error.empty());
+  }
 }
 #endif

@@ -29,6 +29,8 @@ std::string config_fingerprint(const RunConfig& run);
 // Names of the complete checkpoint directories under `root` (step_NNNNNNNN, no suffix), oldest first.
 std::vector<std::string> checkpoint_dirs(const std::string& root);
 
+// "step_00000300": the directory name of update `step`'s checkpoint under run_dir/checkpoints.
+std::string checkpoint_name(int64_t step);
 std::string write_checkpoint(const std::string& run_dir, const LlamaModel& model, const Optimizer& opt,
                              const TrainerState& state, int64_t keep_last);
 TrainerState read_checkpoint(const std::string& dir, LlamaModel& model, Optimizer* opt, const RunConfig& run);

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "multinorm/comm.h"
 #include "multinorm/llama_model.h"
 #include "multinorm/loader.h"
 #include "multinorm/run_config.h"
@@ -37,7 +38,9 @@ struct TrainResult {
 TrainResult train(const RunConfig& run, const TrainOptions& opt);
 
 // Evaluates `model` on `data` over `token_budget` counted targets (the same code the trainer uses).
-EvalResult evaluate(LlamaModel& model, std::shared_ptr<const ShardSet> data, int64_t micro_batch, int64_t token_budget);
+// With several ranks, each evaluates its slice of every step and the sums are taken over the ranks.
+EvalResult evaluate(LlamaModel& model, std::shared_ptr<const ShardSet> data, int64_t micro_batch, int64_t token_budget,
+                    Comm& comm = Comm::world());
 
 // The newest complete checkpoint directory of a run ("" when none).
 std::string latest_checkpoint(const std::string& run_dir);

@@ -5,7 +5,17 @@
 #include <exception>
 
 #include "multinorm/cli.h"
+#include "multinorm/comm.h"
 #include "multinorm/error.h"
+
+// An error on one rank of a data-parallel run ends them all: the others would wait in a collective.
+static int stop_all_ranks(int code) {
+  if (multinorm::Comm::several_ranks()) {
+    std::fflush(stderr);
+    multinorm::Comm::world().abort_all(code);
+  }
+  return code;
+}
 
 int main(int argc, char** argv) {
   CLI::App app{"multinorm " MULTINORM_VERSION
@@ -27,10 +37,10 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const multinorm::Error& e) {
     std::fprintf(stderr, "multinorm: error: %s\n", e.what());
-    return 2;
+    return stop_all_ranks(2);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "multinorm: internal error: %s\n", e.what());
-    return 1;
+    return stop_all_ranks(1);
   }
   return 0;
 }

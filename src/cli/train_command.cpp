@@ -6,6 +6,7 @@
 #include "multinorm/c4_reader.h"
 #include "multinorm/checkpoint.h"
 #include "multinorm/cli.h"
+#include "multinorm/comm.h"
 #include "multinorm/error.h"
 #include "multinorm/json_file.h"
 #include "multinorm/trainer.h"
@@ -26,6 +27,7 @@ void add_train_command(CLI::App& app) {
   cmd->callback([] {
     const RunConfig run = load_run_config(path, overrides);
     const TrainResult r = train(run, o);
+    if (!Comm::world().root()) return;  // rank 0 reports for the run
     if (r.updates == 0 && r.skipped == 0)
       std::printf("nothing to train: %s is already at its last update (schedule.total_steps or --max-updates)\n",
                   r.run_dir.c_str());

@@ -59,13 +59,17 @@ std::string config_fingerprint(const RunConfig& run) {
   return f.dump();
 }
 
+std::string checkpoint_name(int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof(name), "step_%08lld", (long long)step);
+  return name;
+}
+
 std::string write_checkpoint(const std::string& run_dir, const LlamaModel& model, const Optimizer& opt,
                              const TrainerState& state, int64_t keep_last) {
   const std::string root = run_dir + "/checkpoints";
   ::mkdir(root.c_str(), 0755);
-  char name[64];
-  std::snprintf(name, sizeof(name), "step_%08lld", (long long)state.step);
-  const std::string final_dir = root + "/" + name, tmp = final_dir + ".tmp";
+  const std::string final_dir = root + "/" + checkpoint_name(state.step), tmp = final_dir + ".tmp";
   remove_tree(tmp);
   save_hf_model(model, tmp, model.dtype());
   const std::vector<uint8_t> states = opt.states_to_host();

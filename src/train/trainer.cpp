@@ -15,6 +15,7 @@
 
 #include "multinorm/c4_reader.h"
 #include "multinorm/checkpoint.h"
+#include "multinorm/data_parallel.h"
 #include "multinorm/device.h"
 #include "multinorm/error.h"
 #include "multinorm/json_file.h"
@@ -73,21 +74,25 @@ std::string format_eta(double s) {
 double EvalResult::perplexity() const { return std::exp(loss); }
 double EvalResult::galore_perplexity() const { return std::exp(galore_loss); }
 
-EvalResult evaluate(LlamaModel& model, std::shared_ptr<const ShardSet> data, int64_t micro_batch, int64_t token_budget) {
-  EvalLoader loader(std::move(data), micro_batch, token_budget);
-  EvalResult r;
-  double sum_of_means = 0;
+EvalResult evaluate(LlamaModel& model, std::shared_ptr<const ShardSet> data, int64_t micro_batch, int64_t token_budget,
+                    Comm& comm) {
+  EvalLoader loader(std::move(data), micro_batch, token_budget, comm.rank(), comm.size());
+  double sums[3] = {0, 0, 0};  // sum of micro-batch means, micro-batches, counted tokens: over all ranks
   Batch b;
   while (loader.next(b)) {
     if (b.count == 0) continue;
     const LossSum l = model.forward(b.view());
-    sum_of_means += l.mean();
-    ++r.batches;
-    r.tokens += l.count;
+    sums[0] += l.mean();
+    sums[1] += 1;
+    sums[2] += static_cast<double>(l.count);
   }
+  comm.allreduce_sum(sums, 3);
+  EvalResult r;
+  r.batches = static_cast<int64_t>(sums[1]);
+  r.tokens = static_cast<int64_t>(sums[2]);
   if (r.batches == 0) throw Error("eval: the validation data holds no counted target");
-  r.loss = sum_of_means / r.batches;
-  r.galore_loss = sum_of_means / (r.batches + 1);
+  r.loss = sums[0] / r.batches;
+  r.galore_loss = sums[0] / (r.batches + 1);
   return r;
 }
 
@@ -101,18 +106,27 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
   TrainResult result;
   result.run_dir = run.output_dir;
   const BackendChoice choice = choose_backend(run.backend);
+  // Data parallelism: every rank runs this same loop on its slice of each global step; rank 0 alone
+  // writes the run directory (config, metrics, checkpoints) and logs.
+  Comm& comm = Comm::world();
+  const int world = comm.size(), rank = comm.rank();
   auto log = [&](const char* fmt, auto... args) {
-    if (!opt.quiet) std::fprintf(stderr, fmt, args...);
+    if (!opt.quiet && comm.root()) std::fprintf(stderr, fmt, args...);
   };
   // Run directory and the resolved config.
-  mkdirs(run.output_dir);
   const std::string existing = latest_checkpoint(run.output_dir);
   if (!existing.empty() && !opt.resume)
     throw Error(run.output_dir + " already holds checkpoints (" + existing + "): pass --resume, or another output_dir");
-  write_text_file_atomic(run.output_dir + "/config.json", run.resolved.dump(2) + "\n");
+  if (comm.root()) {
+    mkdirs(run.output_dir);
+    write_text_file_atomic(run.output_dir + "/config.json", run.resolved.dump(2) + "\n");
+  }
 
   if (run.data.train.empty()) throw ConfigError(run.source + ": data.train: no training shards configured");
-  const int world = 1, rank = 0;
+  if (run.batch.global_batch % (run.batch.micro_batch * world) != 0)
+    throw ConfigError(run.source + ": batch.global_batch " + std::to_string(run.batch.global_batch) +
+                      " is not a multiple of batch.micro_batch x ranks = " + std::to_string(run.batch.micro_batch) +
+                      " x " + std::to_string(world));
   const int64_t accum = run.batch.global_batch / (run.batch.micro_batch * world);
   if (run.eval.micro_batch > run.batch.micro_batch)
     throw ConfigError(run.source + ": eval.micro_batch " + std::to_string(run.eval.micro_batch) +
@@ -123,6 +137,7 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
   if (run.model_init_from.empty()) model.init_random(static_cast<uint64_t>(run.seed));
   else load_hf_model(model, run.model_init_from);
   Optimizer optimizer(model, run);
+  GradientAllReduce reduce_grads(model, comm);
 
   auto train_data = std::make_shared<const ShardSet>(expand_globs(run.data.train), run.batch.seq_len, run.model.vocab_size);
   std::shared_ptr<const ShardSet> val_data;
@@ -133,7 +148,7 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
   state.fingerprint = config_fingerprint(run);
   if (opt.resume && !existing.empty()) {
     state = read_checkpoint(existing, model, &optimizer, run);
-    truncate_metrics(run.output_dir + "/metrics.jsonl", state.step);
+    if (comm.root()) truncate_metrics(run.output_dir + "/metrics.jsonl", state.step);
     log("resumed from %s (update %lld)\n", existing.c_str(), (long long)state.step);
   }
   LoaderOptions lo;
@@ -146,21 +161,23 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
   TrainLoader loader(train_data, lo, state.cursor);
 
   const int64_t last = opt.max_updates > 0 ? std::min(opt.max_updates, run.schedule.total_steps) : run.schedule.total_steps;
-  log("multinorm train: %s, %s, %lld parameters, %s + %s (optimizer state %.1f MiB, %.1f MiB for the matrices)\n",
-      run.name.c_str(), choice.reason.c_str(), (long long)model.num_params(), run.optimizer.name.c_str(),
+  log("multinorm train: %s, %s, %s, %lld parameters, %s + %s (optimizer state %.1f MiB, %.1f MiB for the matrices)\n",
+      run.name.c_str(), choice.reason.c_str(), comm_description(), (long long)model.num_params(), run.optimizer.name.c_str(),
       run.optimizer.fallback.c_str(), optimizer.state_bytes() / 1048576.0, optimizer.matrix_state_bytes() / 1048576.0);
-  log("  %lld updates of %lld x %lld tokens (%lld micro-batches of %lld), loss normalisation %s, %s weights\n",
+  log("  %lld updates of %lld x %lld tokens (%lld micro-batches of %lld on each of %d rank(s)), loss normalisation %s, "
+      "%s weights\n",
       (long long)run.schedule.total_steps, (long long)run.batch.global_batch, (long long)run.batch.seq_len,
-      (long long)accum, (long long)run.batch.micro_batch, run.batch.loss_normalization.c_str(),
+      (long long)accum, (long long)run.batch.micro_batch, world, run.batch.loss_normalization.c_str(),
       dtype_name(run.precision.params));
-  std::ofstream metrics(run.output_dir + "/metrics.jsonl", std::ios::app);
-  const bool tty = ::isatty(STDERR_FILENO) && !opt.quiet;
+  std::ofstream metrics;  // rank 0's; the other ranks' stream stays closed and writes nothing
+  if (comm.root()) metrics.open(run.output_dir + "/metrics.jsonl", std::ios::app);
+  const bool tty = ::isatty(STDERR_FILENO) && !opt.quiet && comm.root();
   const bool token_mean = run.batch.loss_normalization == "token_mean";
 
   auto do_eval = [&](int64_t step) {
     if (!val_data) return;
     const auto t = Clock::now();
-    result.eval = evaluate(model, val_data, run.eval.micro_batch, run.eval.tokens);
+    result.eval = evaluate(model, val_data, run.eval.micro_batch, run.eval.tokens, comm);
     json e = {{"type", "eval"}, {"step", step}, {"val_loss", result.eval.loss}, {"val_ppl", result.eval.perplexity()},
               {"val_loss_galore", result.eval.galore_loss}, {"val_tokens", result.eval.tokens},
               {"seconds", since(t)}};
@@ -169,8 +186,12 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
         (long long)step, result.eval.loss, result.eval.perplexity(), (long long)result.eval.tokens,
         result.eval.galore_perplexity());
   };
-  auto do_checkpoint = [&]() {
-    result.last_checkpoint = write_checkpoint(run.output_dir, model, optimizer, state, run.checkpoint.keep_last);
+  auto do_checkpoint = [&]() {  // the ranks hold identical models and optimizer states: rank 0 writes
+    if (comm.root())
+      result.last_checkpoint = write_checkpoint(run.output_dir, model, optimizer, state, run.checkpoint.keep_last);
+    else
+      result.last_checkpoint = run.output_dir + "/checkpoints/" + checkpoint_name(state.step);
+    comm.barrier();  // no rank runs ahead of a checkpoint that is not on disk yet
   };
 
   const auto t_loop = Clock::now();
@@ -180,11 +201,12 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
     const auto t_step = Clock::now();
     const double wait_before = loader.wait_seconds();
     std::vector<Batch> batches;
-    int64_t total_count = 0;
+    int64_t total_count = 0;  // counted targets of the whole global step, all ranks
     for (int64_t a = 0; a < accum; ++a) {
       batches.push_back(loader.next());
       total_count += batches.back().count;
     }
+    comm.allreduce_sum(&total_count, 1);
     const double data_s = loader.wait_seconds() - wait_before;
     model.zero_grads();
     double loss_sum = 0, mean_sum = 0;
@@ -192,14 +214,20 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
     const auto t_compute = Clock::now();
     for (const Batch& b : batches) {
       if (b.count == 0) continue;
+      // The gradient summed over the ranks must be the global step's: token mean divides by every
+      // rank's counted targets, micro-batch mean by every rank's micro-batches.
       const float scale = token_mean ? 1.0f / static_cast<float>(total_count)
-                                     : 1.0f / (static_cast<float>(b.count) * static_cast<float>(accum));
+                                     : 1.0f / (static_cast<float>(b.count) * static_cast<float>(accum * world));
       const LossSum l = model.forward_backward(b.view(), scale);
       loss_sum += l.sum;
       counted += l.count;
       mean_sum += l.mean();
       ++means;
     }
+    reduce_grads.run();
+    double sums[4] = {loss_sum, mean_sum, static_cast<double>(counted), static_cast<double>(means)};
+    comm.allreduce_sum(sums, 4);
+    loss_sum = sums[0], mean_sum = sums[1], counted = static_cast<int64_t>(sums[2]), means = static_cast<int64_t>(sums[3]);
     const double compute_s = since(t_compute);
     const double loss = token_mean ? loss_sum / std::max<int64_t>(counted, 1) : mean_sum / std::max<int64_t>(means, 1);
     state.cursor = batches.back().after;
@@ -221,7 +249,7 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
           (long long)state.skipped);
     }
     state.step = k;
-    const int64_t raw = accum * run.batch.micro_batch * run.batch.seq_len;
+    const int64_t raw = accum * world * run.batch.micro_batch * run.batch.seq_len;
     state.tokens_seen += raw;
     tokens_this_run += raw;
     const double step_s = since(t_step);
@@ -259,7 +287,7 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
   result.skipped = state.skipped;
   result.seconds = since(t_start);
   result.tokens_per_s = tokens_this_run / std::max(since(t_loop), 1e-9);
-  if (state.step == run.schedule.total_steps) {  // the run is complete: sweeps skip it from now on
+  if (state.step == run.schedule.total_steps && comm.root()) {  // complete: sweeps skip it from now on
     json res = {{"updates", state.step}, {"tokens", state.tokens_seen}, {"skipped_updates", state.skipped},
                 {"tokens_per_s", result.tokens_per_s}, {"wall_s", result.seconds}, {"final_train_loss", result.last_loss},
                 {"optimizer", run.optimizer.name}, {"optimizer_state_bytes", optimizer.state_bytes()},

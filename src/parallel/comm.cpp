@@ -1,0 +1,138 @@
+#include "multinorm/comm.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "multinorm/error.h"
+
+#ifdef MULTINORM_HAVE_MPI
+#include <mpi.h>
+#endif
+
+namespace multinorm {
+
+namespace {
+
+// Set by Open MPI's, MPICH's and Slurm's launchers: the process is one rank of several.
+bool launched_by_mpi() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"})
+    if (std::getenv(v)) return true;
+  return false;
+}
+
+#ifdef MULTINORM_HAVE_MPI
+void check(int rc, const char* what) {
+  if (rc != MPI_SUCCESS) {
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(rc, msg, &len);
+    throw Error(std::string("MPI: ") + what + ": " + std::string(msg, static_cast<size_t>(len)));
+  }
+}
+
+// Large buffers go in pieces: MPI counts are int.
+template <class F>
+void in_pieces(int64_t n, F&& f) {
+  constexpr int64_t kPiece = int64_t{1} << 30;
+  for (int64_t at = 0; at < n; at += kPiece) f(at, static_cast<int>(std::min(kPiece, n - at)));
+}
+
+void finalize_at_exit() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+#endif
+
+}  // namespace
+
+Comm::Comm() {
+  if (!launched_by_mpi()) return;
+#ifdef MULTINORM_HAVE_MPI
+  int provided = 0;
+  // The loader's prefetch thread and OpenMP never call MPI: only the main thread does.
+  check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
+  std::atexit(finalize_at_exit);
+  check(MPI_Comm_rank(MPI_COMM_WORLD, &rank_), "MPI_Comm_rank");
+  check(MPI_Comm_size(MPI_COMM_WORLD, &size_), "MPI_Comm_size");
+#else
+  if (std::getenv("OMPI_COMM_WORLD_SIZE") && std::atoi(std::getenv("OMPI_COMM_WORLD_SIZE")) > 1)
+    throw Error("started by an MPI launcher, but this multinorm was built without MPI "
+                "(apt-get install libopenmpi-dev, then rebuild with -DMULTINORM_WITH_MPI=ON)");
+#endif
+}
+
+namespace {
+bool g_several_ranks = false;
+}
+
+Comm& Comm::world() {
+  static Comm comm;
+  g_several_ranks = comm.size() > 1;
+  return comm;
+}
+
+bool Comm::several_ranks() { return g_several_ranks; }
+
+void Comm::allreduce_sum(float* x, int64_t n) {
+  if (size_ == 1) return;
+#ifdef MULTINORM_HAVE_MPI
+  in_pieces(n, [&](int64_t at, int count) {
+    check(MPI_Allreduce(MPI_IN_PLACE, x + at, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce");
+  });
+#endif
+}
+
+void Comm::allreduce_sum(double* x, int64_t n) {
+  if (size_ == 1) return;
+#ifdef MULTINORM_HAVE_MPI
+  in_pieces(n, [&](int64_t at, int count) {
+    check(MPI_Allreduce(MPI_IN_PLACE, x + at, count, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce");
+  });
+#endif
+}
+
+void Comm::allreduce_sum(int64_t* x, int64_t n) {
+  if (size_ == 1) return;
+#ifdef MULTINORM_HAVE_MPI
+  in_pieces(n, [&](int64_t at, int count) {
+    check(MPI_Allreduce(MPI_IN_PLACE, x + at, count, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce");
+  });
+#endif
+}
+
+void Comm::broadcast(void* data, int64_t bytes, int root) {
+  if (size_ == 1) return;
+#ifdef MULTINORM_HAVE_MPI
+  in_pieces(bytes, [&](int64_t at, int count) {
+    check(MPI_Bcast(static_cast<char*>(data) + at, count, MPI_BYTE, root, MPI_COMM_WORLD), "MPI_Bcast");
+  });
+#else
+  (void)data, (void)bytes, (void)root;
+#endif
+}
+
+void Comm::barrier() {
+  if (size_ == 1) return;
+#ifdef MULTINORM_HAVE_MPI
+  check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier");
+#endif
+}
+
+void Comm::abort_all(int code) {
+  if (size_ == 1) return;
+#ifdef MULTINORM_HAVE_MPI
+  MPI_Abort(MPI_COMM_WORLD, code);
+#endif
+  std::exit(code);
+}
+
+const char* comm_description() {
+  static std::string s;
+  const Comm& c = Comm::world();
+  s = c.size() == 1 ? "single process" : "MPI, rank " + std::to_string(c.rank()) + " of " + std::to_string(c.size());
+  return s.c_str();
+}
+
+}  // namespace multinorm
