@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <type_traits>
 
 #include "multinorm/error.h"
 
@@ -38,12 +39,32 @@ void in_pieces(int64_t n, F&& f) {
   for (int64_t at = 0; at < n; at += kPiece) f(at, static_cast<int>(std::min(kPiece, n - at)));
 }
 
+template <class T>
+MPI_Datatype mpi_type() {
+  if constexpr (std::is_same_v<T, float>) return MPI_FLOAT;
+  else if constexpr (std::is_same_v<T, double>) return MPI_DOUBLE;
+  else return MPI_INT64_T;
+}
+
 void finalize_at_exit() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized) MPI_Finalize();
 }
 #endif
+
+// In place, over MPI_COMM_WORLD; nothing to do for a single rank.
+template <class T>
+void sum_over_ranks(T* x, int64_t n, int ranks) {
+  if (ranks == 1) return;
+#ifdef MULTINORM_HAVE_MPI
+  in_pieces(n, [&](int64_t at, int count) {
+    check(MPI_Allreduce(MPI_IN_PLACE, x + at, count, mpi_type<T>(), MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce");
+  });
+#else
+  (void)x, (void)n;
+#endif
+}
 
 }  // namespace
 
@@ -75,32 +96,9 @@ Comm& Comm::world() {
 
 bool Comm::several_ranks() { return g_several_ranks; }
 
-void Comm::allreduce_sum(float* x, int64_t n) {
-  if (size_ == 1) return;
-#ifdef MULTINORM_HAVE_MPI
-  in_pieces(n, [&](int64_t at, int count) {
-    check(MPI_Allreduce(MPI_IN_PLACE, x + at, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce");
-  });
-#endif
-}
-
-void Comm::allreduce_sum(double* x, int64_t n) {
-  if (size_ == 1) return;
-#ifdef MULTINORM_HAVE_MPI
-  in_pieces(n, [&](int64_t at, int count) {
-    check(MPI_Allreduce(MPI_IN_PLACE, x + at, count, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce");
-  });
-#endif
-}
-
-void Comm::allreduce_sum(int64_t* x, int64_t n) {
-  if (size_ == 1) return;
-#ifdef MULTINORM_HAVE_MPI
-  in_pieces(n, [&](int64_t at, int count) {
-    check(MPI_Allreduce(MPI_IN_PLACE, x + at, count, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce");
-  });
-#endif
-}
+void Comm::allreduce_sum(float* x, int64_t n) { sum_over_ranks(x, n, size_); }
+void Comm::allreduce_sum(double* x, int64_t n) { sum_over_ranks(x, n, size_); }
+void Comm::allreduce_sum(int64_t* x, int64_t n) { sum_over_ranks(x, n, size_); }
 
 void Comm::broadcast(void* data, int64_t bytes, int root) {
   if (size_ == 1) return;
