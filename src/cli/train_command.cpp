@@ -60,6 +60,7 @@ void add_train_command(CLI::App& app) {
     if (globs.empty()) throw ConfigError("eval: no validation data (--data, or data.validation in the run config)");
     auto val = std::make_shared<const ShardSet>(expand_globs(globs), run.batch.seq_len, run.model.vocab_size);
     const EvalResult r = evaluate(model, val, run.eval.micro_batch, tokens > 0 ? tokens : run.eval.tokens);
+    if (!Comm::world().root()) return;  // under mpirun the ranks split the batches; rank 0 reports
     if (as_json) {
       std::printf("%s\n", json{{"checkpoint", dir}, {"step", st.step}, {"loss", r.loss}, {"perplexity", r.perplexity()},
                                {"galore_loss", r.galore_loss}, {"galore_perplexity", r.galore_perplexity()},
