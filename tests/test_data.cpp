@@ -71,6 +71,16 @@ Fixture& fixture() {
   return f;
 }
 
+// Quiet tokenize options with the suite's tokenizer.
+TokenizeOptions tokenize_options(const std::string& inputs, const std::string& out_dir) {
+  TokenizeOptions o;
+  o.inputs = inputs;
+  o.tokenizer = fixture().tokenizer;
+  o.out_dir = out_dir;
+  o.quiet = true;
+  return o;
+}
+
 // Shards written directly with synthetic ids: row r of shard s starts with a unique id.
 std::vector<std::string> synthetic_shards(const TempDir& dir, int shards, int rows, ShardLayout layout, int seq_len) {
   std::vector<std::string> paths;
@@ -96,12 +106,8 @@ std::vector<std::string> synthetic_shards(const TempDir& dir, int shards, int ro
 TEST(Tokenize, RowsRoundTripWithTruncationEosAndCounts) {
   Fixture& f = fixture();
   TempDir out;
-  TokenizeOptions o;
-  o.inputs = f.dir.path() + "/c4-train.*.json.gz";
-  o.tokenizer = f.tokenizer;
-  o.out_dir = out.path();
+  TokenizeOptions o = tokenize_options(f.dir.path() + "/c4-train.*.json.gz", out.path());
   o.seq_len = 32;
-  o.quiet = true;
   const TokenizeStats st = tokenize_files(o);
   EXPECT_EQ(st.documents, 300);
   EXPECT_GT(st.truncated, 10);
@@ -129,12 +135,8 @@ TEST(Tokenize, RowsRoundTripWithTruncationEosAndCounts) {
 TEST(Tokenize, StreamLayoutConcatenatesWithEos) {
   Fixture& f = fixture();
   TempDir out;
-  TokenizeOptions o;
-  o.inputs = f.dir.path() + "/c4-train.00000-of-00001.json.gz";
-  o.tokenizer = f.tokenizer;
-  o.out_dir = out.path();
+  TokenizeOptions o = tokenize_options(f.dir.path() + "/c4-train.00000-of-00001.json.gz", out.path());
   o.layout = "stream";
-  o.quiet = true;
   tokenize_files(o);
   const Tokenizer tok(f.tokenizer);
   const Shard shard(out.path() + "/c4-train.00000-of-00001.tok");
@@ -154,11 +156,7 @@ TEST(Tokenize, BadInputIsReportedWithFileAndLine) {
   std::mt19937 gen(2);
   const std::string good = c4_line(make_text(gen, 5), 0);
   write_gz(in.path() + "/bad.json.gz", good + "{not json\n" + R"({"url": "x"})" + "\n" + R"({"text": ""})" + "\n" + good);
-  TokenizeOptions o;
-  o.inputs = in.path() + "/bad.json.gz";
-  o.tokenizer = f.tokenizer;
-  o.out_dir = out.path();
-  o.quiet = true;
+  TokenizeOptions o = tokenize_options(in.path() + "/bad.json.gz", out.path());
   o.max_bad_lines = 1;  // two malformed records: over the limit
   expect_error([&] { tokenize_files(o); }, {"bad.json.gz:3", "more than 1 malformed"});
   o.max_bad_lines = 5;
@@ -180,7 +178,6 @@ TEST(Tokenize, BadInputIsReportedWithFileAndLine) {
 }
 
 TEST(Tokenize, FileWorkersWriteTheSameShardsAndStopOnABadFile) {
-  Fixture& f = fixture();
   TempDir in;
   std::mt19937 gen(4);
   for (int file = 0; file < 4; ++file) {
@@ -189,14 +186,10 @@ TEST(Tokenize, FileWorkersWriteTheSameShardsAndStopOnABadFile) {
     write_gz(in.path() + "/c4-train.0000" + std::to_string(file) + "-of-00004.json.gz", all);
   }
   auto run = [&](int workers, int threads, const std::string& out) {
-    TokenizeOptions o;
-    o.inputs = in.path() + "/c4-train.*.json.gz";
-    o.tokenizer = f.tokenizer;
-    o.out_dir = out;
+    TokenizeOptions o = tokenize_options(in.path() + "/c4-train.*.json.gz", out);
     o.seq_len = 64;
     o.threads = threads;
     o.file_workers = workers;
-    o.quiet = true;
     return tokenize_files(o);
   };
   TempDir one, four;
