@@ -57,7 +57,7 @@ TEST_P(Training, LossFallsOnASmallFixedCorpus) {
     model.zero_grads();
     const LossSum l = model.forward_backward(mb, 1.0f / static_cast<float>(mb.count_targets()));
     losses.push_back(l.mean());
-    const StepStats st = opt.step(step);
+    const StepStats st = opt.step(step, step);
     ASSERT_TRUE(std::isfinite(st.grad_norm));
   }
   const double first = (losses[0] + losses[1] + losses[2] + losses[3]) / 4;
@@ -82,13 +82,13 @@ TEST(OptimizerLayer, GroupsLearningRatesAndStateMemory) {
   int64_t fallback = 0;
   for (const auto& a : opt.assignments()) fallback += a.matrix ? 0 : a.tensor->numel();
   EXPECT_EQ(opt.state_bytes(), fallback * 2 * 4);  // Adam m, v in FP32 for the rest
-  const StepStats st = opt.step(10);
+  const StepStats st = opt.step(10, 10);
   EXPECT_DOUBLE_EQ(st.lr_multiplier, 1.0);
   EXPECT_DOUBLE_EQ(st.lr_fallback, 0.02);
   EXPECT_DOUBLE_EQ(st.lr_matrix, 0.02 * 0.05);
   j["optimizer"]["name"] = "adam";
   Optimizer adam(model, run_config_from_json(j, "test"));
-  EXPECT_DOUBLE_EQ(adam.step(10).lr_matrix, 0.02);  // alpha applies to SinkGD/SWAN only
+  EXPECT_DOUBLE_EQ(adam.step(10, 10).lr_matrix, 0.02);  // alpha applies to SinkGD/SWAN only
   EXPECT_EQ(adam.state_bytes(), model.num_params() * 2 * 4);
 }
 
@@ -104,7 +104,7 @@ TEST(OptimizerLayer, ClippingAndNonFiniteGradients) {
   model.forward_backward({c.tokens.data(), c.targets.data(), nullptr, 2, 8}, 10.0f);
   Optimizer opt(model, run);
   const std::vector<float> before = model.params_to_host();
-  const StepStats st = opt.step(1);
+  const StepStats st = opt.step(1, 1);
   EXPECT_TRUE(st.clipped);
   EXPECT_GT(st.grad_norm, 0.5);
   EXPECT_NEAR(std::sqrt(be->sum_squares(model.grads(), model.num_params())), 0.5, 1e-4);
@@ -115,7 +115,7 @@ TEST(OptimizerLayer, ClippingAndNonFiniteGradients) {
   std::vector<float> nan_grads(model.num_params(), 0.0f);
   nan_grads[5] = NAN;
   be->to_device(model.grads().ptr, nan_grads.data(), nan_grads.size() * 4);
-  const StepStats bad = opt.step(2);
+  const StepStats bad = opt.step(2, 2);
   EXPECT_FALSE(std::isfinite(bad.grad_norm));
   EXPECT_EQ(model.params_to_host(), after);
 }

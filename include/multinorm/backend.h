@@ -1,8 +1,9 @@
 // The backend seam. A backend owns every buffer (host memory on the CPU, device memory on CUDA) and
 // runs every op of the model's forward and backward pass and of the optimizers. Model code holds
 // Buf handles (pointer + dtype) and never dereferences them; tokens and losses cross the seam through
-// explicit copies. Two implementations: CpuBackend (oneDNN GEMMs + OpenMP kernels, src/backend/) and
-// the CUDA backend (kernels/cuda/, loaded as a plugin), which is tested op by op against the CPU.
+// explicit copies. One implementation today: CpuBackend (oneDNN GEMMs + OpenMP kernels, src/backend/).
+// The CUDA plugin (kernels/cuda/) detects devices only; the CUDA backend behind this seam is not
+// written yet.
 //
 // Conventions: row-major storage; "act" tensors are stored in the parameter dtype (bf16 or fp32);
 // every reduction accumulates in FP32; ops are deterministic for a given thread count.
@@ -54,6 +55,14 @@ struct SgdArgs {
   float lr = 0, momentum = 0, decoupled_decay = 0;
   WriteBack write;
 };
+// What the SWAN calls since the last take_swan_stats() reported: Newton-Schulz is never accepted
+// silently. The residual is ||I - Z Y||_F / sqrt(k) of the final iterate (0 on the exact path).
+struct SwanStats {
+  int64_t tensors = 0;
+  double worst_residual = 0;
+  int64_t unconverged = 0;  // residual at or above ns_tolerance after ns_steps (tolerance > 0)
+  int64_t fallbacks = 0;    // non-finite iterations replaced by the exact path
+};
 
 class Backend {
  public:
@@ -79,7 +88,8 @@ class Backend {
   // ---- model ops (BT rows of width C unless noted) --------------------------------------------
   // out[BT,C] = wte[tokens[i], :]
   virtual void embedding_forward(Buf out, const int32_t* tokens, Buf wte, int64_t BT, int64_t C) = 0;
-  // dwte[tokens[i], :] += dout[i, :], summed per token in FP32 then added once
+  // dwte[tokens[i], :] += dout[i, :], summed per token in FP32 then added once. dwte in dout's dtype,
+  // or FP32 (the FP32 gradient arena); the same holds for rmsnorm_backward's dw.
   virtual void embedding_backward(Buf dwte, Buf dout, const int32_t* tokens, int64_t BT, int64_t C) = 0;
   // out = x * rstd * w, rstd[i] = 1/sqrt(mean(x_i^2) + eps)
   virtual void rmsnorm_forward(Buf out, float* rstd, Buf x, Buf w, int64_t N, int64_t C, float eps) = 0;
@@ -104,13 +114,18 @@ class Backend {
   virtual void cross_entropy(float* losses, Buf dlogits, const float* logits, const int32_t* targets,
                              const uint8_t* mask, int64_t N, int64_t V, float grad_scale) = 0;
 
-  // ---- optimizer ops: one tensor per call, w and g in the parameter dtype -----------------------
+  // ---- optimizer ops: one tensor per call. w in the parameter dtype; g the same, or FP32 gradients
+  // of BF16 weights (precision.grads = fp32) -----------------------------------------------------
   virtual double sum_squares(Buf x, int64_t n) = 0;  // FP64 accumulation (global-norm clipping)
   virtual void scale(Buf x, int64_t n, float factor) = 0;
   // SinkGD on W[m,n] (fused: X = diag(u) G diag(v) is never materialised); see kernels/cpu/sinkgd.cpp
   virtual void sinkgd_update(Buf w, Buf g, int64_t m, int64_t n, const SinkGDArgs& args) = 0;
-  // SWAN: row normalisation then whitening sqrt(n) (X X^T)^(-1/2) X (transposed when m > n)
+  // SWAN: row normalisation then whitening sqrt(max(m,n)) (X X^T)^(-1/2) X (X (X^T X)^(-1/2) when
+  // m > n), so ||U||_F = sqrt(mn); see kernels/cpu/swan.cpp
   virtual void swan_update(Buf w, Buf g, int64_t m, int64_t n, const SwanArgs& args) = 0;
+  // Newton-Schulz convergence of the swan_update calls since the last call (then reset): read once
+  // per optimizer update, so a device backend keeps it on the device until then.
+  virtual SwanStats take_swan_stats() = 0;
   // Adam/AdamW with torch semantics; states m, v in their own dtype
   virtual void adam_update(Buf w, Buf g, Buf m, Buf v, int64_t n, const AdamArgs& args) = 0;
   // SGD, torch semantics: buf = momentum * buf + g, w -= lr * buf (no buffer when momentum is 0)

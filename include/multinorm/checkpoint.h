@@ -18,6 +18,7 @@ namespace multinorm {
 
 struct TrainerState {
   int64_t step = 0, tokens_seen = 0, skipped = 0;
+  int64_t skipped_in_a_row = 0;  // consecutive skipped updates ending at `step`
   LoaderCursor cursor;
   std::string fingerprint;
 };

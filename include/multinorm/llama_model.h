@@ -44,7 +44,12 @@ struct OpProfile {
 
 class LlamaModel {
  public:
-  LlamaModel(Backend& backend, const ModelConfig& config, DType dtype, int64_t max_batch, int64_t max_seq);
+  // `dtype` stores weights and activations; `grad_dtype` the gradient arena: the same (the paper:
+  // BF16, every accumulated partial sum rounded) or FP32 with BF16 weights (llm.c, torchtitan).
+  LlamaModel(Backend& backend, const ModelConfig& config, DType dtype, int64_t max_batch, int64_t max_seq,
+             DType grad_dtype);
+  LlamaModel(Backend& backend, const ModelConfig& config, DType dtype, int64_t max_batch, int64_t max_seq)
+      : LlamaModel(backend, config, dtype, max_batch, max_seq, dtype) {}
   ~LlamaModel();
   LlamaModel(const LlamaModel&) = delete;
   LlamaModel& operator=(const LlamaModel&) = delete;
@@ -53,10 +58,11 @@ class LlamaModel {
   const std::vector<TensorSpec>& tensors() const { return specs_; }
   const TensorSpec& tensor(const std::string& name) const;
   DType dtype() const { return dtype_; }
+  DType grad_dtype() const { return grad_dtype_; }
   int64_t num_params() const { return nparams_; }
   Backend& backend() { return be_; }
   Buf params() const { return {params_, dtype_}; }
-  Buf grads() const { return {grads_, dtype_}; }
+  Buf grads() const { return {grads_, grad_dtype_}; }
   Buf param(const TensorSpec& t) const { return params().at(t.offset); }
   Buf grad(const TensorSpec& t) const { return grads().at(t.offset); }
   int64_t activation_bytes() const { return plan_.bytes(); }
@@ -102,7 +108,7 @@ class LlamaModel {
 
   Backend& be_;
   ModelConfig cfg_;
-  DType dtype_;
+  DType dtype_, grad_dtype_;
   int64_t max_batch_, max_seq_;
   std::vector<TensorSpec> specs_;
   int64_t nparams_ = 0;

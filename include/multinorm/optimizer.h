@@ -19,7 +19,9 @@ namespace multinorm {
 
 struct UpdateContext {
   float lr = 0;           // this tensor's learning rate for this update
-  int64_t update = 1;     // optimizer update number, from 1
+  int64_t update = 1;     // optimizer update number, from 1 (schedule, stochastic-rounding counter)
+  int64_t applied = 1;    // updates applied so far, this one included (Adam's bias correction):
+                          // differs from `update` once non-finite updates were skipped
   uint64_t seed = 0;      // run seed (stochastic rounding)
   uint64_t tensor = 0;    // tensor index (stochastic rounding)
   bool stochastic = false;
@@ -44,6 +46,7 @@ struct StepStats {
   double lr_multiplier = 0, lr_matrix = 0, lr_fallback = 0;
   double grad_norm = 0;  // before clipping
   bool clipped = false;
+  SwanStats swan;        // Newton-Schulz convergence of this update's SWAN tensors
 };
 
 class Optimizer {
@@ -51,8 +54,10 @@ class Optimizer {
   Optimizer(LlamaModel& model, const RunConfig& run);
   ~Optimizer();
 
-  // Applies update number `update` (from 1) with the model's accumulated gradients.
-  StepStats step(int64_t update);
+  // Applies update number `update` (from 1) with the model's accumulated gradients; `applied` counts
+  // the updates applied so far including this one (update minus skipped ones). Nothing is applied,
+  // and no state advances, when the gradient norm is not finite.
+  StepStats step(int64_t update, int64_t applied);
 
   int64_t state_bytes() const { return state_bytes_; }
   int64_t matrix_state_bytes() const { return matrix_state_bytes_; }

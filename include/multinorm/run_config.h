@@ -80,7 +80,8 @@ struct CheckpointConfig {
 };
 
 struct PrecisionConfig {
-  DType params = DType::BF16;  // weights and gradients
+  DType params = DType::BF16;  // weights and activations
+  DType grads = DType::BF16;   // the gradient arena: params' dtype, or FP32 (precision.grads = fp32)
   DType optimizer_states = DType::BF16;
 };
 

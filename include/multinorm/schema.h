@@ -31,6 +31,7 @@ struct SchemaKey {
   double min = -std::numeric_limits<double>::infinity();
   double max = std::numeric_limits<double>::infinity();
   bool min_exclusive = false;
+  bool max_exclusive = false;
   std::vector<std::string> choices;  // Enum only
   bool required = false;
   bool nullable = false;  // JSON null accepted (HF configs use it)
@@ -43,6 +44,7 @@ SchemaKey required(std::string path, ValueKind kind, std::string doc, double min
 SchemaKey integer(std::string path, json def, std::string doc, double min, double max = kNoMax);
 SchemaKey number(std::string path, json def, std::string doc, double min, double max = kNoMax);
 SchemaKey positive(std::string path, json def, std::string doc, double max = kNoMax);  // > 0
+SchemaKey below(std::string path, json def, std::string doc, double min, double max);   // [min, max)
 SchemaKey boolean(std::string path, bool def, std::string doc);
 SchemaKey string(std::string path, std::string def, std::string doc);
 SchemaKey choice(std::string path, std::string def, std::vector<std::string> choices, std::string doc);

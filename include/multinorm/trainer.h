@@ -15,6 +15,7 @@ namespace multinorm {
 struct TrainOptions {
   bool resume = false;
   bool skip_nonfinite = false;
+  int64_t max_consecutive_skips = 3;  // with skip_nonfinite: stop after this many skipped updates in a row
   int64_t max_updates = -1;  // stop (with a checkpoint) after this update, schedule unchanged; -1: total_steps
   bool quiet = false;
 };

@@ -9,8 +9,8 @@
 
 namespace multinorm::cpu {
 
-template <class T, class S>
-void adam_update(T* w, const T* g, S* m, S* v, int64_t n, const AdamArgs& a) {
+template <class T, class G, class S>
+void adam_update(T* w, const G* g, S* m, S* v, int64_t n, const AdamArgs& a) {
   const float bc1 = 1.0f - static_cast<float>(std::pow(static_cast<double>(a.beta1), static_cast<double>(a.step)));
   const float bc2 = 1.0f - static_cast<float>(std::pow(static_cast<double>(a.beta2), static_cast<double>(a.step)));
   const float step_size = a.lr / bc1, inv_sqrt_bc2 = 1.0f / std::sqrt(bc2);
@@ -29,8 +29,8 @@ void adam_update(T* w, const T* g, S* m, S* v, int64_t n, const AdamArgs& a) {
   }
 }
 
-template <class T, class S>
-void sgd_update(T* w, const T* g, S* buf, int64_t n, const SgdArgs& a) {
+template <class T, class G, class S>
+void sgd_update(T* w, const G* g, S* buf, int64_t n, const SgdArgs& a) {
   const float keep = 1.0f - a.lr * a.decoupled_decay;
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
@@ -43,13 +43,17 @@ void sgd_update(T* w, const T* g, S* buf, int64_t n, const SgdArgs& a) {
   }
 }
 
-#define MULTINORM_INSTANTIATE(T, S)                                                   \
-  template void adam_update<T, S>(T*, const T*, S*, S*, int64_t, const AdamArgs&); \
-  template void sgd_update<T, S>(T*, const T*, S*, int64_t, const SgdArgs&);
-MULTINORM_INSTANTIATE(float, float)
-MULTINORM_INSTANTIATE(float, bf16)
-MULTINORM_INSTANTIATE(bf16, float)
-MULTINORM_INSTANTIATE(bf16, bf16)
+// (weights, gradients, states): every state dtype for FP32/FP32, BF16/BF16 and BF16 weights with FP32
+// gradients.
+#define MULTINORM_INSTANTIATE(T, G, S)                                                   \
+  template void adam_update<T, G, S>(T*, const G*, S*, S*, int64_t, const AdamArgs&); \
+  template void sgd_update<T, G, S>(T*, const G*, S*, int64_t, const SgdArgs&);
+MULTINORM_INSTANTIATE(float, float, float)
+MULTINORM_INSTANTIATE(float, float, bf16)
+MULTINORM_INSTANTIATE(bf16, bf16, float)
+MULTINORM_INSTANTIATE(bf16, bf16, bf16)
+MULTINORM_INSTANTIATE(bf16, float, float)
+MULTINORM_INSTANTIATE(bf16, float, bf16)
 #undef MULTINORM_INSTANTIATE
 
 template <class T>

@@ -39,10 +39,10 @@ class Workspace {
 class OneDnnMatmul;
 
 template <class T> void embedding_forward(T* out, const int32_t* tokens, const T* wte, int64_t BT, int64_t C);
-template <class T> void embedding_backward(T* dwte, const T* dout, const int32_t* tokens, int64_t BT, int64_t C, Workspace& ws);
+template <class T, class G> void embedding_backward(G* dwte, const T* dout, const int32_t* tokens, int64_t BT, int64_t C, Workspace& ws);
 
 template <class T> void rmsnorm_forward(T* out, float* rstd, const T* x, const T* w, int64_t N, int64_t C, float eps);
-template <class T> void rmsnorm_backward(float* dx, T* dw, const float* dout, const T* x, const T* w, const float* rstd,
+template <class T, class G> void rmsnorm_backward(float* dx, G* dw, const float* dout, const T* x, const T* w, const float* rstd,
                                          int64_t N, int64_t C, bool accumulate_dx, Workspace& ws);
 
 template <class T> void rope_forward(T* qkv, const float* cos_sin, int64_t B, int64_t T_, int64_t H, int64_t D, bool inverse);
@@ -61,10 +61,17 @@ template <class T> void cross_entropy(float* losses, T* dlogits, const float* lo
 template <class TO, class TI> void convert(TO* dst, const TI* src, int64_t n);
 
 // Optimizer kernels (contracts: the Backend optimizer ops).
-template <class T> void sinkgd_update(T* w, const T* g, int64_t m, int64_t n, const SinkGDArgs& a, Workspace& ws);
-template <class T> void swan_update(T* w, const T* g, int64_t m, int64_t n, const SwanArgs& a, OneDnnMatmul& gemm, Workspace& ws);
-template <class T, class S> void adam_update(T* w, const T* g, S* m, S* v, int64_t n, const AdamArgs& a);
-template <class T, class S> void sgd_update(T* w, const T* g, S* buf, int64_t n, const SgdArgs& a);
+// T: weights, G: gradients (the same, or FP32 gradients with BF16 weights), S: optimizer states.
+// SWAN reports the Newton-Schulz residual ||I - Z Y||_F / sqrt(k) of its final iterate (0 on the
+// exact path) and whether a diverged iteration fell back to the exact path.
+struct SwanReport {
+  double residual = 0;
+  bool fell_back = false;
+};
+template <class T, class G> void sinkgd_update(T* w, const G* g, int64_t m, int64_t n, const SinkGDArgs& a, Workspace& ws);
+template <class T, class G> SwanReport swan_update(T* w, const G* g, int64_t m, int64_t n, const SwanArgs& a, OneDnnMatmul& gemm, Workspace& ws);
+template <class T, class G, class S> void adam_update(T* w, const G* g, S* m, S* v, int64_t n, const AdamArgs& a);
+template <class T, class G, class S> void sgd_update(T* w, const G* g, S* buf, int64_t n, const SgdArgs& a);
 template <class T> double sum_squares(const T* x, int64_t n);
 template <class T> void scale(T* x, int64_t n, float factor);
 

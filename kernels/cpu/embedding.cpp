@@ -12,14 +12,18 @@
 
 namespace multinorm::cpu {
 
+namespace {
+constexpr size_t kEmbeddingAccumulatorSlot = 12;  // Workspace slot (attention uses 1-10)
+}  // namespace
+
 template <class T>
 void embedding_forward(T* out, const int32_t* tokens, const T* wte, int64_t BT, int64_t C) {
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < BT; ++i) std::copy(wte + tokens[i] * C, wte + (tokens[i] + 1) * C, out + i * C);
 }
 
-template <class T>
-void embedding_backward(T* dwte, const T* dout, const int32_t* tokens, int64_t BT, int64_t C, Workspace& ws) {
+template <class T, class G>
+void embedding_backward(G* dwte, const T* dout, const int32_t* tokens, int64_t BT, int64_t C, Workspace& ws) {
   int32_t* order = ws.ints(2 * BT);
   int32_t* run_start = order + BT;
   std::iota(order, order + BT, 0);
@@ -27,14 +31,18 @@ void embedding_backward(T* dwte, const T* dout, const int32_t* tokens, int64_t B
   int64_t runs = 0;
   for (int64_t i = 0; i < BT; ++i)
     if (i == 0 || tokens[order[i]] != tokens[order[i - 1]]) run_start[runs++] = static_cast<int32_t>(i);
-  float* acc_all = ws.floats(static_cast<size_t>(C) * 256);  // one FP32 row per thread (<= 256 threads)
-#pragma omp parallel
-  {
-    float* acc = nullptr;
+  // One FP32 accumulator row per thread of the team below: the team is created with exactly
+  // `threads` threads, so thread ids index the rows without sharing (any thread count).
+  int threads = 1;
 #ifdef _OPENMP
-    acc = acc_all + static_cast<size_t>(omp_get_thread_num() % 256) * C;
-#else
-    acc = acc_all;
+  threads = omp_get_max_threads();
+#endif
+  float* acc_all = ws.floats(static_cast<size_t>(C) * threads, kEmbeddingAccumulatorSlot);
+#pragma omp parallel num_threads(threads)
+  {
+    float* acc = acc_all;
+#ifdef _OPENMP
+    acc += static_cast<size_t>(omp_get_thread_num()) * C;
 #endif
 #pragma omp for schedule(dynamic, 16)
     for (int64_t r = 0; r < runs; ++r) {
@@ -44,15 +52,17 @@ void embedding_backward(T* dwte, const T* dout, const int32_t* tokens, int64_t B
         const T* row = dout + static_cast<int64_t>(order[i]) * C;
         for (int64_t c = 0; c < C; ++c) acc[c] += to_f32(row[c]);
       }
-      T* drow = dwte + static_cast<int64_t>(tokens[order[begin]]) * C;
-      for (int64_t c = 0; c < C; ++c) drow[c] = from_f32<T>(to_f32(drow[c]) + acc[c]);
+      G* drow = dwte + static_cast<int64_t>(tokens[order[begin]]) * C;
+      for (int64_t c = 0; c < C; ++c) drow[c] = from_f32<G>(to_f32(drow[c]) + acc[c]);
     }
   }
 }
 
 template void embedding_forward<float>(float*, const int32_t*, const float*, int64_t, int64_t);
 template void embedding_forward<bf16>(bf16*, const int32_t*, const bf16*, int64_t, int64_t);
-template void embedding_backward<float>(float*, const float*, const int32_t*, int64_t, int64_t, Workspace&);
-template void embedding_backward<bf16>(bf16*, const bf16*, const int32_t*, int64_t, int64_t, Workspace&);
+// (activation gradient, weight gradient): FP32/FP32, BF16/BF16, BF16 into an FP32 gradient arena.
+template void embedding_backward<float, float>(float*, const float*, const int32_t*, int64_t, int64_t, Workspace&);
+template void embedding_backward<bf16, bf16>(bf16*, const bf16*, const int32_t*, int64_t, int64_t, Workspace&);
+template void embedding_backward<bf16, float>(float*, const bf16*, const int32_t*, int64_t, int64_t, Workspace&);
 
 }  // namespace multinorm::cpu

@@ -30,8 +30,8 @@ void rmsnorm_forward(T* out, float* rstd, const T* x, const T* w, int64_t N, int
   }
 }
 
-template <class T>
-void rmsnorm_backward(float* dx, T* dw, const float* dout, const T* x, const T* w, const float* rstd, int64_t N, int64_t C,
+template <class T, class G>
+void rmsnorm_backward(float* dx, G* dw, const float* dout, const T* x, const T* w, const float* rstd, int64_t N, int64_t C,
                       bool accumulate_dx, Workspace& ws) {
   const int64_t chunks = (N + kChunkRows - 1) / kChunkRows;
   float* partial = ws.floats(static_cast<size_t>(chunks) * C);
@@ -63,15 +63,18 @@ void rmsnorm_backward(float* dx, T* dw, const float* dout, const T* x, const T* 
   for (int64_t c = 0; c < C; ++c) {
     float s = 0.0f;
     for (int64_t k = 0; k < chunks; ++k) s += partial[k * C + c];
-    dw[c] = from_f32<T>(to_f32(dw[c]) + s);
+    dw[c] = from_f32<G>(to_f32(dw[c]) + s);
   }
 }
 
 template void rmsnorm_forward<float>(float*, float*, const float*, const float*, int64_t, int64_t, float);
 template void rmsnorm_forward<bf16>(bf16*, float*, const bf16*, const bf16*, int64_t, int64_t, float);
-template void rmsnorm_backward<float>(float*, float*, const float*, const float*, const float*, const float*, int64_t,
-                                      int64_t, bool, Workspace&);
-template void rmsnorm_backward<bf16>(float*, bf16*, const float*, const bf16*, const bf16*, const float*, int64_t,
-                                     int64_t, bool, Workspace&);
+// (activations and weights, weight gradient): FP32/FP32, BF16/BF16, BF16 with an FP32 gradient arena.
+template void rmsnorm_backward<float, float>(float*, float*, const float*, const float*, const float*, const float*,
+                                             int64_t, int64_t, bool, Workspace&);
+template void rmsnorm_backward<bf16, bf16>(float*, bf16*, const float*, const bf16*, const bf16*, const float*, int64_t,
+                                           int64_t, bool, Workspace&);
+template void rmsnorm_backward<bf16, float>(float*, float*, const float*, const bf16*, const bf16*, const float*,
+                                            int64_t, int64_t, bool, Workspace&);
 
 }  // namespace multinorm::cpu

@@ -21,8 +21,8 @@ constexpr int64_t kChunks = 64;
 enum Slot : size_t { kU = 20, kV, kPartial };
 }  // namespace
 
-template <class T>
-void sinkgd_update(T* w, const T* g, int64_t m, int64_t n, const SinkGDArgs& a, Workspace& ws) {
+template <class T, class G>
+void sinkgd_update(T* w, const G* g, int64_t m, int64_t n, const SinkGDArgs& a, Workspace& ws) {
   float* u = ws.floats(m, kU);
   float* v = ws.floats(n, kV);
   float* partial = ws.floats(kChunks * n, kPartial);
@@ -36,7 +36,7 @@ void sinkgd_update(T* w, const T* g, int64_t m, int64_t n, const SinkGDArgs& a, 
       std::fill(col, col + n, 0.0f);
       const int64_t end = std::min(m, (c + 1) * rows_per_chunk);
       for (int64_t i = c * rows_per_chunk; i < end; ++i) {
-        const T* gi = g + i * n;
+        const G* gi = g + i * n;
         float r = 0.0f;
 #pragma omp simd reduction(+ : r)
         for (int64_t j = 0; j < n; ++j) {
@@ -64,13 +64,15 @@ void sinkgd_update(T* w, const T* g, int64_t m, int64_t n, const SinkGDArgs& a, 
   for (int64_t i = 0; i < m; ++i) {
     const float lu = a.lr * u[i];
     T* wi = w + i * n;
-    const T* gi = g + i * n;
+    const G* gi = g + i * n;
     for (int64_t j = 0; j < n; ++j)
       wi[j] = write_weight<T>(to_f32(wi[j]) * keep - lu * to_f32(gi[j]) * v[j], a.write, static_cast<uint64_t>(i * n + j));
   }
 }
 
-template void sinkgd_update<float>(float*, const float*, int64_t, int64_t, const SinkGDArgs&, Workspace&);
-template void sinkgd_update<bf16>(bf16*, const bf16*, int64_t, int64_t, const SinkGDArgs&, Workspace&);
+// (weights, gradients): FP32/FP32, BF16/BF16 (the paper), BF16 weights with an FP32 gradient arena.
+template void sinkgd_update<float, float>(float*, const float*, int64_t, int64_t, const SinkGDArgs&, Workspace&);
+template void sinkgd_update<bf16, bf16>(bf16*, const bf16*, int64_t, int64_t, const SinkGDArgs&, Workspace&);
+template void sinkgd_update<bf16, float>(bf16*, const float*, int64_t, int64_t, const SinkGDArgs&, Workspace&);
 
 }  // namespace multinorm::cpu

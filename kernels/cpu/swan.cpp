@@ -1,33 +1,48 @@
 // SWAN: gradient normalisation then whitening, for W, G of shape [m, n]:
 //   X = sqrt(n) G_i / ||G_i||  per row   (or, SWAN paper's GradNorm: (G_i - mean) / std)
-//   U = sqrt(n) (X X^T)^(-1/2) X         (= sqrt(n) X (X^T X)^(-1/2) when m > n: the same polar
-//                                          factor, computed on the smaller Gram matrix, k = min(m, n))
+//   U = s (X X^T)^(-1/2) X     m <= n    (= s X (X^T X)^(-1/2) when m > n: the same polar factor,
+//                                         computed on the smaller Gram matrix, k = min(m, n))
+//   s = sqrt(max(m, n)), so ||U||_F = sqrt(m n) for either orientation (the paper's scaling: both
+//   normalised projections have Frobenius norm sqrt(mn); the polar factor alone has sqrt(min(m, n)))
 //   W <- W (1 - lr wd) - lr U
 // (A)^(-1/2), A the k x k Gram matrix, comes from the coupled Newton-Schulz iteration in FP32 on the
 // backend's GEMMs: Y0 = A / c, Z0 = I, T = (3I - Z Y) / 2, Y <- Y T, Z <- T Z, so Z -> (A / c)^(-1/2).
 // The iteration starts from c = 1.25 x a power-iteration estimate of the top eigenvalue.
 // Guards: A is regularised by 1e-6 ||A||_F I (FP32 rounding can make a rank-deficient Gram matrix
 // slightly indefinite, where the iteration diverges), and a non-finite result falls back to the
-// exact path. The exact path diagonalises A in FP64 (LAPACK dsyevd) and inverts the square roots of
-// eigenvalues above 1e-10 of the largest (a pseudo-inverse: null directions get no update).
+// exact path. The residual ||I - Z Y||_F / sqrt(k) after the last step is returned, so the caller
+// can report iterations that did not converge (they are never accepted silently).
+// The exact path is FP64 end to end: the Gram matrix (dsyrk), its eigendecomposition (dsyevd) and
+// U = Z X (dgemm), so singular directions down to ~1e-7 of the largest are whitened exactly (an FP32
+// Gram matrix holds them as rounding noise below ~3e-4). Eigenvalues below k * 1e-14 of the largest
+// (FP64 rounding noise of the Gram matrix is ~k * 1.1e-16 of it) are null directions: no update.
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "cpu_kernels.h"
 #include "matmul_onednn.h"
 #include "multinorm/error.h"
 
-extern "C" void dsyevd_(const char* jobz, const char* uplo, const int* n, double* a, const int* lda, double* w,
-                        double* work, const int* lwork, int* iwork, const int* liwork, int* info);
+extern "C" {
+void dsyevd_(const char* jobz, const char* uplo, const int* n, double* a, const int* lda, double* w, double* work,
+             const int* lwork, int* iwork, const int* liwork, int* info);
+void dsyrk_(const char* uplo, const char* trans, const int* n, const int* k, const double* alpha, const double* a,
+            const int* lda, const double* beta, double* c, const int* ldc);
+void dgemm_(const char* ta, const char* tb, const int* m, const int* n, const int* k, const double* alpha,
+            const double* a, const int* lda, const double* b, const int* ldb, const double* beta, double* c,
+            const int* ldc);
+}
 
 namespace multinorm::cpu {
 
 namespace {
 
-enum Slot : size_t { kX = 30, kA, kY, kZ, kP, kT, kU, kEig };
+enum Slot : size_t { kX = 30, kA, kY, kZ, kP, kT, kU, kEig, kXd, kAd, kBd, kUd };
 
 Buf f32(float* p) { return {p, DType::F32}; }
+double* doubles(Workspace& ws, int64_t n, size_t slot) { return reinterpret_cast<double*>(ws.floats(2 * n, slot)); }
 
 double frobenius(const float* a, int64_t n) {
   double s = 0;
@@ -35,40 +50,52 @@ double frobenius(const float* a, int64_t n) {
   return std::sqrt(s);
 }
 
-// out[k,k] = A^(-1/2) exactly (FP64 eigendecomposition).
-void inverse_sqrt_exact(float* out, const float* A, int64_t k, Workspace& ws) {
-  double* a = reinterpret_cast<double*>(ws.floats(2 * k * k + 2 * k, kEig));
-  double* lambda = a + k * k;
-  for (int64_t i = 0; i < k * k; ++i) a[i] = A[i];
-  const int n = static_cast<int>(k);
+// The exact path, FP64 throughout. X[m,n] row-major is, for column-major BLAS, M = X^T [n,m] (ld n).
+// Writes U = polar(X) (orthonormal rows when m <= n, columns when m > n) into Ud, row-major [m,n].
+void polar_exact(double* Ud, const float* X, int64_t m, int64_t n, Workspace& ws) {
+  const bool wide = m <= n;
+  const int64_t k = wide ? m : n;
+  double* M = doubles(ws, m * n, kXd);
+  double* A = doubles(ws, k * k + k, kAd);  // Gram matrix, then eigenvectors; eigenvalues after it
+  double* B = doubles(ws, k * k, kBd);      // Q diag(s), then Z = Q diag(s) Q^T
+  double* lambda = A + k * k;
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < m * n; ++i) M[i] = X[i];
+  const int ki = static_cast<int>(k), mi = static_cast<int>(m), ni = static_cast<int>(n);
+  const double one = 1.0, zero = 0.0;
+  // wide: A = X X^T = M^T M [m,m];  tall: A = X^T X = M M^T [n,n]. Upper triangle, column-major.
+  if (wide) dsyrk_("U", "T", &ki, &ni, &one, M, &ni, &zero, A, &ki);
+  else dsyrk_("U", "N", &ki, &mi, &one, M, &ni, &zero, A, &ki);
   int info = 0, lwork = -1, liwork = -1, iwork_query = 0;
   double work_query = 0;
-  dsyevd_("V", "U", &n, a, &n, lambda, &work_query, &lwork, &iwork_query, &liwork, &info);
+  dsyevd_("V", "U", &ki, A, &ki, lambda, &work_query, &lwork, &iwork_query, &liwork, &info);
   lwork = static_cast<int>(work_query);
   liwork = iwork_query;
-  std::vector<double> work(lwork);
+  std::vector<double> work(lwork);  // LAPACK's workspace: the exact path is not the hot path
   std::vector<int> iwork(liwork);
-  dsyevd_("V", "U", &n, a, &n, lambda, work.data(), &lwork, iwork.data(), &liwork, &info);
-  if (info != 0) throw Error("swan: dsyevd failed (info " + std::to_string(info) + ")");
-  // a holds eigenvectors as columns (column-major): a[j * k + i] = Q(i, j).
+  dsyevd_("V", "U", &ki, A, &ki, lambda, work.data(), &lwork, iwork.data(), &liwork, &info);
+  if (info != 0) throw Error("swan: dsyevd failed (info " + std::to_string(info) + ") on a " + std::to_string(k) + "^2 Gram matrix");
+  // A holds the eigenvectors as columns: A[j * k + i] = Q(i, j). Z = Q diag(s) Q^T (symmetric).
   double top = 0;
   for (int64_t j = 0; j < k; ++j) top = std::max(top, lambda[j]);
-  std::vector<double> s(k);
-  for (int64_t j = 0; j < k; ++j) s[j] = lambda[j] > 1e-10 * top ? 1.0 / std::sqrt(lambda[j]) : 0.0;
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < k; ++i)
-    for (int64_t l = 0; l < k; ++l) {
-      double acc = 0;
-      for (int64_t j = 0; j < k; ++j) acc += a[j * k + i] * s[j] * a[j * k + l];
-      out[i * k + l] = static_cast<float>(acc);
-    }
+  const double floor = 1e-14 * static_cast<double>(k) * top;
+  for (int64_t j = 0; j < k; ++j) {
+    const double s = lambda[j] > floor ? 1.0 / std::sqrt(lambda[j]) : 0.0;
+    for (int64_t i = 0; i < k; ++i) B[j * k + i] = A[j * k + i] * s;
+  }
+  double* Z = doubles(ws, k * k, kEig);
+  dgemm_("N", "T", &ki, &ki, &ki, &one, B, &ki, A, &ki, &zero, Z, &ki);
+  // wide: U = Z X, i.e. U^T = M Z [n,m];  tall: U = X Z, i.e. U^T = Z M [n,m]. U^T column-major is
+  // U row-major.
+  if (wide) dgemm_("N", "N", &ni, &mi, &mi, &one, M, &ni, Z, &mi, &zero, Ud, &ni);
+  else dgemm_("N", "N", &ni, &mi, &ni, &one, Z, &ni, M, &ni, &zero, Ud, &ni);
 }
 
 // A scale c with the eigenvalues of A / c in (0, 1.6): 1.25 x a power-iteration estimate of the
 // largest eigenvalue, capped by ||A||_F (which bounds it). ||A||_F alone can exceed the top
 // eigenvalue by sqrt(k), which costs Newton-Schulz several steps on the small eigenvalues.
 double spectral_scale(const float* A, int64_t k, Workspace& ws) {
-  double* x = reinterpret_cast<double*>(ws.floats(4 * k, kEig));
+  double* x = doubles(ws, 2 * k, kEig);
   double* y = x + k;
   for (int64_t i = 0; i < k; ++i) x[i] = 1.0 / std::sqrt(static_cast<double>(k)) * (1.0 + 0.01 * (i % 7));
   double lambda = 0;
@@ -90,9 +117,22 @@ double spectral_scale(const float* A, int64_t k, Workspace& ws) {
   return lambda > 0 ? std::min(frob, 1.25 * lambda) : frob;
 }
 
-// out[k,k] = A^(-1/2) by Newton-Schulz; false when the result is not finite.
-bool inverse_sqrt_newton_schulz(float* out, float* A, int64_t k, const SwanArgs& args, OneDnnMatmul& gemm,
-                                Workspace& ws) {
+// ||I - P||_F / sqrt(k), and (optionally) T = (3I - P) / 2.
+double residual(const float* P, int64_t k, float* T) {
+  double r2 = 0;
+  for (int64_t i = 0; i < k; ++i)
+    for (int64_t j = 0; j < k; ++j) {
+      const double p = P[i * k + j], eye = i == j ? 1.0 : 0.0;
+      r2 += (eye - p) * (eye - p);
+      if (T) T[i * k + j] = static_cast<float>(0.5 * (3.0 * eye - p));
+    }
+  return std::sqrt(r2 / static_cast<double>(k));
+}
+
+// out[k,k] = A^(-1/2) by Newton-Schulz. Returns the residual ||I - Z Y||_F / sqrt(k) of the final
+// iterate (NaN when the result is not finite).
+double inverse_sqrt_newton_schulz(float* out, float* A, int64_t k, const SwanArgs& args, OneDnnMatmul& gemm,
+                                  Workspace& ws) {
   float* Y = ws.floats(k * k, kY);
   float* P = ws.floats(k * k, kP);
   float* T = ws.floats(k * k, kT);
@@ -103,39 +143,39 @@ bool inverse_sqrt_newton_schulz(float* out, float* A, int64_t k, const SwanArgs&
   float* Z = out;
   std::memset(Z, 0, k * k * sizeof(float));
   for (int64_t i = 0; i < k; ++i) Z[i * k + i] = 1.0f;
+  double resid = -1;  // of the current (Y, Z); -1 until measured
   for (int s = 0; s < args.ns_steps; ++s) {
     gemm.run(f32(P), f32(Z), f32(Y), k, k, k, false, false, false);  // P = Z Y
-    double resid = 0;
-    for (int64_t i = 0; i < k; ++i)
-      for (int64_t j = 0; j < k; ++j) {
-        const double r = (i == j ? 1.0 : 0.0) - P[i * k + j];
-        resid += r * r;
-        T[i * k + j] = static_cast<float>(0.5 * ((i == j ? 3.0 : 0.0) - P[i * k + j]));
-      }
-    if (args.ns_tolerance > 0 && std::sqrt(resid / k) < args.ns_tolerance) break;
+    resid = residual(P, k, T);
+    if (args.ns_tolerance > 0 && resid < args.ns_tolerance) break;
     gemm.run(f32(P), f32(Y), f32(T), k, k, k, false, false, false);  // Y <- Y T
     std::memcpy(Y, P, k * k * sizeof(float));
     gemm.run(f32(P), f32(T), f32(Z), k, k, k, false, false, false);  // Z <- T Z
     std::memcpy(Z, P, k * k * sizeof(float));
+    resid = -1;
+  }
+  if (resid < 0) {  // every step ran: measure the final iterate
+    gemm.run(f32(P), f32(Z), f32(Y), k, k, k, false, false, false);
+    resid = residual(P, k, nullptr);
   }
   const float scale = static_cast<float>(1.0 / std::sqrt(c));
-  bool finite = true;
+  bool finite = std::isfinite(resid);
   for (int64_t i = 0; i < k * k; ++i) {
     Z[i] *= scale;
     finite = finite && std::isfinite(Z[i]);
   }
-  return finite;
+  return finite ? resid : std::numeric_limits<double>::quiet_NaN();
 }
 
 }  // namespace
 
-template <class T>
-void swan_update(T* w, const T* g, int64_t m, int64_t n, const SwanArgs& a, OneDnnMatmul& gemm, Workspace& ws) {
+template <class T, class G>
+SwanReport swan_update(T* w, const G* g, int64_t m, int64_t n, const SwanArgs& a, OneDnnMatmul& gemm, Workspace& ws) {
   float* X = ws.floats(m * n, kX);
   const float sqrt_n = std::sqrt(static_cast<float>(n));
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < m; ++i) {
-    const T* gi = g + i * n;
+    const G* gi = g + i * n;
     float* xi = X + i * n;
     if (a.standardize) {
       double mean = 0, var = 0;
@@ -151,29 +191,42 @@ void swan_update(T* w, const T* g, int64_t m, int64_t n, const SwanArgs& a, OneD
       for (int64_t j = 0; j < n; ++j) xi[j] = to_f32(gi[j]) * inv;
     }
   }
+  const float keep = 1.0f - a.lr * a.decoupled_decay;
+  const float step = a.lr * std::sqrt(static_cast<float>(std::max(m, n)));  // ||U||_F = sqrt(mn)
+  SwanReport report;
   const bool wide = m <= n;  // whiten rows (X X^T) or columns (X^T X)
   const int64_t k = wide ? m : n;
-  float* A = ws.floats(k * k, kA);
-  float* Zf = ws.floats(k * k, kZ);
-  float* U = ws.floats(m * n, kU);
-  if (wide) gemm.run(f32(A), f32(X), f32(X), m, m, n, false, true, false);   // A = X X^T
-  else gemm.run(f32(A), f32(X), f32(X), n, n, m, true, false, false);        // A = X^T X
-  if (a.exact || !inverse_sqrt_newton_schulz(Zf, A, k, a, gemm, ws)) {
-    if (!a.exact) {  // A was regularised in place: rebuild it
-      if (wide) gemm.run(f32(A), f32(X), f32(X), m, m, n, false, true, false);
-      else gemm.run(f32(A), f32(X), f32(X), n, n, m, true, false, false);
+  if (!a.exact) {
+    float* A = ws.floats(k * k, kA);
+    float* Zf = ws.floats(k * k, kZ);
+    float* U = ws.floats(m * n, kU);
+    if (wide) gemm.run(f32(A), f32(X), f32(X), m, m, n, false, true, false);  // A = X X^T
+    else gemm.run(f32(A), f32(X), f32(X), n, n, m, true, false, false);       // A = X^T X
+    report.residual = inverse_sqrt_newton_schulz(Zf, A, k, a, gemm, ws);
+    if (std::isfinite(report.residual)) {
+      if (wide) gemm.run(f32(U), f32(Zf), f32(X), m, n, m, false, false, false);  // U = Z X
+      else gemm.run(f32(U), f32(X), f32(Zf), m, n, n, false, false, false);       // U = X Z
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < m * n; ++i)
+        w[i] = write_weight<T>(to_f32(w[i]) * keep - step * U[i], a.write, static_cast<uint64_t>(i));
+      return report;
     }
-    inverse_sqrt_exact(Zf, A, k, ws);
+    report.fell_back = true;  // Newton-Schulz diverged: the exact path below
   }
-  if (wide) gemm.run(f32(U), f32(Zf), f32(X), m, n, m, false, false, false);  // U = Z X
-  else gemm.run(f32(U), f32(X), f32(Zf), m, n, n, false, false, false);       // U = X Z
-  const float keep = 1.0f - a.lr * a.decoupled_decay, step = a.lr * sqrt_n;
+  double* Ud = doubles(ws, m * n, kUd);
+  polar_exact(Ud, X, m, n, ws);
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < m * n; ++i)
-    w[i] = write_weight<T>(to_f32(w[i]) * keep - step * U[i], a.write, static_cast<uint64_t>(i));
+    w[i] = write_weight<T>(static_cast<float>(to_f32(w[i]) * keep - static_cast<double>(step) * Ud[i]), a.write,
+                           static_cast<uint64_t>(i));
+  return report;
 }
 
-template void swan_update<float>(float*, const float*, int64_t, int64_t, const SwanArgs&, OneDnnMatmul&, Workspace&);
-template void swan_update<bf16>(bf16*, const bf16*, int64_t, int64_t, const SwanArgs&, OneDnnMatmul&, Workspace&);
+#define MULTINORM_INSTANTIATE(T, G) \
+  template SwanReport swan_update<T, G>(T*, const G*, int64_t, int64_t, const SwanArgs&, OneDnnMatmul&, Workspace&);
+MULTINORM_INSTANTIATE(float, float)
+MULTINORM_INSTANTIATE(bf16, bf16)
+MULTINORM_INSTANTIATE(bf16, float)
+#undef MULTINORM_INSTANTIATE
 
 }  // namespace multinorm::cpu

@@ -2,6 +2,7 @@
 // the storage dtype to the templated kernel.
 #include <omp.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -19,6 +20,14 @@ template <class Fn>
 void with_type(DType t, Fn&& fn) {
   if (t == DType::BF16) fn(static_cast<bf16*>(nullptr));
   else fn(static_cast<float*>(nullptr));
+}
+// Calls fn(T*, G*) for a weight (or activation) dtype and a gradient dtype: the same dtype, or BF16
+// with an FP32 gradient arena (precision.grads = fp32).
+template <class Fn>
+void with_types(DType t, DType g, const char* op, Fn&& fn) {
+  if (t == g) return with_type(t, [&](auto* p) { fn(p, p); });
+  if (t == DType::BF16 && g == DType::F32) return fn(static_cast<bf16*>(nullptr), static_cast<float*>(nullptr));
+  throw Error(std::string(op) + ": " + dtype_name(g) + " gradients of " + dtype_name(t) + " weights are not supported");
 }
 template <class T>
 T* as(Buf b) {
@@ -69,10 +78,10 @@ class CpuBackend final : public Backend {
     });
   }
   void embedding_backward(Buf dwte, Buf dout, const int32_t* tokens, int64_t BT, int64_t C) override {
-    same_dtype({dwte, dout}, "embedding_backward");
-    with_type(dwte.dtype, [&](auto* t) {
+    with_types(dout.dtype, dwte.dtype, "embedding_backward", [&](auto* t, auto* g) {
       using T = std::remove_pointer_t<decltype(t)>;
-      cpu::embedding_backward(as<T>(dwte), as<T>(dout), tokens, BT, C, ws_);
+      using G = std::remove_pointer_t<decltype(g)>;
+      cpu::embedding_backward(as<G>(dwte), as<T>(dout), tokens, BT, C, ws_);
     });
   }
   void rmsnorm_forward(Buf out, float* rstd, Buf x, Buf w, int64_t N, int64_t C, float eps) override {
@@ -84,10 +93,11 @@ class CpuBackend final : public Backend {
   }
   void rmsnorm_backward(float* dx, Buf dw, const float* dout, Buf x, Buf w, const float* rstd, int64_t N, int64_t C,
                         bool accumulate_dx) override {
-    same_dtype({dw, x, w}, "rmsnorm_backward");
-    with_type(dw.dtype, [&](auto* t) {
+    same_dtype({x, w}, "rmsnorm_backward");
+    with_types(w.dtype, dw.dtype, "rmsnorm_backward", [&](auto* t, auto* g) {
       using T = std::remove_pointer_t<decltype(t)>;
-      cpu::rmsnorm_backward(dx, as<T>(dw), dout, as<T>(x), as<T>(w), rstd, N, C, accumulate_dx, ws_);
+      using G = std::remove_pointer_t<decltype(g)>;
+      cpu::rmsnorm_backward(dx, as<G>(dw), dout, as<T>(x), as<T>(w), rstd, N, C, accumulate_dx, ws_);
     });
   }
   void rope_forward(Buf qkv, const float* cs, int64_t B, int64_t T_, int64_t H, int64_t D) override {
@@ -142,42 +152,53 @@ class CpuBackend final : public Backend {
     with_type(x.dtype, [&](auto* t) { cpu::scale(as<std::remove_pointer_t<decltype(t)>>(x), n, factor); });
   }
   void sinkgd_update(Buf w, Buf g, int64_t m, int64_t n, const SinkGDArgs& args) override {
-    same_dtype({w, g}, "sinkgd_update");
-    with_type(w.dtype, [&](auto* t) {
+    with_types(w.dtype, g.dtype, "sinkgd_update", [&](auto* t, auto* gt) {
       using T = std::remove_pointer_t<decltype(t)>;
-      cpu::sinkgd_update(as<T>(w), as<T>(g), m, n, args, ws_);
+      using G = std::remove_pointer_t<decltype(gt)>;
+      cpu::sinkgd_update(as<T>(w), as<G>(g), m, n, args, ws_);
     });
   }
   void swan_update(Buf w, Buf g, int64_t m, int64_t n, const SwanArgs& args) override {
-    same_dtype({w, g}, "swan_update");
-    with_type(w.dtype, [&](auto* t) {
+    with_types(w.dtype, g.dtype, "swan_update", [&](auto* t, auto* gt) {
       using T = std::remove_pointer_t<decltype(t)>;
-      cpu::swan_update(as<T>(w), as<T>(g), m, n, args, gemm_, ws_);
+      using G = std::remove_pointer_t<decltype(gt)>;
+      const cpu::SwanReport r = cpu::swan_update(as<T>(w), as<G>(g), m, n, args, gemm_, ws_);
+      ++swan_.tensors;
+      swan_.worst_residual = std::max(swan_.worst_residual, r.residual);
+      if (r.fell_back) ++swan_.fallbacks;
+      if (!args.exact && args.ns_tolerance > 0 && !(r.residual < args.ns_tolerance)) ++swan_.unconverged;
     });
   }
   void adam_update(Buf w, Buf g, Buf m, Buf v, int64_t n, const AdamArgs& args) override {
-    same_dtype({w, g}, "adam_update");
     same_dtype({m, v}, "adam_update states");
-    with_type(w.dtype, [&](auto* t) {
+    with_types(w.dtype, g.dtype, "adam_update", [&](auto* t, auto* gt) {
       using T = std::remove_pointer_t<decltype(t)>;
+      using G = std::remove_pointer_t<decltype(gt)>;
       with_type(m.dtype, [&](auto* s) {
         using S = std::remove_pointer_t<decltype(s)>;
-        cpu::adam_update(as<T>(w), as<T>(g), as<S>(m), as<S>(v), n, args);
+        cpu::adam_update(as<T>(w), as<G>(g), as<S>(m), as<S>(v), n, args);
       });
     });
   }
   void sgd_update(Buf w, Buf g, Buf buf, int64_t n, const SgdArgs& args) override {
-    same_dtype({w, g}, "sgd_update");
-    with_type(w.dtype, [&](auto* t) {
+    with_types(w.dtype, g.dtype, "sgd_update", [&](auto* t, auto* gt) {
       using T = std::remove_pointer_t<decltype(t)>;
+      using G = std::remove_pointer_t<decltype(gt)>;
       with_type(buf.dtype, [&](auto* s) {
         using S = std::remove_pointer_t<decltype(s)>;
-        cpu::sgd_update(as<T>(w), as<T>(g), as<S>(buf), n, args);
+        cpu::sgd_update(as<T>(w), as<G>(g), as<S>(buf), n, args);
       });
     });
   }
 
+  SwanStats take_swan_stats() override {
+    const SwanStats s = swan_;
+    swan_ = {};
+    return s;
+  }
+
  private:
+  SwanStats swan_;
   int threads_;
   cpu::OneDnnMatmul gemm_;
   cpu::Workspace ws_;

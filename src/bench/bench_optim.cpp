@@ -76,8 +76,8 @@ void bench_optim(const OptimBenchOptions& o) {
     RunConfig run = base;
     run.optimizer.name = name;
     Optimizer opt(model, run);
-    opt.step(1);  // warm-up: workspace sizing, primitive creation
-    const double full = best_time(o.steps, [&] { opt.step(2); });
+    opt.step(1, 1);  // warm-up: workspace sizing, primitive creation
+    const double full = best_time(o.steps, [&] { opt.step(2, 2); });
     // The matrix parameters alone, through the same rule.
     auto rule = make_rule(name, run.optimizer);
     std::vector<void*> states;

@@ -75,6 +75,7 @@ void run_info(const InfoOptions& o) {
     j["training_memory"] = {{"optimizer", run.optimizer.name}, {"fallback", run.optimizer.fallback},
                             {"micro_batch", run.batch.micro_batch}, {"seq_len", run.batch.seq_len},
                             {"precision", dtype_name(run.precision.params)},
+                            {"grads_precision", dtype_name(run.precision.grads)},
                             {"weights_bytes", tm.weights}, {"grads_bytes", tm.grads}, {"states_bytes", tm.states},
                             {"activations_bytes", tm.activations}, {"activations_saved_bytes", plan.saved_bytes()},
                             {"total_bytes", tm.total()}};
@@ -103,10 +104,10 @@ void run_info(const InfoOptions& o) {
                 gib(r.total()), gib(r.matrix_state_bytes));
   std::printf("  (sinkgd and swan keep Adam states for embedding, norms and lm_head)\n\n");
 
-  std::printf("training memory of one rank: %s + %s, %s weights/grads/activations, %s states,\n"
+  std::printf("training memory of one rank: %s + %s, %s weights/activations, %s gradients, %s states,\n"
               "micro-batch %lld x seq %lld\n",
               run.optimizer.name.c_str(), run.optimizer.fallback.c_str(), dtype_name(run.precision.params),
-              dtype_name(run.precision.optimizer_states), (long long)run.batch.micro_batch, (long long)run.batch.seq_len);
+              dtype_name(run.precision.grads), dtype_name(run.precision.optimizer_states), (long long)run.batch.micro_batch, (long long)run.batch.seq_len);
   std::printf("  %-34s %10.3f GiB\n", "weights", gib(tm.weights));
   std::printf("  %-34s %10.3f GiB\n", "gradients", gib(tm.grads));
   std::printf("  %-34s %10.3f GiB\n", "optimizer states", gib(tm.states));

@@ -22,6 +22,9 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--set", overrides, "override a key, e.g. --set optimizer.lr=0.01 (repeatable)");
   cmd->add_flag("--resume", o.resume, "continue from the run directory's latest checkpoint (bit-exact)");
   cmd->add_flag("--skip-nonfinite", o.skip_nonfinite, "skip (and count) updates with a non-finite loss or gradient");
+  cmd->add_option("--max-consecutive-skips", o.max_consecutive_skips,
+                  "with --skip-nonfinite: stop after this many skipped updates in a row (default 3)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   cmd->add_option("--max-updates", o.max_updates, "stop after this update (with a checkpoint); the schedule is unchanged");
   cmd->add_flag("--quiet", o.quiet, "no progress output");
   cmd->callback([] {

@@ -58,7 +58,7 @@ const Schema& run_schema() {
       list("optimizer.matrix_params", default_matrix_params(), "name patterns of the parameters the matrix optimizer takes ('*' matches any characters)"),
       positive("optimizer.lr", 0.02, "peak learning rate of the schedule; fallback parameters use lr_t"),
       positive("optimizer.alpha", 0.05, "matrix parameters use lr_t * alpha when optimizer.name is sinkgd or swan"),
-      number("optimizer.weight_decay", 0.0, "decoupled weight decay (AdamW-style)", 0, 1),
+      number("optimizer.weight_decay", 0.0, "weight decay: decoupled (w *= 1 - lr wd) for sinkgd, swan, adamw and sgd; L2 (g += wd w) for adam, as torch.optim.Adam", 0, 1),
       number("optimizer.grad_clip", 0.0, "clip the global gradient norm to this value; 0 = off", 0),
       choice("optimizer.rounding", "nearest", {"nearest", "stochastic"}, "BF16 weight write-back: round to nearest even, or stochastic"),
       number("optimizer.momentum", 0.0, "sgd momentum; 0 = stateless", 0, 1),
@@ -69,8 +69,8 @@ const Schema& run_schema() {
       integer("optimizer.swan.ns_steps", 30, "Newton-Schulz iterations (an upper bound when ns_tolerance > 0); 10 leave square layers far from whitened", 1, 1000),
       number("optimizer.swan.ns_tolerance", 1e-4, "stop Newton-Schulz once ||I - Z Y||_F / sqrt(k) falls below; 0 = run every step", 0, 1),
       positive("optimizer.swan.eps", 1e-8, "floor on row norms and the Gram scaling", 1),
-      number("optimizer.adam.beta1", 0.9, "Adam first-moment decay", 0, 1),
-      number("optimizer.adam.beta2", 0.999, "Adam second-moment decay", 0, 1),
+      below("optimizer.adam.beta1", 0.9, "Adam first-moment decay (< 1: the bias correction divides by 1 - beta1^t)", 0, 1),
+      below("optimizer.adam.beta2", 0.999, "Adam second-moment decay (< 1: the bias correction divides by 1 - beta2^t)", 0, 1),
       positive("optimizer.adam.eps", 1e-8, "Adam epsilon, added to sqrt(v_hat)", 1),
       choice("schedule.kind", "cosine", {"cosine", "linear", "constant"}, "lr multiplier after the linear warmup: cosine or linear decay to min_lr_ratio, or constant"),
       integer("schedule.total_steps", 10000, "optimizer updates in the run", 1, kMaxInt),
@@ -83,7 +83,8 @@ const Schema& run_schema() {
       integer("eval.micro_batch", nullptr, "sequences per evaluation forward; unset: batch.micro_batch", 1, 1 << 20),
       integer("checkpoint.every", 1000, "write a checkpoint every N updates (and at the end); 0 = only at the end", 0, kMaxInt),
       integer("checkpoint.keep_last", 2, "checkpoints kept; older ones are deleted", 1, 1 << 20),
-      choice("precision.params", "bf16", {"bf16", "fp32"}, "storage of weights, gradients and activations (the paper: bf16); fp32 for verification"),
+      choice("precision.params", "bf16", {"bf16", "fp32"}, "storage of weights and activations (the paper: bf16); fp32 for verification"),
+      choice("precision.grads", "params", {"params", "fp32"}, "gradient arena: params (as the weights; bf16 rounds every partial sum of gradient accumulation, the paper's protocol) or fp32 (FP32 gradients with bf16 weights, as llm.c and torchtitan)"),
       choice("precision.optimizer_states", "bf16", {"bf16", "fp32"}, "storage of optimizer states (Adam m and v, SGD momentum)"),
       choice("backend", "auto", {"auto", "cpu", "cuda"}, "auto: CUDA when a GPU is usable, else the CPU"),
       integer("threads", 0, "CPU threads (OpenMP); 0 = all cores", 0, 4096),
@@ -179,6 +180,7 @@ RunConfig run_config_from_json(const json& doc_in, const std::string& source, co
   c.checkpoint.every = r["checkpoint"]["every"].get<int64_t>();
   c.checkpoint.keep_last = r["checkpoint"]["keep_last"].get<int64_t>();
   c.precision.params = parse_dtype(r["precision"]["params"].get<std::string>());
+  c.precision.grads = r["precision"]["grads"].get<std::string>() == "fp32" ? DType::F32 : c.precision.params;
   c.precision.optimizer_states = parse_dtype(r["precision"]["optimizer_states"].get<std::string>());
   c.backend = r["backend"].get<std::string>();
   c.threads = r["threads"].get<int64_t>();

@@ -51,9 +51,11 @@ std::string format_bound(double v) {
 
 std::string range_text(const SchemaKey& k) {
   const bool lo = std::isfinite(k.min), hi = std::isfinite(k.max);
-  if (lo && hi) return std::string(k.min_exclusive ? "(" : "[") + format_bound(k.min) + ", " + format_bound(k.max) + "]";
+  if (lo && hi)
+    return std::string(k.min_exclusive ? "(" : "[") + format_bound(k.min) + ", " + format_bound(k.max) +
+           (k.max_exclusive ? ")" : "]");
   if (lo) return std::string(k.min_exclusive ? "> " : ">= ") + format_bound(k.min);
-  if (hi) return "<= " + format_bound(k.max);
+  if (hi) return std::string(k.max_exclusive ? "< " : "<= ") + format_bound(k.max);
   return "";
 }
 
@@ -106,6 +108,12 @@ SchemaKey number(std::string path, json def, std::string doc, double min, double
   k.max = max;
   return k;
 }
+SchemaKey below(std::string path, json def, std::string doc, double min, double max) {
+  SchemaKey k = number(std::move(path), std::move(def), std::move(doc), min, max);
+  k.max_exclusive = true;
+  return k;
+}
+
 SchemaKey positive(std::string path, json def, std::string doc, double max) {
   SchemaKey k = number(std::move(path), std::move(def), std::move(doc), 0.0, max);
   k.min_exclusive = true;
@@ -230,7 +238,8 @@ void Schema::check_value(const SchemaKey& key, const json& v, const std::string&
   const double d = v.get<double>();
   if (!std::isfinite(d)) fail("a finite number");
   const bool below = key.min_exclusive ? !(d > key.min) : d < key.min;
-  if (below || d > key.max) fail(std::string(kind_name(key.kind)) + " " + range_text(key));
+  const bool above = key.max_exclusive ? !(d < key.max) : d > key.max;
+  if (below || above) fail(std::string(kind_name(key.kind)) + " " + range_text(key));
 }
 
 void Schema::walk(const json& node, const std::string& prefix, const std::string& source) const {

@@ -52,8 +52,12 @@ LlamaModel::Timer LlamaModel::time(Op op) {
 // Construction: the three arenas and their named views
 // ---------------------------------------------------------------------------------------------
 
-LlamaModel::LlamaModel(Backend& backend, const ModelConfig& config, DType dtype, int64_t max_batch, int64_t max_seq)
-    : be_(backend), cfg_(config), dtype_(dtype), max_batch_(max_batch), max_seq_(max_seq) {
+LlamaModel::LlamaModel(Backend& backend, const ModelConfig& config, DType dtype, int64_t max_batch, int64_t max_seq,
+                       DType grad_dtype)
+    : be_(backend), cfg_(config), dtype_(dtype), grad_dtype_(grad_dtype), max_batch_(max_batch), max_seq_(max_seq) {
+  if (grad_dtype_ != dtype_ && !(dtype_ == DType::BF16 && grad_dtype_ == DType::F32))
+    throw Error(std::string("model: ") + dtype_name(grad_dtype_) + " gradients of " + dtype_name(dtype_) +
+                " weights are not supported (FP32 gradients go with BF16 weights)");
   if (max_seq > cfg_.max_position_embeddings)
     throw Error("model: sequence length " + std::to_string(max_seq) + " exceeds max_position_embeddings " +
                 std::to_string(cfg_.max_position_embeddings));
@@ -61,7 +65,7 @@ LlamaModel::LlamaModel(Backend& backend, const ModelConfig& config, DType dtype,
   nparams_ = count_parameters(specs_);
   plan_ = plan_activations(cfg_, max_batch, max_seq, dtype);
   params_ = be_.allocate(nparams_ * dtype_bytes(dtype));
-  grads_ = be_.allocate(nparams_ * dtype_bytes(dtype));
+  grads_ = be_.allocate(nparams_ * dtype_bytes(grad_dtype_));
   acts_ = be_.allocate(plan_.bytes());
   const int64_t BT = max_batch * max_seq, D = cfg_.head_dim();
   tokens_ = static_cast<int32_t*>(be_.allocate(BT * 4));

@@ -43,7 +43,7 @@ TrainingMemory training_memory(const RunConfig& run) {
                                               dtype_bytes(run.precision.params), dtype_bytes(run.precision.optimizer_states));
   TrainingMemory t;
   t.weights = om.weight_bytes;
-  t.grads = om.weight_bytes;  // gradients are stored like the weights
+  t.grads = count_parameters(specs) * dtype_bytes(run.precision.grads);
   t.states = om.state_bytes;
   t.activations = plan_activations(run.model, run.batch.micro_batch, run.batch.seq_len, run.precision.params).bytes();
   return t;

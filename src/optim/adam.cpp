@@ -18,7 +18,7 @@ class Adam final : public TensorRule {
     a.beta2 = c_.adam.beta2;
     a.eps = static_cast<float>(c_.adam.eps);
     (decoupled_ ? a.decoupled_decay : a.l2_decay) = static_cast<float>(c_.weight_decay);
-    a.step = ctx.update;
+    a.step = ctx.applied;  // skipped updates do not advance the bias correction
     a.write = {ctx.stochastic, ctx.seed, static_cast<uint64_t>(ctx.update), ctx.tensor};
     be.adam_update(w, g, states[0], states[1], t.numel(), a);
   }

@@ -34,7 +34,7 @@ Optimizer::Optimizer(LlamaModel& model, const RunConfig& run)
 
 Optimizer::~Optimizer() { model_.backend().release(arena_); }
 
-StepStats Optimizer::step(int64_t update) {
+StepStats Optimizer::step(int64_t update, int64_t applied) {
   Backend& be = model_.backend();
   StepStats st;
   st.lr_multiplier = schedule_multiplier(run_.schedule, update);
@@ -54,11 +54,13 @@ StepStats Optimizer::step(int64_t update) {
     UpdateContext ctx;
     ctx.lr = static_cast<float>(assign_[i].matrix ? st.lr_matrix : st.lr_fallback);
     ctx.update = update;
+    ctx.applied = applied;
     ctx.seed = static_cast<uint64_t>(run_.seed);
     ctx.tensor = i;
     ctx.stochastic = run_.optimizer.rounding == "stochastic";
     rules_[i]->update(be, t, model_.param(t), model_.grad(t), states_[i].data(), ctx);
   }
+  st.swan = be.take_swan_stats();
   return st;
 }
 

@@ -3,7 +3,7 @@
 namespace multinorm {
 
 GradientAllReduce::GradientAllReduce(LlamaModel& model, Comm& comm) : model_(model), comm_(comm) {
-  if (comm_.size() > 1 && model_.dtype() != DType::F32) staging_ = model_.backend().allocate(model_.num_params() * 4);
+  if (comm_.size() > 1 && model_.grad_dtype() != DType::F32) staging_ = model_.backend().allocate(model_.num_params() * 4);
 }
 
 GradientAllReduce::~GradientAllReduce() {

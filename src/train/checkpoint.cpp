@@ -75,6 +75,7 @@ std::string write_checkpoint(const std::string& run_dir, const LlamaModel& model
   const std::vector<uint8_t> states = opt.states_to_host();
   write_text_file_atomic(tmp + "/optimizer.bin", std::string(states.begin(), states.end()));
   json ts = {{"step", state.step},       {"tokens_seen", state.tokens_seen},  {"skipped_updates", state.skipped},
+             {"skipped_in_a_row", state.skipped_in_a_row},
              {"cursor", state.cursor.to_json()}, {"fingerprint", state.fingerprint},
              {"optimizer_state_bytes", static_cast<int64_t>(states.size())}, {"param_dtype", dtype_name(model.dtype())}};
   write_text_file_atomic(tmp + "/trainer_state.json", ts.dump(2) + "\n");
@@ -94,6 +95,7 @@ TrainerState read_checkpoint(const std::string& dir, LlamaModel& model, Optimize
   st.step = ts.at("step").get<int64_t>();
   st.tokens_seen = ts.at("tokens_seen").get<int64_t>();
   st.skipped = ts.value("skipped_updates", int64_t{0});
+  st.skipped_in_a_row = ts.value("skipped_in_a_row", int64_t{0});
   st.cursor = LoaderCursor::from_json(ts.at("cursor"));
   st.fingerprint = ts.at("fingerprint").get<std::string>();
   if (opt) {

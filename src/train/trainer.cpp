@@ -133,7 +133,8 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
                       " exceeds batch.micro_batch " + std::to_string(run.batch.micro_batch));
 
   auto backend = make_cpu_backend(static_cast<int>(run.threads));
-  LlamaModel model(*backend, run.model, run.precision.params, run.batch.micro_batch, run.batch.seq_len);
+  LlamaModel model(*backend, run.model, run.precision.params, run.batch.micro_batch, run.batch.seq_len,
+                   run.precision.grads);
   if (run.model_init_from.empty()) model.init_random(static_cast<uint64_t>(run.seed));
   else load_hf_model(model, run.model_init_from);
   Optimizer optimizer(model, run);
@@ -165,10 +166,10 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
       run.name.c_str(), choice.reason.c_str(), comm_description(), (long long)model.num_params(), run.optimizer.name.c_str(),
       run.optimizer.fallback.c_str(), optimizer.state_bytes() / 1048576.0, optimizer.matrix_state_bytes() / 1048576.0);
   log("  %lld updates of %lld x %lld tokens (%lld micro-batches of %lld on each of %d rank(s)), loss normalisation %s, "
-      "%s weights\n",
+      "%s weights, %s gradients\n",
       (long long)run.schedule.total_steps, (long long)run.batch.global_batch, (long long)run.batch.seq_len,
       (long long)accum, (long long)run.batch.micro_batch, world, run.batch.loss_normalization.c_str(),
-      dtype_name(run.precision.params));
+      dtype_name(run.precision.params), dtype_name(run.precision.grads));
   std::ofstream metrics;  // rank 0's; the other ranks' stream stays closed and writes nothing
   if (comm.root()) metrics.open(run.output_dir + "/metrics.jsonl", std::ios::app);
   const bool tty = ::isatty(STDERR_FILENO) && !opt.quiet && comm.root();
@@ -197,6 +198,7 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
   const auto t_loop = Clock::now();
   const int64_t first = state.step + 1;
   int64_t tokens_this_run = 0;
+  int64_t swan_warnings = 0;  // updates whose Newton-Schulz did not converge
   for (int64_t k = first; k <= last; ++k) {
     const auto t_step = Clock::now();
     const double wait_before = loader.wait_seconds();
@@ -235,7 +237,7 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
     StepStats st;
     bool finite = std::isfinite(loss);
     if (finite) {
-      st = optimizer.step(k);
+      st = optimizer.step(k, k - state.skipped);
       finite = std::isfinite(st.grad_norm);
     }
     const double opt_s = since(t_opt);
@@ -245,8 +247,29 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
                     "; the last good checkpoint is " + (result.last_checkpoint.empty() ? existing : result.last_checkpoint) +
                     " (pass --skip-nonfinite to skip such updates)");
       ++state.skipped;
-      log("%supdate %lld: non-finite loss or gradient, skipped (%lld so far)\n", tty ? "\n" : "", (long long)k,
-          (long long)state.skipped);
+      ++state.skipped_in_a_row;
+      log("%supdate %lld: non-finite %s, skipped (%lld so far, %lld in a row)\n", tty ? "\n" : "", (long long)k,
+          std::isfinite(loss) ? "gradient norm" : "loss", (long long)state.skipped, (long long)state.skipped_in_a_row);
+      // Weights that went non-finite make every later update non-finite: stop instead of skipping
+      // to the end and reporting a complete run. The skipped updates were never applied.
+      if (state.skipped_in_a_row >= opt.max_consecutive_skips)
+        throw Error("update " + std::to_string(k) + ": " + std::to_string(state.skipped_in_a_row) +
+                    " consecutive non-finite updates (--max-consecutive-skips " +
+                    std::to_string(opt.max_consecutive_skips) + "); stopping. The last good checkpoint is " +
+                    (result.last_checkpoint.empty() ? (existing.empty() ? std::string("none") : existing)
+                                                    : result.last_checkpoint));
+    } else {
+      state.skipped_in_a_row = 0;
+    }
+    if (st.swan.tensors > 0 && st.swan.unconverged + st.swan.fallbacks > 0) {
+      ++swan_warnings;
+      if (swan_warnings == 1 || swan_warnings % 100 == 0)
+        log("%swarning: update %lld: SWAN's Newton-Schulz did not reach optimizer.swan.ns_tolerance %.1e in %lld "
+            "steps on %lld of %lld tensors (worst residual %.2e, %lld fell back to the exact path); %lld updates so far. "
+            "Raise optimizer.swan.ns_steps or use whitening=eigh.\n",
+            tty ? "\n" : "", (long long)k, run.optimizer.swan.ns_tolerance, (long long)run.optimizer.swan.ns_steps,
+            (long long)st.swan.unconverged, (long long)st.swan.tensors, st.swan.worst_residual,
+            (long long)st.swan.fallbacks, (long long)swan_warnings);
     }
     state.step = k;
     const int64_t raw = accum * world * run.batch.micro_batch * run.batch.seq_len;
@@ -263,6 +286,11 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
               {"forward_s", model.last_forward_seconds()}, {"backward_s", model.last_backward_seconds()},
               {"compute_s", compute_s},   {"optimizer_s", opt_s},
               {"data_wait_s", data_s},    {"rss_bytes", rss_bytes()}};
+    if (st.swan.tensors > 0) {
+      m["swan_ns_residual"] = st.swan.worst_residual;  // worst over the update's tensors
+      m["swan_ns_unconverged"] = st.swan.unconverged;
+      m["swan_exact_fallbacks"] = st.swan.fallbacks;
+    }
     metrics << m.dump() << "\n";
     const double elapsed = since(t_loop), eta = elapsed / (k - first + 1) * (last - k);
     if (tty) {
