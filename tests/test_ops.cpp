@@ -214,3 +214,131 @@ TEST(FastMath, ExpMatchesLibmToAFewUlps) {
   EXPECT_EQ(exp_f32(0.0f), 1.0f);
   EXPECT_TRUE(std::isfinite(exp_f32(1000.0f)));
 }
+
+// The embedding backward's per-thread FP32 accumulators with more threads than the 256 rows an
+// earlier version shared by thread id modulo 256: every token's row must be the exact sum.
+TEST(OpsThreads, EmbeddingBackwardWithMoreThreadsThanAccumulatorSlots) {
+  auto be = make_cpu_backend(300);
+  const int64_t V = 1200, C = 96, BT = 6000;
+  std::vector<int32_t> tokens(BT);
+  for (int64_t i = 0; i < BT; ++i) tokens[i] = static_cast<int32_t>((i * 7919) % V);
+  const Vec dout = random_vec(BT * C, 17);
+  DeviceBuffer DO(*be, dout, DType::F32), DW(*be, V * C, DType::F32);
+  int32_t* t = static_cast<int32_t*>(be->allocate(BT * 4));
+  be->to_device(t, tokens.data(), BT * 4);
+  be->embedding_backward(DW.buf(), DO.buf(), t, BT, C);
+  Vec expect(V * C, 0.0);
+  const Vec d = DO.get();
+  for (int64_t i = 0; i < BT; ++i)
+    for (int64_t c = 0; c < C; ++c) expect[tokens[i] * C + c] += d[i * C + c];
+  EXPECT_TRUE(close(DW.get(), expect, 1e-6));  // 5 FP32 additions per row; measured 9.8e-8
+  be->release(t);
+  make_cpu_backend(2);  // the other tests' thread count
+}
+
+// BF16 versions of the ops: inputs rounded to BF16, compared with the FP64 reference on those
+// rounded inputs. Outputs are rounded once to BF16 (relative 2^-9 = 2e-3); the bounds below are that
+// plus the intermediate roundings each op has, stated per op (measured worst in the comment).
+struct OpsBf16 : ::testing::Test {
+  std::unique_ptr<Backend> be = make_cpu_backend(2);
+  static constexpr DType bf = DType::BF16;
+};
+
+TEST_F(OpsBf16, RmsNorm) {
+  const int64_t N = 37, C = 13;
+  const double eps = 1e-5;
+  DeviceBuffer X(*be, random_vec(N * C, 4), bf), W(*be, random_vec(C, 5), bf), Y(*be, N * C, bf), R(*be, N, DType::F32),
+      DX(*be, N * C, DType::F32), DW(*be, C, bf), DY(*be, random_vec(N * C, 6), DType::F32);
+  const Vec x = X.get(), w = W.get(), dy = DY.get();
+  be->rmsnorm_forward(Y.buf(), R.f32(), X.buf(), W.buf(), N, C, static_cast<float>(eps));
+  EXPECT_TRUE(close(Y.get(), ref::rmsnorm(x, w.data(), N, C, eps), 4e-3));  // measured 1.4e-3
+  be->rmsnorm_backward(DX.f32(), DW.buf(), DY.f32(), X.buf(), W.buf(), R.f32(), N, C, false);
+  const Vec gx = numeric_grad([&](const Vec& v) { return dot(dy, ref::rmsnorm(v, w.data(), N, C, eps)); }, x);
+  const Vec gw = numeric_grad([&](const Vec& v) { return dot(dy, ref::rmsnorm(x, v.data(), N, C, eps)); }, w);
+  EXPECT_TRUE(close(DX.get(), gx, 1e-6));  // FP32 output from BF16 inputs; measured 3.3e-8
+  EXPECT_TRUE(close(DW.get(), gw, 4e-3));  // one BF16 rounding; measured 1.9e-3
+}
+
+TEST_F(OpsBf16, Rope) {
+  const int64_t B = 2, T = 5, H = 3, D = 6, C = H * D, N = B * T;
+  const double theta = 10000.0;
+  std::vector<float> cs(T * D);
+  for (int64_t p = 0; p < T; ++p)
+    for (int64_t i = 0; i < D / 2; ++i) {
+      cs[(p * D / 2 + i) * 2] = std::cos(p * std::pow(theta, -2.0 * i / D));
+      cs[(p * D / 2 + i) * 2 + 1] = std::sin(p * std::pow(theta, -2.0 * i / D));
+    }
+  DeviceBuffer CS(*be, Vec(cs.begin(), cs.end()), DType::F32), X(*be, random_vec(N * 3 * C, 7), bf);
+  const Vec x0 = X.get();
+  Vec expect = x0;
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t s = 0; s < 2; ++s)
+      for (int64_t h = 0; h < H; ++h) ref::rope(&expect[n * 3 * C + s * C + h * D], D, n % T, theta);
+  be->rope_forward(X.buf(), CS.f32(), B, T, H, D);
+  EXPECT_TRUE(close(X.get(), expect, 4e-3));  // measured 2.2e-3: one rounding
+  be->rope_backward(X.buf(), CS.f32(), B, T, H, D);  // the inverse rotation: back to the input
+  EXPECT_TRUE(close(X.get(), x0, 8e-3));              // two roundings; measured 2.3e-3
+}
+
+TEST_F(OpsBf16, Attention) {
+  const int64_t B = 2, T = 7, H = 2, D = 5, C = H * D, N = B * T;
+  DeviceBuffer QKV(*be, random_vec(N * 3 * C, 9), bf), O(*be, N * C, bf), LSE(*be, B * H * T, DType::F32),
+      DO(*be, random_vec(N * C, 10), bf), DQKV(*be, N * 3 * C, bf);
+  const Vec qkv = QKV.get(), dout = DO.get();
+  auto reference = [&](const Vec& x) {
+    Vec q, k, v;
+    split_qkv(x, N, C, q, k, v);
+    return ref::attention(q, k, v, B, T, H, D);
+  };
+  be->attention_forward(O.buf(), LSE.f32(), QKV.buf(), B, T, H, D);
+  // Probabilities are rounded to BF16 before P V (the GEMM's input): two roundings.
+  EXPECT_TRUE(close(O.get(), reference(qkv), 8e-3));  // measured 3.1e-3
+  be->attention_backward(DQKV.buf(), DO.buf(), QKV.buf(), O.buf(), LSE.f32(), B, T, H, D);
+  EXPECT_TRUE(close(DQKV.get(), numeric_grad([&](const Vec& v) { return dot(dout, reference(v)); }, qkv), 8e-3));  // measured 2.3e-3
+}
+
+TEST_F(OpsBf16, SwiGLU) {
+  const int64_t N = 5, F = 9;
+  DeviceBuffer GU(*be, random_vec(N * 2 * F, 11, 2.0), bf), Y(*be, N * F, bf), DY(*be, random_vec(N * F, 12), bf),
+      DGU(*be, N * 2 * F, bf);
+  const Vec gu = GU.get(), dy = DY.get();
+  auto reference = [&](const Vec& x) {
+    Vec y(N * F);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t f = 0; f < F; ++f) {
+        const double g = x[n * 2 * F + f], u = x[n * 2 * F + F + f];
+        y[n * F + f] = g / (1 + std::exp(-g)) * u;
+      }
+    return y;
+  };
+  be->swiglu_forward(Y.buf(), GU.buf(), N, F);
+  EXPECT_TRUE(close(Y.get(), reference(gu), 4e-3));  // measured 1.5e-3
+  be->swiglu_backward(DGU.buf(), DY.buf(), GU.buf(), N, F);
+  EXPECT_TRUE(close(DGU.get(), numeric_grad([&](const Vec& v) { return dot(dy, reference(v)); }, gu), 4e-3));  // measured 2.0e-3
+}
+
+TEST_F(OpsBf16, CrossEntropy) {
+  const int64_t N = 6, V = 11;
+  const float scale = 0.37f;
+  const Vec logits = random_vec(N * V, 13, 3.0);  // FP32 logits (the GEMM's output) ...
+  const std::vector<int32_t> targets = {3, 0, 10, 7, 7, 1};
+  const std::vector<uint8_t> mask = {1, 1, 0, 1, 0, 1};
+  auto reference = [&](const Vec& x, int64_t n) { return ref::cross_entropy(&x[n * V], V, targets[n]); };
+  DeviceBuffer L(*be, logits, DType::F32), LOSS(*be, N, DType::F32), DL(*be, N * V, bf);  // ... BF16 dlogits
+  int32_t* t = static_cast<int32_t*>(be->allocate(N * 4));
+  uint8_t* m = static_cast<uint8_t*>(be->allocate(N));
+  be->to_device(t, targets.data(), N * 4);
+  be->to_device(m, mask.data(), N);
+  be->cross_entropy(LOSS.f32(), DL.buf(), L.f32(), t, m, N, V, scale);
+  Vec expect_loss(N);
+  for (int64_t n = 0; n < N; ++n) expect_loss[n] = mask[n] ? reference(logits, n) : 0.0;
+  EXPECT_TRUE(close(LOSS.get(), expect_loss, 1e-6));  // the loss stays FP32; measured 4.6e-8
+  const Vec g = numeric_grad([&](const Vec& x) {
+    double s = 0;
+    for (int64_t n = 0; n < N; ++n) s += mask[n] ? reference(x, n) : 0.0;
+    return scale * s;
+  }, logits);
+  EXPECT_TRUE(close(DL.get(), g, 4e-3));  // measured 2.0e-3: one rounding
+  be->release(t);
+  be->release(m);
+}

@@ -94,6 +94,11 @@ inline ::testing::AssertionResult close(const Vec& actual, const Vec& expected, 
     const double e = std::fabs(actual[i] - expected[i]);
     if (!(e <= worst)) worst = e, at = i;
   }
+  // MULTINORM_TEST_ERRORS=1 prints every comparison's measured error, to set tolerances from.
+  if (std::getenv("MULTINORM_TEST_ERRORS"))
+    std::printf("[ measured ] %s: max error %.3g of scale %.3g = %.3g relative (bound %.3g)\n",
+                ::testing::UnitTest::GetInstance()->current_test_info()->name(), worst, scale,
+                scale > 0 ? worst / scale : worst, rtol);
   if (worst <= rtol * scale + atol) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << "max error " << worst << " at " << at << " (actual " << actual[at]
                                        << ", expected " << expected[at] << "), bound " << rtol * scale + atol

@@ -1,5 +1,7 @@
 #include "matmul_onednn.h"
 
+#include <cstdlib>
+#include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include "multinorm/error.h"
@@ -7,6 +9,18 @@
 namespace multinorm::cpu {
 
 namespace {
+// oneDNN 2.6 (Debian 12) dispatches BF16 GEMMs to AMX tiles on CPUs that report them (Sapphire
+// Rapids and later), and its AMX brgemm kernels die there with SIGILL (a tilezero executed with no
+// tile configuration loaded; seen on batched BF16 matmuls such as attention's). So it is capped at
+// AVX512_BF16 (vdpbf16ps), the ISA every figure in docs/ was measured with, before the first
+// primitive. ONEDNN_MAX_CPU_ISA, when set, decides instead (e.g. to try AMX with a newer oneDNN).
+void cap_onednn_isa() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (!std::getenv("ONEDNN_MAX_CPU_ISA") && !std::getenv("DNNL_MAX_CPU_ISA"))
+      dnnl::set_max_cpu_isa(dnnl::cpu_isa::avx512_core_bf16);
+  });
+}
 dnnl::memory::data_type dnnl_type(DType t) {
   return t == DType::BF16 ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32;
 }
@@ -22,7 +36,7 @@ struct OneDnnMatmul::Impl {
   std::unordered_map<std::string, Entry> cache;
 };
 
-OneDnnMatmul::OneDnnMatmul() : impl_(std::make_unique<Impl>()) {}
+OneDnnMatmul::OneDnnMatmul() : impl_((cap_onednn_isa(), std::make_unique<Impl>())) {}
 OneDnnMatmul::~OneDnnMatmul() = default;
 size_t OneDnnMatmul::cached_primitives() const { return impl_->cache.size(); }
 
