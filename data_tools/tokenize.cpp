@@ -35,14 +35,35 @@ std::string shard_name_for(const std::string& input) {
   return base + ".tok";
 }
 
-static bool complete_shard(const std::string& path) {
-  try {
-    read_shard_header(path);
-    return true;
-  } catch (const Error&) {
-    return false;
-  }
+namespace {
+
+struct InputStat {
+  uint64_t bytes = 0;
+  int64_t mtime_ns = 0;
+};
+InputStat stat_input(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) throw Error(path + ": cannot stat the input file");
+  return {static_cast<uint64_t>(st.st_size), static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
 }
+
+// How an existing complete shard differs from what this run would write ("" when it does not).
+std::string shard_difference(const ShardHeader& h, const TokenizeOptions& o, ShardLayout layout, uint64_t tokenizer_hash,
+                             const InputStat& in) {
+  std::string d;
+  auto add = [&](const std::string& s) { d += (d.empty() ? "" : "; ") + s; };
+  if (h.version < 2) return "written by an older multinorm that recorded no provenance";
+  if (h.layout != layout) add(std::string("layout ") + layout_name(h.layout) + ", asked " + layout_name(layout));
+  if (layout == ShardLayout::Rows && h.layout == layout && h.seq_len != static_cast<uint64_t>(o.seq_len))
+    add("seq_len " + std::to_string(h.seq_len) + ", asked " + std::to_string(o.seq_len));
+  if (h.tokenizer_hash != tokenizer_hash) add("made with another tokenizer than " + o.tokenizer);
+  if (h.input_bytes != in.bytes || h.input_mtime_ns != in.mtime_ns)
+    add("its input changed since (size " + std::to_string(h.input_bytes) + " -> " + std::to_string(in.bytes) +
+        (h.input_mtime_ns != in.mtime_ns ? ", modification time differs" : "") + ")");
+  return d;
+}
+
+}  // namespace
 
 namespace {
 
@@ -52,6 +73,7 @@ struct TokenizeJob {
   const Tokenizer& tok;
   ShardLayout layout;
   bool use_cache;
+  uint64_t tokenizer_hash;
   std::mutex mu;  // guards st and stderr reports
   TokenizeStats st;
 };
@@ -68,9 +90,11 @@ void tokenize_file(TokenizeJob& job, const std::string& in, const std::string& o
   std::vector<int8_t> status(kBatch);  // 0 ok, 1 empty, 2 malformed
   std::vector<size_t> raw_size(kBatch);
   TokenizeStats local;  // this file's counts, added to the run's at the end
+  const InputStat input = stat_input(in);  // before reading: a file changing meanwhile is not recorded as read
   C4Reader reader(in);
   ShardWriter writer(out, static_cast<uint32_t>(job.tok.vocab_size()), job.tok.eos_id(), job.tok.pad_id(), job.layout,
                      static_cast<uint32_t>(o.seq_len));
+  writer.set_provenance(job.tokenizer_hash, input.bytes, input.mtime_ns);
   while (true) {
     size_t n = 0;
     while (n < kBatch && reader.next_line(lines[n], line_no[n])) {
@@ -142,7 +166,8 @@ TokenizeStats tokenize_files(const TokenizeOptions& o) {
   const Tokenizer tok(o.tokenizer);
   if (tok.eos_id() < 0) throw Error(o.tokenizer + ": the tokenizer has no EOS piece");
   ::mkdir(o.out_dir.c_str(), 0755);
-  TokenizeJob job{o, tok, parse_layout(o.layout), o.word_cache && tok.word_cache_exact(), {}, {}};
+  TokenizeJob job{o, tok, parse_layout(o.layout), o.word_cache && tok.word_cache_exact(), file_fingerprint(o.tokenizer),
+                  {}, {}};
   if (!o.quiet)
     std::fprintf(stderr, "tokenize: word cache %s\n",
                  job.use_cache    ? "on (exact for this BPE model)"
@@ -150,14 +175,31 @@ TokenizeStats tokenize_files(const TokenizeOptions& o) {
                                 : "off (--no-word-cache)");
 
   std::vector<std::pair<std::string, std::string>> todo;  // (input, output) still to write
+  std::string stale;  // existing shards made from something else: refused unless --overwrite
   for (const auto& in : inputs) {
     const std::string out = o.out_dir + "/" + shard_name_for(in);
     job.st.outputs.push_back(out);
-    if (complete_shard(out))
-      ++job.st.skipped_files;
-    else
+    ShardHeader h;
+    try {
+      h = read_shard_header(out);
+    } catch (const Error&) {  // absent, or incomplete/corrupt: (re)written
       todo.emplace_back(in, out);
+      continue;
+    }
+    const std::string diff = shard_difference(h, o, job.layout, job.tokenizer_hash, stat_input(in));
+    if (diff.empty()) {
+      ++job.st.skipped_files;
+    } else if (o.overwrite) {
+      if (!o.quiet) std::fprintf(stderr, "tokenize: %s is stale (%s): rebuilding\n", out.c_str(), diff.c_str());
+      ++job.st.rebuilt_files;
+      todo.emplace_back(in, out);
+    } else {
+      stale += "\n  " + out + ": " + diff;
+    }
   }
+  if (!stale.empty())
+    throw Error("tokenize: " + o.out_dir + " holds shards made from other inputs or settings:" + stale +
+                "\npass --overwrite to rebuild them, or choose another --out directory");
   // Cores are shared between file workers (each decompresses and parses its file serially, and the
   // serial parts of one overlap with the encoding of another) and the document threads of each
   // worker: two threads per worker by default, one worker with every core when there is one file.

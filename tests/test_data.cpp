@@ -1,6 +1,8 @@
 // The data pipeline: C4 json.gz -> shards (round trip, truncation, EOS, padding, bad input),
 // the shard format's checks, and the loader (determinism, rank slices, resume, validation budget).
 #include <gtest/gtest.h>
+#include <sys/time.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <fstream>
@@ -82,6 +84,12 @@ TokenizeOptions tokenize_options(const std::string& inputs, const std::string& o
 }
 
 // Shards written directly with synthetic ids: row r of shard s starts with a unique id.
+// Recomputes a version 2 header's checksum after a test edited a field on purpose.
+void reseal_header(std::string& b) {
+  const uint32_t crc = static_cast<uint32_t>(::crc32(0L, reinterpret_cast<const Bytef*>(b.data()), 124));
+  std::memcpy(&b[124], &crc, 4);
+}
+
 std::vector<std::string> synthetic_shards(const TempDir& dir, int shards, int rows, ShardLayout layout, int seq_len) {
   std::vector<std::string> paths;
   std::mt19937 gen(3);
@@ -130,6 +138,51 @@ TEST(Tokenize, RowsRoundTripWithTruncationEosAndCounts) {
   const TokenizeStats again = tokenize_files(o);
   EXPECT_EQ(again.skipped_files, 1);
   EXPECT_EQ(again.files, 0);
+}
+
+// A shard made from another seq_len, layout, tokenizer or input is never reused silently: refused
+// naming the difference, or rebuilt with --overwrite.
+TEST(Tokenize, StaleShardsAreRefusedOrRebuilt) {
+  Fixture& f = fixture();
+  TempDir in, out;
+  const std::string input = in.path() + "/c4-train.00000-of-00001.json.gz";
+  std::string lines;
+  for (int i = 0; i < 20; ++i) lines += c4_line(f.texts[i], i);
+  write_gz(input, lines);
+  TokenizeOptions o = tokenize_options(input, out.path());
+  o.seq_len = 32;
+  tokenize_files(o);
+  const std::string shard = out.path() + "/c4-train.00000-of-00001.tok";
+  o.seq_len = 64;
+  expect_error([&] { tokenize_files(o); }, {shard, "seq_len 32, asked 64", "--overwrite"});
+  o.seq_len = 32;
+  o.layout = "stream";
+  expect_error([&] { tokenize_files(o); }, {shard, "layout rows, asked stream"});
+  o.layout = "rows";
+  write_gz(input, lines + c4_line(f.texts[20], 20));  // the input grew
+  expect_error([&] { tokenize_files(o); }, {shard, "its input changed"});
+  o.overwrite = true;
+  const TokenizeStats rebuilt = tokenize_files(o);
+  EXPECT_EQ(rebuilt.rebuilt_files, 1);
+  EXPECT_EQ(Shard(shard).header().num_docs, 21u);
+  o.overwrite = false;
+  EXPECT_EQ(tokenize_files(o).skipped_files, 1);  // now current: skipped
+  // A copy of the tokenizer is the same tokenizer; another model is not.
+  const std::string copy = in.path() + "/copy.model";
+  {
+    std::ifstream src(f.tokenizer, std::ios::binary);
+    std::ofstream dst(copy, std::ios::binary);
+    dst << src.rdbuf();
+  }
+  o.tokenizer = copy;
+  EXPECT_EQ(tokenize_files(o).skipped_files, 1);
+  TrainTokenizerOptions t;
+  t.inputs = f.dir.path() + "/c4-train.00000-of-00001.json.gz";
+  t.out_prefix = in.path() + "/other";
+  t.vocab_size = 320;
+  train_tokenizer(t);
+  o.tokenizer = t.out_prefix + ".model";
+  expect_error([&] { tokenize_files(o); }, {shard, "another tokenizer"});
 }
 
 TEST(Tokenize, StreamLayoutConcatenatesWithEos) {
@@ -222,6 +275,98 @@ TEST(Tokenize, FileWorkersWriteTheSameShardsAndStopOnABadFile) {
   EXPECT_FALSE(absent.good());
 }
 
+// Every corrupted copy of a valid shard is refused with an error naming the file: random byte flips
+// (header or data), truncations and appended bytes. Never a crash or a pass; opening without data
+// verification and reading every row never touches memory outside the file (run under ASan:
+// scripts/sanitize.sh).
+TEST(ShardFormat, FuzzedShardsAreAlwaysRefusedNeverCrash) {
+  TempDir dir;
+  for (ShardLayout layout : {ShardLayout::Rows, ShardLayout::Stream}) {
+    const auto paths = synthetic_shards(dir, 1, 12, layout, 16);
+    std::string bytes;
+    {
+      std::ifstream i(paths[0], std::ios::binary);
+      bytes.assign(std::istreambuf_iterator<char>(i), {});
+    }
+    std::mt19937 gen(layout == ShardLayout::Rows ? 11 : 12);
+    const std::string path = dir.path() + "/fuzz.tok";
+    for (int trial = 0; trial < 200; ++trial) {
+      std::string b = bytes;
+      const int kind = trial % 4;
+      if (kind == 0) b.resize(gen() % b.size());                            // truncated
+      else if (kind == 1) b += std::string(1 + gen() % 9, char(gen()));   // appended
+      else {                                                               // 1 to 3 bytes changed
+        const int flips = 1 + static_cast<int>(gen() % 3);
+        for (int f = 0; f < flips; ++f) {
+          // Half of the flips land in the 128-byte header, where a trusted field would do harm.
+          const size_t at = gen() % 2 ? gen() % kShardHeaderBytes : gen() % b.size();
+          b[at] = static_cast<char>(b[at] ^ (1 + gen() % 255));
+        }
+      }
+      if (b == bytes) continue;
+      std::ofstream(path, std::ios::binary | std::ios::trunc) << b;
+      ::unlink((path + ".verified").c_str());
+      expect_error([&] { Shard s(path, true); }, {"fuzz.tok"});
+      try {  // header-only open: either refused, or every row is readable inside the mapping
+        const Shard s(path, false);
+        uint64_t sum = 0;
+        if (s.header().layout == ShardLayout::Rows)
+          for (uint64_t r = 0; r < s.header().num_docs; ++r)
+            for (uint32_t t = 0; t < s.row_length(r); ++t) sum += s.token(s.row_start(r) + t);
+        else
+          for (uint64_t t = 0; t < s.header().num_tokens; ++t) sum += s.token(t);
+        EXPECT_GE(sum, 0u);
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("fuzz.tok"), std::string::npos) << e.what();
+      }
+    }
+  }
+}
+
+// Version 1 shards (no provenance, no header checksum) are still read.
+TEST(ShardFormat, Version1ShardsAreStillRead) {
+  TempDir dir;
+  const auto paths = synthetic_shards(dir, 1, 5, ShardLayout::Rows, 16);
+  std::string b;
+  {
+    std::ifstream i(paths[0], std::ios::binary);
+    b.assign(std::istreambuf_iterator<char>(i), {});
+  }
+  b[8] = 1;
+  std::memset(&b[76], 0, kShardHeaderBytes - 76);
+  const std::string v1 = dir.path() + "/v1.tok";
+  std::ofstream(v1, std::ios::binary) << b;
+  const Shard s(v1, true);
+  EXPECT_EQ(s.header().version, 1u);
+  EXPECT_EQ(s.header().num_docs, 5u);
+}
+
+// A start reads headers only; each shard's data is verified the first time the loader touches it,
+// unless a .verified record (written by the tokenizer and `data verify`) shows it unchanged.
+TEST(ShardFormat, DataIsVerifiedLazilyAndOnce) {
+  TempDir dir;
+  const auto paths = synthetic_shards(dir, 2, 10, ShardLayout::Rows, 16);
+  EXPECT_TRUE(Shard(paths[0], false).verification_recorded());  // the writer recorded it
+  // Corrupt shard 1's data (same size), then touch its mtime: the record no longer matches.
+  {
+    std::fstream f(paths[1], std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(200);
+    f.put('\x7f');
+  }
+  ::utimes(paths[1].c_str(), nullptr);
+  EXPECT_FALSE(Shard(paths[1], false).verification_recorded());
+  const auto set = std::make_shared<const ShardSet>(paths, 16, 5000);  // opening does not read the data
+  set->ensure_verified(0);
+  expect_error([&] { set->ensure_verified(1); }, {"s1.tok", "checksum mismatch"});
+  // The loader verifies before it reads: the corrupt shard stops the run, naming it.
+  LoaderOptions o;
+  o.micro_batch = 4;
+  o.shuffle_window = 1;
+  o.shuffle = false;
+  TrainLoader loader(set, o);
+  expect_error([&] { for (int i = 0; i < 10; ++i) loader.next(); }, {"s1.tok", "checksum mismatch"});
+}
+
 TEST(ShardFormat, CorruptShardsAreRefused) {
   TempDir dir;
   const auto paths = synthetic_shards(dir, 1, 20, ShardLayout::Rows, 16);
@@ -239,8 +384,11 @@ TEST(ShardFormat, CorruptShardsAreRefused) {
   b[0] = 'X';
   expect_error([&] { Shard(variant("magic.tok", b)); }, {"magic.tok", "wrong magic"});
   b = bytes;
-  b[8] = 2;
-  expect_error([&] { Shard(variant("version.tok", b)); }, {"version.tok", "format version 2"});
+  b[8] = 3;
+  expect_error([&] { Shard(variant("version.tok", b)); }, {"version.tok", "format version 3"});
+  b = bytes;
+  b[100] ^= 1;  // a reserved byte: only the header checksum sees it
+  expect_error([&] { Shard(variant("header.tok", b)); }, {"header.tok", "header checksum mismatch"});
   expect_error([&] { Shard(variant("cut.tok", bytes.substr(0, bytes.size() - 7))); }, {"cut.tok", "truncated"});
   expect_error([&] { Shard(variant("short.tok", bytes.substr(0, 50))); }, {"short.tok", "truncated"});
   b = bytes;
@@ -249,7 +397,13 @@ TEST(ShardFormat, CorruptShardsAreRefused) {
   b = bytes;
   const uint32_t small_vocab = 100;  // the header's vocabulary, below the stored ids
   std::memcpy(&b[16], &small_vocab, 4);
+  reseal_header(b);
   expect_error([&] { Shard(variant("vocab.tok", b)); }, {"vocab.tok", ">= vocab_size 100"});
+  b = bytes;
+  const uint64_t huge = uint64_t{1} << 62;  // a count whose byte size overflows 64 bits
+  std::memcpy(&b[48], &huge, 8);
+  reseal_header(b);
+  expect_error([&] { Shard(variant("count.tok", b)); }, {"count.tok", "token count", "does not fit"});
   expect_error([&] { ShardWriter w(dir.path() + "/w.tok", 10, 1, -1, ShardLayout::Rows, 8); w.add_document({3, 12}); },
                {"w.tok", "token id 12 outside the vocabulary of 10"});
 }

@@ -146,12 +146,25 @@ TEST(Trainer, NonFiniteUpdatesStopWithTheStepOrAreSkipped) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("update 2: non-finite"), std::string::npos) << e.what();
   }
+  // Skipping: the exploded weights make every later update non-finite, so the run stops after
+  // --max-consecutive-skips of them, naming the update, and is never reported complete.
   run.output_dir = dir.path() + "/skip";
   TrainOptions skip = quiet();
   skip.skip_nonfinite = true;
+  skip.max_consecutive_skips = 3;
+  try {
+    train(run, skip);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("update 4: 3 consecutive non-finite updates"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(std::ifstream(run.output_dir + "/result.json").good());
+  // A generous limit lets the run skip to its end: complete, with every skip counted.
+  run.output_dir = dir.path() + "/skip-all";
+  skip.max_consecutive_skips = 100;
   const TrainResult r = train(run, skip);
   EXPECT_EQ(r.updates, 8);
-  EXPECT_GE(r.skipped, 1);
+  EXPECT_EQ(r.skipped, 7);
 }
 
 TEST(Trainer, EvaluationMatchesAFreshEvaluationOfTheCheckpoint) {

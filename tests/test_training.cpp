@@ -120,6 +120,27 @@ TEST(OptimizerLayer, ClippingAndNonFiniteGradients) {
   EXPECT_EQ(model.params_to_host(), after);
 }
 
+// Adam's bias correction counts applied updates: update 7 after 6 skipped ones is Adam's first step.
+TEST(OptimizerLayer, SkippedUpdatesDoNotAdvanceAdamsBiasCorrection) {
+  json j = tiny_run("adam");
+  j["schedule"]["kind"] = "constant";
+  j["schedule"]["warmup_steps"] = 0;
+  const RunConfig run = run_config_from_json(j, "test");
+  auto be = make_cpu_backend(1);
+  const Corpus c(2, 8, 1);
+  auto weights_after = [&](int64_t update, int64_t applied) {
+    LlamaModel model(*be, run.model, DType::F32, 2, 8);
+    model.init_random(1);
+    model.forward_backward({c.tokens.data(), c.targets.data(), nullptr, 2, 8}, 1.0f);
+    Optimizer opt(model, run);
+    opt.step(update, applied);
+    return model.params_to_host();
+  };
+  const auto first = weights_after(1, 1);
+  EXPECT_EQ(weights_after(7, 1), first);  // bit-exact: the same Adam step
+  EXPECT_NE(weights_after(7, 7), first);  // t = 7 would scale m-hat and v-hat differently
+}
+
 TEST(OptimizerLayer, UnknownOptimizerAndVectorMatrixParamsAreErrors) {
   EXPECT_THROW(make_rule("lion", OptimizerConfig{}), ConfigError);
   json j = tiny_run("sinkgd");

@@ -17,11 +17,13 @@ struct TokenizeOptions {
   int threads = 0;       // cores to use (0: all)
   int file_workers = 0;  // files tokenized at once, sharing the cores (0: one per 2 cores)
   bool word_cache = true;  // memoise word encodings where exact (Tokenizer::word_cache_exact)
+  bool overwrite = false;  // rebuild shards made from other inputs or settings instead of refusing
   bool quiet = false;
 };
 
 struct TokenizeStats {
-  int64_t files = 0, skipped_files = 0;  // skipped: already complete (resumable)
+  int64_t files = 0, skipped_files = 0;  // skipped: already complete from the same input and settings
+  int64_t rebuilt_files = 0;             // stale shards rebuilt (--overwrite)
   int64_t documents = 0, empty = 0, malformed = 0, tokens = 0, truncated = 0;
   int64_t input_bytes = 0;  // compressed
   int64_t text_bytes = 0;

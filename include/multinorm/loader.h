@@ -44,9 +44,15 @@ struct Batch {
 };
 
 // The shards of one split and their sequences.
+// Opening a set reads each shard's header and row lengths only (sizes and fields checked); the data
+// of a shard is verified (checksum, token ids) the first time the loader touches it, in the loader's
+// thread, unless a `.verified` record shows it was verified unchanged before (`data verify`, or the
+// tokenizer that wrote it). A start on C4 therefore reads no shard in full.
 class ShardSet {
  public:
   ShardSet(const std::vector<std::string>& paths, int64_t seq_len, int64_t vocab_size);
+  // Verifies shard `s` once (thread-safe); Error naming the file when it is corrupt.
+  void ensure_verified(int64_t s) const;
   int64_t shards() const { return static_cast<int64_t>(shards_.size()); }
   int64_t sequences(int64_t shard) const;
   int64_t total_sequences() const;
@@ -57,6 +63,7 @@ class ShardSet {
 
  private:
   std::vector<Shard> shards_;
+  std::unique_ptr<std::once_flag[]> verified_;
   int64_t T_;
   int32_t filler_;
 };

@@ -118,7 +118,8 @@ void bench_model(const ModelBenchOptions& o) {
   std::string torch_mode = "not measured";
   if (o.torch != "off") {
     const std::string script = std::string(MULTINORM_SOURCE_DIR) + "/bench/torch_llama.py";
-    const std::string cmd = "/usr/bin/python3 " + script + " --config " + o.config + " --batch " + std::to_string(B) +
+    // PyTorch's bundled oneDNN is capped below AMX as ours is (its AMX kernels die with SIGILL here).
+    const std::string cmd = "ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 /usr/bin/python3 " + script + " --config " + o.config + " --batch " + std::to_string(B) +
                             " --seq " + std::to_string(T) + " --threads " + std::to_string(be->threads()) +
                             " --steps " + std::to_string(o.steps) + " 2>/dev/null";
     const std::string out = run_command(cmd);

@@ -33,6 +33,8 @@ void add_data_command(CLI::App& app) {
   tk->add_option("--max-bad-lines", k.max_bad_lines, "malformed records tolerated before failing");
   tk->add_option("--threads", k.threads, "threads (0: all cores)");
   tk->add_option("--file-workers", k.file_workers, "files tokenized at once, sharing the threads (0: one per 2 cores)");
+  tk->add_flag("--overwrite", k.overwrite,
+               "rebuild existing shards made from another input, tokenizer, layout or seq_len (default: refuse)");
   tk->add_flag("!--no-word-cache", k.word_cache,
                "encode every document whole with SentencePiece (the word cache gives the same ids, faster)");
   tk->callback([] {

@@ -23,8 +23,9 @@ LoaderCursor LoaderCursor::from_json(const json& j) {
 
 ShardSet::ShardSet(const std::vector<std::string>& paths, int64_t seq_len, int64_t vocab_size) : T_(seq_len) {
   if (paths.empty()) throw Error("data: no shards");
+  verified_.reset(new std::once_flag[paths.size()]);
   for (const auto& p : paths) {
-    shards_.emplace_back(p, true);
+    shards_.emplace_back(p, false);
     const ShardHeader& h = shards_.back().header();
     if (static_cast<int64_t>(h.vocab_size) > vocab_size)
       throw Error(p + ": tokenized with a vocabulary of " + std::to_string(h.vocab_size) + ", the model has " +
@@ -34,6 +35,13 @@ ShardSet::ShardSet(const std::vector<std::string>& paths, int64_t seq_len, int64
   }
   const ShardHeader& h = shards_.front().header();
   filler_ = h.pad_id >= 0 ? h.pad_id : std::max(h.eos_id, 0);
+}
+
+void ShardSet::ensure_verified(int64_t s) const {
+  std::call_once(verified_[s], [&] {  // an exception leaves the flag unset: the next touch retries
+    const Shard& sh = shards_[s];
+    if (!sh.verification_recorded()) sh.verify();
+  });
 }
 
 int64_t ShardSet::sequences(int64_t s) const {
@@ -118,8 +126,10 @@ void build_window(const ShardSet& d, const LoaderOptions& o, int64_t epoch, int6
   std::iota(order.begin(), order.end(), 0);
   if (o.shuffle) permute(order, mix(o.seed, static_cast<uint64_t>(epoch), 0x5ead5ULL));
   const int64_t w = std::max<int64_t>(o.shuffle_window, 1);
-  for (int64_t k = window * w; k < std::min<int64_t>(d.shards(), (window + 1) * w); ++k)
+  for (int64_t k = window * w; k < std::min<int64_t>(d.shards(), (window + 1) * w); ++k) {
+    d.ensure_verified(order[k]);  // first touch of this shard's data
     for (int64_t i = 0; i < d.sequences(order[k]); ++i) win.seqs.push_back({order[k], i});
+  }
   if (o.shuffle) permute(win.seqs, mix(o.seed, static_cast<uint64_t>(epoch), 0x10000ULL + static_cast<uint64_t>(window)));
 }
 
@@ -221,6 +231,7 @@ bool EvalLoader::next(Batch& b) {
   for (int64_t k = 0; k < B_ * world_; ++k) {
     while (shard_ < d.shards() && index_ >= d.sequences(shard_)) ++shard_, index_ = 0;
     if (shard_ >= d.shards()) break;
+    if (index_ == 0) d.ensure_verified(shard_);
     if (k / B_ == rank_) b.count += d.fill(shard_, index_, b, k % B_);
     b.global_count += d.targets(shard_, index_);
     ++index_;

@@ -9,13 +9,25 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <iterator>
+#include <vector>
 
 #include "multinorm/error.h"
+#include "multinorm/json_file.h"
 
 namespace multinorm {
 
 namespace {
 constexpr char kMagic[8] = {'M', 'N', 'S', 'H', 'A', 'R', 'D', '1'};
+constexpr uint32_t kHeaderCrcOffset = 124;  // version 2: CRC-32 of header bytes [0, 124)
+
+uint32_t crc_of(const uint8_t* p, uint64_t n) {
+  uint32_t crc = static_cast<uint32_t>(::crc32(0L, Z_NULL, 0));
+  for (uint64_t off = 0; off < n; off += (1u << 30))
+    crc = static_cast<uint32_t>(::crc32(crc, p + off, static_cast<uInt>(std::min<uint64_t>(1u << 30, n - off))));
+  return crc;
+}
 
 // Header fields at fixed offsets.
 void encode_header(const ShardHeader& h, uint8_t* out) {
@@ -36,8 +48,14 @@ void encode_header(const ShardHeader& h, uint8_t* out) {
   put64(56, h.tokens_offset);
   put64(64, h.lengths_offset);
   put32(72, h.crc32);
+  put64(80, h.tokenizer_hash);
+  put64(88, h.input_bytes);
+  put64(96, static_cast<uint64_t>(h.input_mtime_ns));
+  put32(kHeaderCrcOffset, crc_of(out, kHeaderCrcOffset));
 }
 
+// Every field is checked before the reader uses it, and against the file size: a corrupt header can
+// never send a read outside the file.
 ShardHeader decode_header(const uint8_t* in, uint64_t file_size, const std::string& path) {
   auto bad = [&](const std::string& why) { throw Error(path + ": not a valid multinorm shard: " + why); };
   if (file_size < kShardHeaderBytes) bad("shorter than its " + std::to_string(kShardHeaderBytes) + "-byte header (truncated?)");
@@ -46,7 +64,9 @@ ShardHeader decode_header(const uint8_t* in, uint64_t file_size, const std::stri
   auto get64 = [&](size_t off) { uint64_t v; std::memcpy(&v, in + off, 8); return v; };
   ShardHeader h;
   h.version = get32(8);
-  if (h.version != 1) bad("format version " + std::to_string(h.version) + ", this build reads version 1");
+  if (h.version != 1 && h.version != 2) bad("format version " + std::to_string(h.version) + ", this build reads versions 1 and 2");
+  if (h.version >= 2 && get32(kHeaderCrcOffset) != crc_of(in, kHeaderCrcOffset))
+    bad("header checksum mismatch (the header is corrupt)");
   if (get32(12) != kShardHeaderBytes) bad("header size " + std::to_string(get32(12)));
   h.vocab_size = get32(16);
   h.token_bytes = get32(20);
@@ -61,16 +81,61 @@ ShardHeader decode_header(const uint8_t* in, uint64_t file_size, const std::stri
   h.tokens_offset = get64(56);
   h.lengths_offset = get64(64);
   h.crc32 = get32(72);
+  if (h.version >= 2) {
+    h.tokenizer_hash = get64(80);
+    h.input_bytes = get64(88);
+    h.input_mtime_ns = static_cast<int64_t>(get64(96));
+  }
   if (h.token_bytes != 2 && h.token_bytes != 4) bad("token width " + std::to_string(h.token_bytes));
-  const uint64_t expect = kShardHeaderBytes + h.num_tokens * h.token_bytes +
-                          (h.layout == ShardLayout::Rows ? h.num_docs * 4 : 0);
+  if (h.vocab_size == 0 || (h.token_bytes == 2 && h.vocab_size > 65536)) bad("vocab size " + std::to_string(h.vocab_size));
+  for (const auto& [name, id] : {std::pair<const char*, int32_t>{"eos", h.eos_id}, {"pad", h.pad_id}})
+    if (id < -1 || id >= static_cast<int64_t>(h.vocab_size)) bad(std::string(name) + " id " + std::to_string(id));
   if (h.tokens_offset != kShardHeaderBytes) bad("tokens offset " + std::to_string(h.tokens_offset));
+  const uint64_t body = file_size - kShardHeaderBytes;
+  if (h.num_tokens > body / h.token_bytes)  // before any multiplication can overflow
+    bad("token count " + std::to_string(h.num_tokens) + " does not fit in a file of " + std::to_string(file_size) + " bytes (truncated or corrupt)");
+  const uint64_t token_end = kShardHeaderBytes + h.num_tokens * h.token_bytes;
+  uint64_t expect = token_end;
+  if (h.layout == ShardLayout::Rows) {
+    if (h.seq_len < 2) bad("rows layout with seq_len " + std::to_string(h.seq_len));
+    if (h.lengths_offset != token_end) bad("lengths offset " + std::to_string(h.lengths_offset) + ", expected " + std::to_string(token_end));
+    if (h.num_docs > (file_size - token_end) / 4)
+      bad("document count " + std::to_string(h.num_docs) + " does not fit in a file of " + std::to_string(file_size) + " bytes (truncated or corrupt)");
+    expect += h.num_docs * 4;
+  } else if (h.lengths_offset != 0) {
+    bad("stream layout with a lengths offset");
+  }
   if (file_size != expect)
     bad("size " + std::to_string(file_size) + " bytes, the header describes " + std::to_string(expect) +
         (file_size < expect ? " (truncated)" : ""));
   return h;
 }
+
+struct FileStat {
+  uint64_t size = 0;
+  int64_t mtime_ns = 0;
+};
+FileStat stat_file(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return {};
+  return {static_cast<uint64_t>(st.st_size), static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
+}
 }  // namespace
+
+uint64_t file_fingerprint(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) throw Error(path + ": cannot open: " + std::strerror(errno));
+  uint64_t h = 0xcbf29ce484222325ULL;
+  std::vector<uint8_t> buf(1 << 16);
+  while (true) {
+    const ssize_t n = ::read(fd, buf.data(), buf.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    for (ssize_t i = 0; i < n; ++i) h = (h ^ buf[static_cast<size_t>(i)]) * 0x100000001b3ULL;
+  }
+  ::close(fd);
+  return h;
+}
 
 const char* layout_name(ShardLayout l) { return l == ShardLayout::Rows ? "rows" : "stream"; }
 
@@ -101,6 +166,12 @@ ShardWriter::ShardWriter(const std::string& path, uint32_t vocab_size, int32_t e
 ShardWriter::~ShardWriter() {
   if (fd_ >= 0) ::close(fd_);
   if (!done_) ::unlink(tmp_.c_str());
+}
+
+void ShardWriter::set_provenance(uint64_t tokenizer_hash, uint64_t input_bytes, int64_t input_mtime_ns) {
+  h_.tokenizer_hash = tokenizer_hash;
+  h_.input_bytes = input_bytes;
+  h_.input_mtime_ns = input_mtime_ns;
 }
 
 void ShardWriter::write_tokens(const int32_t* ids, size_t n) {
@@ -153,6 +224,10 @@ void ShardWriter::finish() {
   fd_ = -1;
   if (std::rename(tmp_.c_str(), path_.c_str()) != 0) throw Error(path_ + ": rename failed: " + std::strerror(errno));
   done_ = true;
+  // Written and checksummed here: verified by construction, so recorded (see Shard::verify).
+  const FileStat f = stat_file(path_);
+  write_text_file_atomic(path_ + ".verified",
+                         json{{"size", f.size}, {"mtime_ns", f.mtime_ns}, {"crc32", h_.crc32}}.dump() + "\n");
 }
 
 ShardHeader read_shard_header(const std::string& path) {
@@ -167,7 +242,7 @@ ShardHeader read_shard_header(const std::string& path) {
   return decode_header(head, static_cast<uint64_t>(st.st_size), path);
 }
 
-Shard::Shard(const std::string& path, bool verify_checksum) : path_(path) {
+Shard::Shard(const std::string& path, bool verify_data) : path_(path) {
   const int fd = ::open(path.c_str(), O_RDONLY);
   if (fd < 0) throw Error(path + ": cannot open: " + std::strerror(errno));
   struct stat st {};
@@ -186,27 +261,48 @@ Shard::Shard(const std::string& path, bool verify_checksum) : path_(path) {
   const uint8_t* base = static_cast<const uint8_t*>(map_);
   h_ = decode_header(base, size_, path);
   tokens_ = base + h_.tokens_offset;
-  if (verify_checksum) {
-    uint32_t crc = static_cast<uint32_t>(::crc32(0L, Z_NULL, 0));
-    for (uint64_t off = 0; off < size_ - kShardHeaderBytes; off += (1u << 30))
-      crc = static_cast<uint32_t>(::crc32(crc, base + kShardHeaderBytes + off,
-                                          static_cast<uInt>(std::min<uint64_t>(1u << 30, size_ - kShardHeaderBytes - off))));
-    if (crc != h_.crc32) throw Error(path + ": checksum mismatch (the file is corrupt)");
-    uint32_t top = 0;
-    for (uint64_t i = 0; i < h_.num_tokens; ++i) top = std::max(top, token(i));
-    if (h_.num_tokens && top >= h_.vocab_size)
-      throw Error(path + ": token id " + std::to_string(top) + " >= vocab_size " + std::to_string(h_.vocab_size));
-  }
-  if (h_.layout == ShardLayout::Rows) {
+  if (h_.layout == ShardLayout::Rows) {  // the header placed the lengths inside the file
     lengths_ = reinterpret_cast<const uint32_t*>(base + h_.lengths_offset);
     starts_.resize(h_.num_docs);
     uint64_t s = 0;
     for (uint64_t i = 0; i < h_.num_docs; ++i) {
+      if (lengths_[i] == 0 || lengths_[i] > h_.seq_len)
+        throw Error(path + ": row " + std::to_string(i) + " has length " + std::to_string(lengths_[i]) +
+                    " (rows hold 1 to seq_len " + std::to_string(h_.seq_len) + " tokens): the file is corrupt");
       starts_[i] = s;
       s += lengths_[i];
     }
     if (s != h_.num_tokens) throw Error(path + ": row lengths sum to " + std::to_string(s) + ", not " + std::to_string(h_.num_tokens));
   }
+  if (verify_data) verify();
+}
+
+void Shard::verify() const {
+  const uint8_t* base = static_cast<const uint8_t*>(map_);
+  if (crc_of(base + kShardHeaderBytes, size_ - kShardHeaderBytes) != h_.crc32)
+    throw Error(path_ + ": checksum mismatch (the file is corrupt)");
+  uint32_t top = 0;
+  for (uint64_t i = 0; i < h_.num_tokens; ++i) top = std::max(top, token(i));
+  if (h_.num_tokens && top >= h_.vocab_size)
+    throw Error(path_ + ": token id " + std::to_string(top) + " >= vocab_size " + std::to_string(h_.vocab_size));
+  // The record is best effort: a read-only data directory just means verifying again next time.
+  const FileStat f = stat_file(path_);
+  const json rec = {{"size", f.size}, {"mtime_ns", f.mtime_ns}, {"crc32", h_.crc32}};
+  try {
+    write_text_file_atomic(path_ + ".verified", rec.dump() + "\n");
+  } catch (const Error&) {
+  }
+}
+
+bool Shard::verification_recorded() const {
+  std::ifstream in(path_ + ".verified");
+  if (!in) return false;
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const json rec = json::parse(text, nullptr, false);
+  if (!rec.is_object()) return false;
+  const FileStat f = stat_file(path_);
+  return rec.value("size", uint64_t{0}) == f.size && rec.value("mtime_ns", int64_t{-1}) == f.mtime_ns &&
+         rec.value("crc32", uint64_t{1} << 40) == h_.crc32;
 }
 
 Shard::Shard(Shard&& o) noexcept
