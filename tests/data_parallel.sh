@@ -58,4 +58,14 @@ if "${mpi[@]}" "$bin" train -c run.json --set output_dir=bad --set batch.global_
 fi
 grep -q "batch.global_batch 12 is not a multiple of batch.micro_batch x ranks = 4 x 2" err.txt
 passes=$((passes + 1))
+# Another MPI's launcher (MPICH's Hydra sets PMI_SIZE; Slurm's srun SLURM_STEP_NUM_TASKS) starts
+# singletons: each would be "rank 0 of 1" writing the same run directory. Refused, naming the variable.
+for var in PMI_SIZE SLURM_STEP_NUM_TASKS; do
+  if env "$var=2" "$bin" train -c run.json --set output_dir=lone --quiet 2> err.txt; then
+    echo "FAIL: $var=2 with one MPI rank was accepted"; exit 1
+  fi
+  grep -q "the launcher says 2 ranks ($var), but MPI sees 1" err.txt || { cat err.txt; exit 1; }
+  test ! -e lone/checkpoints
+done
+passes=$((passes + 1))
 echo "data_parallel: $passes passed, 0 failed"

@@ -1,6 +1,10 @@
 // Backend selection on a machine without a GPU: the binary runs and falls back to the CPU.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
+#include "multinorm/comm.h"
+
 #include "multinorm/device.h"
 #include "multinorm/error.h"
 
@@ -33,3 +37,18 @@ TEST(Device, PluginBuiltIsFoundAndLoaded) {
   }
 }
 #endif
+
+// The launchers' world-size variables are read (the communicator refuses to start as a lone rank 0
+// when they say several ranks: tests/data_parallel.sh runs that end to end).
+TEST(Launcher, WorldSizeFromTheCommonLaunchers) {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS", "MPI_LOCALNRANKS"})
+    ::unsetenv(v);
+  EXPECT_EQ(multinorm::launcher_world().size, 0);
+  for (const char* v : {"PMI_SIZE", "SLURM_STEP_NUM_TASKS", "MV2_COMM_WORLD_SIZE"}) {
+    ::setenv(v, "8", 1);
+    const auto w = multinorm::launcher_world();
+    EXPECT_EQ(w.variable, v);
+    EXPECT_EQ(w.size, 8);
+    ::unsetenv(v);
+  }
+}

@@ -4,8 +4,18 @@
 // is identical on all ranks), so their results are identical on every rank.
 #pragma once
 #include <cstdint>
+#include <string>
 
 namespace multinorm {
+
+// The world size a launcher announced in the environment (Open MPI, MPICH/Intel MPI's PMI, MVAPICH,
+// Slurm's srun), or {"", 0} when none did. The communicator refuses to start when it cannot be that
+// many ranks (a build without MPI, or another MPI's launcher), instead of running N lone rank 0s.
+struct LauncherWorld {
+  std::string variable;
+  int size = 0;
+};
+LauncherWorld launcher_world();
 
 class Comm {
  public:

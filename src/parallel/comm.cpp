@@ -9,18 +9,18 @@
 
 #ifdef MULTINORM_HAVE_MPI
 #include <mpi.h>
+#ifdef OPEN_MPI
+#define MPI_VERSION_TEXT "Open MPI"
+#else
+#define MPI_VERSION_TEXT "not Open MPI"
+#endif
 #endif
 
 namespace multinorm {
 
 namespace {
 
-// Set by Open MPI's, MPICH's and Slurm's launchers: the process is one rank of several.
-bool launched_by_mpi() {
-  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"})
-    if (std::getenv(v)) return true;
-  return false;
-}
+bool launched_by_mpi() { return !launcher_world().variable.empty() || std::getenv("PMIX_RANK"); }
 
 #ifdef MULTINORM_HAVE_MPI
 void check(int rc, const char* what) {
@@ -68,7 +68,18 @@ void sum_over_ranks(T* x, int64_t n, int ranks) {
 
 }  // namespace
 
+LauncherWorld launcher_world() {
+  // Open MPI's mpirun, MPICH/Intel MPI's Hydra (PMI), MVAPICH, Slurm's srun (a step of several tasks).
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS", "MPI_LOCALNRANKS"})
+    if (const char* s = std::getenv(v)) {
+      const int n = std::atoi(s);
+      if (n >= 1) return {v, n};
+    }
+  return {};
+}
+
 Comm::Comm() {
+  const LauncherWorld launcher = launcher_world();
   if (!launched_by_mpi()) return;
 #ifdef MULTINORM_HAVE_MPI
   int provided = 0;
@@ -77,10 +88,17 @@ Comm::Comm() {
   std::atexit(finalize_at_exit);
   check(MPI_Comm_rank(MPI_COMM_WORLD, &rank_), "MPI_Comm_rank");
   check(MPI_Comm_size(MPI_COMM_WORLD, &size_), "MPI_Comm_size");
+  // A launcher of another MPI (e.g. MPICH's mpiexec for an Open MPI build) starts N singletons, each
+  // "rank 0 of 1", that would all write the same run directory.
+  if (launcher.size > 1 && size_ != launcher.size)
+    throw Error("the launcher says " + std::to_string(launcher.size) + " ranks (" + launcher.variable + "), but MPI sees " +
+                std::to_string(size_) + ": launched with another MPI than the one multinorm was built with? Use that "
+                "MPI's mpirun (this build: " + MPI_VERSION_TEXT + ")");
 #else
-  if (std::getenv("OMPI_COMM_WORLD_SIZE") && std::atoi(std::getenv("OMPI_COMM_WORLD_SIZE")) > 1)
-    throw Error("started by an MPI launcher, but this multinorm was built without MPI "
-                "(apt-get install libopenmpi-dev, then rebuild with -DMULTINORM_WITH_MPI=ON)");
+  if (launcher.size > 1)
+    throw Error("started as one of " + std::to_string(launcher.size) + " ranks (" + launcher.variable +
+                "), but this multinorm was built without MPI: every process would train alone as rank 0 and write "
+                "the same run directory. Install libopenmpi-dev and rebuild with -DMULTINORM_WITH_MPI=ON");
 #endif
 }
 
