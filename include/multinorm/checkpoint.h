@@ -24,16 +24,32 @@ struct TrainerState {
 };
 
 // The parts of a run config a checkpoint must agree with to be resumed (model, batch, optimizer,
-// precision, data layout, seed), as a stable string.
+// schedule, precision, data layout, seed), as a stable string. Left out: what does not change the
+// run's math, such as batch.micro_batch under token_mean loss normalisation (the same sequences make
+// each update, only grouped differently); under micro_batch_mean it weighs tokens differently, so
+// it stays in.
 std::string config_fingerprint(const RunConfig& run);
+
+// "optimizer.lr: 0.02 -> 0.01" lines for every leaf that differs between two fingerprints (a key
+// absent from the older one, written by an earlier multinorm, is not compared).
+std::vector<std::string> fingerprint_diff(const std::string& stored, const std::string& current);
+
+// The run config a checkpoint was written with: its own run_config.json, or (checkpoints of earlier
+// versions) the run directory's config.json two levels up. Error naming both when neither exists.
+std::string checkpoint_run_config_path(const std::string& checkpoint_dir);
 
 // Names of the complete checkpoint directories under `root` (step_NNNNNNNN, no suffix), oldest first.
 std::vector<std::string> checkpoint_dirs(const std::string& root);
 
 // "step_00000300": the directory name of update `step`'s checkpoint under run_dir/checkpoints.
 std::string checkpoint_name(int64_t step);
+// A self-sufficient directory: model.safetensors + config.json (Hugging Face), optimizer.bin,
+// trainer_state.json and run_config.json (the resolved run config), published atomically.
 std::string write_checkpoint(const std::string& run_dir, const LlamaModel& model, const Optimizer& opt,
-                             const TrainerState& state, int64_t keep_last);
-TrainerState read_checkpoint(const std::string& dir, LlamaModel& model, Optimizer* opt, const RunConfig& run);
+                             const TrainerState& state, int64_t keep_last, const RunConfig& run);
+// With `opt` (resume): refuses a checkpoint whose fingerprint differs from `run`'s, listing the
+// differences, unless `allow_config_change`, which prints them and goes on.
+TrainerState read_checkpoint(const std::string& dir, LlamaModel& model, Optimizer* opt, const RunConfig& run,
+                             bool allow_config_change = false);
 
 }  // namespace multinorm

@@ -14,6 +14,7 @@ namespace multinorm {
 
 struct TrainOptions {
   bool resume = false;
+  bool allow_config_change = false;  // with resume: accept a changed schedule, optimizer, ... (printed)
   bool skip_nonfinite = false;
   int64_t max_consecutive_skips = 3;  // with skip_nonfinite: stop after this many skipped updates in a row
   int64_t max_updates = -1;  // stop (with a checkpoint) after this update, schedule unchanged; -1: total_steps

@@ -30,8 +30,8 @@ void add_generate_command(CLI::App& app) {
   cmd->callback([] {
     std::string dir = checkpoint;
     if (!latest_checkpoint(dir).empty()) dir = latest_checkpoint(dir);
-    const std::string run_dir = dir + "/../..";
-    const RunConfig run = run_config_from_json(read_json_file(run_dir + "/config.json"), run_dir + "/config.json");
+    const std::string config = checkpoint_run_config_path(dir);  // the checkpoint's own, self-sufficient
+    const RunConfig run = run_config_from_json(read_json_file(config), config);
     const Tokenizer tok(tokenizer_path.empty() ? run.data.tokenizer : tokenizer_path);
     const int64_t T = run.batch.seq_len, V = run.model.vocab_size;
     auto be = make_cpu_backend(static_cast<int>(run.threads));

@@ -21,6 +21,9 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--config,-c", path, "run config (JSON)")->required();
   cmd->add_option("--set", overrides, "override a key, e.g. --set optimizer.lr=0.01 (repeatable)");
   cmd->add_flag("--resume", o.resume, "continue from the run directory's latest checkpoint (bit-exact)");
+  cmd->add_flag("--allow-config-change", o.allow_config_change,
+                "with --resume: accept a config that differs from the checkpoint's (schedule length, lr, ...), "
+                "printing the differences");
   cmd->add_flag("--skip-nonfinite", o.skip_nonfinite, "skip (and count) updates with a non-finite loss or gradient");
   cmd->add_option("--max-consecutive-skips", o.max_consecutive_skips,
                   "with --skip-nonfinite: stop after this many skipped updates in a row (default 3)")
@@ -54,8 +57,8 @@ void add_train_command(CLI::App& app) {
   ev->callback([] {
     std::string dir = checkpoint;
     if (!latest_checkpoint(dir).empty()) dir = latest_checkpoint(dir);  // a run directory
-    const std::string run_dir = dir + "/../..";
-    const RunConfig run = run_config_from_json(read_json_file(run_dir + "/config.json"), run_dir + "/config.json");
+    const std::string config = checkpoint_run_config_path(dir);  // the checkpoint's own, self-sufficient
+    const RunConfig run = run_config_from_json(read_json_file(config), config);
     auto be = make_cpu_backend(static_cast<int>(run.threads));
     LlamaModel model(*be, run.model, run.precision.params, run.eval.micro_batch, run.batch.seq_len);
     const TrainerState st = read_checkpoint(dir, model, nullptr, run);

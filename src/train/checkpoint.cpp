@@ -9,6 +9,8 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <map>
+#include <set>
 
 #include "multinorm/error.h"
 #include "multinorm/json_file.h"
@@ -54,9 +56,51 @@ std::vector<std::string> checkpoint_dirs(const std::string& root) {
 
 std::string config_fingerprint(const RunConfig& run) {
   const json& r = run.resolved;
-  json f = {{"model", r["model"]["config"]}, {"batch", r["batch"]}, {"optimizer", r["optimizer"]},
-            {"precision", r["precision"]}, {"layout", r["data"]["layout"]}, {"seed", r["seed"]}};
+  json batch = r["batch"];
+  if (run.batch.loss_normalization == "token_mean") batch.erase("micro_batch");
+  json f = {{"model", r["model"]["config"]}, {"batch", batch},          {"optimizer", r["optimizer"]},
+            {"schedule", r["schedule"]},      {"precision", r["precision"]}, {"layout", r["data"]["layout"]},
+            {"seed", r["seed"]}};
   return f.dump();
+}
+
+namespace {
+void flatten(const json& j, const std::string& prefix, std::map<std::string, std::string>& out) {
+  if (j.is_object() && !j.empty()) {
+    for (auto it = j.begin(); it != j.end(); ++it) flatten(it.value(), prefix.empty() ? it.key() : prefix + "." + it.key(), out);
+  } else {
+    out[prefix] = j.dump();
+  }
+}
+}  // namespace
+
+std::vector<std::string> fingerprint_diff(const std::string& stored, const std::string& current) {
+  std::map<std::string, std::string> a, b;
+  flatten(json::parse(stored), "", a);
+  flatten(json::parse(current), "", b);
+  std::set<std::string> sections;  // top-level keys the stored fingerprint has
+  for (const auto& [k, v] : a) sections.insert(k.substr(0, k.find('.')));
+  std::vector<std::string> out;
+  for (const auto& [k, v] : a) {
+    const auto it = b.find(k);
+    if (it == b.end()) {
+      // A key the current fingerprint leaves out (micro_batch under token_mean) is not a difference.
+      if (k != "batch.micro_batch") out.push_back(k + ": " + v + " -> (unset)");
+    } else if (it->second != v) {
+      out.push_back(k + ": " + v + " -> " + it->second);
+    }
+  }
+  for (const auto& [k, v] : b)
+    if (!a.count(k) && sections.count(k.substr(0, k.find('.'))) && k != "batch.micro_batch")
+      out.push_back(k + ": (unset) -> " + v);
+  return out;
+}
+
+std::string checkpoint_run_config_path(const std::string& dir) {
+  const std::string own = dir + "/run_config.json", legacy = dir + "/../../config.json";
+  for (const std::string& p : {own, legacy})
+    if (::access(p.c_str(), R_OK) == 0) return p;
+  throw Error(dir + ": no run config (neither " + own + " nor, for older checkpoints, " + legacy + ")");
 }
 
 std::string checkpoint_name(int64_t step) {
@@ -66,7 +110,7 @@ std::string checkpoint_name(int64_t step) {
 }
 
 std::string write_checkpoint(const std::string& run_dir, const LlamaModel& model, const Optimizer& opt,
-                             const TrainerState& state, int64_t keep_last) {
+                             const TrainerState& state, int64_t keep_last, const RunConfig& run) {
   const std::string root = run_dir + "/checkpoints";
   ::mkdir(root.c_str(), 0755);
   const std::string final_dir = root + "/" + checkpoint_name(state.step), tmp = final_dir + ".tmp";
@@ -79,6 +123,7 @@ std::string write_checkpoint(const std::string& run_dir, const LlamaModel& model
              {"cursor", state.cursor.to_json()}, {"fingerprint", state.fingerprint},
              {"optimizer_state_bytes", static_cast<int64_t>(states.size())}, {"param_dtype", dtype_name(model.dtype())}};
   write_text_file_atomic(tmp + "/trainer_state.json", ts.dump(2) + "\n");
+  write_text_file_atomic(tmp + "/run_config.json", run.resolved.dump(2) + "\n");
   fsync_path(tmp);
   remove_tree(final_dir);  // a re-written step (resume from an earlier one) replaces it
   if (std::rename(tmp.c_str(), final_dir.c_str()) != 0)
@@ -89,7 +134,8 @@ std::string write_checkpoint(const std::string& run_dir, const LlamaModel& model
   return final_dir;
 }
 
-TrainerState read_checkpoint(const std::string& dir, LlamaModel& model, Optimizer* opt, const RunConfig& run) {
+TrainerState read_checkpoint(const std::string& dir, LlamaModel& model, Optimizer* opt, const RunConfig& run,
+                             bool allow_config_change) {
   const json ts = read_json_file(dir + "/trainer_state.json");
   TrainerState st;
   st.step = ts.at("step").get<int64_t>();
@@ -100,14 +146,16 @@ TrainerState read_checkpoint(const std::string& dir, LlamaModel& model, Optimize
   st.fingerprint = ts.at("fingerprint").get<std::string>();
   if (opt) {
     const std::string mine = config_fingerprint(run);
-    if (st.fingerprint != mine) {
-      const json a = json::parse(st.fingerprint), b = json::parse(mine);
-      std::string diff;
-      for (auto it = a.begin(); it != a.end(); ++it)
-        if (!b.contains(it.key()) || b[it.key()] != it.value()) diff += (diff.empty() ? "" : ", ") + it.key();
-      throw ConfigError(dir + ": checkpoint of an incompatible run (" + diff +
-                        " differ from the current config); resume with the config it was written with");
+    const std::vector<std::string> diff = fingerprint_diff(st.fingerprint, mine);
+    if (!diff.empty()) {
+      std::string lines;
+      for (const auto& d : diff) lines += "\n  " + d;
+      if (!allow_config_change)
+        throw ConfigError(dir + ": the run config differs from the checkpoint's (checkpoint -> now):" + lines +
+                          "\nresume with the config it was written with, or pass --allow-config-change to accept this");
+      std::fprintf(stderr, "resuming %s with a changed config (checkpoint -> now):%s\n", dir.c_str(), lines.c_str());
     }
+    st.fingerprint = mine;
   }
   if (ts.value("param_dtype", std::string(dtype_name(model.dtype()))) != dtype_name(model.dtype()))
     throw ConfigError(dir + ": weights stored as " + ts.value("param_dtype", std::string()) + ", the run uses " +

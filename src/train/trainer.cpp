@@ -148,7 +148,7 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
   TrainerState state;
   state.fingerprint = config_fingerprint(run);
   if (opt.resume && !existing.empty()) {
-    state = read_checkpoint(existing, model, &optimizer, run);
+    state = read_checkpoint(existing, model, &optimizer, run, opt.allow_config_change);
     if (comm.root()) truncate_metrics(run.output_dir + "/metrics.jsonl", state.step);
     log("resumed from %s (update %lld)\n", existing.c_str(), (long long)state.step);
   }
@@ -189,7 +189,7 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
   };
   auto do_checkpoint = [&]() {  // the ranks hold identical models and optimizer states: rank 0 writes
     if (comm.root())
-      result.last_checkpoint = write_checkpoint(run.output_dir, model, optimizer, state, run.checkpoint.keep_last);
+      result.last_checkpoint = write_checkpoint(run.output_dir, model, optimizer, state, run.checkpoint.keep_last, run);
     else
       result.last_checkpoint = run.output_dir + "/checkpoints/" + checkpoint_name(state.step);
     comm.barrier();  // no rank runs ahead of a checkpoint that is not on disk yet
