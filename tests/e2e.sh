@@ -50,5 +50,12 @@ grep -q "trained 1 updates" out.txt
 passes=$((passes + 1))
 "$bin" generate --checkpoint runs/adam --prompt "the model" --tokens 8 --seed 1 > gen.txt 2>/dev/null
 grep -q "^the model" gen.txt
+"$bin" generate --checkpoint runs/adam --prompt "the model" --tokens 8 --seed 1 --no-kv-cache > gen_nocache.txt 2>/dev/null
+grep -q "^the model" gen_nocache.txt
+passes=$((passes + 1))
+# A checkpoint directory is self-sufficient: copied away from its run, eval and generate still work.
+mkdir copied && cp -r runs/adam/checkpoints/step_00000006 copied/
+"$bin" eval --checkpoint copied/step_00000006 --json | grep -q '"perplexity"'
+"$bin" generate --checkpoint copied/step_00000006 --prompt "the model" --tokens 4 > /dev/null 2>&1
 passes=$((passes + 1))
 echo "e2e: $passes passed, 0 failed"

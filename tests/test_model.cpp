@@ -245,3 +245,35 @@ TEST(Model, Fp32GradientArenaAccumulatesToFp32Accuracy) {
   std::printf("accumulated gradient, relative error: fp32 arena %.2g, bf16 arena %.2g\n", e32, e16);
   EXPECT_THROW(LlamaModel(*be, cfg, DType::F32, 1, 2, DType::BF16), Error);  // bf16 grads of fp32 weights
 }
+
+// Incremental decoding with the key/value cache gives, at every position, the logits the full
+// forward pass gives for that position (FP32: the same math, in another order).
+TEST(Model, KvCacheDecodingMatchesTheFullForward) {
+  const ModelConfig cfg = tiny();
+  auto be = make_cpu_backend(2);
+  const int64_t T = 11;
+  LlamaModel model(*be, cfg, DType::F32, 1, T);
+  model.init_random(3);
+  std::mt19937 gen(8);
+  std::vector<int32_t> ids(T);
+  for (auto& t : ids) t = static_cast<int32_t>(gen() % cfg.vocab_size);
+  const int64_t V = cfg.vocab_size;
+  std::vector<float> full(T * V), step(V);
+  model.logits({ids.data(), nullptr, nullptr, 1, T}, full.data());
+  model.start_decoding();
+  double worst = 0, scale = 0;
+  for (int64_t p = 0; p < T; ++p) {
+    model.decode_step(ids[p], step.data());
+    for (int64_t v = 0; v < V; ++v) {
+      worst = std::max(worst, double(std::fabs(step[v] - full[p * V + v])));
+      scale = std::max(scale, double(std::fabs(full[p * V + v])));
+    }
+  }
+  EXPECT_EQ(model.decode_position(), T);
+  std::printf("kv-cache decoding vs full forward: worst %.2g relative\n", worst / scale);
+  EXPECT_LT(worst, 1e-5 * scale);
+  EXPECT_THROW(model.decode_step(ids[0], step.data()), Error);  // the cache is full
+  model.start_decoding();  // and restarts
+  model.decode_step(ids[0], step.data());
+  for (int64_t v = 0; v < V; ++v) EXPECT_NEAR(step[v], full[v], 1e-5 * scale);
+}

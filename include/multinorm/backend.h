@@ -105,6 +105,10 @@ class Backend {
   virtual void attention_forward(Buf out, float* lse, Buf qkv, int64_t B, int64_t T, int64_t H, int64_t D) = 0;
   virtual void attention_backward(Buf dqkv, Buf dout, Buf qkv, Buf out, const float* lse, int64_t B, int64_t T,
                                   int64_t H, int64_t D) = 0;
+  // Incremental decoding (batch 1): appends the k and v of qkv[3*H*D] (one position, q and k rotated)
+  // as row `pos` of k_cache, v_cache [max_T, H*D], and writes out[H*D], the causal attention of q over
+  // cache rows 0..pos.
+  virtual void attention_decode(Buf out, Buf qkv, Buf k_cache, Buf v_cache, int64_t pos, int64_t H, int64_t D) = 0;
   // out[N,F] = silu(gate) * up, gate_up[N, 2F] = [gate | up]
   virtual void swiglu_forward(Buf out, Buf gate_up, int64_t N, int64_t F) = 0;
   virtual void swiglu_backward(Buf dgate_up, Buf dout, Buf gate_up, int64_t N, int64_t F) = 0;

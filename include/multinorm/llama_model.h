@@ -83,6 +83,16 @@ class LlamaModel {
   // Logits of every position, [B*T, V] FP32 on the host (sampling, cross-checks).
   void logits(const MicroBatch& mb, float* host_logits);
 
+  // Incremental decoding with a key/value cache (batch 1), for sampling: start_decoding() allocates
+  // the cache (2 x layers x max_seq x hidden, in the model dtype) once; each decode_step() runs one
+  // token at the next position through every layer against the cache and copies its logits [V]
+  // (FP32) to the host: O(position) attention work and one row of every GEMM per token, instead of
+  // recomputing the whole context. decode_position() is the number of positions cached.
+  void start_decoding();
+  void decode_step(int32_t token, float* host_logits);
+  int64_t decode_position() const { return decode_pos_; }
+  int64_t max_seq() const { return max_seq_; }
+
   OpProfile& profile() { return profile_; }
   // Wall time of the forward and backward passes of the last forward_backward() call.
   double last_forward_seconds() const { return last_forward_s_; }
@@ -124,6 +134,8 @@ class LlamaModel {
   std::vector<LayerWeights> w_, dw_;
   std::vector<LayerActs> a_;
   Buf wte_, dwte_, wnorm_, dwnorm_, wlm_, dwlm_;
+  void* kv_cache_ = nullptr;  // [layers][k | v][max_seq, C]
+  int64_t decode_pos_ = 0;
   OpProfile profile_;
   double last_forward_s_ = 0, last_backward_s_ = 0;
 };

@@ -52,6 +52,9 @@ template <class T> void attention_forward(T* out, float* lse, const T* qkv, int6
 template <class T> void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse,
                                            int64_t B, int64_t T_, int64_t H, int64_t D, OneDnnMatmul& gemm, Workspace& ws);
 
+template <class T> void attention_decode(T* out, const T* qkv, T* k_cache, T* v_cache, int64_t pos, int64_t H, int64_t D,
+                                         Workspace& ws);
+
 template <class T> void swiglu_forward(T* out, const T* gate_up, int64_t N, int64_t F);
 template <class T> void swiglu_backward(T* dgate_up, const T* dout, const T* gate_up, int64_t N, int64_t F);
 

@@ -121,6 +121,13 @@ class CpuBackend final : public Backend {
       cpu::attention_backward(as<T>(dqkv), as<T>(dout), as<T>(qkv), as<T>(out), lse, B, T_, H, D, gemm_, ws_);
     });
   }
+  void attention_decode(Buf out, Buf qkv, Buf k_cache, Buf v_cache, int64_t pos, int64_t H, int64_t D) override {
+    same_dtype({out, qkv, k_cache, v_cache}, "attention_decode");
+    with_type(out.dtype, [&](auto* t) {
+      using T = std::remove_pointer_t<decltype(t)>;
+      cpu::attention_decode(as<T>(out), as<T>(qkv), as<T>(k_cache), as<T>(v_cache), pos, H, D, ws_);
+    });
+  }
   void swiglu_forward(Buf out, Buf gate_up, int64_t N, int64_t F) override {
     same_dtype({out, gate_up}, "swiglu_forward");
     with_type(out.dtype, [&](auto* t) {

@@ -2,6 +2,7 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -27,6 +28,9 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--top-k", top_k, "sample among the k most likely tokens (0: all)");
   cmd->add_option("--seed", seed, "sampling seed");
   cmd->add_option("--tokenizer", tokenizer_path, "SentencePiece model (default: the run's data.tokenizer)");
+  static bool no_cache = false;
+  cmd->add_flag("--no-kv-cache", no_cache,
+                "recompute the whole context for every token (the reference path; slow) instead of the key/value cache");
   cmd->callback([] {
     std::string dir = checkpoint;
     if (!latest_checkpoint(dir).empty()) dir = latest_checkpoint(dir);
@@ -40,15 +44,27 @@ void add_generate_command(CLI::App& app) {
     std::vector<int32_t> ids = tok.encode(prompt);
     if (ids.empty()) ids.push_back(tok.bos_id() >= 0 ? tok.bos_id() : 0);
     std::mt19937_64 gen(static_cast<uint64_t>(seed));
-    std::vector<float> logits;
+    std::vector<float> logits(V);
     const size_t prompt_len = ids.size();
+    // The context is the last T tokens. With the cache, positions cannot shift: when it is full,
+    // decoding restarts from the last T/2 tokens.
+    auto prefill = [&](size_t from) {
+      model.start_decoding();
+      for (size_t i = from; i < ids.size(); ++i) model.decode_step(ids[i], logits.data());
+    };
+    const auto t0 = std::chrono::steady_clock::now();
+    if (!no_cache) prefill(ids.size() > static_cast<size_t>(T) ? ids.size() - T : 0);
+    const auto t1 = std::chrono::steady_clock::now();
     for (int64_t n = 0; n < tokens; ++n) {
-      const int64_t start = std::max<int64_t>(0, static_cast<int64_t>(ids.size()) - T);
-      const std::vector<int32_t> ctx(ids.begin() + start, ids.end());
-      const int64_t L = static_cast<int64_t>(ctx.size());
-      logits.resize(L * V);
-      model.logits({ctx.data(), nullptr, nullptr, 1, L}, logits.data());
-      const float* last = logits.data() + (L - 1) * V;
+      const float* last = logits.data();
+      if (no_cache) {
+        const int64_t start = std::max<int64_t>(0, static_cast<int64_t>(ids.size()) - T);
+        const std::vector<int32_t> ctx(ids.begin() + start, ids.end());
+        const int64_t L = static_cast<int64_t>(ctx.size());
+        logits.resize(L * V);
+        model.logits({ctx.data(), nullptr, nullptr, 1, L}, logits.data());
+        last = logits.data() + (L - 1) * V;
+      }
       int32_t next = 0;
       if (temperature <= 0) {
         next = static_cast<int32_t>(std::max_element(last, last + V) - last);
@@ -64,9 +80,17 @@ void add_generate_command(CLI::App& app) {
       }
       if (next == tok.eos_id()) break;
       ids.push_back(next);
+      if (no_cache || n + 1 == tokens) continue;
+      if (model.decode_position() == T) prefill(ids.size() - static_cast<size_t>(T / 2));
+      else model.decode_step(next, logits.data());
     }
+    const double prefill_s = std::chrono::duration<double>(t1 - t0).count(),
+                 gen_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
     std::printf("%s\n", tok.decode(std::vector<int32_t>(ids.begin(), ids.end())).c_str());
-    std::fprintf(stderr, "(%zu prompt tokens, %zu generated)\n", prompt_len, ids.size() - prompt_len);
+    const size_t generated = ids.size() - prompt_len;
+    std::fprintf(stderr, "(%zu prompt tokens in %.3f s, %zu generated in %.3f s: %.1f tokens/s, %s)\n", prompt_len,
+                 prefill_s, generated, gen_s, generated / std::max(gen_s, 1e-9),
+                 no_cache ? "no cache: whole context per token" : "key/value cache");
   });
 }
 

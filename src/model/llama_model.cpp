@@ -110,6 +110,7 @@ LlamaModel::LlamaModel(Backend& backend, const ModelConfig& config, DType dtype,
 }
 
 LlamaModel::~LlamaModel() {
+  if (kv_cache_) be_.release(kv_cache_);
   for (void* p : {params_, grads_, acts_, static_cast<void*>(rope_), static_cast<void*>(tokens_),
                   static_cast<void*>(targets_), static_cast<void*>(mask_)})
     be_.release(p);
@@ -373,6 +374,56 @@ void LlamaModel::backward_layers(int64_t B, int64_t T) {
   }
   { auto t = time(Op::Copy);      be_.convert(d_ln, d_resid_buf, BT * C); }
   { auto t = time(Op::Embedding); be_.embedding_backward(dwte_, d_ln, tokens_, BT, C); }
+}
+
+
+// ---------------------------------------------------------------------------------------------
+// Incremental decoding (KV cache)
+// ---------------------------------------------------------------------------------------------
+
+void LlamaModel::start_decoding() {
+  const int64_t C = cfg_.hidden_size;
+  if (!kv_cache_) kv_cache_ = be_.allocate(2 * cfg_.num_hidden_layers * max_seq_ * C * dtype_bytes(dtype_));
+  decode_pos_ = 0;
+}
+
+// One token at position p = decode_position(), batch 1: the forward pass of forward_layers() on a
+// single row, attention against the cache. Uses row 0 of the activation arena.
+void LlamaModel::decode_step(int32_t token, float* host_logits) {
+  if (!kv_cache_) throw Error("model: decode_step() before start_decoding()");
+  if (decode_pos_ >= max_seq_)
+    throw Error("model: the key/value cache holds " + std::to_string(max_seq_) + " positions; start_decoding() again");
+  const int64_t C = cfg_.hidden_size, F = cfg_.intermediate_size, H = cfg_.num_attention_heads, D = cfg_.head_dim(),
+                V = cfg_.vocab_size, p = decode_pos_;
+  if (token < 0 || token >= V)
+    throw Error("model: token id " + std::to_string(token) + " is outside [0, " + std::to_string(V) + ")");
+  const float eps = static_cast<float>(cfg_.rms_norm_eps);
+  be_.to_device(tokens_, &token, 4);
+  be_.embedding_forward(a_[0].input, tokens_, wte_, 1, C);
+  const Buf swiglu = act("swiglu");
+  const Buf cache{kv_cache_, dtype_};
+  for (size_t l = 0; l < a_.size(); ++l) {
+    const LayerActs& A = a_[l];
+    const LayerWeights& W = w_[l];
+    const Buf out = l + 1 < a_.size() ? a_[l + 1].input : act("final.input");
+    const Buf k_cache = cache.at((2 * l) * max_seq_ * C), v_cache = cache.at((2 * l + 1) * max_seq_ * C);
+    be_.rmsnorm_forward(A.ln1, A.ln1_rstd, A.input, W.input_norm, 1, C, eps);
+    be_.matmul(A.qkv, A.ln1, W.qkv, 1, 3 * C, C, false, true, false);  // [1,3C]
+    be_.rope_forward(A.qkv, rope_ + p * D, 1, 1, H, D);               // the table's row for position p
+    be_.attention_decode(A.attn_out, A.qkv, k_cache, v_cache, p, H, D);
+    be_.convert(A.mid, A.input, C);
+    be_.matmul(A.mid, A.attn_out, W.o, 1, C, C, false, true, true);
+    be_.rmsnorm_forward(A.ln2, A.ln2_rstd, A.mid, W.post_norm, 1, C, eps);
+    be_.matmul(A.gate_up, A.ln2, W.gate_up, 1, 2 * F, C, false, true, false);
+    be_.swiglu_forward(swiglu, A.gate_up, 1, F);
+    be_.convert(out, A.mid, C);
+    be_.matmul(out, swiglu, W.down, 1, C, F, false, true, true);
+  }
+  be_.rmsnorm_forward(act("final.ln"), act_f32("final.rstd"), act("final.input"), wnorm_, 1, C, eps);
+  const Buf logits = act("logits");
+  be_.matmul(logits, act("final.ln"), wlm_, 1, V, C, false, true, false);  // [1,V] f32
+  be_.to_host(host_logits, logits.ptr, V * 4);
+  ++decode_pos_;
 }
 
 }  // namespace multinorm
