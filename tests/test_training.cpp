@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <random>
 
 #include "multinorm/error.h"
@@ -40,33 +41,75 @@ struct Corpus {
   }
 };
 
+// A second-order chain: the next token is (x[t-1] * 7 + 3) mod 64 with probability 0.9, where
+// x[t-1] is the token BEFORE the previous one, else uniform. Embedding and head alone (a bigram
+// model, Adam's share of the parameters) cannot see x[t-1]: only attention, i.e. the matrix
+// optimizer's parameters, brings the loss below ~ln 64 towards the floor H(next | x[t-1]).
+struct SkipChain {
+  std::vector<int32_t> tokens, targets;
+  SkipChain(int64_t B, int64_t T, uint32_t seed) : tokens(B * T), targets(B * T) {
+    std::mt19937 gen(seed);
+    for (int64_t b = 0; b < B; ++b) {
+      std::vector<int32_t> s(T + 1);
+      s[0] = static_cast<int32_t>(gen() % 64), s[1] = static_cast<int32_t>(gen() % 64);
+      for (int64_t i = 2; i <= T; ++i) s[i] = gen() % 10 < 9 ? (s[i - 2] * 7 + 3) % 64 : static_cast<int32_t>(gen() % 64);
+      for (int64_t t = 0; t < T; ++t) tokens[b * T + t] = s[t], targets[b * T + t] = s[t + 1];
+    }
+  }
+  // Targets at t >= 1 follow the rule from tokens[t-1]; position 0's target is uniform (ln 64).
+  static double entropy_floor(int64_t T) {
+    const double p = 0.9 + 0.1 / 64, q = 0.1 / 64;
+    const double h = -(p * std::log(p) + 63 * q * std::log(q));
+    return (std::log(64.0) + (T - 1) * h) / T;
+  }
+};
+
 }  // namespace
 
-class Training : public ::testing::TestWithParam<std::string> {};
+// Each optimizer with a learning rate suited to this small model, 300 updates. Held-out loss
+// measured (one 8 x 32 batch): sinkgd 1.024, swan 1.031, adam/adamw 1.151, sgd (momentum 0.9)
+// 1.618, against a floor of 0.837; a bigram model (matrix optimizer switched off: SinkGD with
+// alpha 1e-5) stays at 3.61. The bounds are the measured gap plus ~0.25 nats.
+struct Recipe {
+  std::string name;
+  double lr, alpha, momentum, margin;
+  std::string fallback;
+};
+class Training : public ::testing::TestWithParam<Recipe> {};
 
-TEST_P(Training, LossFallsOnASmallFixedCorpus) {
-  const RunConfig run = run_config_from_json(tiny_run(GetParam()), "test");
+TEST_P(Training, ReachesTheEntropyFloorOfAChainOnlyAttentionCanLearn) {
+  const Recipe& r = GetParam();
+  constexpr int64_t kSteps = 300;
+  json j = tiny_run(r.name);
+  j["schedule"]["total_steps"] = kSteps;
+  j["optimizer"]["lr"] = r.lr;
+  j["optimizer"]["alpha"] = r.alpha;
+  j["optimizer"]["momentum"] = r.momentum;
+  j["optimizer"]["fallback"] = r.fallback;
+  const RunConfig run = run_config_from_json(j, "test");
   auto be = make_cpu_backend(2);
   LlamaModel model(*be, run.model, run.precision.params, 8, 32);
   model.init_random(run.seed);
   Optimizer opt(model, run);
-  std::vector<double> losses;
-  for (int64_t step = 1; step <= 40; ++step) {
-    const Corpus c(8, 32, static_cast<uint32_t>(step % 4));  // four fixed batches, cycled
-    const MicroBatch mb{c.tokens.data(), c.targets.data(), nullptr, 8, 32};
+  for (int64_t step = 1; step <= kSteps; ++step) {
+    const SkipChain c(8, 32, static_cast<uint32_t>(1000 + step));  // a fresh batch each update
     model.zero_grads();
-    const LossSum l = model.forward_backward(mb, 1.0f / static_cast<float>(mb.count_targets()));
-    losses.push_back(l.mean());
-    const StepStats st = opt.step(step, step);
-    ASSERT_TRUE(std::isfinite(st.grad_norm));
+    const LossSum l = model.forward_backward({c.tokens.data(), c.targets.data(), nullptr, 8, 32}, 1.0f / 256);
+    if (step == 1) EXPECT_NEAR(l.mean(), std::log(64.0), 0.15);  // a fresh model is near uniform
+    ASSERT_TRUE(std::isfinite(opt.step(step, step).grad_norm));
   }
-  const double first = (losses[0] + losses[1] + losses[2] + losses[3]) / 4;
-  const double last = (losses[36] + losses[37] + losses[38] + losses[39]) / 4;
-  EXPECT_LT(last, first - 0.5) << GetParam() << ": " << first << " -> " << last;
-  EXPECT_NEAR(losses[0], std::log(64.0), 0.1);  // a fresh model is near uniform
+  const SkipChain held_out(8, 32, 7);
+  const double eval = model.forward({held_out.tokens.data(), held_out.targets.data(), nullptr, 8, 32}).mean();
+  const double floor = SkipChain::entropy_floor(32);
+  std::printf("%s: held-out loss %.3f, entropy floor %.3f\n", r.name.c_str(), eval, floor);
+  EXPECT_LT(eval, floor + r.margin) << r.name;
 }
 
-INSTANTIATE_TEST_SUITE_P(Optimizers, Training, ::testing::Values("sinkgd", "swan", "adam", "adamw", "sgd"));
+INSTANTIATE_TEST_SUITE_P(Optimizers, Training,
+                         ::testing::Values(Recipe{"sinkgd", 0.02, 0.5, 0, 0.45, "adam"}, Recipe{"swan", 0.02, 0.5, 0, 0.45, "adam"},
+                                           Recipe{"adam", 0.005, 1, 0, 0.55, "adam"}, Recipe{"adamw", 0.005, 1, 0, 0.55, "adam"},
+                                           Recipe{"sgd", 0.3, 1, 0.9, 1.05, "sgd"}),
+                         [](const ::testing::TestParamInfo<Recipe>& i) { return i.param.name; });
 
 TEST(OptimizerLayer, GroupsLearningRatesAndStateMemory) {
   json j = tiny_run("sinkgd");
