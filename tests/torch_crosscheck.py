@@ -3,10 +3,12 @@
 tests/dump_for_torch writes the model (HF safetensors + config.json), a batch with padding, and
 multinorm's loss, logits and gradients; this script builds the same LLaMA in PyTorch
 (bench/torch_llama.py), loads the weights by their Hugging Face names, and compares.
-FP32: relative error <= 1e-4 on the loss, <= 1e-3 on logits and on each parameter's gradient
-(||g - g_torch|| / ||g_torch||). BF16 (both sides store weights and activations in bf16, with
-different rounding points): loss within 2e-3, logits within 2e-2, each gradient's relative error
-<= 5e-2 and cosine similarity >= 0.998 (measured: 2e-7, 5e-3, 1e-2).
+Bounds are a small multiple (4-10x) of what was measured (2 cores, AVX512_BF16):
+FP32: relative error <= 2e-7 on the loss (measured 1.7e-8), <= 2e-6 on logits (2.5e-7) and on each
+parameter's gradient, ||g - g_torch|| / ||g_torch|| <= 3e-6 (worst tensor 5.5e-7).
+BF16 (both sides store weights and activations in bf16, with different rounding points): loss
+<= 2e-6 (measured 2.0e-7), logits <= 1e-2 (4.7e-3), each gradient <= 2.5e-2 (worst 9.8e-3) with
+cosine similarity >= 0.999.
     python3 tests/torch_crosscheck.py <dump dir>
 """
 import json
@@ -78,11 +80,11 @@ def main():
     failures = []
     loss_err = abs(batch["loss"] - float(loss)) / abs(float(loss))
     print(f"loss: multinorm {batch['loss']:.6f}  torch {float(loss):.6f}  rel err {loss_err:.2e}")
-    if loss_err > (2e-3 if bf16 else 1e-4):
+    if loss_err > (2e-6 if bf16 else 2e-7):
         failures.append("loss")
     logit_err = rel(ours_logits, logits.detach().float())
     print(f"logits: rel err {logit_err:.2e}")
-    if logit_err > (2e-2 if bf16 else 1e-3):
+    if logit_err > (1e-2 if bf16 else 2e-6):
         failures.append("logits")
     worst = (0.0, "")
     for name, p in params.items():
@@ -90,7 +92,7 @@ def main():
         e = rel(ours_grads[name], g)
         cos = float(torch.nn.functional.cosine_similarity(ours_grads[name].flatten(), g.flatten(), dim=0))
         worst = max(worst, (e, name))
-        if (bf16 and (cos < 0.998 or e > 5e-2)) or (not bf16 and e > 1e-3):
+        if (bf16 and (cos < 0.999 or e > 2.5e-2)) or (not bf16 and e > 3e-6):
             failures.append(f"{name} (rel err {e:.2e}, cosine {cos:.5f})")
     print(f"gradients: {len(params)} tensors, worst rel err {worst[0]:.2e} ({worst[1]})")
     if failures:
