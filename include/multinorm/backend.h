@@ -69,6 +69,9 @@ class Backend {
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
   virtual int threads() const = 0;
+  // Bytes of scratch the backend holds now (grown on first use, reused after; counted by
+  // multinorm info as backend_scratch_bytes).
+  virtual int64_t workspace_bytes() const = 0;
 
   // ---- memory ---------------------------------------------------------------------------------
   virtual void* allocate(int64_t bytes) = 0;  // zero-filled, 64-byte aligned

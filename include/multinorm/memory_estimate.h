@@ -31,9 +31,17 @@ OptimizerMemory optimizer_memory(const std::vector<TensorSpec>& specs, const std
 // BF16 weights and states.
 std::vector<OptimizerMemory> paper_memory_table(const ModelConfig& m);
 
+// The CPU backend's scratch after a training step (kernels/cpu/: attention's per-head tiles with a
+// T x T score matrix per head, RMSNorm's reduction partials, the embedding backward's per-thread
+// rows, the matrix optimizer's buffers for the largest matrix). Kept exact against the backend's
+// Workspace by tests/test_memory.cpp; oneDNN's internal scratchpads are not included.
+int64_t cpu_backend_scratch_bytes(const ModelConfig& m, int64_t micro_batch, int64_t seq_len, DType act_dtype,
+                                  const std::string& matrix_optimizer, const std::vector<std::string>& matrix_params,
+                                  bool swan_exact, int threads);
+
 struct TrainingMemory {
-  int64_t weights = 0, grads = 0, states = 0, activations = 0;
-  int64_t total() const { return weights + grads + states + activations; }
+  int64_t weights = 0, grads = 0, states = 0, activations = 0, backend_scratch = 0;
+  int64_t total() const { return weights + grads + states + activations + backend_scratch; }
 };
 TrainingMemory training_memory(const RunConfig& run);
 

@@ -30,6 +30,11 @@ class Workspace {
     if (i_.size() < n) i_.resize(n);
     return i_.data();
   }
+  int64_t bytes() const {  // what the slots hold now (memory accounting)
+    size_t n = i_.size();
+    for (const auto& f : f_) n += f.size();
+    return static_cast<int64_t>(n) * 4;
+  }
 
  private:
   std::vector<std::vector<float>> f_;

@@ -48,6 +48,7 @@ class CpuBackend final : public Backend {
   }
   std::string name() const override { return "cpu"; }
   int threads() const override { return threads_; }
+  int64_t workspace_bytes() const override { return ws_.bytes(); }
 
   void* allocate(int64_t bytes) override {
     const size_t size = (static_cast<size_t>(bytes) + 63) / 64 * 64;

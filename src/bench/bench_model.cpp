@@ -1,8 +1,7 @@
 // `multinorm bench model`: training throughput of the hand-written LLaMA, against (a) the oneDNN
 // BF16 GEMM throughput on the model's own GEMM shapes and (b) PyTorch CPU on the same model and batch,
-// both measured in the same run. FLOPs per token follow PLATFORM.md's convention:
-// 6 x (GEMM parameters incl. lm_head) + 12 x layers x T x C (attention, counted without the causal
-// saving).
+// both measured in the same run. FLOPs per token: 6 x (GEMM parameters incl. lm_head) +
+// 12 x layers x T x C (attention, counted without the causal saving), the usual convention.
 #include <chrono>
 #include <cstdio>
 #include <map>

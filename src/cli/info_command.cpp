@@ -78,6 +78,7 @@ void run_info(const InfoOptions& o) {
                             {"grads_precision", dtype_name(run.precision.grads)},
                             {"weights_bytes", tm.weights}, {"grads_bytes", tm.grads}, {"states_bytes", tm.states},
                             {"activations_bytes", tm.activations}, {"activations_saved_bytes", plan.saved_bytes()},
+                            {"backend_scratch_bytes", tm.backend_scratch},
                             {"total_bytes", tm.total()}};
     std::printf("%s\n", j.dump(2).c_str());
     return;
@@ -113,6 +114,7 @@ void run_info(const InfoOptions& o) {
   std::printf("  %-34s %10.3f GiB\n", "optimizer states", gib(tm.states));
   std::printf("  %-34s %10.3f GiB\n", "activations (saved for backward)", gib(plan.saved_bytes()));
   std::printf("  %-34s %10.3f GiB\n", "activations (backward scratch)", gib(plan.scratch_bytes()));
+  std::printf("  %-34s %10.3f GiB\n", "backend scratch (CPU backend)", gib(tm.backend_scratch));
   std::printf("  %-34s %10.3f GiB\n", "total", gib(tm.total()));
   if (is_run) {
     std::string backend;

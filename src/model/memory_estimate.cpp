@@ -1,5 +1,10 @@
 #include "multinorm/memory_estimate.h"
 
+#include <algorithm>
+#include <map>
+
+#include <omp.h>
+
 #include "multinorm/param_groups.h"
 
 namespace multinorm {
@@ -36,6 +41,43 @@ std::vector<OptimizerMemory> paper_memory_table(const ModelConfig& m) {
   return rows;
 }
 
+int64_t cpu_backend_scratch_bytes(const ModelConfig& m, int64_t B, int64_t T, DType act, const std::string& matrix_optimizer,
+                                  const std::vector<std::string>& matrix_params, bool swan_exact, int threads) {
+  // Workspace slots hold the largest request made to each; the sum of the slots is the scratch.
+  std::map<int, int64_t> slot;  // floats per slot (-1: the int32 buffer)
+  auto need = [&](int s, int64_t floats) { slot[s] = std::max(slot[s], floats); };
+  auto of_act = [&](int64_t elements) { return (elements * dtype_bytes(act) + 3) / 4; };  // Workspace::as<T>
+  const int64_t C = m.hidden_size, H = m.num_attention_heads, D = m.head_dim(), BT = B * T, BH = B * H;
+  // kernels/cpu/attention.cpp: slots 1-10 (q k v o dO, S, P, dq dk dv).
+  for (int s = 1; s <= 5; ++s) need(s, of_act(BH * T * D));
+  need(6, BH * T * T);
+  need(7, of_act(BH * T * T));
+  for (int s = 8; s <= 10; ++s) need(s, BH * T * D);
+  need(0, (BT + 31) / 32 * C);            // kernels/cpu/rmsnorm.cpp: partial column sums per 32 rows
+  need(-1, 2 * BT);                       // kernels/cpu/embedding.cpp: order and run starts (int32)
+  need(12, C * std::max(threads, 1));     // ... and one FP32 row per thread
+  const auto specs = llama_parameters(m);
+  for (const auto& a : assign_optimizers(specs, matrix_optimizer, "adam", matrix_params)) {
+    if (!a.matrix) continue;
+    const int64_t r = a.tensor->rows(), c = a.tensor->cols(), k = std::min(r, c);
+    if (matrix_optimizer == "sinkgd") {   // kernels/cpu/sinkgd.cpp: u, v, 64 partial column sums
+      need(20, r), need(21, c), need(22, 64 * c);
+    } else if (matrix_optimizer == "swan") {  // kernels/cpu/swan.cpp
+      need(30, r * c);                    // X
+      if (swan_exact) {
+        need(37, 2 * k * k), need(38, 2 * r * c), need(39, 2 * (k * k + k)), need(40, 2 * k * k), need(41, 2 * r * c);
+      } else {
+        for (int s : {31, 32, 33, 34, 35}) need(s, k * k);  // A Y Z P T
+        need(36, r * c);                  // U
+        need(37, 4 * k);                  // power iteration (FP64)
+      }
+    }
+  }
+  int64_t floats = 0;
+  for (const auto& [s, n] : slot) floats += n;
+  return floats * 4;
+}
+
 TrainingMemory training_memory(const RunConfig& run) {
   const auto specs = llama_parameters(run.model);
   const OptimizerMemory om = optimizer_memory(specs, run.optimizer.name, run.optimizer.fallback,
@@ -46,6 +88,10 @@ TrainingMemory training_memory(const RunConfig& run) {
   t.grads = count_parameters(specs) * dtype_bytes(run.precision.grads);
   t.states = om.state_bytes;
   t.activations = plan_activations(run.model, run.batch.micro_batch, run.batch.seq_len, run.precision.params).bytes();
+  t.backend_scratch = cpu_backend_scratch_bytes(run.model, run.batch.micro_batch, run.batch.seq_len, run.precision.params,
+                                                run.optimizer.name, run.optimizer.matrix_params,
+                                                run.optimizer.swan.whitening == "eigh",
+                                                run.threads > 0 ? static_cast<int>(run.threads) : omp_get_num_procs());
   return t;
 }
 
