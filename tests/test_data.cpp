@@ -84,6 +84,11 @@ TokenizeOptions tokenize_options(const std::string& inputs, const std::string& o
 }
 
 // Shards written directly with synthetic ids: row r of shard s starts with a unique id.
+std::string file_bytes(const std::string& path) {
+  std::ifstream i(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(i), {});
+}
+
 // Recomputes a version 2 header's checksum after a test edited a field on purpose.
 void reseal_header(std::string& b) {
   const uint32_t crc = static_cast<uint32_t>(::crc32(0L, reinterpret_cast<const Bytef*>(b.data()), 124));
@@ -218,11 +223,7 @@ TEST(Tokenize, BadInputIsReportedWithFileAndLine) {
   EXPECT_EQ(st.empty, 1);
   EXPECT_EQ(st.documents, 2);
   // A truncated gzip stream names the file.
-  std::string gz;
-  {
-    std::ifstream i(f.dir.path() + "/c4-train.00000-of-00001.json.gz", std::ios::binary);
-    gz.assign(std::istreambuf_iterator<char>(i), {});
-  }
+  std::string gz = file_bytes(f.dir.path() + "/c4-train.00000-of-00001.json.gz");
   std::ofstream(in.path() + "/cut.json.gz", std::ios::binary) << gz.substr(0, gz.size() / 2);
   o.inputs = in.path() + "/cut.json.gz";
   expect_error([&] { tokenize_files(o); }, {"cut.json.gz", "truncated or corrupt"});
@@ -263,11 +264,7 @@ TEST(Tokenize, FileWorkersWriteTheSameShardsAndStopOnABadFile) {
   }
   // A corrupt file among them fails the run naming it; the good shards stay valid, the bad one is absent.
   const std::string victim = in.path() + "/c4-train.00002-of-00004.json.gz";
-  std::string gz;
-  {
-    std::ifstream i(victim, std::ios::binary);
-    gz.assign(std::istreambuf_iterator<char>(i), {});
-  }
+  std::string gz = file_bytes(victim);
   std::ofstream(victim, std::ios::binary | std::ios::trunc) << gz.substr(0, gz.size() / 2);
   TempDir bad;
   expect_error([&] { run(4, 4, bad.path()); }, {"c4-train.00002-of-00004.json.gz", "truncated or corrupt"});
@@ -283,11 +280,7 @@ TEST(ShardFormat, FuzzedShardsAreAlwaysRefusedNeverCrash) {
   TempDir dir;
   for (ShardLayout layout : {ShardLayout::Rows, ShardLayout::Stream}) {
     const auto paths = synthetic_shards(dir, 1, 12, layout, 16);
-    std::string bytes;
-    {
-      std::ifstream i(paths[0], std::ios::binary);
-      bytes.assign(std::istreambuf_iterator<char>(i), {});
-    }
+    const std::string bytes = file_bytes(paths[0]);
     std::mt19937 gen(layout == ShardLayout::Rows ? 11 : 12);
     const std::string path = dir.path() + "/fuzz.tok";
     for (int trial = 0; trial < 200; ++trial) {
@@ -327,11 +320,7 @@ TEST(ShardFormat, FuzzedShardsAreAlwaysRefusedNeverCrash) {
 TEST(ShardFormat, Version1ShardsAreStillRead) {
   TempDir dir;
   const auto paths = synthetic_shards(dir, 1, 5, ShardLayout::Rows, 16);
-  std::string b;
-  {
-    std::ifstream i(paths[0], std::ios::binary);
-    b.assign(std::istreambuf_iterator<char>(i), {});
-  }
+  std::string b = file_bytes(paths[0]);
   b[8] = 1;
   std::memset(&b[76], 0, kShardHeaderBytes - 76);
   const std::string v1 = dir.path() + "/v1.tok";
@@ -370,11 +359,7 @@ TEST(ShardFormat, DataIsVerifiedLazilyAndOnce) {
 TEST(ShardFormat, CorruptShardsAreRefused) {
   TempDir dir;
   const auto paths = synthetic_shards(dir, 1, 20, ShardLayout::Rows, 16);
-  std::string bytes;
-  {
-    std::ifstream i(paths[0], std::ios::binary);
-    bytes.assign(std::istreambuf_iterator<char>(i), {});
-  }
+  std::string bytes = file_bytes(paths[0]);
   auto variant = [&](const std::string& name, std::string b) {
     std::ofstream(dir.path() + "/" + name, std::ios::binary) << b;
     return dir.path() + "/" + name;
