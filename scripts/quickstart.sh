@@ -18,7 +18,8 @@ if [ ! -f "$data/tokenizer.model" ]; then
   "$bin" data train-tokenizer -i "$data/c4-train.*.json.gz" -o "$data/tokenizer" --vocab-size 8192 2>/dev/null
 fi
 echo "== tokenizing (packed stream layout)"
-"$bin" data tokenize -i "$data/c4-*.json.gz" -t "$data/tokenizer.model" -o "$data/tokens" --layout stream
+"$bin" data tokenize -i "$data/c4-*.json.gz" -t "$data/tokenizer.model" -o "$data/tokens" --layout stream \
+  --overwrite  # the pipeline knows its inputs: shards made from another corpus or tokenizer are rebuilt
 
 run=runs/quickstart
 # A run trained on an older corpus (another recipe, another tokenizer) is not resumed: start over.

@@ -118,6 +118,12 @@ TEST_F(RunFixture, OutOfRangeValues) {
                       {"batch.micro_batch", "integer [1, 1048576]", "got integer 0"});
   expect_config_error([&] { load_run_config(run(R"("batch": {"seq_len": 64}, "schedule": {"warmup_ratio": 1.5})")); },
                       {"schedule.warmup_ratio", "[0, 1]"});
+  // Adam's betas stay below 1: the bias correction divides by 1 - beta^t.
+  expect_config_error([&] { load_run_config(run(R"("batch": {"seq_len": 64}, "optimizer": {"adam": {"beta1": 1}})")); },
+                      {"optimizer.adam.beta1", "expected number [0, 1)", "got integer 1"});
+  expect_config_error([&] { load_run_config(run(R"("batch": {"seq_len": 64}, "optimizer": {"adam": {"beta2": 1.0}})")); },
+                      {"optimizer.adam.beta2", "[0, 1)"});
+  EXPECT_NO_THROW(load_run_config(run(R"("batch": {"seq_len": 64}, "optimizer": {"adam": {"beta2": 0.9999}})")));
 }
 
 TEST_F(RunFixture, CrossKeyChecks) {
