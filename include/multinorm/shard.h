@@ -11,6 +11,7 @@
 // token ids < vocab, row lengths. Errors name the file. Version 1 shards are still read.
 #pragma once
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -90,7 +91,11 @@ class Shard {
   bool verification_recorded() const;
   // Rows layout: row i's first token and length.
   uint64_t row_start(uint64_t i) const { return starts_[i]; }
-  uint32_t row_length(uint64_t i) const { return lengths_[i]; }
+  uint32_t row_length(uint64_t i) const {
+    uint32_t v;  // the section follows the tokens: 2-byte ids leave it only 2-byte aligned
+    std::memcpy(&v, lengths_ + 4 * i, 4);
+    return v;
+  }
 
  private:
   std::string path_;
@@ -98,7 +103,7 @@ class Shard {
   void* map_ = nullptr;
   size_t size_ = 0;
   const uint8_t* tokens_ = nullptr;
-  const uint32_t* lengths_ = nullptr;
+  const uint8_t* lengths_ = nullptr;  // rows layout: num_docs little-endian uint32, unaligned
   std::vector<uint64_t> starts_;
 };
 

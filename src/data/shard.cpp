@@ -262,15 +262,16 @@ Shard::Shard(const std::string& path, bool verify_data) : path_(path) {
   h_ = decode_header(base, size_, path);
   tokens_ = base + h_.tokens_offset;
   if (h_.layout == ShardLayout::Rows) {  // the header placed the lengths inside the file
-    lengths_ = reinterpret_cast<const uint32_t*>(base + h_.lengths_offset);
+    lengths_ = base + h_.lengths_offset;
     starts_.resize(h_.num_docs);
     uint64_t s = 0;
     for (uint64_t i = 0; i < h_.num_docs; ++i) {
-      if (lengths_[i] == 0 || lengths_[i] > h_.seq_len)
-        throw Error(path + ": row " + std::to_string(i) + " has length " + std::to_string(lengths_[i]) +
+      const uint32_t len = row_length(i);
+      if (len == 0 || len > h_.seq_len)
+        throw Error(path + ": row " + std::to_string(i) + " has length " + std::to_string(len) +
                     " (rows hold 1 to seq_len " + std::to_string(h_.seq_len) + " tokens): the file is corrupt");
       starts_[i] = s;
-      s += lengths_[i];
+      s += len;
     }
     if (s != h_.num_tokens) throw Error(path + ": row lengths sum to " + std::to_string(s) + ", not " + std::to_string(h_.num_tokens));
   }
