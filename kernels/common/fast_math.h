@@ -1,7 +1,7 @@
 // exp() for FP32 kernels, branch-free so that loops over it vectorize (glibc's expf is a scalar call
 // without -ffast-math, and it dominated softmax, cross-entropy and SwiGLU). Cephes' range reduction
 // and degree-6 polynomial: relative error below 2e-7 over [-87, 88]; below -87.3 the result is 0,
-// above 88.3 it saturates at exp(88.3).
+// above 88.3 it saturates at exp(88.3); NaN stays NaN.
 #pragma once
 #include <cstdint>
 
@@ -25,7 +25,10 @@ inline float exp_f32(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * z + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  // A NaN input leaves p NaN, so the result is NaN; the exponent path gets 0 instead of converting
+  // NaN to an integer (undefined behaviour).
+  const float n_finite = n == n ? n : 0.0f;
+  const int32_t bits = (static_cast<int32_t>(n_finite) + 127) << 23;
   const float scale = __builtin_bit_cast(float, bits);
   return underflow ? 0.0f : p * scale;
 }
