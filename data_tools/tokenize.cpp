@@ -37,19 +37,15 @@ std::string shard_name_for(const std::string& input) {
 
 namespace {
 
-struct InputStat {
-  uint64_t bytes = 0;
-  int64_t mtime_ns = 0;
-};
-InputStat stat_input(const std::string& path) {
+FileStamp stat_input(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) throw Error(path + ": cannot stat the input file");
-  return {static_cast<uint64_t>(st.st_size), static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
+  return file_stamp(path);
 }
 
 // How an existing complete shard differs from what this run would write ("" when it does not).
 std::string shard_difference(const ShardHeader& h, const TokenizeOptions& o, ShardLayout layout, uint64_t tokenizer_hash,
-                             const InputStat& in) {
+                             const FileStamp& in) {
   std::string d;
   auto add = [&](const std::string& s) { d += (d.empty() ? "" : "; ") + s; };
   if (h.version < 2) return "written by an older multinorm that recorded no provenance";
@@ -90,7 +86,7 @@ void tokenize_file(TokenizeJob& job, const std::string& in, const std::string& o
   std::vector<int8_t> status(kBatch);  // 0 ok, 1 empty, 2 malformed
   std::vector<size_t> raw_size(kBatch);
   TokenizeStats local;  // this file's counts, added to the run's at the end
-  const InputStat input = stat_input(in);  // before reading: a file changing meanwhile is not recorded as read
+  const FileStamp input = stat_input(in);  // before reading: a file changing meanwhile is not recorded as read
   C4Reader reader(in);
   ShardWriter writer(out, static_cast<uint32_t>(job.tok.vocab_size()), job.tok.eos_id(), job.tok.pad_id(), job.layout,
                      static_cast<uint32_t>(o.seq_len));

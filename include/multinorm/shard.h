@@ -42,6 +42,13 @@ struct ShardHeader {
 // FNV-1a 64 of a file's bytes (the tokenizer's identity in a shard's provenance).
 uint64_t file_fingerprint(const std::string& path);
 
+// A file's size and modification time (provenance and verification records); zeros when absent.
+struct FileStamp {
+  uint64_t bytes = 0;
+  int64_t mtime_ns = 0;
+};
+FileStamp file_stamp(const std::string& path);
+
 constexpr uint32_t kShardHeaderBytes = 128;
 
 // Streams a shard to `path` through `path + ".tmp"`, renamed by finish(): a crash leaves no shard.

@@ -173,8 +173,8 @@ class CpuBackend final : public Backend {
       const cpu::SwanReport r = cpu::swan_update(as<T>(w), as<G>(g), m, n, args, gemm_, ws_);
       ++swan_.tensors;
       swan_.worst_residual = std::max(swan_.worst_residual, r.residual);
-      if (r.fell_back) ++swan_.fallbacks;
-      if (!args.exact && args.ns_tolerance > 0 && !(r.residual < args.ns_tolerance)) ++swan_.unconverged;
+      if (r.fell_back) ++swan_.fallbacks;  // diverged (NaN residual): replaced by the exact result
+      else if (!args.exact && args.ns_tolerance > 0 && !(r.residual < args.ns_tolerance)) ++swan_.unconverged;
     });
   }
   void adam_update(Buf w, Buf g, Buf m, Buf v, int64_t n, const AdamArgs& args) override {

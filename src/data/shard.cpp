@@ -111,16 +111,13 @@ ShardHeader decode_header(const uint8_t* in, uint64_t file_size, const std::stri
   return h;
 }
 
-struct FileStat {
-  uint64_t size = 0;
-  int64_t mtime_ns = 0;
-};
-FileStat stat_file(const std::string& path) {
+}  // namespace
+
+FileStamp file_stamp(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return {};
   return {static_cast<uint64_t>(st.st_size), static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
 }
-}  // namespace
 
 uint64_t file_fingerprint(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY);
@@ -225,9 +222,9 @@ void ShardWriter::finish() {
   if (std::rename(tmp_.c_str(), path_.c_str()) != 0) throw Error(path_ + ": rename failed: " + std::strerror(errno));
   done_ = true;
   // Written and checksummed here: verified by construction, so recorded (see Shard::verify).
-  const FileStat f = stat_file(path_);
+  const FileStamp f = file_stamp(path_);
   write_text_file_atomic(path_ + ".verified",
-                         json{{"size", f.size}, {"mtime_ns", f.mtime_ns}, {"crc32", h_.crc32}}.dump() + "\n");
+                         json{{"size", f.bytes}, {"mtime_ns", f.mtime_ns}, {"crc32", h_.crc32}}.dump() + "\n");
 }
 
 ShardHeader read_shard_header(const std::string& path) {
@@ -287,8 +284,8 @@ void Shard::verify() const {
   if (h_.num_tokens && top >= h_.vocab_size)
     throw Error(path_ + ": token id " + std::to_string(top) + " >= vocab_size " + std::to_string(h_.vocab_size));
   // The record is best effort: a read-only data directory just means verifying again next time.
-  const FileStat f = stat_file(path_);
-  const json rec = {{"size", f.size}, {"mtime_ns", f.mtime_ns}, {"crc32", h_.crc32}};
+  const FileStamp f = file_stamp(path_);
+  const json rec = {{"size", f.bytes}, {"mtime_ns", f.mtime_ns}, {"crc32", h_.crc32}};
   try {
     write_text_file_atomic(path_ + ".verified", rec.dump() + "\n");
   } catch (const Error&) {
@@ -301,8 +298,8 @@ bool Shard::verification_recorded() const {
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   const json rec = json::parse(text, nullptr, false);
   if (!rec.is_object()) return false;
-  const FileStat f = stat_file(path_);
-  return rec.value("size", uint64_t{0}) == f.size && rec.value("mtime_ns", int64_t{-1}) == f.mtime_ns &&
+  const FileStamp f = file_stamp(path_);
+  return rec.value("size", uint64_t{0}) == f.bytes && rec.value("mtime_ns", int64_t{-1}) == f.mtime_ns &&
          rec.value("crc32", uint64_t{1} << 40) == h_.crc32;
 }
 
