@@ -14,6 +14,7 @@ packages=(
   libopenmpi-dev openmpi-bin  # optional at build time: data parallelism over MPI
   zlib1g-dev
   liblapack-dev               # dsyevd: SWAN's exact FP64 whitening path
+  libboost-context-dev        # fibers of the emulated CUDA build (kernels run on the CPU in tests)
 )
 if [ -z "${MULTINORM_DEPS_MINIMAL:-}" ]; then
   packages+=(python3 python3-torch python3-numpy python3-matplotlib)

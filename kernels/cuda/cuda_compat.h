@@ -1,0 +1,66 @@
+// The one header every CUDA source of multinorm includes. Under nvcc it is plain CUDA; under g++ it
+// is the emulated build (kernels/cuda/emulation/), which executes the same kernel sources on the
+// CPU so CI can compare every kernel with the CPU backend. Rules that keep one source valid in both
+// worlds (docs/cuda.md):
+//   - kernels are launched only through launch() below (g++ cannot parse <<< >>>);
+//   - dynamic shared memory only through MN_DYNAMIC_SHARED (extern __shared__ cannot be emulated);
+//   - no inline PTX, mma.sync, cp.async, grid-wide synchronisation, or __CUDA_ARCH__ branches in
+//     kernel files (tests/lint_cuda.sh enforces it).
+#pragma once
+
+#ifdef __CUDACC__
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#define MN_EMULATED 0
+// The block's dynamic shared memory as an array of `type` (16-byte aligned).
+#define MN_DYNAMIC_SHARED(type, name)                                  \
+  extern __shared__ __align__(16) unsigned char mn_dynamic_shared_[]; \
+  type* name = reinterpret_cast<type*>(mn_dynamic_shared_)
+#else
+#include "emulation/cuda_emulation.h"
+#define MN_EMULATED 1
+#define MN_DYNAMIC_SHARED(type, name) type* name = static_cast<type*>(::cuda_emu::dynamic_shared())
+#endif
+
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+namespace multinorm::cuda {
+
+using bf16 = __nv_bfloat16;
+
+// Throws multinorm::Error naming the failed CUDA call and what it was doing (defined in
+// kernels/cuda/check.cpp so this header does not pull in the project's error types).
+[[noreturn]] void throw_cuda_error(const std::string& what, cudaError_t e);
+[[noreturn]] void throw_launch_error(const char* kernel, dim3 grid, dim3 block, size_t shared_bytes, const std::string& why);
+
+// Launches kernel<<<grid, block, shared_bytes, stream>>>(args...) and checks the launch. `name`
+// is what an error message calls the kernel. Arguments are converted once to the kernel's
+// parameter types (as the CUDA runtime does) and every thread gets its own copy.
+template <class... Params, class... Args>
+void launch(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
+            Args&&... args) {
+  static_assert(sizeof...(Params) == sizeof...(Args), "launch: wrong number of kernel arguments");
+#ifdef __CUDACC__
+  kernel<<<grid, block, shared_bytes, stream>>>(std::forward<Args>(args)...);
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) throw_launch_error(name, grid, block, shared_bytes, std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e));
+#else
+  (void)stream;  // the emulation runs launches synchronously, in issue order
+  const std::tuple<std::decay_t<Params>...> params(static_cast<std::decay_t<Params>>(std::forward<Args>(args))...);
+  try {
+    ::cuda_emu::launch(name, grid, block, shared_bytes, [&] {
+      auto copy = params;
+      std::apply(kernel, copy);
+    });
+  } catch (const std::exception& ex) {
+    throw_launch_error(name, grid, block, shared_bytes, ex.what());
+  }
+#endif
+}
+
+inline unsigned ceil_div(long long a, long long b) { return static_cast<unsigned>((a + b - 1) / b); }
+
+}  // namespace multinorm::cuda

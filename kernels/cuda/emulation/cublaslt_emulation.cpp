@@ -1,0 +1,187 @@
+// A CPU stand-in for the cuBLASLt calls the CUDA backend makes, with cuBLASLt's semantics: column-major
+// matrices described by (type, rows, cols, ld) as stored, op() per TRANSA/TRANSB on the descriptor,
+// D = alpha * op(A) op(B) + beta * C with FP32 compute and scale, BF16 or FP32 inputs, BF16 or FP32
+// output. Dimensions, leading dimensions, type combinations and device pointers are validated the way
+// cuBLASLt rejects them (CUBLAS_STATUS_INVALID_VALUE / NOT_SUPPORTED), so the backend's layout logic
+// (row-major to column-major, transposes, odd leading dimensions) is exercised exactly as on a GPU.
+#include <cublasLt.h>
+
+#include <cstring>
+#include <vector>
+
+#include "cuda_emulation.h"
+
+namespace cuda_emu {
+bool is_device_memory(const void* p, size_t bytes);
+}
+
+struct cublasLtContext {
+  int unused = 0;
+};
+
+namespace {
+
+struct Desc {
+  cublasComputeType_t compute;
+  cudaDataType_t scale;
+  cublasOperation_t trans_a = CUBLAS_OP_N, trans_b = CUBLAS_OP_N;
+};
+struct Layout {
+  cudaDataType type;
+  uint64_t rows, cols;
+  int64_t ld;
+};
+static_assert(sizeof(Desc) <= sizeof(cublasLtMatmulDescOpaque_t), "descriptor state fits the opaque type");
+static_assert(sizeof(Layout) <= sizeof(cublasLtMatrixLayoutOpaque_t), "layout state fits the opaque type");
+
+template <class T, class O>
+T get(const O* o) {
+  T t;
+  std::memcpy(&t, o->data, sizeof(T));
+  return t;
+}
+template <class T, class O>
+void put(O* o, const T& t) {
+  std::memcpy(o->data, &t, sizeof(T));
+}
+
+float load(const void* p, cudaDataType t, int64_t i) {
+  if (t == CUDA_R_32F) return static_cast<const float*>(p)[i];
+  return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+}
+void store(void* p, cudaDataType t, int64_t i, float v) {
+  if (t == CUDA_R_32F) static_cast<float*>(p)[i] = v;
+  else static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16(v);  // round to nearest even, as cuBLASLt
+}
+int64_t bytes_of(const Layout& l) { return l.type == CUDA_R_32F ? 4 : 2; }
+bool on_device(const void* p, const Layout& l) {
+  return cuda_emu::is_device_memory(p, static_cast<size_t>(((l.cols - 1) * l.ld + l.rows) * bytes_of(l)));
+}
+
+}  // namespace
+
+extern "C" {
+
+cublasStatus_t cublasLtCreate(cublasLtHandle_t* h) {
+  *h = new cublasLtContext;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtDestroy(cublasLtHandle_t h) {
+  delete h;
+  return CUBLAS_STATUS_SUCCESS;
+}
+const char* cublasLtGetStatusName(cublasStatus_t s) {
+  switch (s) {
+    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+    default: return "CUBLAS_STATUS_(emulated error)";
+  }
+}
+const char* cublasLtGetStatusString(cublasStatus_t s) { return cublasLtGetStatusName(s); }
+
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* d, cublasComputeType_t compute, cudaDataType_t scale) {
+  if (compute != CUBLAS_COMPUTE_32F || scale != CUDA_R_32F) return CUBLAS_STATUS_NOT_SUPPORTED;  // all the backend uses
+  *d = new cublasLtMatmulDescOpaque_t{};
+  put(*d, Desc{compute, scale});
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) {
+  delete d;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, const void* buf, size_t size) {
+  Desc desc = get<Desc>(d);
+  if (attr == CUBLASLT_MATMUL_DESC_TRANSA || attr == CUBLASLT_MATMUL_DESC_TRANSB) {
+    if (size != sizeof(int32_t)) return CUBLAS_STATUS_INVALID_VALUE;
+    int32_t op;
+    std::memcpy(&op, buf, sizeof(op));
+    if (op != CUBLAS_OP_N && op != CUBLAS_OP_T) return CUBLAS_STATUS_NOT_SUPPORTED;
+    (attr == CUBLASLT_MATMUL_DESC_TRANSA ? desc.trans_a : desc.trans_b) = static_cast<cublasOperation_t>(op);
+    put(d, desc);
+    return CUBLAS_STATUS_SUCCESS;
+  }
+  return CUBLAS_STATUS_NOT_SUPPORTED;
+}
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* l, cudaDataType type, uint64_t rows, uint64_t cols, int64_t ld) {
+  if (type != CUDA_R_32F && type != CUDA_R_16BF) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (ld < static_cast<int64_t>(rows) || rows == 0 || cols == 0) return CUBLAS_STATUS_INVALID_VALUE;  // column-major: ld >= rows
+  *l = new cublasLtMatrixLayoutOpaque_t{};
+  put(*l, Layout{type, rows, cols, ld});
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l) {
+  delete l;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* p) {
+  *p = new cublasLtMatmulPreferenceOpaque_t{};
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p) {
+  delete p;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t, cublasLtMatmulPreferenceAttributes_t attr, const void*,
+                                                    size_t size) {
+  if (attr != CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES || size != sizeof(uint64_t)) return CUBLAS_STATUS_NOT_SUPPORTED;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+namespace {
+// Checks what cuBLASLt checks; returns m, n, k of D[m,n] = op(A)[m,k] op(B)[k,n].
+cublasStatus_t shapes(const Desc& d, const Layout& a, const Layout& b, const Layout& c, const Layout& dl, uint64_t& m, uint64_t& n, uint64_t& k) {
+  m = d.trans_a == CUBLAS_OP_N ? a.rows : a.cols;
+  k = d.trans_a == CUBLAS_OP_N ? a.cols : a.rows;
+  const uint64_t kb = d.trans_b == CUBLAS_OP_N ? b.rows : b.cols;
+  n = d.trans_b == CUBLAS_OP_N ? b.cols : b.rows;
+  if (kb != k || c.rows != m || c.cols != n || dl.rows != m || dl.cols != n) return CUBLAS_STATUS_INVALID_VALUE;
+  if (a.type != b.type || c.type != dl.type) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (a.type == CUDA_R_32F && c.type != CUDA_R_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
+  return CUBLAS_STATUS_SUCCESS;
+}
+}  // namespace
+
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t A, cublasLtMatrixLayout_t B,
+                                              cublasLtMatrixLayout_t C, cublasLtMatrixLayout_t D, cublasLtMatmulPreference_t, int requested,
+                                              cublasLtMatmulHeuristicResult_t results[], int* count) {
+  uint64_t m, n, k;
+  const cublasStatus_t s = shapes(get<Desc>(op), get<Layout>(A), get<Layout>(B), get<Layout>(C), get<Layout>(D), m, n, k);
+  if (s != CUBLAS_STATUS_SUCCESS) return s;
+  *count = requested > 0 ? 1 : 0;
+  if (requested > 0) {
+    std::memset(&results[0], 0, sizeof(results[0]));
+    results[0].state = CUBLAS_STATUS_SUCCESS;
+    results[0].workspaceSize = 0;
+    results[0].wavesCount = 1.0f;
+  }
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t op, const void* alpha, const void* A, cublasLtMatrixLayout_t Adesc,
+                              const void* B, cublasLtMatrixLayout_t Bdesc, const void* beta, const void* C, cublasLtMatrixLayout_t Cdesc,
+                              void* D, cublasLtMatrixLayout_t Ddesc, const cublasLtMatmulAlgo_t*, void*, size_t, cudaStream_t) {
+  const Desc d = get<Desc>(op);
+  const Layout a = get<Layout>(Adesc), b = get<Layout>(Bdesc), c = get<Layout>(Cdesc), dl = get<Layout>(Ddesc);
+  uint64_t m, n, k;
+  if (const cublasStatus_t s = shapes(d, a, b, c, dl, m, n, k); s != CUBLAS_STATUS_SUCCESS) return s;
+  if (!on_device(A, a) || !on_device(B, b) || !on_device(D, dl) || (C != D && !on_device(C, c))) return CUBLAS_STATUS_INVALID_VALUE;
+  const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
+  const bool ta = d.trans_a == CUBLAS_OP_T, tb = d.trans_b == CUBLAS_OP_T;
+  std::vector<float> column(m);
+  for (uint64_t j = 0; j < n; ++j) {
+    std::fill(column.begin(), column.end(), 0.0f);
+    for (uint64_t p = 0; p < k; ++p) {
+      const float bv = load(B, b.type, tb ? static_cast<int64_t>(p * b.ld + j) : static_cast<int64_t>(j * b.ld + p));
+      for (uint64_t i = 0; i < m; ++i)
+        column[i] += load(A, a.type, ta ? static_cast<int64_t>(i * a.ld + p) : static_cast<int64_t>(p * a.ld + i)) * bv;
+    }
+    for (uint64_t i = 0; i < m; ++i) {
+      const float prior = be != 0.0f ? be * load(C, c.type, static_cast<int64_t>(j * c.ld + i)) : 0.0f;  // beta = 0: C not read
+      store(D, dl.type, static_cast<int64_t>(j * dl.ld + i), al * column[i] + prior);
+    }
+  }
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+}  // extern "C"

@@ -1,0 +1,543 @@
+// The emulated CUDA execution model (see cuda_emulation.h): fibers per CUDA thread on Boost.Context's
+// fcontext (a few ns per switch), a per-block scheduler that resolves barriers and warp collectives,
+// a pool of worker threads for blocks, and sanitizer annotations so ASan and TSan understand the
+// stack switches.
+#include "cuda_emulation.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <boost/context/detail/fcontext.hpp>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <mutex>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/common_interface_defs.h>
+#define CUDA_EMU_ASAN 1
+#endif
+#if defined(__SANITIZE_THREAD__)
+#define CUDA_EMU_TSAN 1
+extern "C" {
+void* __tsan_get_current_fiber(void);
+void* __tsan_create_fiber(unsigned flags);
+void __tsan_destroy_fiber(void* fiber);
+void __tsan_switch_to_fiber(void* fiber, unsigned flags);
+void __tsan_acquire(void* addr);
+void __tsan_release(void* addr);
+void __tsan_ignore_thread_begin(void);  // not declared by GCC 12's tsan_interface.h
+void __tsan_ignore_thread_end(void);
+}
+#endif
+
+namespace ctx = boost::context::detail;
+
+namespace cuda_emu {
+namespace {
+
+// ---- configuration ------------------------------------------------------------------------------
+enum class Order { Forward, Reverse, Random };
+struct Config {
+  int workers = 2;
+  Order order = Order::Forward;
+  uint64_t seed = 1;
+  size_t stack_bytes = 256 * 1024;
+};
+Config read_config() {
+  Config c;
+  if (const char* w = std::getenv("MULTINORM_EMU_WORKERS"); w && *w) c.workers = std::max(1, std::atoi(w));
+  if (const char* o = std::getenv("MULTINORM_EMU_ORDER"); o && *o) {
+    const std::string s(o);
+    if (s == "forward") c.order = Order::Forward;
+    else if (s == "reverse") c.order = Order::Reverse;
+    else if (s == "random") c.order = Order::Random;
+    else throw std::runtime_error("MULTINORM_EMU_ORDER: '" + s + "' is not forward, reverse or random");
+  }
+  if (const char* s = std::getenv("MULTINORM_EMU_SEED"); s && *s) c.seed = std::strtoull(s, nullptr, 10);
+  if (const char* k = std::getenv("MULTINORM_EMU_STACK_KB"); k && *k) c.stack_bytes = std::max(16L, std::atol(k)) * 1024;
+  return c;
+}
+
+// ---- one CUDA thread ----------------------------------------------------------------------------
+enum class State : uint8_t { Ready, AtBarrier, AtWarp, Done };
+
+struct Stack {
+  void* base = nullptr;  // lowest address (guard page first)
+  size_t bytes = 0;      // including the guard page
+};
+
+struct Fiber {
+  uint3 idx{};
+  int lane = 0, warp = 0;
+  State state = State::Ready;
+  // warp collective mailbox
+  WarpOp op = WarpOp::Sync;
+  unsigned mask = 0;
+  uint64_t value = 0, result = 0;
+  int arg = 0, width = 32;
+  // context switching
+  ctx::fcontext_t fc = nullptr;   // where to resume this fiber
+  ctx::fcontext_t ret = nullptr;  // where to return to the scheduler
+  Stack stack;
+  const std::function<void()>* body = nullptr;
+  std::string error;  // an exception thrown by the body
+#if CUDA_EMU_ASAN
+  void* fake_stack = nullptr;
+  const void* sched_bottom = nullptr;
+  size_t sched_size = 0;
+#endif
+#if CUDA_EMU_TSAN
+  void* tsan_fiber = nullptr;
+#endif
+};
+
+struct Block {
+  uint3 idx{};
+  dim3 dim, grid;
+  unsigned char* shared = nullptr;
+  int barrier_generation = 0;
+  std::vector<unsigned> warp_generation;  // per warp: collectives completed (TSan anchors alternate)
+};
+
+thread_local Fiber* t_fiber = nullptr;
+thread_local Block* t_block = nullptr;
+
+[[noreturn]] void fail(const std::string& what) { throw std::runtime_error(what); }
+
+// Per-worker resources, reused across blocks and launches: fiber stacks, fibers, shared memory.
+struct WorkerResources {
+  std::vector<Stack> stacks;
+  std::vector<Fiber> fibers;
+  std::vector<unsigned char> shared;
+  ~WorkerResources() {
+    for (Stack& s : stacks) ::munmap(s.base, s.bytes);
+#if CUDA_EMU_TSAN
+    for (Fiber& f : fibers)
+      if (f.tsan_fiber) __tsan_destroy_fiber(f.tsan_fiber);
+#endif
+  }
+};
+thread_local WorkerResources t_resources;
+
+Stack make_stack(size_t bytes) {
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  const size_t total = (bytes + page - 1) / page * page + page;
+  void* p = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) fail("emulated CUDA: cannot map a " + std::to_string(total) + "-byte fiber stack");
+  ::mprotect(p, page, PROT_NONE);  // guard page: a stack overflow faults instead of corrupting memory
+  return {p, total};
+}
+
+// TSan sync anchors: a launch's start and end, and the barrier generations of a block (two anchors,
+// alternating, so one generation's release is never confused with the next one's).
+#if CUDA_EMU_TSAN
+char g_launch_anchor, g_launch_end_anchor;
+thread_local char t_barrier_anchor[2];
+thread_local char t_warp_anchor[32][2];
+thread_local void* t_scheduler_tsan_fiber = nullptr;
+#endif
+
+// ---- switching ------------------------------------------------------------------------------------
+void fiber_entry(ctx::transfer_t t);
+
+void switch_to_fiber(Fiber& f) {
+  t_fiber = &f;
+#if CUDA_EMU_ASAN
+  void* fake = nullptr;
+  __sanitizer_start_switch_fiber(&fake, f.stack.base, f.stack.bytes);
+#endif
+#if CUDA_EMU_TSAN
+  __tsan_switch_to_fiber(f.tsan_fiber, 1 /* no sync: barriers and collectives synchronise explicitly */);
+#endif
+  const ctx::transfer_t r = ctx::jump_fcontext(f.fc, &f);
+#if CUDA_EMU_ASAN
+  __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+#endif
+  f.fc = r.fctx;
+  t_fiber = nullptr;
+}
+
+// Back to the scheduler; returns when the scheduler resumes this fiber.
+void yield_to_scheduler(Fiber& f, bool finished) {
+#if CUDA_EMU_ASAN
+  __sanitizer_start_switch_fiber(finished ? nullptr : &f.fake_stack, f.sched_bottom, f.sched_size);
+#else
+  (void)finished;
+#endif
+#if CUDA_EMU_TSAN
+  __tsan_switch_to_fiber(t_scheduler_tsan_fiber, 1);
+#endif
+  const ctx::transfer_t r = ctx::jump_fcontext(f.ret, nullptr);
+  f.ret = r.fctx;
+#if CUDA_EMU_ASAN
+  __sanitizer_finish_switch_fiber(f.fake_stack, &f.sched_bottom, &f.sched_size);
+#endif
+}
+
+void fiber_entry(ctx::transfer_t t) {
+  Fiber& f = *static_cast<Fiber*>(t.data);
+  f.ret = t.fctx;
+#if CUDA_EMU_ASAN
+  __sanitizer_finish_switch_fiber(nullptr, &f.sched_bottom, &f.sched_size);
+#endif
+#if CUDA_EMU_TSAN
+  __tsan_acquire(&g_launch_anchor);
+#endif
+  try {
+    (*f.body)();
+  } catch (const std::exception& e) {
+    f.error = e.what();
+  } catch (...) {
+    f.error = "unknown exception";
+  }
+#if CUDA_EMU_TSAN
+  __tsan_release(&g_launch_end_anchor);
+#endif
+  f.state = State::Done;
+  yield_to_scheduler(f, true);
+  std::abort();  // a finished fiber is never resumed
+}
+
+std::string lane_list(unsigned bits) {
+  std::string s;
+  for (int l = 0; l < 32; ++l)
+    if (bits >> l & 1u) s += (s.empty() ? "" : ",") + std::to_string(l);
+  return s;
+}
+
+std::string where(const Block& b, const Fiber* f = nullptr) {
+  std::string s = "block (" + std::to_string(b.idx.x) + "," + std::to_string(b.idx.y) + "," + std::to_string(b.idx.z) + ")";
+  if (f) s += " thread (" + std::to_string(f->idx.x) + "," + std::to_string(f->idx.y) + "," + std::to_string(f->idx.z) + ")";
+  return s;
+}
+
+char hex(unsigned v) { return "0123456789abcdef"[v & 15]; }
+std::string mask_hex(unsigned m) {
+  std::string s = "0x";
+  for (int i = 7; i >= 0; --i) s += hex(m >> (4 * i));
+  return s;
+}
+
+// Resolves every warp collective whose participants have all arrived. Returns true on progress.
+bool resolve_warps(Block& b, std::vector<Fiber>& fibers, int n) {
+  bool progress = false;
+  for (int w0 = 0; w0 < n; w0 += 32) {
+    const int lanes = std::min(32, n - w0);
+    const unsigned existing = lanes == 32 ? 0xffffffffu : ((1u << lanes) - 1u);
+    unsigned handled = 0;
+    for (int l = 0; l < lanes; ++l) {
+      Fiber& f = fibers[w0 + l];
+      if (f.state != State::AtWarp || (handled >> l & 1u)) continue;
+      const unsigned m = f.mask;
+      if (!(m >> l & 1u)) fail(where(b, &f) + ": warp collective with mask " + mask_hex(m) + " that excludes the calling lane " + std::to_string(l));
+      if (m & ~existing) fail(where(b, &f) + ": warp mask " + mask_hex(m) + " names lanes " + lane_list(m & ~existing) + " that do not exist in this block");
+      bool all_here = true;
+      for (int k = 0; k < lanes; ++k) {
+        if (!(m >> k & 1u)) continue;
+        const Fiber& o = fibers[w0 + k];
+        if (o.state == State::Done)
+          fail(where(b, &f) + ": warp collective with mask " + mask_hex(m) + " waits for lane " + std::to_string(k) + ", which has exited (a GPU would hang)");
+        if (o.state != State::AtWarp) {
+          all_here = false;
+          continue;
+        }
+        if (o.mask != m)
+          fail(where(b, &f) + ": lanes disagree on the warp mask: lane " + std::to_string(l) + " passes " + mask_hex(m) + ", lane " + std::to_string(k) + " passes " + mask_hex(o.mask));
+        if (o.op != f.op) fail(where(b, &f) + ": lanes " + std::to_string(l) + " and " + std::to_string(k) + " of a warp reached different warp collectives");
+      }
+      if (!all_here) continue;
+      handled |= m;
+      // Everyone is here: compute each participant's result.
+      uint64_t ballot = 0, sum = 0, mn = ~0ull, mx = 0;
+      for (int k = 0; k < lanes; ++k)
+        if (m >> k & 1u) {
+          const uint64_t v = fibers[w0 + k].value;
+          if (v) ballot |= 1ull << k;
+          sum += v, mn = std::min(mn, v), mx = std::max(mx, v);
+        }
+      for (int k = 0; k < lanes; ++k) {
+        if (!(m >> k & 1u)) continue;
+        Fiber& o = fibers[w0 + k];
+        const int width = o.width;
+        if (width < 1 || width > 32 || (width & (width - 1)))
+          fail(where(b, &o) + ": shuffle width " + std::to_string(width) + " is not a power of two in 1..32");
+        const int seg = k & ~(width - 1);
+        int src = k;
+        switch (o.op) {
+          case WarpOp::Sync: break;
+          case WarpOp::ShflIdx: src = seg + (o.arg & (width - 1)); break;
+          case WarpOp::ShflUp: src = k - o.arg < seg ? k : k - o.arg; break;
+          case WarpOp::ShflDown: src = k + o.arg >= seg + width ? k : k + o.arg; break;
+          case WarpOp::ShflXor: src = (k ^ o.arg) >= seg + width ? k : (k ^ o.arg); break;
+          default: break;
+        }
+        switch (o.op) {
+          case WarpOp::ShflIdx:
+          case WarpOp::ShflUp:
+          case WarpOp::ShflDown:
+          case WarpOp::ShflXor:
+            if (src < 0 || src >= 32 || !(m >> src & 1u))
+              fail(where(b, &o) + ": shuffle reads lane " + std::to_string(src) + ", which is not in the mask " + mask_hex(m) + " (undefined on a GPU)");
+            o.result = fibers[w0 + src].value;
+            break;
+          case WarpOp::Ballot: o.result = ballot; break;
+          case WarpOp::Any: o.result = ballot != 0; break;
+          case WarpOp::All: o.result = ballot == (m & 0xffffffffull); break;
+          case WarpOp::ReduceAdd: o.result = sum & 0xffffffffull; break;
+          case WarpOp::ReduceMin: o.result = mn; break;
+          case WarpOp::ReduceMax: o.result = mx; break;
+          case WarpOp::Sync: break;
+        }
+      }
+      for (int k = 0; k < lanes; ++k)
+        if (m >> k & 1u) fibers[w0 + k].state = State::Ready;
+      ++b.warp_generation[w0 / 32];
+      progress = true;
+    }
+  }
+  return progress;
+}
+
+void run_block(Block& b, const std::function<void()>& body, size_t shared_bytes, const Config& cfg, uint64_t block_linear) {
+  WorkerResources& res = t_resources;
+  const int n = static_cast<int>(b.dim.x * b.dim.y * b.dim.z);
+  if (res.shared.size() < shared_bytes) res.shared.resize(shared_bytes);
+  std::memset(res.shared.data(), 0xff, shared_bytes);  // NaN in every float/bf16: uninitialised reads show
+  b.shared = res.shared.data();
+  if (!res.stacks.empty() && res.stacks[0].bytes < cfg.stack_bytes) {  // stack size raised: remap all
+    for (Stack& s : res.stacks) ::munmap(s.base, s.bytes);
+    res.stacks.clear();
+  }
+  while (static_cast<int>(res.stacks.size()) < n) res.stacks.push_back(make_stack(cfg.stack_bytes));
+  if (static_cast<int>(res.fibers.size()) < n) res.fibers.resize(n);
+  std::vector<Fiber>& fibers = res.fibers;  // the first n belong to this block
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  int i = 0;
+  for (unsigned z = 0; z < b.dim.z; ++z)
+    for (unsigned y = 0; y < b.dim.y; ++y)
+      for (unsigned x = 0; x < b.dim.x; ++x, ++i) {
+        Fiber& f = fibers[i];
+#if CUDA_EMU_TSAN
+        void* keep = f.tsan_fiber;
+#endif
+        f = Fiber{};
+#if CUDA_EMU_TSAN
+        f.tsan_fiber = keep ? keep : __tsan_create_fiber(0);
+#endif
+        f.idx = make_uint3(x, y, z);
+        f.lane = i % 32, f.warp = i / 32;
+        f.stack = res.stacks[i];
+        f.body = &body;
+        char* top = static_cast<char*>(f.stack.base) + f.stack.bytes;
+        f.fc = ctx::make_fcontext(top, f.stack.bytes - page, fiber_entry);
+      }
+  b.warp_generation.assign((n + 31) / 32, 0);
+  std::vector<int> order(n);
+  for (int k = 0; k < n; ++k) order[k] = cfg.order == Order::Reverse ? n - 1 - k : k;
+  std::mt19937_64 rng(cfg.seed * 0x9e3779b97f4a7c15ULL + block_linear);
+  t_block = &b;
+#if CUDA_EMU_TSAN
+  t_scheduler_tsan_fiber = __tsan_get_current_fiber();
+#endif
+  for (;;) {
+    // Run every ready thread until it reaches a barrier, a warp collective or its end.
+    if (cfg.order == Order::Random) std::shuffle(order.begin(), order.end(), rng);
+    bool ran = false;
+    for (int k : order) {
+      Fiber& f = fibers[k];
+      if (f.state != State::Ready) continue;
+      switch_to_fiber(f);
+      ran = true;
+      if (!f.error.empty()) fail(where(b, &f) + ": " + f.error);
+    }
+    if (resolve_warps(b, fibers, n) || ran) continue;
+    int done = 0, at_barrier = 0;
+    for (int k = 0; k < n; ++k) {
+      done += fibers[k].state == State::Done;
+      at_barrier += fibers[k].state == State::AtBarrier;
+    }
+    if (done == n) break;
+    if (at_barrier == n - done) {
+      if (done > 0) {
+        int d = 0;
+        while (fibers[d].state != State::Done) ++d;
+        fail(where(b, &fibers[d]) + " exited without reaching a __syncthreads that " + std::to_string(at_barrier) + " of " +
+             std::to_string(n) + " threads wait at (barrier divergence: a GPU hangs or misbehaves)");
+      }
+      for (int k = 0; k < n; ++k) fibers[k].state = State::Ready;
+      ++b.barrier_generation;
+      continue;
+    }
+    // Some threads wait at a barrier, others at a warp collective that cannot complete.
+    for (int k = 0; k < n; ++k)
+      if (fibers[k].state == State::AtWarp)
+        fail(where(b, &fibers[k]) + ": deadlock: a warp collective with mask " + mask_hex(fibers[k].mask) +
+             " waits for lanes that are at __syncthreads or in a different collective");
+    fail(where(b) + ": deadlock in the emulated block");
+  }
+  t_block = nullptr;
+}
+
+// ---- worker pool ----------------------------------------------------------------------------------
+class Pool {
+ public:
+  // Runs job(worker) on `workers` threads of the pool and waits for all of them.
+  void run(int workers, const std::function<void(int)>& job) {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (static_cast<int>(threads_.size()) < workers) {
+      const int id = static_cast<int>(threads_.size());
+      threads_.emplace_back([this, id] { loop(id); });
+    }
+    job_ = &job;
+    active_ = workers;
+    pending_ = workers;
+    ++generation_;
+    cv_.notify_all();
+    done_cv_.wait(lock, [this] { return pending_ == 0; });
+    job_ = nullptr;
+  }
+  ~Pool() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+
+ private:
+  void loop(int id) {
+    uint64_t seen = 0;
+    for (;;) {
+      const std::function<void(int)>* job;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
+        if (stop_) return;
+        seen = generation_;
+        if (id >= active_) continue;
+        job = job_;
+      }
+      (*job)(id);
+      std::lock_guard<std::mutex> lock(mu_);
+      if (--pending_ == 0) done_cv_.notify_all();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_, done_cv_;
+  std::vector<std::thread> threads_;
+  const std::function<void(int)>* job_ = nullptr;
+  int active_ = 0, pending_ = 0;
+  uint64_t generation_ = 0;
+  bool stop_ = false;
+};
+
+Pool& pool() {
+  static Pool p;
+  return p;
+}
+std::mutex g_launch_mutex;  // one emulated launch at a time (a single in-order stream)
+
+}  // namespace
+
+// ---- what kernels call ------------------------------------------------------------------------------
+const uint3& thread_idx() { return t_fiber->idx; }
+const uint3& block_idx() { return t_block->idx; }
+const dim3& block_dim() { return t_block->dim; }
+const dim3& grid_dim() { return t_block->grid; }
+void* dynamic_shared() { return t_block->shared; }
+
+void syncthreads() {
+  Fiber& f = *t_fiber;
+#if CUDA_EMU_TSAN
+  char* anchor = &t_barrier_anchor[t_block->barrier_generation & 1];
+  __tsan_release(anchor);
+#endif
+  f.state = State::AtBarrier;
+  yield_to_scheduler(f, false);
+#if CUDA_EMU_TSAN
+  __tsan_acquire(anchor);
+#endif
+}
+
+uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int arg, int width) {
+  Fiber& f = *t_fiber;
+  f.op = op, f.mask = mask, f.value = value, f.arg = arg, f.width = width;
+  f.state = State::AtWarp;
+#if CUDA_EMU_TSAN
+  char* anchor = &t_warp_anchor[f.warp % 32][t_block->warp_generation[f.warp] & 1];
+  __tsan_release(anchor);
+#endif
+  yield_to_scheduler(f, false);
+#if CUDA_EMU_TSAN
+  __tsan_acquire(anchor);
+#endif
+  return f.result;
+}
+
+void launch(const char* name, dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>& body) {
+  const uint64_t threads = static_cast<uint64_t>(block.x) * block.y * block.z;
+  auto bad = [&](const std::string& why) {
+    fail(std::string("emulated launch of ") + name + " (grid " + std::to_string(grid.x) + "x" + std::to_string(grid.y) + "x" +
+         std::to_string(grid.z) + ", block " + std::to_string(block.x) + "x" + std::to_string(block.y) + "x" + std::to_string(block.z) +
+         ", " + std::to_string(shared_bytes) + " B dynamic shared): " + why);
+  };
+  if (threads == 0 || threads > 1024) bad("a block must have 1..1024 threads (cudaErrorInvalidConfiguration)");
+  if (block.z > 64) bad("blockDim.z > 64");
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0) bad("empty grid (cudaErrorInvalidConfiguration)");
+  if (grid.y > 65535 || grid.z > 65535) bad("gridDim.y and .z must be at most 65535");
+  if (shared_bytes > 227 * 1024) bad("more dynamic shared memory than an H100 block can have (227 KiB)");
+
+  const Config cfg = read_config();
+  std::lock_guard<std::mutex> lock(g_launch_mutex);
+  const uint64_t blocks = static_cast<uint64_t>(grid.x) * grid.y * grid.z;
+  std::atomic<uint64_t> next{0};
+  std::mutex err_mu;
+  std::string first_error;
+#if CUDA_EMU_TSAN
+  __tsan_release(&g_launch_anchor);
+#endif
+  const int workers = static_cast<int>(std::min<uint64_t>(cfg.workers, blocks));
+  pool().run(workers, [&](int) {
+#if CUDA_EMU_TSAN
+    __tsan_ignore_thread_begin();
+#endif
+    for (;;) {
+      const uint64_t id = next.fetch_add(1);
+      if (id >= blocks) break;
+      {
+        std::lock_guard<std::mutex> l(err_mu);
+        if (!first_error.empty()) break;
+      }
+      Block b;
+      b.idx = make_uint3(static_cast<unsigned>(id % grid.x), static_cast<unsigned>(id / grid.x % grid.y),
+                         static_cast<unsigned>(id / (static_cast<uint64_t>(grid.x) * grid.y)));
+      b.dim = block, b.grid = grid;
+      try {
+        run_block(b, body, shared_bytes, cfg, id);
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> l(err_mu);
+        if (first_error.empty()) first_error = e.what();
+        // The block's fibers are abandoned mid-flight; their stacks are reused by the next launch.
+      }
+    }
+#if CUDA_EMU_TSAN
+    __tsan_ignore_thread_end();
+#endif
+  });
+#if CUDA_EMU_TSAN
+  __tsan_acquire(&g_launch_end_anchor);
+#endif
+  if (!first_error.empty()) bad(first_error);
+}
+
+}  // namespace cuda_emu

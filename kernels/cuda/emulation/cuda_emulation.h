@@ -1,0 +1,166 @@
+// The emulated CUDA build: what kernel sources see when g++ (not nvcc) compiles them. Every CUDA
+// thread of a block runs as a cooperative fiber on one worker OS thread; blocks are spread over N
+// workers. Barriers, warp collectives and atomics have CUDA's semantics, and misuse that a GPU would
+// hang on or silently get wrong is an error here (a barrier not reached by every thread, a mask
+// naming an exited or missing lane, lanes disagreeing on a mask, an invalid launch).
+//
+// This is a test instrument (the same .cu sources, executed on the CPU in CI), never a backend.
+// Kernel files never include this header directly: they include kernels/cuda/cuda_compat.h, which
+// picks the real CUDA headers under nvcc and this one under g++. See docs/cuda.md for the rules.
+//
+// Environment (read at every launch, so a test can change it between launches):
+//   MULTINORM_EMU_WORKERS  worker threads running blocks (default 2)
+//   MULTINORM_EMU_ORDER    fiber order: forward | reverse | random (default forward)
+//   MULTINORM_EMU_SEED     seed of the random order (default 1)
+//   MULTINORM_EMU_STACK_KB fiber stack size (default 256)
+#pragma once
+#ifdef __CUDACC__
+#error "cuda_emulation.h is the g++ side of kernels/cuda/cuda_compat.h; nvcc uses the real CUDA headers"
+#endif
+
+#include <cuda_bf16.h>          // the real __nv_bfloat16 (host conversions round to nearest even)
+#include <cuda_runtime_api.h>   // the real types (dim3, cudaError_t, ...); the host API is emulated
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <type_traits>
+
+// Static shared memory: one instance per worker thread = per running block (a fiber never moves to
+// another OS thread). Unlike dynamic shared memory it is not poisoned between blocks: it keeps the
+// previous block's contents, so a kernel that reads it before writing it is only caught by the TSan
+// build (scripts/sanitize.sh).
+#undef __shared__
+#define __shared__ static thread_local
+
+namespace cuda_emu {
+
+// ---- what the running fiber sees ---------------------------------------------------------------
+const uint3& thread_idx();
+const uint3& block_idx();
+const dim3& block_dim();
+const dim3& grid_dim();
+void* dynamic_shared();  // this block's dynamic shared memory (NaN-poisoned at block start)
+
+void syncthreads();
+enum class WarpOp : uint8_t { Sync, ShflIdx, ShflUp, ShflDown, ShflXor, Ballot, Any, All, ReduceAdd, ReduceMin, ReduceMax };
+// One lane's part of a warp collective: returns when every lane of `mask` has arrived (with the same
+// mask and op); the last arrival computes every participant's result.
+uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int arg, int width);
+
+// ---- launching -----------------------------------------------------------------------------------
+// Runs body() once per CUDA thread of every block; throws std::runtime_error naming the kernel on an
+// invalid launch or a strict-mode error inside it. Synchronous (so stream order is kept trivially).
+void launch(const char* name, dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>& body);
+
+// ---- atomics: a CAS loop on the raw bits (correct across worker threads) ------------------------
+template <class T, class F>
+T atomic_update(T* address, F f) {
+  static_assert(sizeof(T) == 2 || sizeof(T) == 4 || sizeof(T) == 8, "atomic on an unsupported size");
+  using Bits = std::conditional_t<sizeof(T) == 2, uint16_t, std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>>;
+  Bits* p = reinterpret_cast<Bits*>(address);
+  Bits expected = __atomic_load_n(p, __ATOMIC_RELAXED);
+  for (;;) {
+    T old;
+    std::memcpy(&old, &expected, sizeof(T));
+    const T next = f(old);
+    Bits desired;
+    std::memcpy(&desired, &next, sizeof(T));
+    if (__atomic_compare_exchange_n(p, &expected, desired, false, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED)) return old;
+  }
+}
+
+template <class T>
+uint64_t to_bits(T v) {
+  static_assert(sizeof(T) <= 8, "warp collectives move at most 8 bytes per lane");
+  uint64_t b = 0;
+  std::memcpy(&b, &v, sizeof(T));
+  return b;
+}
+template <class T>
+T from_bits(uint64_t b) {
+  T v;
+  std::memcpy(&v, &b, sizeof(T));
+  return v;
+}
+
+}  // namespace cuda_emu
+
+#define threadIdx (::cuda_emu::thread_idx())
+#define blockIdx (::cuda_emu::block_idx())
+#define blockDim (::cuda_emu::block_dim())
+#define gridDim (::cuda_emu::grid_dim())
+constexpr int warpSize = 32;
+
+inline void __syncthreads() { ::cuda_emu::syncthreads(); }
+inline void __syncwarp(unsigned mask = 0xffffffffu) { ::cuda_emu::warp_collective(::cuda_emu::WarpOp::Sync, mask, 0, 0, 32); }
+inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+inline void __threadfence_block() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+
+template <class T>
+T __shfl_sync(unsigned mask, T v, int src_lane, int width = 32) {
+  return ::cuda_emu::from_bits<T>(::cuda_emu::warp_collective(::cuda_emu::WarpOp::ShflIdx, mask, ::cuda_emu::to_bits(v), src_lane, width));
+}
+template <class T>
+T __shfl_up_sync(unsigned mask, T v, unsigned delta, int width = 32) {
+  return ::cuda_emu::from_bits<T>(::cuda_emu::warp_collective(::cuda_emu::WarpOp::ShflUp, mask, ::cuda_emu::to_bits(v), static_cast<int>(delta), width));
+}
+template <class T>
+T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32) {
+  return ::cuda_emu::from_bits<T>(::cuda_emu::warp_collective(::cuda_emu::WarpOp::ShflDown, mask, ::cuda_emu::to_bits(v), static_cast<int>(delta), width));
+}
+template <class T>
+T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
+  return ::cuda_emu::from_bits<T>(::cuda_emu::warp_collective(::cuda_emu::WarpOp::ShflXor, mask, ::cuda_emu::to_bits(v), lane_mask, width));
+}
+inline unsigned __ballot_sync(unsigned mask, int pred) {
+  return static_cast<unsigned>(::cuda_emu::warp_collective(::cuda_emu::WarpOp::Ballot, mask, pred != 0, 0, 32));
+}
+inline int __any_sync(unsigned mask, int pred) {
+  return static_cast<int>(::cuda_emu::warp_collective(::cuda_emu::WarpOp::Any, mask, pred != 0, 0, 32));
+}
+inline int __all_sync(unsigned mask, int pred) {
+  return static_cast<int>(::cuda_emu::warp_collective(::cuda_emu::WarpOp::All, mask, pred != 0, 0, 32));
+}
+// sm_80 integer warp reductions
+inline unsigned __reduce_add_sync(unsigned mask, unsigned v) {
+  return static_cast<unsigned>(::cuda_emu::warp_collective(::cuda_emu::WarpOp::ReduceAdd, mask, v, 0, 32));
+}
+inline unsigned __reduce_min_sync(unsigned mask, unsigned v) {
+  return static_cast<unsigned>(::cuda_emu::warp_collective(::cuda_emu::WarpOp::ReduceMin, mask, v, 0, 32));
+}
+inline unsigned __reduce_max_sync(unsigned mask, unsigned v) {
+  return static_cast<unsigned>(::cuda_emu::warp_collective(::cuda_emu::WarpOp::ReduceMax, mask, v, 0, 32));
+}
+
+template <class T>
+T atomicAdd(T* a, T v) {
+  return ::cuda_emu::atomic_update(a, [v](T old) { return static_cast<T>(old + v); });
+}
+template <class T>
+T atomicMax(T* a, T v) {
+  return ::cuda_emu::atomic_update(a, [v](T old) { return old < v ? v : old; });
+}
+template <class T>
+T atomicMin(T* a, T v) {
+  return ::cuda_emu::atomic_update(a, [v](T old) { return v < old ? v : old; });
+}
+template <class T>
+T atomicExch(T* a, T v) {
+  return ::cuda_emu::atomic_update(a, [v](T) { return v; });
+}
+template <class T>
+T atomicCAS(T* a, T compare, T v) {
+  return ::cuda_emu::atomic_update(a, [compare, v](T old) { return old == compare ? v : old; });
+}
+
+// Device math intrinsics: exact libm versions (the GPU's are approximations; compare by tolerance).
+inline float __expf(float x) { return std::exp(x); }
+inline float __logf(float x) { return std::log(x); }
+inline float __fdividef(float a, float b) { return a / b; }
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+template <class T>
+T __ldg(const T* p) {
+  return *p;
+}
