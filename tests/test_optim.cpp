@@ -6,6 +6,7 @@
 #include <cstring>
 #include <random>
 
+#include "../kernels/common/rounding.h"
 #include "multinorm/optimizer.h"
 #include "multinorm/schedule.h"
 #include "test_support.h"

@@ -1,9 +1,9 @@
 // The backend seam. A backend owns every buffer (host memory on the CPU, device memory on CUDA) and
 // runs every op of the model's forward and backward pass and of the optimizers. Model code holds
 // Buf handles (pointer + dtype) and never dereferences them; tokens and losses cross the seam through
-// explicit copies. One implementation today: CpuBackend (oneDNN GEMMs + OpenMP kernels, src/backend/).
-// The CUDA plugin (kernels/cuda/) detects devices only; the CUDA backend behind this seam is not
-// written yet.
+// explicit copies. Two implementations: CpuBackend (oneDNN GEMMs + OpenMP kernels, src/backend/) and
+// CudaBackend (cuBLASLt + hand-written kernels, kernels/cuda/), which lives in the dlopen'ed CUDA
+// plugin and is created through make_backend (include/multinorm/device.h).
 //
 // Conventions: row-major storage; "act" tensors are stored in the parameter dtype (bf16 or fp32);
 // every reduction accumulates in FP32; ops are deterministic for a given thread count.
@@ -13,7 +13,7 @@
 #include <string>
 
 #include "multinorm/dtype.h"
-#include "../../kernels/common/rounding.h"
+#include "multinorm/write_back.h"
 
 namespace multinorm {
 
@@ -69,6 +69,9 @@ class Backend {
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
   virtual int threads() const = 0;
+  // Whether buffers from allocate() are host memory a caller may hand to the host (MPI, memcpy)
+  // directly; otherwise every crossing goes through to_host / to_device.
+  virtual bool host_memory() const = 0;
   // Bytes of scratch the backend holds now (grown on first use, reused after; counted by
   // multinorm info as backend_scratch_bytes).
   virtual int64_t workspace_bytes() const = 0;

@@ -13,6 +13,7 @@ struct ModelBenchOptions {
   int64_t steps = 5;
   int64_t warmup = 2;
   int threads = 0;
+  std::string backend = "cpu";  // cpu | cuda | auto
   std::string precision = "bf16";
   std::string torch = "auto";  // auto | off: run bench/torch_llama_bench.py for the PyTorch baseline
   bool json = false;
@@ -25,6 +26,7 @@ struct OptimBenchOptions {
   std::string precision = "bf16";
   int steps = 3;
   int threads = 0;
+  std::string backend = "cpu";  // cpu | cuda | auto
   bool json = false;
 };
 

@@ -1,10 +1,13 @@
-// The C interface of the CUDA backend plugin (libmultinorm_cuda.so). The multinorm binary never
-// links CUDA: it dlopen()s the plugin and resolves these symbols, so it starts on machines without
-// CUDA libraries and falls back to the CPU backend. Bump the ABI version on any change.
+// The C interface of the CUDA backend plugin (libmultinorm_cuda.so, or its emulated build
+// libmultinorm_cuda_emulated.so). The multinorm binary never links CUDA: it dlopen()s the plugin and
+// resolves these symbols, so it starts on machines without CUDA libraries and falls back to the CPU
+// backend. The backend object crosses as a multinorm::Backend* (the C++ seam of
+// include/multinorm/backend.h, compiled by the same g++ on both sides): bump the ABI version on any
+// change of this file or of backend.h.
 #pragma once
 #include <stddef.h>
 
-#define MULTINORM_CUDA_PLUGIN_ABI 1
+#define MULTINORM_CUDA_PLUGIN_ABI 2
 
 #ifdef __cplusplus
 extern "C" {
@@ -25,6 +28,10 @@ int multinorm_cuda_runtime_version(void);
 int multinorm_cuda_device_count(char* err, size_t err_len);
 // Fills `info` for `device`; returns 0 or -1 with the error text in `err`.
 int multinorm_cuda_device_query(int device, multinorm_cuda_device_info* info, char* err, size_t err_len);
+// 1 for the emulated build (kernels executed on the CPU: a test instrument, never picked by "auto").
+int multinorm_cuda_plugin_emulated(void);
+// A new multinorm::Backend on `device` (delete it through the pointer), or NULL with the error text.
+void* multinorm_cuda_create_backend(int device, char* err, size_t err_len);
 
 #ifdef __cplusplus
 }

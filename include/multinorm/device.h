@@ -1,9 +1,11 @@
 // Backend selection: probe the CUDA plugin (dlopen, never a link-time dependency) and pick the
 // backend a run asked for: auto | cpu | cuda.
 #pragma once
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "multinorm/backend.h"
 #include "multinorm/cuda_plugin_abi.h"
 
 namespace multinorm {
@@ -16,11 +18,15 @@ struct CudaProbe {
   int device_count = 0;      // usable GPUs
   std::string device_error;  // cudaGetDeviceCount's error when it failed
   std::vector<multinorm_cuda_device_info> devices;
+  bool emulated = false;          // the emulated build: kernels run on the CPU (tests only)
+  void* (*create)(int, char*, size_t) = nullptr;  // multinorm_cuda_create_backend
 };
 
 // Probes once per process. Search order: $MULTINORM_CUDA_PLUGIN, the binary's directory,
 // <binary dir>/../lib.
 const CudaProbe& probe_cuda();
+// Loads the plugin at `path` (not cached; tests load the emulated plugin this way).
+CudaProbe probe_cuda_plugin(const std::string& path);
 
 enum class BackendKind { Cpu, Cuda };
 
@@ -29,8 +35,16 @@ struct BackendChoice {
   std::string reason;  // one line for the log, e.g. "cpu (no GPU: cudaGetDeviceCount: ...)"
 };
 
-// "auto" falls back to the CPU when no GPU is usable; "cuda" without one is an Error.
+// "auto" falls back to the CPU when no GPU is usable; "cuda" without one is an Error. "cuda" with the
+// emulated plugin (MULTINORM_CUDA_PLUGIN=.../libmultinorm_cuda_emulated.so) runs the CUDA backend's
+// kernels on the CPU, slowly; "auto" never picks the emulation.
 BackendChoice choose_backend(const std::string& requested);
+
+// The backend a choice names: the CPU backend with `threads` OpenMP threads (0: all cores), or the
+// CUDA backend on device 0 of the probed plugin.
+std::unique_ptr<Backend> make_backend(const BackendChoice& choice, int threads);
+// The CUDA backend of a loaded plugin on `device`; throws Error when it cannot be created.
+std::unique_ptr<Backend> make_cuda_backend(const CudaProbe& probe, int device = 0);
 
 std::string executable_dir();
 

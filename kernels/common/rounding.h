@@ -6,13 +6,9 @@
 #include <cstdint>
 
 #include "bf16.h"
+#include "multinorm/write_back.h"
 
 namespace multinorm {
-
-struct WriteBack {
-  bool stochastic = false;
-  uint64_t seed = 0, step = 0, tensor = 0;  // the stochastic-rounding counter
-};
 
 inline uint32_t rounding_hash(uint64_t seed, uint64_t step, uint64_t tensor, uint64_t index) {
   uint64_t x = seed * 0x9e3779b97f4a7c15ULL ^ (step + 0x632be59bd9b4e019ULL) * 0xbf58476d1ce4e5b9ULL ^

@@ -7,6 +7,7 @@
 #include <map>
 #include <random>
 
+#include "multinorm/device.h"
 #include "multinorm/bench.h"
 #include "multinorm/error.h"
 #include "multinorm/json_file.h"
@@ -59,7 +60,7 @@ void bench_model(const ModelBenchOptions& o) {
   const json doc = read_json_file(o.config);
   const ModelConfig cfg = is_model_config(doc) ? load_model_config(o.config) : load_run_config(o.config).model;
   const DType dt = parse_dtype(o.precision);
-  auto be = make_cpu_backend(o.threads);
+  auto be = make_backend(choose_backend(o.backend), o.threads);
   const int64_t B = o.batch, T = o.seq, BT = B * T;
   LlamaModel model(*be, cfg, dt, B, T);
   model.init_random(0);

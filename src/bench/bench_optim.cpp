@@ -5,6 +5,7 @@
 #include <cstring>
 #include <random>
 
+#include "multinorm/device.h"
 #include "multinorm/bench.h"
 #include "multinorm/json_file.h"
 #include "multinorm/optimizer.h"
@@ -34,7 +35,7 @@ void bench_optim(const OptimBenchOptions& o) {
   if (!is_model_config(doc)) run_doc = load_run_config(o.config).resolved;
   run_doc["precision"] = {{"params", o.precision}, {"optimizer_states", o.precision}};
   run_doc["batch"] = {{"global_batch", 1}, {"micro_batch", 1}, {"seq_len", 2}};
-  auto be = make_cpu_backend(o.threads);
+  auto be = make_backend(choose_backend(o.backend), o.threads);
   RunConfig base = run_config_from_json(run_doc, o.config);
   if (is_model_config(doc)) base.model.name = load_model_config(o.config).name;
   LlamaModel model(*be, base.model, base.precision.params, 1, 2);

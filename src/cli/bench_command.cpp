@@ -17,6 +17,7 @@ void add_bench_command(CLI::App& app) {
   model->add_option("--steps", o.steps, "timed steps");
   model->add_option("--warmup", o.warmup, "untimed steps first");
   model->add_option("--threads", o.threads, "CPU threads (0: all cores)");
+  model->add_option("--backend", o.backend, "cpu, cuda or auto");
   model->add_option("--precision", o.precision, "bf16 or fp32")->check(CLI::IsMember({"bf16", "fp32"}));
   model->add_option("--torch", o.torch, "auto: also measure PyTorch (python3-torch); off: skip")->check(CLI::IsMember({"auto", "off"}));
   model->add_flag("--json", o.json, "machine-readable output");
@@ -28,6 +29,7 @@ void add_bench_command(CLI::App& app) {
   optim->add_option("--precision", p.precision, "bf16 or fp32 weights and states")->check(CLI::IsMember({"bf16", "fp32"}));
   optim->add_option("--steps", p.steps, "timed repetitions (best is reported)");
   optim->add_option("--threads", p.threads, "CPU threads (0: all cores)");
+  optim->add_option("--backend", p.backend, "cpu, cuda or auto");
   optim->add_flag("--json", p.json, "machine-readable output");
   optim->callback([] { bench_optim(p); });
 

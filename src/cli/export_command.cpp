@@ -5,6 +5,7 @@
 
 #include <cstdio>
 
+#include "multinorm/device.h"
 #include "multinorm/cli.h"
 #include "multinorm/json_file.h"
 #include "multinorm/model_io.h"
@@ -25,15 +26,17 @@ void add_export_command(CLI::App& app) {
     const json doc = read_json_file(config);
     ModelConfig model_cfg;
     int64_t run_seed = 0;
+    std::string backend = "auto";  // the run's backend when the config is a run config
     if (is_model_config(doc)) {
       model_cfg = load_model_config(config);
     } else {
       const RunConfig run = load_run_config(config);
       model_cfg = run.model;
       run_seed = run.seed;
+      backend = run.backend;
     }
-    auto backend = make_cpu_backend();
-    LlamaModel model(*backend, model_cfg, DType::F32, 1, 2);
+    auto be = make_backend(choose_backend(backend), 0);
+    LlamaModel model(*be, model_cfg, DType::F32, 1, 2);
     if (from.empty()) model.init_random(static_cast<uint64_t>(seed >= 0 ? seed : run_seed));
     else load_hf_model(model, from);
     save_hf_model(model, out, parse_dtype(dtype));

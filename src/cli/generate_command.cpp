@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <random>
 
+#include "multinorm/device.h"
 #include "multinorm/checkpoint.h"
 #include "multinorm/cli.h"
 #include "multinorm/error.h"
@@ -38,7 +39,7 @@ void add_generate_command(CLI::App& app) {
     const RunConfig run = run_config_from_json(read_json_file(config), config);
     const Tokenizer tok(tokenizer_path.empty() ? run.data.tokenizer : tokenizer_path);
     const int64_t T = run.batch.seq_len, V = run.model.vocab_size;
-    auto be = make_cpu_backend(static_cast<int>(run.threads));
+    auto be = make_backend(choose_backend(run.backend), static_cast<int>(run.threads));
     LlamaModel model(*be, run.model, run.precision.params, 1, T);
     read_checkpoint(dir, model, nullptr, run);
     std::vector<int32_t> ids = tok.encode(prompt);

@@ -3,6 +3,7 @@
 
 #include <cstdio>
 
+#include "multinorm/device.h"
 #include "multinorm/c4_reader.h"
 #include "multinorm/checkpoint.h"
 #include "multinorm/cli.h"
@@ -59,7 +60,7 @@ void add_train_command(CLI::App& app) {
     if (!latest_checkpoint(dir).empty()) dir = latest_checkpoint(dir);  // a run directory
     const std::string config = checkpoint_run_config_path(dir);  // the checkpoint's own, self-sufficient
     const RunConfig run = run_config_from_json(read_json_file(config), config);
-    auto be = make_cpu_backend(static_cast<int>(run.threads));
+    auto be = make_backend(choose_backend(run.backend), static_cast<int>(run.threads));
     LlamaModel model(*be, run.model, run.precision.params, run.eval.micro_batch, run.batch.seq_len);
     const TrainerState st = read_checkpoint(dir, model, nullptr, run);
     const std::string globs = data.empty() ? run.data.validation : data;

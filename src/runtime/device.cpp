@@ -22,52 +22,37 @@ std::string executable_dir() {
 
 namespace {
 
-CudaProbe do_probe() {
+// Loads one plugin file and queries its devices.
+CudaProbe load_plugin(const std::string& path, void* handle) {
   CudaProbe probe;
-  std::vector<std::string> candidates;
-  if (const char* env = std::getenv("MULTINORM_CUDA_PLUGIN"); env && *env) candidates.push_back(env);
-  const std::string dir = executable_dir();
-  candidates.push_back(dir + "/libmultinorm_cuda.so");
-  candidates.push_back(dir + "/../lib/libmultinorm_cuda.so");
-
-  void* handle = nullptr;
-  std::string errors;
-  for (const auto& path : candidates) {
-    if (::access(path.c_str(), F_OK) != 0) continue;
-    handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (handle) {
-      probe.plugin_path = path;
-      break;
-    }
-    errors += std::string(errors.empty() ? "" : "; ") + ::dlerror();
-  }
-  if (!handle) {
-    if (errors.empty()) {
-      errors = "no CUDA plugin (searched";
-      for (const auto& c : candidates) errors += " " + c;
-      errors += ")";
-    }
-    probe.load_error = errors;
-    return probe;
-  }
+  probe.plugin_path = path;
   using AbiFn = int (*)();
   using CountFn = int (*)(char*, size_t);
   using QueryFn = int (*)(int, multinorm_cuda_device_info*, char*, size_t);
+  using CreateFn = void* (*)(int, char*, size_t);
   auto abi = reinterpret_cast<AbiFn>(::dlsym(handle, "multinorm_cuda_plugin_abi"));
-  auto version = reinterpret_cast<AbiFn>(::dlsym(handle, "multinorm_cuda_runtime_version"));
-  auto count = reinterpret_cast<CountFn>(::dlsym(handle, "multinorm_cuda_device_count"));
-  auto query = reinterpret_cast<QueryFn>(::dlsym(handle, "multinorm_cuda_device_query"));
-  if (!abi || !version || !count || !query) {
-    probe.load_error = probe.plugin_path + ": missing plugin symbols (not a multinorm CUDA plugin?)";
+  if (!abi) {
+    probe.load_error = path + ": missing plugin symbols (not a multinorm CUDA plugin?)";
     return probe;
   }
   if (abi() != MULTINORM_CUDA_PLUGIN_ABI) {
-    probe.load_error = probe.plugin_path + ": plugin ABI " + std::to_string(abi()) + ", binary expects " +
-                       std::to_string(MULTINORM_CUDA_PLUGIN_ABI) + " (rebuild both)";
+    probe.load_error = path + ": plugin ABI " + std::to_string(abi()) + ", binary expects " + std::to_string(MULTINORM_CUDA_PLUGIN_ABI) +
+                       " (rebuild both)";
+    return probe;
+  }
+  auto version = reinterpret_cast<AbiFn>(::dlsym(handle, "multinorm_cuda_runtime_version"));
+  auto emulated = reinterpret_cast<AbiFn>(::dlsym(handle, "multinorm_cuda_plugin_emulated"));
+  auto count = reinterpret_cast<CountFn>(::dlsym(handle, "multinorm_cuda_device_count"));
+  auto query = reinterpret_cast<QueryFn>(::dlsym(handle, "multinorm_cuda_device_query"));
+  auto create = reinterpret_cast<CreateFn>(::dlsym(handle, "multinorm_cuda_create_backend"));
+  if (!version || !emulated || !count || !query || !create) {
+    probe.load_error = path + ": missing plugin symbols (not a multinorm CUDA plugin?)";
     return probe;
   }
   probe.plugin_loaded = true;
   probe.runtime_version = version();
+  probe.emulated = emulated() != 0;
+  probe.create = create;
   char err[512] = {0};
   const int n = count(err, sizeof(err));
   if (n < 0) {
@@ -83,6 +68,32 @@ CudaProbe do_probe() {
   return probe;
 }
 
+CudaProbe do_probe() {
+  CudaProbe probe;
+  std::vector<std::string> candidates;
+  if (const char* env = std::getenv("MULTINORM_CUDA_PLUGIN"); env && *env) candidates.push_back(env);
+  const std::string dir = executable_dir();
+  candidates.push_back(dir + "/libmultinorm_cuda.so");
+  candidates.push_back(dir + "/../lib/libmultinorm_cuda.so");
+
+  std::string errors;
+  for (const auto& path : candidates) {
+    if (::access(path.c_str(), F_OK) != 0) continue;
+    // Plugins stay loaded for the life of the process (backends created from them may outlive any
+    // scope), so the handle is never closed.
+    void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (handle) return load_plugin(path, handle);
+    errors += std::string(errors.empty() ? "" : "; ") + ::dlerror();
+  }
+  if (errors.empty()) {
+    errors = "no CUDA plugin (searched";
+    for (const auto& c : candidates) errors += " " + c;
+    errors += ")";
+  }
+  probe.load_error = errors;
+  return probe;
+}
+
 }  // namespace
 
 const CudaProbe& probe_cuda() {
@@ -90,6 +101,16 @@ const CudaProbe& probe_cuda() {
   static CudaProbe probe;
   std::call_once(once, [] { probe = do_probe(); });
   return probe;
+}
+
+CudaProbe probe_cuda_plugin(const std::string& path) {
+  void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!handle) {
+    CudaProbe p;
+    p.load_error = path + ": " + ::dlerror();
+    return p;
+  }
+  return load_plugin(path, handle);
 }
 
 BackendChoice choose_backend(const std::string& requested) {
@@ -100,12 +121,32 @@ BackendChoice choose_backend(const std::string& requested) {
   std::string why;
   if (!p.plugin_loaded) why = "CUDA plugin not loaded: " + p.load_error;
   else if (p.device_count == 0) why = "no GPU: " + (p.device_error.empty() ? std::string("0 devices") : p.device_error);
-  if (why.empty()) {
-    // The CUDA backend itself (model, optimizers) is not built yet: say so rather than pretend.
-    why = std::to_string(p.device_count) + " GPU(s) found, but the CUDA training backend is not implemented yet";
+  if (requested == "cuda") {
+    if (!why.empty()) throw Error("backend cuda requested, but it cannot be used: " + why);
+    if (p.emulated)
+      return {BackendKind::Cuda, "cuda (emulated on the CPU by " + p.plugin_path + ": a test instrument, orders of magnitude slower)"};
+    return {BackendKind::Cuda, "cuda (" + std::string(p.devices[0].name) + ", " + p.plugin_path + ")"};
   }
-  if (requested == "cuda") throw Error("backend cuda requested, but it cannot be used: " + why);
+  if (why.empty()) {
+    // The CUDA backend runs the model but has no optimizer kernels yet, so training stays on the
+    // CPU unless cuda is asked for explicitly; never the emulation.
+    why = p.emulated ? std::string("the CUDA plugin is the CPU emulation (tests only)")
+                     : std::to_string(p.device_count) + " GPU(s) found, but the CUDA backend has no optimizer kernels yet";
+  }
   return {BackendKind::Cpu, "cpu (auto: " + why + ")"};
+}
+
+std::unique_ptr<Backend> make_cuda_backend(const CudaProbe& probe, int device) {
+  if (!probe.plugin_loaded || !probe.create) throw Error("CUDA backend: plugin not loaded: " + probe.load_error);
+  char err[1024] = {0};
+  void* backend = probe.create(device, err, sizeof(err));
+  if (!backend) throw Error("CUDA backend on device " + std::to_string(device) + " (" + probe.plugin_path + "): " + err);
+  return std::unique_ptr<Backend>(static_cast<Backend*>(backend));
+}
+
+std::unique_ptr<Backend> make_backend(const BackendChoice& choice, int threads) {
+  if (choice.kind == BackendKind::Cuda) return make_cuda_backend(probe_cuda(), 0);
+  return make_cpu_backend(threads);
 }
 
 }  // namespace multinorm

@@ -132,7 +132,7 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
     throw ConfigError(run.source + ": eval.micro_batch " + std::to_string(run.eval.micro_batch) +
                       " exceeds batch.micro_batch " + std::to_string(run.batch.micro_batch));
 
-  auto backend = make_cpu_backend(static_cast<int>(run.threads));
+  auto backend = make_backend(choice, static_cast<int>(run.threads));
   LlamaModel model(*backend, run.model, run.precision.params, run.batch.micro_batch, run.batch.seq_len,
                    run.precision.grads);
   if (run.model_init_from.empty()) model.init_random(static_cast<uint64_t>(run.seed));

@@ -1,0 +1,282 @@
+// The CUDA backend: device memory, one stream, cuBLASLt GEMMs and the hand-written kernels of
+// kernels/cuda/*.cu behind the Backend seam. Built twice from this source: by nvcc into
+// libmultinorm_cuda.so, and by g++ into libmultinorm_cuda_emulated.so, where every kernel runs on the
+// CPU through the emulation layer (a test instrument). Host/device crossings are explicit: to_device /
+// to_host, the scalar results of sum_squares, and the token ids the deterministic embedding backward
+// buckets on the host.
+#include <algorithm>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "check.h"
+#include "gemm.h"
+#include "kernels.h"
+#include "multinorm/backend.h"
+#include "multinorm/error.h"
+
+namespace multinorm::cuda {
+
+namespace {
+
+template <class Fn>
+void with_type(DType t, Fn&& fn) {
+  if (t == DType::BF16) fn(static_cast<bf16*>(nullptr));
+  else fn(static_cast<float*>(nullptr));
+}
+template <class Fn>
+void with_types(DType t, DType g, const char* op, Fn&& fn) {
+  if (t == g) return with_type(t, [&](auto* p) { fn(p, p); });
+  if (t == DType::BF16 && g == DType::F32) return fn(static_cast<bf16*>(nullptr), static_cast<float*>(nullptr));
+  throw Error(std::string(op) + ": " + dtype_name(g) + " gradients of " + dtype_name(t) + " weights are not supported");
+}
+template <class T>
+T* as(Buf b) {
+  return static_cast<T*>(b.ptr);
+}
+void same_dtype(std::initializer_list<Buf> bufs, const char* op) {
+  const DType t = bufs.begin()->dtype;
+  for (const Buf& b : bufs)
+    if (b.dtype != t) throw Error(std::string(op) + ": buffers must share a dtype");
+}
+cudaDataType lt_type(DType t) { return t == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F; }
+std::string shape(std::initializer_list<int64_t> dims) {
+  std::string s;
+  for (int64_t d : dims) s += (s.empty() ? "[" : ", ") + std::to_string(d);
+  return s + "]";
+}
+
+// A device buffer that grows on first use of a larger size and is reused after (no allocation on the
+// hot path once every shape has been seen).
+class Scratch {
+ public:
+  ~Scratch() { cudaFree(ptr_); }
+  void* get(size_t bytes, const char* what) {
+    if (bytes > bytes_) {
+      MN_CUDA_CHECK(cudaFree(ptr_), what);
+      ptr_ = nullptr;
+      bytes_ = 0;
+      const cudaError_t e = cudaMalloc(&ptr_, bytes);
+      if (e != cudaSuccess) {
+        cudaGetLastError();
+        throw_cuda_error(std::string("cudaMalloc of ") + std::to_string(bytes) + " bytes of scratch for " + what, e);
+      }
+      bytes_ = bytes;
+    }
+    return ptr_;
+  }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device) : device_(device) {
+    MN_CUDA_CHECK(cudaSetDevice(device), "selecting CUDA device " + std::to_string(device));
+    MN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "creating the backend's stream");
+    gemm_ = std::make_unique<LtGemm>();
+  }
+  ~CudaBackend() override {
+    gemm_.reset();
+    cudaStreamDestroy(stream_);
+  }
+
+  std::string name() const override { return MN_EMULATED ? "cuda-emulated" : "cuda"; }
+  int threads() const override { return 1; }
+  bool host_memory() const override { return false; }
+  int64_t workspace_bytes() const override {
+    return static_cast<int64_t>(gemm_->workspace_bytes() + rms_scratch_.bytes() + attn_scratch_.bytes() + reduce_scratch_.bytes() +
+                                bucket_scratch_.bytes());
+  }
+
+  // ---- memory -----------------------------------------------------------------------------------
+  void* allocate(int64_t bytes) override {
+    void* p = nullptr;
+    const cudaError_t e = cudaMalloc(&p, static_cast<size_t>(bytes ? bytes : 1));
+    if (e != cudaSuccess) {
+      cudaGetLastError();  // clear the sticky allocation error
+      size_t free_b = 0, total_b = 0;
+      cudaMemGetInfo(&free_b, &total_b);
+      throw Error("CUDA out of memory: cudaMalloc of " + std::to_string(bytes) + " bytes on device " + std::to_string(device_) + " failed (" +
+                  cudaGetErrorName(e) + "); the device has " + std::to_string(free_b) + " of " + std::to_string(total_b) + " bytes free");
+    }
+    MN_CUDA_CHECK(cudaMemsetAsync(p, 0, static_cast<size_t>(bytes), stream_), "zero-filling a new allocation");
+    return p;
+  }
+  void release(void* ptr) override {
+    MN_CUDA_CHECK(cudaStreamSynchronize(stream_), "release (waiting for the stream)");
+    MN_CUDA_CHECK(cudaFree(ptr), "release");
+  }
+  void to_device(void* dst, const void* src, int64_t bytes) override {
+    MN_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyHostToDevice, stream_),
+                  "to_device (" + std::to_string(bytes) + " bytes)");
+    // A pageable source is staged before cudaMemcpyAsync returns, so the caller may reuse it.
+  }
+  void to_host(void* dst, const void* src, int64_t bytes) override {
+    MN_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToHost, stream_),
+                  "to_host (" + std::to_string(bytes) + " bytes)");
+    MN_CUDA_CHECK(cudaStreamSynchronize(stream_), "to_host (waiting for the copy)");
+  }
+  void zero(Buf x, int64_t n) override {
+    MN_CUDA_CHECK(cudaMemsetAsync(x.ptr, 0, static_cast<size_t>(n * dtype_bytes(x.dtype)), stream_), "zero " + shape({n}));
+  }
+  void convert(Buf dst, Buf src, int64_t n) override {
+    with_type(dst.dtype, [&](auto* d) {
+      with_type(src.dtype, [&](auto* s) {
+        cuda::convert(as<std::remove_pointer_t<decltype(d)>>(dst), as<std::remove_pointer_t<decltype(s)>>(src), n, stream_);
+      });
+    });
+  }
+
+  // ---- GEMM ---------------------------------------------------------------------------------------
+  void matmul(Buf out, Buf a, Buf b, int64_t M, int64_t N, int64_t K, bool ta, bool tb, bool acc) override {
+    if (a.dtype != b.dtype) throw Error("matmul: operands must share a dtype");
+    if (a.dtype == DType::F32 && out.dtype != DType::F32) throw Error("matmul: fp32 operands need an fp32 output");
+    gemm_->run(out.ptr, lt_type(out.dtype), a.ptr, b.ptr, lt_type(a.dtype), M, N, K, ta, tb, acc, stream_);
+  }
+
+  // ---- model ops ------------------------------------------------------------------------------------
+  void embedding_forward(Buf out, const int32_t* tokens, Buf wte, int64_t BT, int64_t C) override {
+    same_dtype({out, wte}, "embedding_forward");
+    with_type(out.dtype, [&](auto* t) {
+      using T = std::remove_pointer_t<decltype(t)>;
+      cuda::embedding_forward(as<T>(out), tokens, as<T>(wte), BT, C, stream_);
+    });
+  }
+  void embedding_backward(Buf dwte, Buf dout, const int32_t* tokens, int64_t BT, int64_t C) override {
+    // Bucket positions by token on the host (a 4*BT-byte copy each way; the stream is drained here,
+    // at the end of the backward pass, where the optimizer step follows anyway).
+    host_tokens_.resize(BT);
+    to_host(host_tokens_.data(), tokens, BT * 4);
+    std::vector<int32_t>& plan = host_buckets_;  // [positions BT | tokens U | starts U+1]
+    order_.resize(BT);
+    std::iota(order_.begin(), order_.end(), 0);
+    std::stable_sort(order_.begin(), order_.end(), [&](int32_t x, int32_t y) { return host_tokens_[x] < host_tokens_[y]; });
+    plan.assign(order_.begin(), order_.end());
+    std::vector<int32_t> starts;
+    const size_t tokens_at = plan.size();
+    for (int64_t i = 0; i < BT; ++i)
+      if (i == 0 || host_tokens_[order_[i]] != host_tokens_[order_[i - 1]]) {
+        plan.push_back(host_tokens_[order_[i]]);
+        starts.push_back(static_cast<int32_t>(i));
+      }
+    const int64_t buckets = static_cast<int64_t>(starts.size());
+    starts.push_back(static_cast<int32_t>(BT));
+    plan.insert(plan.end(), starts.begin(), starts.end());
+    auto* dev = static_cast<int32_t*>(bucket_scratch_.get(plan.size() * 4, "embedding_backward"));
+    MN_CUDA_CHECK(cudaMemcpyAsync(dev, plan.data(), plan.size() * 4, cudaMemcpyHostToDevice, stream_), "embedding_backward (bucket upload)");
+    with_types(dout.dtype, dwte.dtype, "embedding_backward", [&](auto* t, auto* g) {
+      using T = std::remove_pointer_t<decltype(t)>;
+      using G = std::remove_pointer_t<decltype(g)>;
+      cuda::embedding_backward(as<G>(dwte), as<T>(dout), dev, dev + tokens_at, dev + tokens_at + buckets, buckets, C, stream_);
+    });
+    // host_buckets_ must outlive the asynchronous upload: it is a member, rewritten only after the
+    // next to_host above has drained the stream.
+  }
+  void rmsnorm_forward(Buf out, float* rstd, Buf x, Buf w, int64_t N, int64_t C, float eps) override {
+    same_dtype({out, x, w}, "rmsnorm_forward");
+    with_type(out.dtype, [&](auto* t) {
+      using T = std::remove_pointer_t<decltype(t)>;
+      cuda::rmsnorm_forward(as<T>(out), rstd, as<T>(x), as<T>(w), N, C, eps, stream_);
+    });
+  }
+  void rmsnorm_backward(float* dx, Buf dw, const float* dout, Buf x, Buf w, const float* rstd, int64_t N, int64_t C, bool accumulate_dx) override {
+    same_dtype({x, w}, "rmsnorm_backward");
+    if (C * 4 > 48 * 1024) throw Error("rmsnorm_backward: width " + std::to_string(C) + " exceeds the 12,288 channels of one block's shared partial");
+    auto* scratch = static_cast<float*>(rms_scratch_.get(rmsnorm_backward_scratch(N, C) * 4, "rmsnorm_backward"));
+    with_types(w.dtype, dw.dtype, "rmsnorm_backward", [&](auto* t, auto* g) {
+      using T = std::remove_pointer_t<decltype(t)>;
+      using G = std::remove_pointer_t<decltype(g)>;
+      cuda::rmsnorm_backward(dx, as<G>(dw), dout, as<T>(x), as<T>(w), rstd, N, C, accumulate_dx, scratch, stream_);
+    });
+  }
+  void rope_forward(Buf qkv, const float* cs, int64_t B, int64_t T_, int64_t H, int64_t D) override {
+    with_type(qkv.dtype, [&](auto* t) { cuda::rope(as<std::remove_pointer_t<decltype(t)>>(qkv), cs, B, T_, H, D, false, stream_); });
+  }
+  void rope_backward(Buf dqkv, const float* cs, int64_t B, int64_t T_, int64_t H, int64_t D) override {
+    with_type(dqkv.dtype, [&](auto* t) { cuda::rope(as<std::remove_pointer_t<decltype(t)>>(dqkv), cs, B, T_, H, D, true, stream_); });
+  }
+  void attention_forward(Buf out, float* lse, Buf qkv, int64_t B, int64_t T_, int64_t H, int64_t D) override {
+    same_dtype({out, qkv}, "attention_forward");
+    with_type(out.dtype, [&](auto* t) {
+      using T = std::remove_pointer_t<decltype(t)>;
+      cuda::attention_forward(as<T>(out), lse, as<T>(qkv), B, T_, H, D, stream_);
+    });
+  }
+  void attention_backward(Buf dqkv, Buf dout, Buf qkv, Buf out, const float* lse, int64_t B, int64_t T_, int64_t H, int64_t D) override {
+    same_dtype({dqkv, dout, qkv, out}, "attention_backward");
+    auto* scratch = static_cast<float*>(attn_scratch_.get(static_cast<size_t>(B * H * T_) * 4, "attention_backward"));
+    with_type(dqkv.dtype, [&](auto* t) {
+      using T = std::remove_pointer_t<decltype(t)>;
+      cuda::attention_backward(as<T>(dqkv), as<T>(dout), as<T>(qkv), as<T>(out), lse, B, T_, H, D, scratch, stream_);
+    });
+  }
+  void attention_decode(Buf out, Buf qkv, Buf k_cache, Buf v_cache, int64_t pos, int64_t H, int64_t D) override {
+    same_dtype({out, qkv, k_cache, v_cache}, "attention_decode");
+    with_type(out.dtype, [&](auto* t) {
+      using T = std::remove_pointer_t<decltype(t)>;
+      cuda::attention_decode(as<T>(out), as<T>(qkv), as<T>(k_cache), as<T>(v_cache), pos, H, D, stream_);
+    });
+  }
+  void swiglu_forward(Buf out, Buf gate_up, int64_t N, int64_t F) override {
+    same_dtype({out, gate_up}, "swiglu_forward");
+    with_type(out.dtype, [&](auto* t) {
+      using T = std::remove_pointer_t<decltype(t)>;
+      cuda::swiglu_forward(as<T>(out), as<T>(gate_up), N, F, stream_);
+    });
+  }
+  void swiglu_backward(Buf dgate_up, Buf dout, Buf gate_up, int64_t N, int64_t F) override {
+    same_dtype({dgate_up, dout, gate_up}, "swiglu_backward");
+    with_type(dgate_up.dtype, [&](auto* t) {
+      using T = std::remove_pointer_t<decltype(t)>;
+      cuda::swiglu_backward(as<T>(dgate_up), as<T>(dout), as<T>(gate_up), N, F, stream_);
+    });
+  }
+  void cross_entropy(float* losses, Buf dlogits, const float* logits, const int32_t* targets, const uint8_t* mask, int64_t N, int64_t V,
+                     float grad_scale) override {
+    with_type(dlogits.dtype, [&](auto* t) {
+      using T = std::remove_pointer_t<decltype(t)>;
+      cuda::cross_entropy(losses, as<T>(dlogits), logits, targets, mask, N, V, grad_scale, stream_);
+    });
+  }
+
+  // ---- optimizer ops ------------------------------------------------------------------------------
+  double sum_squares(Buf x, int64_t n) override {
+    auto* d = static_cast<double*>(reduce_scratch_.get((kSumSquaresBlocks + 1) * sizeof(double), "sum_squares"));
+    with_type(x.dtype, [&](auto* t) { cuda::sum_squares(d, d + 1, as<std::remove_pointer_t<decltype(t)>>(x), n, stream_); });
+    double r = 0;
+    to_host(&r, d, sizeof(double));
+    return r;
+  }
+  void scale(Buf x, int64_t n, float factor) override {
+    with_type(x.dtype, [&](auto* t) { cuda::scale(as<std::remove_pointer_t<decltype(t)>>(x), n, factor, stream_); });
+  }
+  // The fused optimizer kernels (SinkGD, SWAN, Adam, SGD) are the next stage of the CUDA backend;
+  // until they exist an update fails loudly instead of falling back to the host.
+  [[noreturn]] void no_optimizer(const char* op) {
+    throw Error(std::string(op) + ": the CUDA backend runs the model's forward and backward passes; its optimizer kernels are not built yet, so " +
+                "training needs backend: cpu");
+  }
+  void sinkgd_update(Buf, Buf, int64_t, int64_t, const SinkGDArgs&) override { no_optimizer("sinkgd_update"); }
+  void swan_update(Buf, Buf, int64_t, int64_t, const SwanArgs&) override { no_optimizer("swan_update"); }
+  SwanStats take_swan_stats() override { return {}; }
+  void adam_update(Buf, Buf, Buf, Buf, int64_t, const AdamArgs&) override { no_optimizer("adam_update"); }
+  void sgd_update(Buf, Buf, Buf, int64_t, const SgdArgs&) override { no_optimizer("sgd_update"); }
+
+ private:
+  int device_;
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<LtGemm> gemm_;
+  Scratch rms_scratch_, attn_scratch_, reduce_scratch_, bucket_scratch_;
+  std::vector<int32_t> host_tokens_, order_, host_buckets_;
+};
+
+}  // namespace
+
+Backend* create_backend(int device) { return new CudaBackend(device); }
+
+}  // namespace multinorm::cuda

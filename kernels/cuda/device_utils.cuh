@@ -1,0 +1,58 @@
+// Device helpers shared by the CUDA kernels: storage conversions, 16-byte packs, warp and block
+// reductions. Included by kernel files only (through cuda_compat.h's world: nvcc or the emulation).
+#pragma once
+#include <algorithm>
+#include <cstdint>
+
+#include "cuda_compat.h"
+
+namespace multinorm::cuda {
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(bf16 x) { return __bfloat162float(x); }
+template <class T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ float from_float<float>(float x) {
+  return x;
+}
+template <>
+__device__ __forceinline__ bf16 from_float<bf16>(float x) {
+  return __float2bfloat16(x);  // round to nearest even, as the CPU backend
+}
+
+// 16 bytes of T: one vectorised load/store (LDG.128 / STG.128) on the GPU.
+template <class T>
+struct alignas(16) Pack {
+  static constexpr int kSize = 16 / sizeof(T);
+  T v[kSize];
+};
+// Whether rows of `width` elements starting at p can be read as packs (base aligned, width a
+// multiple of the pack).
+template <class T>
+__device__ __forceinline__ bool packable(const void* p, int64_t width) {
+  return (reinterpret_cast<uintptr_t>(p) % 16 == 0) && width % Pack<T>::kSize == 0;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
+// `scratch` is 32 floats of shared memory; the call begins and ends with a barrier so it can be
+// used back to back.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  v = warp_sum(v);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  float t = lane < warps ? scratch[lane] : 0.0f;
+  return warp_sum(t);
+}
+
+}  // namespace multinorm::cuda

@@ -1,0 +1,73 @@
+// Row-major GEMM on column-major cuBLASLt: a row-major [R, C] matrix is the column-major [C, R]
+// one, so out = op(a) op(b) (row-major) is out^T = op(b)^T op(a)^T (column-major): cuBLASLt computes
+// D[N, M] = op_b(B) op_a(A) with A := b and B := a, each operand's layout as stored.
+#include "gemm.h"
+
+#include <string>
+
+#include "check.h"
+
+namespace multinorm::cuda {
+
+LtGemm::LtGemm() {
+  MN_CUBLAS_CHECK(cublasLtCreate(&handle_), "creating the cuBLASLt handle");
+  MN_CUDA_CHECK(cudaMalloc(&workspace_, kWorkspaceBytes), "allocating the cuBLASLt workspace (" + std::to_string(kWorkspaceBytes) + " bytes)");
+}
+
+LtGemm::~LtGemm() {
+  for (auto& [key, p] : plans_) {
+    cublasLtMatrixLayoutDestroy(p.a);
+    cublasLtMatrixLayoutDestroy(p.b);
+    cublasLtMatrixLayoutDestroy(p.c);
+    cublasLtMatmulDescDestroy(p.desc);
+  }
+  cudaFree(workspace_);
+  cublasLtDestroy(handle_);
+}
+
+LtGemm::Plan& LtGemm::plan(const Key& key) {
+  auto it = plans_.find(key);
+  if (it != plans_.end()) return it->second;
+  const auto [M, N, K, ta, tb, in, out] = key;
+  const std::string what = "matmul M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K) + (ta ? " a^T" : "") +
+                           (tb ? " b^T" : "") + " (" + (in == CUDA_R_16BF ? "bf16" : "fp32") + " -> " + (out == CUDA_R_16BF ? "bf16" : "fp32") + ")";
+  Plan p;
+  MN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), what);
+  // Column-major roles: first operand is b (stored row-major [K,N] or, transposed, [N,K]).
+  const int32_t op_first = tb ? CUBLAS_OP_T : CUBLAS_OP_N, op_second = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+  MN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof(op_first)), what);
+  MN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof(op_second)), what);
+  const auto in_t = static_cast<cudaDataType>(in), out_t = static_cast<cudaDataType>(out);
+  // b row-major [K,N] = column-major N x K (ld N); transposed b row-major [N,K] = column-major K x N (ld K)
+  MN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, in_t, tb ? K : N, tb ? N : K, tb ? K : N), what);
+  // a row-major [M,K] = column-major K x M (ld K); transposed a row-major [K,M] = column-major M x K (ld M)
+  MN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, in_t, ta ? M : K, ta ? K : M, ta ? M : K), what);
+  MN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, out_t, N, M, N), what);
+  cublasLtMatmulPreference_t pref;
+  MN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref), what);
+  const uint64_t ws = kWorkspaceBytes;
+  MN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)), what);
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  const cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  MN_CUBLAS_CHECK(s, what);
+  if (found == 0) throw_cublas_error("cublasLtMatmulAlgoGetHeuristic found no algorithm for " + what, CUBLAS_STATUS_NOT_SUPPORTED);
+  p.algo = result.algo;
+  return plans_.emplace(key, p).first->second;
+}
+
+void LtGemm::run(void* out, cudaDataType out_type, const void* a, const void* b, cudaDataType in_type, int64_t M, int64_t N, int64_t K, bool ta,
+                 bool tb, bool accumulate, cudaStream_t stream) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) {  // an empty sum: out = 0, or unchanged when accumulating
+    if (!accumulate) MN_CUDA_CHECK(cudaMemsetAsync(out, 0, M * N * (out_type == CUDA_R_16BF ? 2 : 4), stream), "matmul with K = 0");
+    return;
+  }
+  const Plan& p = plan(Key{M, N, K, ta, tb, static_cast<int>(in_type), static_cast<int>(out_type)});
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  MN_CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, b, p.a, a, p.b, &beta, out, p.c, out, p.c, &p.algo, workspace_, kWorkspaceBytes, stream),
+                  "matmul M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K));
+}
+
+}  // namespace multinorm::cuda

@@ -1,0 +1,67 @@
+// Host entry points of the CUDA kernels (kernels/cuda/*.cu), called by the CUDA backend
+// (cuda_backend.cu). Each launches on `stream` and returns without synchronising. Shapes and layouts
+// are those of the Backend seam (include/multinorm/backend.h); T is the storage type (float or bf16)
+// and G a gradient type. Scratch buffers come from the caller (the backend's reused workspace);
+// each entry point says how much it needs.
+#pragma once
+#include <cstdint>
+
+#include "cuda_compat.h"
+
+namespace multinorm::cuda {
+
+// ---- casts and reductions (convert.cu) --------------------------------------------------------------
+template <class D, class S>
+void convert(D* dst, const S* src, int64_t n, cudaStream_t stream);
+template <class T>
+void scale(T* x, int64_t n, float factor, cudaStream_t stream);
+// sum of squares in FP64, deterministic (fixed grid, fixed-order final sum) into *result (device)
+constexpr int kSumSquaresBlocks = 256;
+template <class T>
+void sum_squares(double* result, double* partials /* kSumSquaresBlocks */, const T* x, int64_t n, cudaStream_t stream);
+
+// ---- embedding.cu --------------------------------------------------------------------------------
+template <class T>
+void embedding_forward(T* out, const int32_t* tokens, const T* wte, int64_t BT, int64_t C, cudaStream_t stream);
+// Deterministic backward over buckets built on the host: positions sorted by token (stable), the
+// distinct tokens, and each bucket's start in `positions` (num_tokens + 1 entries), all on the device.
+template <class T, class G>
+void embedding_backward(G* dwte, const T* dout, const int32_t* positions, const int32_t* bucket_tokens,
+                        const int32_t* bucket_starts, int64_t num_buckets, int64_t C, cudaStream_t stream);
+
+// ---- rmsnorm.cu ------------------------------------------------------------------------------------
+template <class T>
+void rmsnorm_forward(T* out, float* rstd, const T* x, const T* w, int64_t N, int64_t C, float eps, cudaStream_t stream);
+// scratch: rmsnorm_backward_scratch(N, C) floats
+int64_t rmsnorm_backward_scratch(int64_t N, int64_t C);
+template <class T, class G>
+void rmsnorm_backward(float* dx, G* dw, const float* dout, const T* x, const T* w, const float* rstd, int64_t N, int64_t C,
+                      bool accumulate_dx, float* scratch, cudaStream_t stream);
+
+// ---- rope.cu -----------------------------------------------------------------------------------------
+template <class T>
+void rope(T* qkv, const float* cos_sin, int64_t B, int64_t T_, int64_t H, int64_t D, bool inverse, cudaStream_t stream);
+
+// ---- swiglu.cu -------------------------------------------------------------------------------------
+template <class T>
+void swiglu_forward(T* out, const T* gate_up, int64_t N, int64_t F, cudaStream_t stream);
+template <class T>
+void swiglu_backward(T* dgate_up, const T* dout, const T* gate_up, int64_t N, int64_t F, cudaStream_t stream);
+
+// ---- cross_entropy.cu --------------------------------------------------------------------------------
+template <class T>
+void cross_entropy(float* losses, T* dlogits, const float* logits, const int32_t* targets, const uint8_t* mask, int64_t N,
+                   int64_t V, float grad_scale, cudaStream_t stream);
+
+// ---- attention.cu ----------------------------------------------------------------------------------
+constexpr int kAttentionMaxHeadDim = 128;
+template <class T>
+void attention_forward(T* out, float* lse, const T* qkv, int64_t B, int64_t T_, int64_t H, int64_t D, cudaStream_t stream);
+// scratch: B*H*T floats (rowsum(dout * out))
+template <class T>
+void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse, int64_t B, int64_t T_, int64_t H,
+                        int64_t D, float* scratch, cudaStream_t stream);
+template <class T>
+void attention_decode(T* out, const T* qkv, T* k_cache, T* v_cache, int64_t pos, int64_t H, int64_t D, cudaStream_t stream);
+
+}  // namespace multinorm::cuda

@@ -1,0 +1,104 @@
+// SwiGLU on gate_up[N, 2F] = [gate | up] (formulas: kernels/common/op_math.h). Elementwise, one
+// 16-byte pack per thread when F allows it, else one element.
+//   forward:  reads 2 N F, writes N F elements of T; ~6 N F FLOPs (sigmoid as one exp)
+//   backward: reads 3 N F, writes 2 N F elements of T; ~12 N F FLOPs
+#include "../common/op_math.h"
+#include "device_utils.cuh"
+#include "kernels.h"
+
+namespace multinorm::cuda {
+
+namespace {
+
+__device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + __expf(-x)); }
+
+// Element (n, f) for f in [f0, f0 + width): width = a pack (aligned, F a multiple) or 1.
+template <class T, int W>
+__device__ __forceinline__ void swiglu_forward_span(T* out, const T* gate_up, int64_t n, int64_t f0, int64_t F) {
+  const T* g = gate_up + n * 2 * F + f0;
+  const T* u = g + F;
+  T* o = out + n * F + f0;
+  if constexpr (W > 1) {
+    const Pack<T> gv = *reinterpret_cast<const Pack<T>*>(g), uv = *reinterpret_cast<const Pack<T>*>(u);
+    Pack<T> ov;
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      const float gf = to_float(gv.v[k]);
+      ov.v[k] = from_float<T>(op_math::swiglu(gf, sigmoid(gf), to_float(uv.v[k])));
+    }
+    *reinterpret_cast<Pack<T>*>(o) = ov;
+  } else {
+    const float gf = to_float(g[0]);
+    o[0] = from_float<T>(op_math::swiglu(gf, sigmoid(gf), to_float(u[0])));
+  }
+}
+
+template <class T, int W>
+__global__ void swiglu_forward_kernel(T* out, const T* gate_up, int64_t N, int64_t F) {
+  const int64_t spans_per_row = F / W, total = N * spans_per_row;
+  for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < total; k += int64_t(gridDim.x) * blockDim.x)
+    swiglu_forward_span<T, W>(out, gate_up, k / spans_per_row, (k % spans_per_row) * W, F);
+}
+
+template <class T, int W>
+__global__ void swiglu_backward_kernel(T* dgate_up, const T* dout, const T* gate_up, int64_t N, int64_t F) {
+  const int64_t spans_per_row = F / W, total = N * spans_per_row;
+  for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < total; k += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t n = k / spans_per_row, f0 = (k % spans_per_row) * W;
+    const T* g = gate_up + n * 2 * F + f0;
+    const T* u = g + F;
+    const T* d = dout + n * F + f0;
+    T* dg = dgate_up + n * 2 * F + f0;
+    T* du = dg + F;
+    if constexpr (W > 1) {
+      const Pack<T> gv = *reinterpret_cast<const Pack<T>*>(g), uv = *reinterpret_cast<const Pack<T>*>(u), dv = *reinterpret_cast<const Pack<T>*>(d);
+      Pack<T> dgv, duv;
+#pragma unroll
+      for (int j = 0; j < W; ++j) {
+        const float gf = to_float(gv.v[j]);
+        float a, b;
+        op_math::swiglu_grad(gf, sigmoid(gf), to_float(uv.v[j]), to_float(dv.v[j]), a, b);
+        dgv.v[j] = from_float<T>(a), duv.v[j] = from_float<T>(b);
+      }
+      *reinterpret_cast<Pack<T>*>(dg) = dgv;
+      *reinterpret_cast<Pack<T>*>(du) = duv;
+    } else {
+      const float gf = to_float(g[0]);
+      float a, b;
+      op_math::swiglu_grad(gf, sigmoid(gf), to_float(u[0]), to_float(d[0]), a, b);
+      dg[0] = from_float<T>(a), du[0] = from_float<T>(b);
+    }
+  }
+}
+
+unsigned grid_for(int64_t work) { return static_cast<unsigned>(std::min<int64_t>(ceil_div(work, 256), 8192)); }
+bool aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+}  // namespace
+
+template <class T>
+void swiglu_forward(T* out, const T* gate_up, int64_t N, int64_t F, cudaStream_t stream) {
+  constexpr int P = Pack<T>::kSize;
+  if (N * F == 0) return;
+  if (F % P == 0 && aligned(out) && aligned(gate_up))
+    launch("swiglu_forward", swiglu_forward_kernel<T, P>, dim3(grid_for(N * F / P)), dim3(256), 0, stream, out, gate_up, N, F);
+  else
+    launch("swiglu_forward", swiglu_forward_kernel<T, 1>, dim3(grid_for(N * F)), dim3(256), 0, stream, out, gate_up, N, F);
+}
+
+template <class T>
+void swiglu_backward(T* dgate_up, const T* dout, const T* gate_up, int64_t N, int64_t F, cudaStream_t stream) {
+  constexpr int P = Pack<T>::kSize;
+  if (N * F == 0) return;
+  if (F % P == 0 && aligned(dgate_up) && aligned(dout) && aligned(gate_up))
+    launch("swiglu_backward", swiglu_backward_kernel<T, P>, dim3(grid_for(N * F / P)), dim3(256), 0, stream, dgate_up, dout, gate_up, N, F);
+  else
+    launch("swiglu_backward", swiglu_backward_kernel<T, 1>, dim3(grid_for(N * F)), dim3(256), 0, stream, dgate_up, dout, gate_up, N, F);
+}
+
+template void swiglu_forward<float>(float*, const float*, int64_t, int64_t, cudaStream_t);
+template void swiglu_forward<bf16>(bf16*, const bf16*, int64_t, int64_t, cudaStream_t);
+template void swiglu_backward<float>(float*, const float*, const float*, int64_t, int64_t, cudaStream_t);
+template void swiglu_backward<bf16>(bf16*, const bf16*, const bf16*, int64_t, int64_t, cudaStream_t);
+
+}  // namespace multinorm::cuda

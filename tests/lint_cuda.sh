@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The CUDA sources' portability rules (docs/cuda.md), checked on every CI run:
+#   - kernels launch only through launch() in kernels/cuda/cuda_compat.h: no <<< >>> elsewhere;
+#   - dynamic shared memory only through MN_DYNAMIC_SHARED: no `extern __shared__` elsewhere;
+#   - no inline assembly (asm / PTX) and no __CUDA_ARCH__ branches in kernel files (they would need a
+#     wrapper header with a CPU path; none exists yet);
+#   - no grid-wide synchronisation (cooperative groups' grid sync, spinning on another block's flag).
+# A rule is broken when a pattern appears in code (comment lines are skipped).
+set -uo pipefail
+root=${1:-$(cd "$(dirname "$0")/.." && pwd)}
+cd "$root"
+files=$(ls kernels/cuda/*.cu kernels/cuda/*.cuh kernels/cuda/*.h 2>/dev/null)
+fail=0
+check() {  # pattern, allowed file (or ""), message
+  local hits
+  hits=$(grep -nE "$1" $files | grep -vE '^[^:]+:[0-9]+:\s*//' | grep -v "^$2:" || true)
+  [ -z "$2" ] && hits=$(grep -nE "$1" $files | grep -vE '^[^:]+:[0-9]+:\s*//' || true)
+  if [ -n "$hits" ]; then
+    echo "lint_cuda: $3:"
+    echo "$hits"
+    fail=1
+  fi
+}
+check '<<<' kernels/cuda/cuda_compat.h "a kernel launched with <<< >>> outside launch() (kernels/cuda/cuda_compat.h)"
+check 'extern[[:space:]]+__shared__' kernels/cuda/cuda_compat.h "extern __shared__ outside MN_DYNAMIC_SHARED"
+check '(^|[^_[:alnum:]])(asm|__asm__)[[:space:]]*(volatile)?[[:space:]]*\(' "" "inline assembly in a kernel file"
+check '__CUDA_ARCH__' "" "an architecture branch in a kernel file"
+check 'cooperative_groups|this_grid|grid\.sync|cudaLaunchCooperativeKernel' "" "grid-wide synchronisation"
+if [ $fail -eq 0 ]; then echo "lint_cuda: $(echo $files | wc -w) files clean"; fi
+exit $fail

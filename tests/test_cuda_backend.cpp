@@ -1,0 +1,378 @@
+// The CUDA backend against the CPU backend (itself verified against FP64 references and PyTorch):
+// every op on small, awkward shapes (odd widths, T not a multiple of a tile, 5461-wide GEMMs), FP32
+// and BF16, then the whole model's forward and backward. In CI the CUDA backend is the emulated
+// build (the same kernel sources executed on the CPU) under two fiber orders and several worker
+// threads; with MULTINORM_TEST_CUDA_PLUGIN=build/libmultinorm_cuda.so on a GPU machine the same
+// tests run on the device.
+//
+// Tolerances, per op, from measured errors (MULTINORM_TEST_ERRORS=1 prints them):
+//   FP32 outputs: the CUDA kernels sum in a different order (warp trees, online softmax), so they
+//   agree to a few FP32 ulps of the data's scale: 1e-5 relative to the largest element (measured:
+//   attention 2.8e-7, rmsnorm 2.7e-7, cross-entropy 3.0e-7, GEMMs 2.7e-6 with K = 5461).
+//   BF16 outputs: a different FP32 sum may round to the neighbouring BF16 value: one BF16 ulp of the
+//   largest element is 2^-8 = 3.9e-3, so 8e-3 (two ulps) bounds it (measured: attention's dqkv
+//   4.3e-3, every other op 0: the same BF16 values).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <numeric>
+
+#include "multinorm/device.h"
+#include "multinorm/error.h"
+#include "multinorm/llama_model.h"
+#include "test_support.h"
+
+using namespace multinorm;
+using namespace multinorm::testing;
+
+namespace {
+
+constexpr double kF32 = 1e-5, kBf16 = 8e-3;
+double tol(DType t) { return t == DType::F32 ? kF32 : kBf16; }
+
+// The CUDA plugin under test: $MULTINORM_TEST_CUDA_PLUGIN (a real GPU), else the emulated build.
+const CudaProbe* cuda_plugin() {
+  static const CudaProbe probe = [] {
+    if (const char* p = std::getenv("MULTINORM_TEST_CUDA_PLUGIN"); p && *p) return probe_cuda_plugin(p);
+#ifdef MULTINORM_EMULATED_PLUGIN
+    return probe_cuda_plugin(MULTINORM_EMULATED_PLUGIN);
+#else
+    return CudaProbe{};
+#endif
+  }();
+  return probe.plugin_loaded ? &probe : nullptr;
+}
+
+// (fiber order, worker threads) of the emulation; ignored on a real GPU.
+struct Mode {
+  const char* order;
+  const char* workers;
+};
+std::ostream& operator<<(std::ostream& os, const Mode& m) { return os << m.order << "_" << m.workers; }
+
+class CudaVsCpu : public ::testing::TestWithParam<Mode> {
+ protected:
+  void SetUp() override {
+    const CudaProbe* p = cuda_plugin();
+    if (!p) GTEST_SKIP() << "no CUDA plugin (emulated or real) was built";
+    ::setenv("MULTINORM_EMU_ORDER", GetParam().order, 1);
+    ::setenv("MULTINORM_EMU_WORKERS", GetParam().workers, 1);
+    ::setenv("MULTINORM_EMU_SEED", "7", 1);
+    cuda = make_cuda_backend(*p);
+  }
+  void TearDown() override {
+    ::unsetenv("MULTINORM_EMU_ORDER");
+    ::unsetenv("MULTINORM_EMU_WORKERS");
+  }
+  std::unique_ptr<Backend> cpu = make_cpu_backend(2);
+  std::unique_ptr<Backend> cuda;
+};
+
+// A pair of buffers holding the same values on both backends.
+struct Pair {
+  DeviceBuffer c, g;  // cpu, cuda
+  Pair(Backend& cpu, Backend& cuda, const Vec& v, DType t) : c(cpu, v, t), g(cuda, v, t) {}
+  ::testing::AssertionResult same(double rtol) const { return close(g.get(), c.get(), rtol); }
+};
+
+// Token ids (as doubles for DeviceBuffer's F32 path would round: stored as int32 bit patterns).
+struct Ids {
+  void *c, *g;
+  Backend &cb, &gb;
+  Ids(Backend& cpu, Backend& cuda, const std::vector<int32_t>& ids) : cb(cpu), gb(cuda) {
+    const int64_t bytes = static_cast<int64_t>(ids.size()) * 4;
+    c = cpu.allocate(bytes), g = cuda.allocate(bytes);
+    cpu.to_device(c, ids.data(), bytes);
+    cuda.to_device(g, ids.data(), bytes);
+  }
+  ~Ids() { cb.release(c), gb.release(g); }
+};
+
+std::vector<int32_t> random_ids(size_t n, int32_t V, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::vector<int32_t> v(n);
+  for (auto& x : v) x = static_cast<int32_t>(gen() % V);
+  return v;
+}
+
+std::vector<float> rope_table(int64_t T, int64_t D) {
+  std::vector<float> cs(T * D);
+  for (int64_t p = 0; p < T; ++p)
+    for (int64_t i = 0; i < D / 2; ++i) {
+      cs[(p * D / 2 + i) * 2] = static_cast<float>(std::cos(p * std::pow(10000.0, -2.0 * i / D)));
+      cs[(p * D / 2 + i) * 2 + 1] = static_cast<float>(std::sin(p * std::pow(10000.0, -2.0 * i / D)));
+    }
+  return cs;
+}
+
+const DType kTypes[] = {DType::F32, DType::BF16};
+
+}  // namespace
+
+TEST_P(CudaVsCpu, MatmulLayoutsAccumulateAndOddWidths) {
+  struct Shape {
+    int64_t M, N, K;
+  };
+  // 5461: the 1B model's intermediate size (odd: no row is 16-byte aligned in BF16)
+  for (const Shape s : {Shape{7, 5, 11}, Shape{3, 5461, 9}, Shape{5, 6, 5461}}) {
+    for (DType in : kTypes)
+      for (DType out : kTypes) {
+        if (in == DType::F32 && out == DType::BF16) continue;  // not a path of the seam
+        for (int ta = 0; ta < 2; ++ta)
+          for (int tb = 0; tb < 2; ++tb)
+            for (int acc = 0; acc < 2; ++acc) {
+              Pair a(*cpu, *cuda, random_vec(s.M * s.K, 1), in), b(*cpu, *cuda, random_vec(s.K * s.N, 2), in),
+                  o(*cpu, *cuda, random_vec(s.M * s.N, 3), out);
+              cpu->matmul(o.c.buf(), a.c.buf(), b.c.buf(), s.M, s.N, s.K, ta, tb, acc);
+              cuda->matmul(o.g.buf(), a.g.buf(), b.g.buf(), s.M, s.N, s.K, ta, tb, acc);
+              EXPECT_TRUE(o.same(tol(out))) << s.M << "x" << s.N << "x" << s.K << " ta " << ta << " tb " << tb << " acc " << acc << " in "
+                                            << dtype_name(in) << " out " << dtype_name(out);
+            }
+      }
+  }
+}
+
+TEST_P(CudaVsCpu, EmbeddingForwardBackward) {
+  const int64_t V = 11;
+  for (int64_t C : {13, 40}) {  // 13: no 16-byte packs; 40: packs in both dtypes
+    for (DType t : kTypes)
+      for (DType g : {t, DType::F32}) {
+        const int64_t BT = 37;
+        const Ids tok(*cpu, *cuda, random_ids(BT, V, 5));  // 37 draws of 11 ids: repeats
+        Pair wte(*cpu, *cuda, random_vec(V * C, 6), t), out(*cpu, *cuda, Vec(BT * C, 0.0), t), dout(*cpu, *cuda, random_vec(BT * C, 7), t),
+            dwte(*cpu, *cuda, random_vec(V * C, 8), g);
+        cpu->embedding_forward(out.c.buf(), static_cast<int32_t*>(tok.c), wte.c.buf(), BT, C);
+        cuda->embedding_forward(out.g.buf(), static_cast<int32_t*>(tok.g), wte.g.buf(), BT, C);
+        EXPECT_TRUE(out.same(0.0)) << "a copy is exact";
+        cpu->embedding_backward(dwte.c.buf(), dout.c.buf(), static_cast<int32_t*>(tok.c), BT, C);
+        cuda->embedding_backward(dwte.g.buf(), dout.g.buf(), static_cast<int32_t*>(tok.g), BT, C);
+        EXPECT_TRUE(dwte.same(tol(g))) << "C " << C << " " << dtype_name(t) << "/" << dtype_name(g);
+      }
+  }
+}
+
+TEST_P(CudaVsCpu, RmsNormForwardBackward) {
+  struct Shape {
+    int64_t N, C;
+  };
+  // 300 rows: more rows than the backward's 256 blocks, so blocks own several rows
+  for (const Shape s : {Shape{37, 13}, Shape{300, 40}}) {
+    for (DType t : kTypes)
+      for (DType g : {t, DType::F32}) {
+        Pair x(*cpu, *cuda, random_vec(s.N * s.C, 1), t), w(*cpu, *cuda, random_vec(s.C, 2), t), y(*cpu, *cuda, Vec(s.N * s.C, 0.0), t),
+            r(*cpu, *cuda, Vec(s.N, 0.0), DType::F32), dy(*cpu, *cuda, random_vec(s.N * s.C, 3), DType::F32),
+            dx(*cpu, *cuda, random_vec(s.N * s.C, 4), DType::F32), dw(*cpu, *cuda, random_vec(s.C, 5), g);
+        cpu->rmsnorm_forward(y.c.buf(), r.c.f32(), x.c.buf(), w.c.buf(), s.N, s.C, 1e-5f);
+        cuda->rmsnorm_forward(y.g.buf(), r.g.f32(), x.g.buf(), w.g.buf(), s.N, s.C, 1e-5f);
+        EXPECT_TRUE(y.same(tol(t)));
+        EXPECT_TRUE(r.same(kF32));
+        for (bool accumulate : {false, true}) {
+          cpu->rmsnorm_backward(dx.c.f32(), dw.c.buf(), dy.c.f32(), x.c.buf(), w.c.buf(), r.c.f32(), s.N, s.C, accumulate);
+          cuda->rmsnorm_backward(dx.g.f32(), dw.g.buf(), dy.g.f32(), x.g.buf(), w.g.buf(), r.g.f32(), s.N, s.C, accumulate);
+          EXPECT_TRUE(dx.same(kF32)) << "N " << s.N << " accumulate " << accumulate;
+          EXPECT_TRUE(dw.same(tol(g))) << "N " << s.N << " " << dtype_name(t) << "/" << dtype_name(g);
+        }
+      }
+  }
+}
+
+TEST_P(CudaVsCpu, RopeForwardBackward) {
+  for (int64_t D : {6, 16})
+    for (DType t : kTypes) {
+      const int64_t B = 2, T = 5, H = 3, n = B * T * 3 * H * D;
+      const std::vector<float> cs = rope_table(T, D);
+      Pair table(*cpu, *cuda, Vec(cs.begin(), cs.end()), DType::F32), x(*cpu, *cuda, random_vec(n, 1), t);
+      cpu->rope_forward(x.c.buf(), table.c.f32(), B, T, H, D);
+      cuda->rope_forward(x.g.buf(), table.g.f32(), B, T, H, D);
+      EXPECT_TRUE(x.same(tol(t)));
+      cpu->rope_backward(x.c.buf(), table.c.f32(), B, T, H, D);
+      cuda->rope_backward(x.g.buf(), table.g.f32(), B, T, H, D);
+      EXPECT_TRUE(x.same(tol(t)));
+    }
+}
+
+TEST_P(CudaVsCpu, AttentionForwardBackward) {
+  struct Shape {
+    int64_t B, T, H, D;
+  };
+  // T = 37: not a multiple of the 16-row and 32-key tiles; T = 5: a single partial tile; D = 6, 24:
+  // lanes with and without a column
+  for (const Shape s : {Shape{2, 37, 2, 16}, Shape{1, 5, 3, 6}, Shape{1, 19, 1, 24}}) {
+    for (DType t : kTypes) {
+      const int64_t C = s.H * s.D, BT = s.B * s.T;
+      Pair qkv(*cpu, *cuda, random_vec(BT * 3 * C, 1), t), out(*cpu, *cuda, Vec(BT * C, 0.0), t), lse(*cpu, *cuda, Vec(s.B * s.H * s.T, 0.0), DType::F32),
+          dout(*cpu, *cuda, random_vec(BT * C, 2), t), dqkv(*cpu, *cuda, Vec(BT * 3 * C, 0.0), t);
+      cpu->attention_forward(out.c.buf(), lse.c.f32(), qkv.c.buf(), s.B, s.T, s.H, s.D);
+      cuda->attention_forward(out.g.buf(), lse.g.f32(), qkv.g.buf(), s.B, s.T, s.H, s.D);
+      EXPECT_TRUE(out.same(tol(t))) << s.T << " " << s.D << " " << dtype_name(t);
+      EXPECT_TRUE(lse.same(kF32));
+      // The backward pass from the CPU's forward results, so both see the same inputs.
+      out.g.set(out.c.get());
+      lse.g.set(lse.c.get());
+      cpu->attention_backward(dqkv.c.buf(), dout.c.buf(), qkv.c.buf(), out.c.buf(), lse.c.f32(), s.B, s.T, s.H, s.D);
+      cuda->attention_backward(dqkv.g.buf(), dout.g.buf(), qkv.g.buf(), out.g.buf(), lse.g.f32(), s.B, s.T, s.H, s.D);
+      EXPECT_TRUE(dqkv.same(tol(t))) << s.T << " " << s.D << " " << dtype_name(t);
+    }
+  }
+}
+
+TEST_P(CudaVsCpu, AttentionDecodeAppendsAndAttends) {
+  for (DType t : kTypes) {
+    const int64_t H = 2, D = 10, C = H * D, steps = 7;
+    Pair kc(*cpu, *cuda, Vec(steps * C, 0.0), t), vc(*cpu, *cuda, Vec(steps * C, 0.0), t), out(*cpu, *cuda, Vec(C, 0.0), t);
+    for (int64_t pos = 0; pos < steps; ++pos) {
+      Pair qkv(*cpu, *cuda, random_vec(3 * C, 10 + static_cast<uint32_t>(pos)), t);
+      cpu->attention_decode(out.c.buf(), qkv.c.buf(), kc.c.buf(), vc.c.buf(), pos, H, D);
+      cuda->attention_decode(out.g.buf(), qkv.g.buf(), kc.g.buf(), vc.g.buf(), pos, H, D);
+      EXPECT_TRUE(out.same(tol(t))) << "pos " << pos;
+    }
+    EXPECT_TRUE(kc.same(0.0));
+    EXPECT_TRUE(vc.same(0.0));
+  }
+}
+
+TEST_P(CudaVsCpu, SwiGLUForwardBackward) {
+  for (int64_t F : {13, 40})  // scalar and 16-byte-pack paths
+    for (DType t : kTypes) {
+      const int64_t N = 7;
+      Pair gu(*cpu, *cuda, random_vec(N * 2 * F, 1, 2.0), t), out(*cpu, *cuda, Vec(N * F, 0.0), t), dout(*cpu, *cuda, random_vec(N * F, 2), t),
+          dgu(*cpu, *cuda, Vec(N * 2 * F, 0.0), t);
+      cpu->swiglu_forward(out.c.buf(), gu.c.buf(), N, F);
+      cuda->swiglu_forward(out.g.buf(), gu.g.buf(), N, F);
+      EXPECT_TRUE(out.same(tol(t))) << F;
+      cpu->swiglu_backward(dgu.c.buf(), dout.c.buf(), gu.c.buf(), N, F);
+      cuda->swiglu_backward(dgu.g.buf(), dout.g.buf(), gu.g.buf(), N, F);
+      EXPECT_TRUE(dgu.same(tol(t))) << F;
+    }
+}
+
+TEST_P(CudaVsCpu, CrossEntropyWithMaskScaleAndAliasing) {
+  for (int64_t V : {37, 1000}) {
+    const int64_t N = 9;
+    std::vector<int32_t> targets = random_ids(N, static_cast<int32_t>(V), 3);
+    std::vector<uint8_t> mask(N, 1);
+    mask[2] = mask[7] = 0;
+    const Ids tg(*cpu, *cuda, targets);
+    void* mc = cpu->allocate(N);
+    void* mg = cuda->allocate(N);
+    cpu->to_device(mc, mask.data(), N);
+    cuda->to_device(mg, mask.data(), N);
+    const Vec logits = random_vec(N * V, 4, 3.0);
+    for (DType t : kTypes) {
+      Pair x(*cpu, *cuda, logits, DType::F32), loss(*cpu, *cuda, Vec(N, 0.0), DType::F32), d(*cpu, *cuda, Vec(N * V, 0.0), t);
+      const auto run = [&](Backend& be, DeviceBuffer& lx, DeviceBuffer& ll, DeviceBuffer& ld, void* m, void* tgt) {
+        be.cross_entropy(ll.f32(), ld.buf(), lx.f32(), static_cast<int32_t*>(tgt), static_cast<uint8_t*>(m), N, V, 0.25f);
+      };
+      run(*cpu, x.c, loss.c, d.c, mc, tg.c);
+      run(*cuda, x.g, loss.g, d.g, mg, tg.g);
+      EXPECT_TRUE(loss.same(kF32)) << V;
+      EXPECT_TRUE(d.same(tol(t))) << V << " " << dtype_name(t);
+      if (t == DType::F32) {  // dlogits written over the logits
+        cpu->cross_entropy(loss.c.f32(), x.c.buf(), x.c.f32(), static_cast<int32_t*>(tg.c), static_cast<uint8_t*>(mc), N, V, 0.25f);
+        cuda->cross_entropy(loss.g.f32(), x.g.buf(), x.g.f32(), static_cast<int32_t*>(tg.g), static_cast<uint8_t*>(mg), N, V, 0.25f);
+        EXPECT_TRUE(x.same(kF32)) << "aliased, V " << V;
+        EXPECT_TRUE(close(x.g.get(), d.g.get(), kF32)) << "aliased equals separate, V " << V;
+      }
+    }
+    cpu->release(mc);
+    cuda->release(mg);
+  }
+}
+
+TEST_P(CudaVsCpu, ConvertScaleAndSumSquares) {
+  const int64_t n = 1037;
+  const Vec v = random_vec(n, 1);
+  for (DType from : kTypes)
+    for (DType to : kTypes) {
+      Pair src(*cpu, *cuda, v, from), dst(*cpu, *cuda, Vec(n, 0.0), to);
+      cpu->convert(dst.c.buf(), src.c.buf(), n);
+      cuda->convert(dst.g.buf(), src.g.buf(), n);
+      EXPECT_TRUE(dst.same(0.0)) << "conversions round identically (nearest even)";
+    }
+  for (DType t : kTypes) {
+    Pair x(*cpu, *cuda, v, t);
+    cpu->scale(x.c.buf(), n, 0.3f);
+    cuda->scale(x.g.buf(), n, 0.3f);
+    EXPECT_TRUE(x.same(0.0)) << "one multiply, one rounding";
+    const double sc = cpu->sum_squares(x.c.buf(), n), sg = cuda->sum_squares(x.g.buf(), n);
+    EXPECT_NEAR(sg, sc, 1e-12 * sc) << "FP64 accumulation of the same values";
+    EXPECT_EQ(sg, cuda->sum_squares(x.g.buf(), n)) << "deterministic";
+  }
+}
+
+// The whole model: a reduced llama_tiny (2 layers, head dim 16, vocabulary 301, T = 37 with padding)
+// through both backends from the same weights: the loss and every gradient tensor.
+TEST_P(CudaVsCpu, ModelForwardBackwardMatchesTheCpuBackend) {
+  ModelConfig cfg;
+  cfg.name = "llama_tiny_reduced";
+  cfg.vocab_size = 301;
+  cfg.hidden_size = 32;
+  cfg.intermediate_size = 86;  // llama_tiny's 688 / 8: odd multiple of 2, no 16-byte BF16 rows
+  cfg.num_hidden_layers = 2;
+  cfg.num_attention_heads = 2;
+  cfg.max_position_embeddings = 64;
+  cfg.initializer_range = 0.1;
+  const int64_t B = 2, T = 37;
+  std::vector<int32_t> tokens = random_ids(B * T, 301, 9), targets(B * T);
+  std::vector<uint8_t> mask(B * T, 1);
+  for (int64_t i = 0; i < B * T; ++i) targets[i] = tokens[(i + 1) % (B * T)];
+  mask[B * T - 1] = mask[B * T - 2] = 0;
+  const MicroBatch mb{tokens.data(), targets.data(), mask.data(), B, T};
+  // Gradients: FP32 summation-order differences only in FP32 (bound 1e-5 of each tensor's largest
+  // gradient; measured 1.1e-6); in BF16 each stored activation may round to a neighbouring BF16
+  // value and the difference compounds through the layers: bound 5e-2 (measured 2.4e-2); the loss
+  // 1e-5 (FP32) and 2e-3 (BF16) relative.
+  for (DType t : kTypes) {
+    LlamaModel mc(*cpu, cfg, t, B, T), mg(*cuda, cfg, t, B, T);
+    mc.init_random(3);
+    mg.params_from_host(mc.params_to_host());
+    const LossSum lc = mc.forward_backward(mb, 1.0f), lg = mg.forward_backward(mb, 1.0f);
+    EXPECT_NEAR(lg.mean(), lc.mean(), (t == DType::F32 ? 1e-5 : 2e-3) * lc.mean()) << dtype_name(t);
+    const std::vector<float> gc = mc.grads_to_host(), gg = mg.grads_to_host();
+    for (const auto& tensor : mc.tensors()) {
+      const Vec a(gg.begin() + tensor.offset, gg.begin() + tensor.offset + tensor.numel());
+      const Vec e(gc.begin() + tensor.offset, gc.begin() + tensor.offset + tensor.numel());
+      EXPECT_TRUE(close(a, e, t == DType::F32 ? 1e-5 : 5e-2)) << tensor.name << " " << dtype_name(t);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Emulation, CudaVsCpu, ::testing::Values(Mode{"forward", "2"}, Mode{"random", "3"}),
+                         [](const ::testing::TestParamInfo<Mode>& i) { return std::string(i.param.order) + "_workers" + i.param.workers; });
+
+// The emulation's strictness: misuse a GPU would hang on or silently get wrong is an error naming
+// the kernel, and out-of-memory names the bytes asked for and what is free.
+TEST(CudaBackend, OutOfMemoryNamesTheBytesAndTheFreeMemory) {
+  const CudaProbe* p = cuda_plugin();
+  if (!p) GTEST_SKIP() << "no CUDA plugin";
+  auto be = make_cuda_backend(*p);
+  try {
+    be->allocate(int64_t(1) << 50);
+    FAIL() << "a 1 PiB allocation succeeded";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("1125899906842624 bytes"), std::string::npos) << m;
+    EXPECT_NE(m.find("free"), std::string::npos) << m;
+  }
+}
+
+TEST(CudaBackend, OptimizerOpsFailLoudlyUntilTheirKernelsExist) {
+  const CudaProbe* p = cuda_plugin();
+  if (!p) GTEST_SKIP() << "no CUDA plugin";
+  auto be = make_cuda_backend(*p);
+  DeviceBuffer w(*be, Vec(6, 1.0), DType::F32), g(*be, Vec(6, 1.0), DType::F32);
+  EXPECT_THROW(be->sinkgd_update(w.buf(), g.buf(), 2, 3, SinkGDArgs{}), Error);
+}
+
+TEST(CudaBackend, HostPointersAreRejectedWhereDeviceMemoryIsExpected) {
+  const CudaProbe* p = cuda_plugin();
+  if (!p || !p->emulated) GTEST_SKIP() << "the emulated plugin checks copy directions";
+  auto be = make_cuda_backend(*p);
+  std::vector<float> host(4, 1.0f), other(4);
+  try {
+    be->to_device(other.data(), host.data(), 16);  // destination is not device memory
+    FAIL() << "a host-to-host copy through to_device was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("to_device"), std::string::npos) << e.what();
+  }
+}
