@@ -38,5 +38,13 @@ check "reference" 0 "optimizer.sinkgd.iterations" -- "$bin" config --reference
 check "export init" 0 "wrote .*/hf/model.safetensors \(7,358,720|wrote .*model.safetensors \(7358720 parameters, bf16\)" -- "$bin" export --config "$models/llama_tiny.json" --out "$tmp/hf"
 check "export re-read" 0 "fp32" -- "$bin" export --config "$models/llama_tiny.json" --from "$tmp/hf" --out "$tmp/hf32" --dtype fp32
 check "export wrong architecture" 2 "config.json: vocab_size is 8192, the run's model has 32000" -- "$bin" export --config "$models/llama_60m.json" --from "$tmp/hf" --out "$tmp/x"
+# The CUDA backend from the normal binary, through the emulated plugin (kernels run on the CPU).
+emu=$(dirname "$bin")/libmultinorm_cuda_emulated.so
+if [ -f "$emu" ]; then
+  check "emulated plugin detected" 0 "CUDA emulation on the CPU" -- env MULTINORM_CUDA_PLUGIN="$emu" "$bin" devices
+  check "auto never picks the emulation" 0 "backend auto -> cpu \(auto: the CUDA plugin is the CPU emulation" -- env MULTINORM_CUDA_PLUGIN="$emu" "$bin" devices
+  check "bench model on the CUDA backend" 0 "backend cuda-emulated.*|cuBLASLt bf16 GEMM" -- env MULTINORM_CUDA_PLUGIN="$emu" "$bin" bench model --config "$models/llama_tiny.json" --backend cuda --batch 1 --seq 32 --steps 1 --warmup 0 --torch off
+  check "cuda without a usable plugin" 2 "backend cuda requested, but it cannot be used" -- env MULTINORM_CUDA_PLUGIN="$tmp/none.so" "$bin" bench model --config "$models/llama_tiny.json" --backend cuda --torch off
+fi
 echo "cli_smoke: $passes passed, $fails failed"
 [ "$fails" -eq 0 ]

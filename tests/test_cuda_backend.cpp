@@ -20,6 +20,7 @@
 #include "multinorm/device.h"
 #include "multinorm/error.h"
 #include "multinorm/llama_model.h"
+#include "test_backends.h"
 #include "test_support.h"
 
 using namespace multinorm;
@@ -30,18 +31,7 @@ namespace {
 constexpr double kF32 = 1e-5, kBf16 = 8e-3;
 double tol(DType t) { return t == DType::F32 ? kF32 : kBf16; }
 
-// The CUDA plugin under test: $MULTINORM_TEST_CUDA_PLUGIN (a real GPU), else the emulated build.
-const CudaProbe* cuda_plugin() {
-  static const CudaProbe probe = [] {
-    if (const char* p = std::getenv("MULTINORM_TEST_CUDA_PLUGIN"); p && *p) return probe_cuda_plugin(p);
-#ifdef MULTINORM_EMULATED_PLUGIN
-    return probe_cuda_plugin(MULTINORM_EMULATED_PLUGIN);
-#else
-    return CudaProbe{};
-#endif
-  }();
-  return probe.plugin_loaded ? &probe : nullptr;
-}
+const CudaProbe* cuda_plugin() { return test_cuda_plugin(); }
 
 // (fiber order, worker threads) of the emulation; ignored on a real GPU.
 struct Mode {

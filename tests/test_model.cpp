@@ -7,6 +7,7 @@
 #include "multinorm/error.h"
 #include "multinorm/llama_model.h"
 #include "reference_llama.h"
+#include "test_backends.h"
 #include "test_support.h"
 
 using namespace multinorm;
@@ -46,11 +47,13 @@ struct Batch {
 
 }  // namespace
 
-class ModelGrad : public ::testing::TestWithParam<bool> {};
+// (tied embeddings, backend)
+class ModelGrad : public ::testing::TestWithParam<std::tuple<bool, std::string>> {};
 
 TEST_P(ModelGrad, MatchesFiniteDifferencesOfTheFp64Reference) {
-  const bool tied = GetParam();
-  auto be = make_cpu_backend(2);
+  const bool tied = std::get<0>(GetParam());
+  auto be = make_test_backend(std::get<1>(GetParam()), 2);
+  if (!be) GTEST_SKIP() << "no CUDA plugin was built";
   const ModelConfig cfg = tiny(tied);
   const Batch batch(2, 7, cfg.vocab_size, 17);  // T = 7: no block size divides it
   LlamaModel model(*be, cfg, DType::F32, batch.B, batch.T);
@@ -77,11 +80,21 @@ TEST_P(ModelGrad, MatchesFiniteDifferencesOfTheFp64Reference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Untied, ModelGrad, ::testing::Values(false));
-INSTANTIATE_TEST_SUITE_P(Tied, ModelGrad, ::testing::Values(true));
+INSTANTIATE_TEST_SUITE_P(Backends, ModelGrad, ::testing::Combine(::testing::Bool(), ::testing::Values("cpu", "cuda")),
+                         [](const auto& i) { return std::string(std::get<0>(i.param) ? "tied_" : "untied_") + std::get<1>(i.param); });
 
-TEST(Model, LogitsMatchTheReference) {
-  auto be = make_cpu_backend(2);
+// The tests below run on every backend.
+class ModelOn : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    be = make_test_backend(GetParam(), 2);
+    if (!be) GTEST_SKIP() << "no CUDA plugin was built";
+  }
+  std::unique_ptr<Backend> be;
+};
+INSTANTIATE_TEST_SUITE_P(Backends, ModelOn, ::testing::Values("cpu", "cuda"), backend_param_name);
+
+TEST_P(ModelOn, LogitsMatchTheReference) {
   const ModelConfig cfg = tiny();
   const Batch batch(3, 5, cfg.vocab_size, 3);
   LlamaModel model(*be, cfg, DType::F32, 3, 5);
@@ -94,8 +107,7 @@ TEST(Model, LogitsMatchTheReference) {
   EXPECT_TRUE(close(Vec(logits.begin(), logits.end()), ref_logits, 1e-5));
 }
 
-TEST(Model, GradientsAccumulateAcrossMicroBatches) {
-  auto be = make_cpu_backend(2);
+TEST_P(ModelOn, GradientsAccumulateAcrossMicroBatches) {
   const ModelConfig cfg = tiny();
   const Batch a(2, 6, cfg.vocab_size, 8), b(2, 6, cfg.vocab_size, 9);
   LlamaModel model(*be, cfg, DType::F32, 2, 6);
@@ -248,9 +260,8 @@ TEST(Model, Fp32GradientArenaAccumulatesToFp32Accuracy) {
 
 // Incremental decoding with the key/value cache gives, at every position, the logits the full
 // forward pass gives for that position (FP32: the same math, in another order).
-TEST(Model, KvCacheDecodingMatchesTheFullForward) {
+TEST_P(ModelOn, KvCacheDecodingMatchesTheFullForward) {
   const ModelConfig cfg = tiny();
-  auto be = make_cpu_backend(2);
   const int64_t T = 11;
   LlamaModel model(*be, cfg, DType::F32, 1, T);
   model.init_random(3);

@@ -1,11 +1,13 @@
-// Every op of the CPU backend: forward against the FP64 reference, backward against central finite
-// differences of that reference (FP32 kernels: tolerances a few FP32 ulps of the data's scale).
+// Every op of every backend (the CPU backend, and the CUDA backend's kernels through the emulated
+// build): forward against the FP64 reference, backward against central finite differences of that
+// reference (FP32 kernels: tolerances a few FP32 ulps of the data's scale).
 // Odd shapes on purpose: nothing is a multiple of a block or vector width.
 #include <gtest/gtest.h>
 
 #include "../kernels/common/fast_math.h"
 #include "multinorm/backend.h"
 #include "reference_llama.h"
+#include "test_backends.h"
 #include "test_support.h"
 
 using namespace multinorm;
@@ -14,8 +16,12 @@ namespace ref = multinorm::reference;
 
 namespace {
 
-struct Ops : ::testing::Test {
-  std::unique_ptr<Backend> be = make_cpu_backend(2);
+struct Ops : ::testing::TestWithParam<std::string> {
+  void SetUp() override {
+    be = make_test_backend(GetParam(), 2);
+    if (!be) GTEST_SKIP() << "no CUDA plugin was built";
+  }
+  std::unique_ptr<Backend> be;
   static constexpr DType f32 = DType::F32;
 };
 
@@ -54,7 +60,7 @@ std::vector<float> rope_table(int64_t T, int64_t D, double theta) {
 
 }  // namespace
 
-TEST_F(Ops, MatmulAllLayoutsAndAccumulate) {
+TEST_P(Ops, MatmulAllLayoutsAndAccumulate) {
   const int64_t M = 7, N = 5, K = 11;
   for (DType in : {DType::F32, DType::BF16}) {
     for (int ta = 0; ta < 2; ++ta)
@@ -76,7 +82,7 @@ TEST_F(Ops, MatmulAllLayoutsAndAccumulate) {
   }
 }
 
-TEST_F(Ops, RmsNormForwardBackward) {
+TEST_P(Ops, RmsNormForwardBackward) {
   const int64_t N = 37, C = 13;  // 37 rows: more than one 32-row reduction chunk
   const double eps = 1e-5;
   const Vec x = random_vec(N * C, 4), w = random_vec(C, 5), dy = random_vec(N * C, 6);
@@ -98,7 +104,7 @@ TEST_F(Ops, RmsNormForwardBackward) {
   EXPECT_TRUE(close(DW.get(), gw2, 1e-5));
 }
 
-TEST_F(Ops, RopeForwardBackward) {
+TEST_P(Ops, RopeForwardBackward) {
   const int64_t B = 2, T = 5, H = 3, D = 6, C = H * D, N = B * T;
   const double theta = 10000.0;
   const std::vector<float> cs = rope_table(T, D, theta);
@@ -117,7 +123,7 @@ TEST_F(Ops, RopeForwardBackward) {
   EXPECT_TRUE(close(DY.get(), numeric_grad([&](const Vec& v) { return dot(dy, reference(v)); }, x), 1e-6));
 }
 
-TEST_F(Ops, AttentionForwardBackward) {
+TEST_P(Ops, AttentionForwardBackward) {
   const int64_t B = 2, T = 7, H = 2, D = 5, C = H * D, N = B * T;
   const Vec qkv = random_vec(N * 3 * C, 9), dout = random_vec(N * C, 10);
   auto reference = [&](const Vec& x) {
@@ -137,7 +143,7 @@ TEST_F(Ops, AttentionForwardBackward) {
     for (int64_t d = 0; d < D; ++d) EXPECT_NEAR(o[h * D + d], qkv[2 * C + h * D + d], 1e-6);
 }
 
-TEST_F(Ops, SwiGLUForwardBackward) {
+TEST_P(Ops, SwiGLUForwardBackward) {
   const int64_t N = 5, F = 9;
   const Vec gu = random_vec(N * 2 * F, 11, 2.0), dy = random_vec(N * F, 12);
   auto reference = [&](const Vec& x) { return swiglu_reference(x, N, F); };
@@ -148,7 +154,7 @@ TEST_F(Ops, SwiGLUForwardBackward) {
   EXPECT_TRUE(close(DGU.get(), numeric_grad([&](const Vec& v) { return dot(dy, reference(v)); }, gu), 1e-5));
 }
 
-TEST_F(Ops, CrossEntropyWithMaskAndScale) {
+TEST_P(Ops, CrossEntropyWithMaskAndScale) {
   const int64_t N = 6, V = 11;
   const float scale = 0.37f;
   const Vec logits = random_vec(N * V, 13, 3.0);
@@ -182,7 +188,7 @@ TEST_F(Ops, CrossEntropyWithMaskAndScale) {
   be->release(m);
 }
 
-TEST_F(Ops, EmbeddingForwardBackwardWithRepeatedTokens) {
+TEST_P(Ops, EmbeddingForwardBackwardWithRepeatedTokens) {
   const int64_t V = 9, C = 6, BT = 10;
   const std::vector<int32_t> tokens = {4, 1, 4, 4, 0, 8, 1, 2, 4, 8};
   const Vec wte = random_vec(V * C, 14), dout = random_vec(BT * C, 15), dwte0 = random_vec(V * C, 16);
@@ -204,7 +210,7 @@ TEST_F(Ops, EmbeddingForwardBackwardWithRepeatedTokens) {
   }
 }
 
-TEST_F(Ops, ConvertRoundsToNearestEven) {
+TEST_P(Ops, ConvertRoundsToNearestEven) {
   // 1 + 2^-8 is halfway between bf16 neighbours 1 and 1 + 2^-7: ties go to the even mantissa (1).
   const Vec v = {1.0 + std::ldexp(1.0, -8), 1.0 + 3 * std::ldexp(1.0, -8), -2.5, 65504.0};
   DeviceBuffer S(*be, v, f32), D(*be, v.size(), DType::BF16);
@@ -254,12 +260,16 @@ TEST(OpsThreads, EmbeddingBackwardWithMoreThreadsThanAccumulatorSlots) {
 // BF16 versions of the ops: inputs rounded to BF16, compared with the FP64 reference on those
 // rounded inputs. Outputs are rounded once to BF16 (relative 2^-9 = 2e-3); the bounds below are that
 // plus the intermediate roundings each op has, stated per op (measured worst in the comment).
-struct OpsBf16 : ::testing::Test {
-  std::unique_ptr<Backend> be = make_cpu_backend(2);
+struct OpsBf16 : ::testing::TestWithParam<std::string> {
+  void SetUp() override {
+    be = make_test_backend(GetParam(), 2);
+    if (!be) GTEST_SKIP() << "no CUDA plugin was built";
+  }
+  std::unique_ptr<Backend> be;
   static constexpr DType bf = DType::BF16;
 };
 
-TEST_F(OpsBf16, RmsNorm) {
+TEST_P(OpsBf16, RmsNorm) {
   const int64_t N = 37, C = 13;
   const double eps = 1e-5;
   DeviceBuffer X(*be, random_vec(N * C, 4), bf), W(*be, random_vec(C, 5), bf), Y(*be, N * C, bf), R(*be, N, DType::F32),
@@ -274,7 +284,7 @@ TEST_F(OpsBf16, RmsNorm) {
   EXPECT_TRUE(close(DW.get(), gw, 4e-3));  // one BF16 rounding; measured 1.9e-3
 }
 
-TEST_F(OpsBf16, Rope) {
+TEST_P(OpsBf16, Rope) {
   const int64_t B = 2, T = 5, H = 3, D = 6, C = H * D, N = B * T;
   const double theta = 10000.0;
   const std::vector<float> cs = rope_table(T, D, theta);
@@ -290,7 +300,7 @@ TEST_F(OpsBf16, Rope) {
   EXPECT_TRUE(close(X.get(), x0, 8e-3));              // two roundings; measured 2.3e-3
 }
 
-TEST_F(OpsBf16, Attention) {
+TEST_P(OpsBf16, Attention) {
   const int64_t B = 2, T = 7, H = 2, D = 5, C = H * D, N = B * T;
   DeviceBuffer QKV(*be, random_vec(N * 3 * C, 9), bf), O(*be, N * C, bf), LSE(*be, B * H * T, DType::F32),
       DO(*be, random_vec(N * C, 10), bf), DQKV(*be, N * 3 * C, bf);
@@ -307,7 +317,7 @@ TEST_F(OpsBf16, Attention) {
   EXPECT_TRUE(close(DQKV.get(), numeric_grad([&](const Vec& v) { return dot(dout, reference(v)); }, qkv), 8e-3));  // measured 2.3e-3
 }
 
-TEST_F(OpsBf16, SwiGLU) {
+TEST_P(OpsBf16, SwiGLU) {
   const int64_t N = 5, F = 9;
   DeviceBuffer GU(*be, random_vec(N * 2 * F, 11, 2.0), bf), Y(*be, N * F, bf), DY(*be, random_vec(N * F, 12), bf),
       DGU(*be, N * 2 * F, bf);
@@ -318,3 +328,6 @@ TEST_F(OpsBf16, SwiGLU) {
   be->swiglu_backward(DGU.buf(), DY.buf(), GU.buf(), N, F);
   EXPECT_TRUE(close(DGU.get(), numeric_grad([&](const Vec& v) { return dot(dy, reference(v)); }, gu), 4e-3));  // measured 2.0e-3
 }
+
+INSTANTIATE_TEST_SUITE_P(Backends, Ops, ::testing::Values("cpu", "cuda"), backend_param_name);
+INSTANTIATE_TEST_SUITE_P(Backends, OpsBf16, ::testing::Values("cpu", "cuda"), backend_param_name);

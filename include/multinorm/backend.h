@@ -72,6 +72,9 @@ class Backend {
   // Whether buffers from allocate() are host memory a caller may hand to the host (MPI, memcpy)
   // directly; otherwise every crossing goes through to_host / to_device.
   virtual bool host_memory() const = 0;
+  // Waits until every op issued so far has finished (profiling and benchmarks only; a no-op on the
+  // CPU, whose ops are synchronous).
+  virtual void synchronize() = 0;
   // Bytes of scratch the backend holds now (grown on first use, reused after; counted by
   // multinorm info as backend_scratch_bytes).
   virtual int64_t workspace_bytes() const = 0;

@@ -348,8 +348,8 @@ __global__ void attention_decode_kernel(T* out, const T* qkv, T* k_cache, T* v_c
 }
 
 void check_head_dim(int64_t D, const char* op) {
-  if (D > kAttentionMaxHeadDim || D < 1 || D % 2)
-    throw_launch_error(op, dim3(), dim3(), 0, "head dimension " + std::to_string(D) + " is not supported (even, at most " +
+  if (D > kAttentionMaxHeadDim || D < 1)
+    throw_launch_error(op, dim3(), dim3(), 0, "head dimension " + std::to_string(D) + " is not supported (at most " +
                                                   std::to_string(kAttentionMaxHeadDim) + ")");
 }
 

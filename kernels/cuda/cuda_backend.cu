@@ -88,6 +88,7 @@ class CudaBackend final : public Backend {
   std::string name() const override { return MN_EMULATED ? "cuda-emulated" : "cuda"; }
   int threads() const override { return 1; }
   bool host_memory() const override { return false; }
+  void synchronize() override { MN_CUDA_CHECK(cudaStreamSynchronize(stream_), "synchronize"); }
   int64_t workspace_bytes() const override {
     return static_cast<int64_t>(gemm_->workspace_bytes() + rms_scratch_.bytes() + attn_scratch_.bytes() + reduce_scratch_.bytes() +
                                 bucket_scratch_.bytes());

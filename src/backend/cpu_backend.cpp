@@ -49,6 +49,7 @@ class CpuBackend final : public Backend {
   std::string name() const override { return "cpu"; }
   int threads() const override { return threads_; }
   bool host_memory() const override { return true; }
+  void synchronize() override {}
   int64_t workspace_bytes() const override { return ws_.bytes(); }
 
   void* allocate(int64_t bytes) override {

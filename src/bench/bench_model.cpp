@@ -104,8 +104,10 @@ void bench_model(const ModelBenchOptions& o) {
       Buf a = alloc(g.M * g.K, dt), b = alloc(g.K * g.N, dt), c = alloc(g.M * g.N, DType::F32);
       be->matmul(c, a, b, g.M, g.N, g.K, g.ta, g.tb, false);  // create the primitive, warm caches
       const int reps = 3;
+      be->synchronize();  // a device backend's launches are asynchronous: time them to completion
       auto t = Clock::now();
       for (int r = 0; r < reps; ++r) be->matmul(c, a, b, g.M, g.N, g.K, g.ta, g.tb, false);
+      be->synchronize();
       gemm_s += seconds_since(t) / reps * g.count;
       gemm_flops += 2.0 * g.M * g.N * g.K * g.count;
     }
@@ -143,14 +145,15 @@ void bench_model(const ModelBenchOptions& o) {
     std::printf("%s\n", j.dump(2).c_str());
     return;
   }
-  std::printf("bench model: %s, micro-batch %lld x %lld, %s, %d threads, %lld steps after %lld warm-up\n",
-              cfg.name.c_str(), (long long)B, (long long)T, o.precision.c_str(), be->threads(), (long long)o.steps,
+  std::printf("bench model: %s, micro-batch %lld x %lld, %s, backend %s, %d threads, %lld steps after %lld warm-up\n",
+              cfg.name.c_str(), (long long)B, (long long)T, o.precision.c_str(), be->name().c_str(), be->threads(), (long long)o.steps,
               (long long)o.warmup);
   std::printf("  %.1f MFLOP per token (6 x %lld GEMM params + 12 x L x T x C)\n", flops_token / 1e6, (long long)gemm_params);
   std::printf("  forward            %9.3f s   %10.0f tokens/s\n", fwd_s, BT / fwd_s);
   std::printf("  backward           %9.3f s\n", bwd_s);
   std::printf("  train step         %9.3f s   %10.0f tokens/s   %7.1f GFLOP/s\n", train_s, train_tps, achieved);
-  std::printf("  oneDNN %s GEMM on the model's shapes: %.1f GFLOP/s -> model reaches %.0f%% of it\n", o.precision.c_str(),
+  std::printf("  %s %s GEMM on the model's shapes: %.1f GFLOP/s -> model reaches %.0f%% of it\n",
+              be->host_memory() ? "oneDNN" : "cuBLASLt", o.precision.c_str(),
               gemm_gflops, 100.0 * achieved / gemm_gflops);
   if (torch_tps > 0)
     std::printf("  PyTorch CPU (%s): %.0f tokens/s -> multinorm is %.2fx PyTorch\n", torch_mode.c_str(), torch_tps,

@@ -33,19 +33,23 @@ int64_t MicroBatch::count_targets() const {
   return n;
 }
 
+// Per-op wall time when profiling (bench model): a device backend is drained before and after the
+// op so its asynchronous launches are charged to it (profiling only: never on a normal step).
 struct LlamaModel::Timer {
   OpProfile* profile;
+  Backend* be;
   Op op;
   std::chrono::steady_clock::time_point start;
   ~Timer() {
-    if (profile)
-      profile->seconds[static_cast<size_t>(op)] +=
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (!profile) return;
+    be->synchronize();
+    profile->seconds[static_cast<size_t>(op)] += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
 };
 
 LlamaModel::Timer LlamaModel::time(Op op) {
-  return Timer{profile_.enabled ? &profile_ : nullptr, op, std::chrono::steady_clock::now()};
+  if (profile_.enabled) be_.synchronize();
+  return Timer{profile_.enabled ? &profile_ : nullptr, &be_, op, std::chrono::steady_clock::now()};
 }
 
 // ---------------------------------------------------------------------------------------------
