@@ -143,6 +143,11 @@ TEST(CudaEmulation, TwoLevelBlockReductionIsExactUnderEveryOrderAndWorkerCount) 
 }
 
 TEST(CudaEmulation, AMissingBarrierIsCaughtByOneOfTheTwoFiberOrders) {
+#if defined(__SANITIZE_THREAD__)
+  // The kernel races on purpose; under TSan (scripts/sanitize.sh tsan) the race itself is reported:
+  // run with MULTINORM_TSAN_SEEDED_RACE=1 to see that report.
+  if (!std::getenv("MULTINORM_TSAN_SEEDED_RACE")) GTEST_SKIP() << "a deliberate race: TSan reports it";
+#endif
   int wrong_forward = 0, wrong_random = 0;
   for (const char* order : {"forward", "random"}) {
     EmuEnv env(order, "2");

@@ -5,6 +5,7 @@
 // thread count.
 #include <cmath>
 
+#include "../common/op_math.h"
 #include "cpu_kernels.h"
 
 namespace multinorm::cpu {
@@ -53,8 +54,7 @@ void rmsnorm_backward(float* dx, G* dw, const float* dout, const T* x, const T* 
       const float mean = dot / static_cast<float>(C);
       float* dxi = dx + i * C;
       for (int64_t c = 0; c < C; ++c) {
-        const float xh = to_f32(xi[c]) * r;
-        const float v = r * (di[c] * to_f32(w[c]) - xh * mean);
+        const float v = op_math::rmsnorm_dx(di[c], to_f32(w[c]), to_f32(xi[c]) * r, r, mean);
         dxi[c] = accumulate_dx ? dxi[c] + v : v;
       }
     }

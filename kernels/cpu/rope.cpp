@@ -3,6 +3,7 @@
 //   x'_i      = x_i cos(p w_i) - x_{i+h} sin(p w_i)        w_i = theta^(-2i/D), h = D/2
 //   x'_{i+h}  = x_{i+h} cos(p w_i) + x_i sin(p w_i)
 // The backward pass applies the transposed (inverse) rotation to the gradient.
+#include "../common/op_math.h"
 #include "cpu_kernels.h"
 
 namespace multinorm::cpu {
@@ -20,9 +21,10 @@ void rope_forward(T* qkv, const float* cos_sin, int64_t B, int64_t T_, int64_t H
         T* x = qkv + bt * 3 * C + section * C + h * D;
         for (int64_t i = 0; i < half; ++i) {
           const float c = cs[2 * i], s = sign * cs[2 * i + 1];
-          const float a = to_f32(x[i]), b = to_f32(x[i + half]);
-          x[i] = from_f32<T>(a * c - b * s);
-          x[i + half] = from_f32<T>(b * c + a * s);
+          float a, b;
+          op_math::rope_rotate(to_f32(x[i]), to_f32(x[i + half]), c, s, a, b);
+          x[i] = from_f32<T>(a);
+          x[i + half] = from_f32<T>(b);
         }
       }
     }

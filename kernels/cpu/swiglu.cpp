@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "../common/fast_math.h"
+#include "../common/op_math.h"
 #include "cpu_kernels.h"
 
 namespace multinorm::cpu {
@@ -17,7 +18,7 @@ void swiglu_forward(T* out, const T* gate_up, int64_t N, int64_t F) {
 #pragma omp simd
     for (int64_t f = 0; f < F; ++f) {
       const float gv = to_f32(g[f]);
-      o[f] = from_f32<T>(gv * sigmoid_f32(gv) * to_f32(u[f]));
+      o[f] = from_f32<T>(op_math::swiglu(gv, sigmoid_f32(gv), to_f32(u[f])));
     }
   }
 }
@@ -34,9 +35,10 @@ void swiglu_backward(T* dgate_up, const T* dout, const T* gate_up, int64_t N, in
 #pragma omp simd
     for (int64_t f = 0; f < F; ++f) {
       const float gv = to_f32(g[f]), uv = to_f32(u[f]), dv = to_f32(d[f]);
-      const float sig = sigmoid_f32(gv);
-      dg[f] = from_f32<T>(dv * uv * sig * (1.0f + gv * (1.0f - sig)));
-      du[f] = from_f32<T>(dv * gv * sig);
+      float a, b;
+      op_math::swiglu_grad(gv, sigmoid_f32(gv), uv, dv, a, b);
+      dg[f] = from_f32<T>(a);
+      du[f] = from_f32<T>(b);
     }
   }
 }

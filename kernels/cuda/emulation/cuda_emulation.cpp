@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <stdexcept>
@@ -106,6 +107,12 @@ struct Block {
   unsigned char* shared = nullptr;
   int barrier_generation = 0;
   std::vector<unsigned> warp_generation;  // per warp: collectives completed (TSan anchors alternate)
+#if CUDA_EMU_TSAN
+  // TSan sync anchors of this block: [barrier gen even, odd, then per warp: even, odd]. Heap memory,
+  // freed with the block, so TSan forgets them: no happens-before edge leaks from one block to the
+  // next one run by the same worker (whose static __shared__ it sees).
+  std::unique_ptr<char[]> anchors{new char[2 + 2 * 32]};
+#endif
 };
 
 thread_local Fiber* t_fiber = nullptr;
@@ -120,10 +127,6 @@ struct WorkerResources {
   std::vector<unsigned char> shared;
   ~WorkerResources() {
     for (Stack& s : stacks) ::munmap(s.base, s.bytes);
-#if CUDA_EMU_TSAN
-    for (Fiber& f : fibers)
-      if (f.tsan_fiber) __tsan_destroy_fiber(f.tsan_fiber);
-#endif
   }
 };
 thread_local WorkerResources t_resources;
@@ -137,12 +140,11 @@ Stack make_stack(size_t bytes) {
   return {p, total};
 }
 
-// TSan sync anchors: a launch's start and end, and the barrier generations of a block (two anchors,
-// alternating, so one generation's release is never confused with the next one's).
+// TSan sync anchors of a launch's start and end (a block's barrier and warp anchors live in the
+// Block; two per barrier/warp, alternating by generation, so a thread that runs ahead into the next
+// generation cannot lend its writes to a thread still acquiring the previous one).
 #if CUDA_EMU_TSAN
 char g_launch_anchor, g_launch_end_anchor;
-thread_local char t_barrier_anchor[2];
-thread_local char t_warp_anchor[32][2];
 thread_local void* t_scheduler_tsan_fiber = nullptr;
 #endif
 
@@ -326,12 +328,12 @@ void run_block(Block& b, const std::function<void()>& body, size_t shared_bytes,
     for (unsigned y = 0; y < b.dim.y; ++y)
       for (unsigned x = 0; x < b.dim.x; ++x, ++i) {
         Fiber& f = fibers[i];
-#if CUDA_EMU_TSAN
-        void* keep = f.tsan_fiber;
-#endif
         f = Fiber{};
 #if CUDA_EMU_TSAN
-        f.tsan_fiber = keep ? keep : __tsan_create_fiber(0);
+        // A fresh TSan fiber per CUDA thread per block: a reused one would order this block's thread
+        // after the previous block's thread of the same slot and hide races through static shared
+        // memory, which keeps the previous block's contents.
+        f.tsan_fiber = __tsan_create_fiber(0);
 #endif
         f.idx = make_uint3(x, y, z);
         f.lane = i % 32, f.warp = i / 32;
@@ -384,6 +386,9 @@ void run_block(Block& b, const std::function<void()>& body, size_t shared_bytes,
              " waits for lanes that are at __syncthreads or in a different collective");
     fail(where(b) + ": deadlock in the emulated block");
   }
+#if CUDA_EMU_TSAN
+  for (int k = 0; k < n; ++k) __tsan_destroy_fiber(fibers[k].tsan_fiber), fibers[k].tsan_fiber = nullptr;
+#endif
   t_block = nullptr;
 }
 
@@ -459,7 +464,7 @@ void* dynamic_shared() { return t_block->shared; }
 void syncthreads() {
   Fiber& f = *t_fiber;
 #if CUDA_EMU_TSAN
-  char* anchor = &t_barrier_anchor[t_block->barrier_generation & 1];
+  char* anchor = &t_block->anchors[t_block->barrier_generation & 1];
   __tsan_release(anchor);
 #endif
   f.state = State::AtBarrier;
@@ -474,7 +479,7 @@ uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int arg, int 
   f.op = op, f.mask = mask, f.value = value, f.arg = arg, f.width = width;
   f.state = State::AtWarp;
 #if CUDA_EMU_TSAN
-  char* anchor = &t_warp_anchor[f.warp % 32][t_block->warp_generation[f.warp] & 1];
+  char* anchor = &t_block->anchors[2 + 2 * (f.warp % 32) + (t_block->warp_generation[f.warp] & 1)];
   __tsan_release(anchor);
 #endif
   yield_to_scheduler(f, false);
