@@ -106,7 +106,7 @@ __global__ void count_atomically(int* counter, float* fsum) {
 
 __global__ void read_uninitialised(float* out) {
   MN_DYNAMIC_SHARED(float, s);
-  out[threadIdx.x] = s[threadIdx.x];
+  out[blockIdx.x * blockDim.x + threadIdx.x] = s[threadIdx.x];
 }
 
 template <class Fn>
@@ -214,7 +214,7 @@ TEST(CudaEmulation, AtomicsAreExactAcrossWorkerThreads) {
 }
 
 TEST(CudaEmulation, DynamicSharedMemoryStartsAsNaN) {
-  DeviceArray<float> out(32);
+  DeviceArray<float> out(64);
   launch("read_uninitialised", read_uninitialised, dim3(2), dim3(32), 32 * sizeof(float), nullptr, out.p);
   for (float v : out.get()) EXPECT_TRUE(std::isnan(v));
 }

@@ -23,6 +23,7 @@
 #include <vector>
 
 #if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #define CUDA_EMU_ASAN 1
 #endif
@@ -112,6 +113,7 @@ struct Block {
   // freed with the block, so TSan forgets them: no happens-before edge leaks from one block to the
   // next one run by the same worker (whose static __shared__ it sees).
   std::unique_ptr<char[]> anchors{new char[2 + 2 * 32]};
+  uint64_t worker_seq = 0;  // this block's position among the blocks its worker has run
 #endif
 };
 
@@ -122,6 +124,9 @@ thread_local Block* t_block = nullptr;
 
 // Per-worker resources, reused across blocks and launches: fiber stacks, fibers, shared memory.
 struct WorkerResources {
+  // A block that failed leaves its fibers' frames on their stacks; under ASan their red zones stay
+  // poisoned and must be cleared before the stacks are reused.
+  bool stacks_dirty = false;
   std::vector<Stack> stacks;
   std::vector<Fiber> fibers;
   std::vector<unsigned char> shared;
@@ -145,7 +150,20 @@ Stack make_stack(size_t bytes) {
 // generation cannot lend its writes to a thread still acquiring the previous one).
 #if CUDA_EMU_TSAN
 char g_launch_anchor, g_launch_end_anchor;
+// Orders a worker's blocks: the k-th block's threads acquire anchor k % 2, which the (k-1)-th block's
+// threads released into; they release into the other one, which no thread of their own block
+// acquires (a thread that finished must not appear ordered before its block-mates).
+thread_local char t_worker_anchor[2];
+thread_local uint64_t t_blocks_run = 0;
 thread_local void* t_scheduler_tsan_fiber = nullptr;
+// The emulation's own bookkeeping (fiber states, mailboxes, contexts) is not the kernel's memory:
+// TSan ignores it, and sees only the kernel's accesses and the happens-before edges of launches,
+// barriers and warp collectives.
+#define EMU_BOOKKEEPING_BEGIN() __tsan_ignore_thread_begin()
+#define EMU_BOOKKEEPING_END() __tsan_ignore_thread_end()
+#else
+#define EMU_BOOKKEEPING_BEGIN() ((void)0)
+#define EMU_BOOKKEEPING_END() ((void)0)
 #endif
 
 // ---- switching ------------------------------------------------------------------------------------
@@ -170,6 +188,12 @@ void switch_to_fiber(Fiber& f) {
 
 // Back to the scheduler; returns when the scheduler resumes this fiber.
 void yield_to_scheduler(Fiber& f, bool finished) {
+#if CUDA_EMU_TSAN
+  // Everything this thread did so far happens before the host returns from the launch, even when
+  // the launch fails and this fiber is abandoned here.
+  __tsan_release(&g_launch_end_anchor);
+#endif
+  if (!finished) EMU_BOOKKEEPING_BEGIN();  // a finished fiber is destroyed with its ignores balanced
 #if CUDA_EMU_ASAN
   __sanitizer_start_switch_fiber(finished ? nullptr : &f.fake_stack, f.sched_bottom, f.sched_size);
 #else
@@ -183,28 +207,41 @@ void yield_to_scheduler(Fiber& f, bool finished) {
 #if CUDA_EMU_ASAN
   __sanitizer_finish_switch_fiber(f.fake_stack, &f.sched_bottom, &f.sched_size);
 #endif
+  EMU_BOOKKEEPING_END();
 }
 
 void fiber_entry(ctx::transfer_t t) {
   Fiber& f = *static_cast<Fiber*>(t.data);
+  EMU_BOOKKEEPING_BEGIN();
   f.ret = t.fctx;
 #if CUDA_EMU_ASAN
   __sanitizer_finish_switch_fiber(nullptr, &f.sched_bottom, &f.sched_size);
 #endif
+  const std::function<void()>& body = *f.body;
+#if CUDA_EMU_TSAN
+  const uint64_t seq = t_block->worker_seq;
+#endif
+  EMU_BOOKKEEPING_END();
 #if CUDA_EMU_TSAN
   __tsan_acquire(&g_launch_anchor);
+  __tsan_acquire(&t_worker_anchor[seq & 1]);
 #endif
+  std::string error;
   try {
-    (*f.body)();
+    body();
   } catch (const std::exception& e) {
-    f.error = e.what();
+    error = e.what();
   } catch (...) {
-    f.error = "unknown exception";
+    error = "unknown exception";
   }
 #if CUDA_EMU_TSAN
   __tsan_release(&g_launch_end_anchor);
+  __tsan_release(&t_worker_anchor[(seq + 1) & 1]);
 #endif
+  EMU_BOOKKEEPING_BEGIN();
+  f.error = std::move(error);
   f.state = State::Done;
+  EMU_BOOKKEEPING_END();
   yield_to_scheduler(f, true);
   std::abort();  // a finished fiber is never resumed
 }
@@ -313,13 +350,20 @@ void run_block(Block& b, const std::function<void()>& body, size_t shared_bytes,
   WorkerResources& res = t_resources;
   const int n = static_cast<int>(b.dim.x * b.dim.y * b.dim.z);
   if (res.shared.size() < shared_bytes) res.shared.resize(shared_bytes);
-  std::memset(res.shared.data(), 0xff, shared_bytes);  // NaN in every float/bf16: uninitialised reads show
-  b.shared = res.shared.data();
+  if (shared_bytes > 0) std::memset(res.shared.data(), 0xff, shared_bytes);  // NaN in every float/bf16: uninitialised reads show
+  b.shared = shared_bytes > 0 ? res.shared.data() : nullptr;
   if (!res.stacks.empty() && res.stacks[0].bytes < cfg.stack_bytes) {  // stack size raised: remap all
     for (Stack& s : res.stacks) ::munmap(s.base, s.bytes);
     res.stacks.clear();
   }
   while (static_cast<int>(res.stacks.size()) < n) res.stacks.push_back(make_stack(cfg.stack_bytes));
+#if CUDA_EMU_ASAN
+  if (res.stacks_dirty) {
+    const size_t guard = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+    for (Stack& st : res.stacks) __asan_unpoison_memory_region(static_cast<char*>(st.base) + guard, st.bytes - guard);
+    res.stacks_dirty = false;
+  }
+#endif
   if (static_cast<int>(res.fibers.size()) < n) res.fibers.resize(n);
   std::vector<Fiber>& fibers = res.fibers;  // the first n belong to this block
   const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
@@ -343,6 +387,9 @@ void run_block(Block& b, const std::function<void()>& body, size_t shared_bytes,
         f.fc = ctx::make_fcontext(top, f.stack.bytes - page, fiber_entry);
       }
   b.warp_generation.assign((n + 31) / 32, 0);
+#if CUDA_EMU_TSAN
+  b.worker_seq = t_blocks_run++;
+#endif
   std::vector<int> order(n);
   for (int k = 0; k < n; ++k) order[k] = cfg.order == Order::Reverse ? n - 1 - k : k;
   std::mt19937_64 rng(cfg.seed * 0x9e3779b97f4a7c15ULL + block_linear);
@@ -462,12 +509,16 @@ const dim3& grid_dim() { return t_block->grid; }
 void* dynamic_shared() { return t_block->shared; }
 
 void syncthreads() {
+  EMU_BOOKKEEPING_BEGIN();
   Fiber& f = *t_fiber;
+  f.state = State::AtBarrier;
 #if CUDA_EMU_TSAN
   char* anchor = &t_block->anchors[t_block->barrier_generation & 1];
+#endif
+  EMU_BOOKKEEPING_END();
+#if CUDA_EMU_TSAN
   __tsan_release(anchor);
 #endif
-  f.state = State::AtBarrier;
   yield_to_scheduler(f, false);
 #if CUDA_EMU_TSAN
   __tsan_acquire(anchor);
@@ -475,18 +526,25 @@ void syncthreads() {
 }
 
 uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int arg, int width) {
+  EMU_BOOKKEEPING_BEGIN();
   Fiber& f = *t_fiber;
   f.op = op, f.mask = mask, f.value = value, f.arg = arg, f.width = width;
   f.state = State::AtWarp;
 #if CUDA_EMU_TSAN
   char* anchor = &t_block->anchors[2 + 2 * (f.warp % 32) + (t_block->warp_generation[f.warp] & 1)];
+#endif
+  EMU_BOOKKEEPING_END();
+#if CUDA_EMU_TSAN
   __tsan_release(anchor);
 #endif
   yield_to_scheduler(f, false);
 #if CUDA_EMU_TSAN
   __tsan_acquire(anchor);
 #endif
-  return f.result;
+  EMU_BOOKKEEPING_BEGIN();
+  const uint64_t result = f.result;
+  EMU_BOOKKEEPING_END();
+  return result;
 }
 
 void launch(const char* name, dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>& body) {
@@ -530,9 +588,11 @@ void launch(const char* name, dim3 grid, dim3 block, size_t shared_bytes, const 
       try {
         run_block(b, body, shared_bytes, cfg, id);
       } catch (const std::exception& e) {
+        // The block's fibers are abandoned mid-flight; their stacks are reused by the next launch.
+        t_resources.stacks_dirty = true;
+        t_block = nullptr;
         std::lock_guard<std::mutex> l(err_mu);
         if (first_error.empty()) first_error = e.what();
-        // The block's fibers are abandoned mid-flight; their stacks are reused by the next launch.
       }
     }
 #if CUDA_EMU_TSAN

@@ -4,6 +4,7 @@
 // streams are in-order by construction (launches run synchronously).
 #include <sys/sysinfo.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -74,6 +75,13 @@ cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
   return cudaSuccess;
 }
 cudaError_t cudaMalloc(void** p, size_t bytes) {
+  *p = nullptr;
+  {
+    // The emulated device has the machine's RAM: a larger request fails as on a GPU (and never
+    // reaches the allocator, which sanitizers would abort on).
+    std::lock_guard<std::mutex> lock(g_mu);
+    if (bytes > total_memory() - std::min(total_memory(), g_device_bytes)) return set(cudaErrorMemoryAllocation);
+  }
   const size_t size = (bytes + 255) / 256 * 256;
   *p = std::aligned_alloc(256, size ? size : 256);
   if (!*p) return set(cudaErrorMemoryAllocation);
