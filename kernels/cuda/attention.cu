@@ -157,6 +157,25 @@ size_t bwd_smem_bytes(int D) {
   return sizeof(float) * (size_t(2 * kRowsPerBlock + 2 * kBwdTile) * (D + 1) + 2 * kBwdTile * (kBwdTile + 1) + 2 * kBwdTile);
 }
 
+// The (batch, head) a backward block works on (blockIdx.y = b * H + h), with its views of qkv, dout
+// and the [B, H, T] statistics.
+template <class T>
+struct Head {
+  int b, h;
+  int64_t C, row_stride, bh_T;
+  const T* qkv;   // row t of this head's q section; + C: k, + 2C: v
+  const T* dout;  // row t of this head's output gradient
+};
+template <class T>
+__device__ Head<T> head_of(const T* qkv, const T* dout, int64_t T_, int H, int D) {
+  Head<T> hd;
+  hd.b = blockIdx.y / H, hd.h = blockIdx.y % H;
+  hd.C = int64_t(H) * D, hd.row_stride = 3 * hd.C, hd.bh_T = (int64_t(hd.b) * H + hd.h) * T_;
+  hd.qkv = qkv + int64_t(hd.b) * T_ * hd.row_stride + hd.h * D;
+  hd.dout = dout + int64_t(hd.b) * T_ * hd.C + hd.h * D;
+  return hd;
+}
+
 // Statistics rows (lse, delta) of a query tile, zero past T.
 __device__ void load_stats(float* lse_s, float* delta_s, const float* lse, const float* delta, int64_t bh_T, int64_t q0, int64_t T_) {
   for (int k = threadIdx.x; k < kBwdTile; k += blockDim.x) {
@@ -173,10 +192,9 @@ __global__ void attention_backward_dkdv_kernel(T* dqkv, const T* dout, const T* 
   MN_DYNAMIC_SHARED(float, smem);
   const BwdSmem s = carve(smem, D);
   const int ld = D + 1, lp = kBwdTile + 1;
-  const int b = blockIdx.y / H, h = blockIdx.y % H;
-  const int64_t C = int64_t(H) * D, row_stride = 3 * C, bh_T = (int64_t(b) * H + h) * T_;
-  const T* base = qkv + int64_t(b) * T_ * row_stride + h * D;
-  const T* dout_base = dout + int64_t(b) * T_ * C + h * D;
+  const Head<T> hd = head_of(qkv, dout, T_, H, D);
+  const int64_t C = hd.C, row_stride = hd.row_stride, bh_T = hd.bh_T;
+  const T *base = hd.qkv, *dout_base = hd.dout;
   const int64_t k0 = int64_t(blockIdx.x) * kRowsPerBlock;
   const int c = threadIdx.x / 8, sub = threadIdx.x % 8;  // this thread's key row and lane in its group
   const int64_t key = k0 + c;
@@ -225,7 +243,7 @@ __global__ void attention_backward_dkdv_kernel(T* dqkv, const T* dout, const T* 
     }
   }
   if (key < T_) {
-    T* row = dqkv + (int64_t(b) * T_ + key) * row_stride + h * D;
+    T* row = dqkv + (int64_t(hd.b) * T_ + key) * row_stride + hd.h * D;
 #pragma unroll
     for (int j = 0; j < kMaxCols; ++j) {
       const int d = sub + 8 * j;
@@ -244,10 +262,9 @@ __global__ void attention_backward_dq_kernel(T* dqkv, const T* dout, const T* qk
   MN_DYNAMIC_SHARED(float, smem);
   const BwdSmem s = carve(smem, D);
   const int ld = D + 1, lp = kBwdTile + 1;
-  const int b = blockIdx.y / H, h = blockIdx.y % H;
-  const int64_t C = int64_t(H) * D, row_stride = 3 * C, bh_T = (int64_t(b) * H + h) * T_;
-  const T* base = qkv + int64_t(b) * T_ * row_stride + h * D;
-  const T* dout_base = dout + int64_t(b) * T_ * C + h * D;
+  const Head<T> hd = head_of(qkv, dout, T_, H, D);
+  const int64_t C = hd.C, row_stride = hd.row_stride, bh_T = hd.bh_T;
+  const T *base = hd.qkv, *dout_base = hd.dout;
   const int64_t q0 = int64_t(blockIdx.x) * kRowsPerBlock;
   const int r = threadIdx.x / 8, sub = threadIdx.x % 8;
   const int64_t q = q0 + r;
@@ -292,7 +309,7 @@ __global__ void attention_backward_dq_kernel(T* dqkv, const T* dout, const T* qk
     }
   }
   if (q < T_) {
-    T* row = dqkv + (int64_t(b) * T_ + q) * row_stride + h * D;
+    T* row = dqkv + (int64_t(hd.b) * T_ + q) * row_stride + hd.h * D;
 #pragma unroll
     for (int j = 0; j < kMaxCols; ++j) {
       const int d = sub + 8 * j;

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "../common/dtype_dispatch.h"
 #include "check.h"
 #include "gemm.h"
 #include "kernels.h"
@@ -22,24 +23,14 @@ namespace {
 
 template <class Fn>
 void with_type(DType t, Fn&& fn) {
-  if (t == DType::BF16) fn(static_cast<bf16*>(nullptr));
-  else fn(static_cast<float*>(nullptr));
+  dispatch::with_type<bf16>(t, fn);
 }
 template <class Fn>
 void with_types(DType t, DType g, const char* op, Fn&& fn) {
-  if (t == g) return with_type(t, [&](auto* p) { fn(p, p); });
-  if (t == DType::BF16 && g == DType::F32) return fn(static_cast<bf16*>(nullptr), static_cast<float*>(nullptr));
-  throw Error(std::string(op) + ": " + dtype_name(g) + " gradients of " + dtype_name(t) + " weights are not supported");
+  dispatch::with_types<bf16>(t, g, op, fn);
 }
-template <class T>
-T* as(Buf b) {
-  return static_cast<T*>(b.ptr);
-}
-void same_dtype(std::initializer_list<Buf> bufs, const char* op) {
-  const DType t = bufs.begin()->dtype;
-  for (const Buf& b : bufs)
-    if (b.dtype != t) throw Error(std::string(op) + ": buffers must share a dtype");
-}
+using dispatch::as;
+using dispatch::same_dtype;
 cudaDataType lt_type(DType t) { return t == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F; }
 std::string shape(std::initializer_list<int64_t> dims) {
   std::string s;

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "../../kernels/common/dtype_dispatch.h"
 #include "../../kernels/cpu/cpu_kernels.h"
 #include "../../kernels/cpu/matmul_onednn.h"
 #include "multinorm/backend.h"
@@ -15,30 +16,16 @@ namespace multinorm {
 
 namespace {
 
-// Calls fn(T*) with the buffer's storage type.
 template <class Fn>
 void with_type(DType t, Fn&& fn) {
-  if (t == DType::BF16) fn(static_cast<bf16*>(nullptr));
-  else fn(static_cast<float*>(nullptr));
+  dispatch::with_type<bf16>(t, fn);
 }
-// Calls fn(T*, G*) for a weight (or activation) dtype and a gradient dtype: the same dtype, or BF16
-// with an FP32 gradient arena (precision.grads = fp32).
 template <class Fn>
 void with_types(DType t, DType g, const char* op, Fn&& fn) {
-  if (t == g) return with_type(t, [&](auto* p) { fn(p, p); });
-  if (t == DType::BF16 && g == DType::F32) return fn(static_cast<bf16*>(nullptr), static_cast<float*>(nullptr));
-  throw Error(std::string(op) + ": " + dtype_name(g) + " gradients of " + dtype_name(t) + " weights are not supported");
+  dispatch::with_types<bf16>(t, g, op, fn);
 }
-template <class T>
-T* as(Buf b) {
-  return static_cast<T*>(b.ptr);
-}
-
-void same_dtype(std::initializer_list<Buf> bufs, const char* op) {
-  const DType t = bufs.begin()->dtype;
-  for (const Buf& b : bufs)
-    if (b.dtype != t) throw Error(std::string(op) + ": buffers must share a dtype");
-}
+using dispatch::as;
+using dispatch::same_dtype;
 
 class CpuBackend final : public Backend {
  public:

@@ -508,21 +508,32 @@ const dim3& block_dim() { return t_block->dim; }
 const dim3& grid_dim() { return t_block->grid; }
 void* dynamic_shared() { return t_block->shared; }
 
-void syncthreads() {
-  EMU_BOOKKEEPING_BEGIN();
-  Fiber& f = *t_fiber;
-  f.state = State::AtBarrier;
-#if CUDA_EMU_TSAN
-  char* anchor = &t_block->anchors[t_block->barrier_generation & 1];
-#endif
-  EMU_BOOKKEEPING_END();
+namespace {
+// Suspends the calling fiber at a barrier or warp collective. Under TSan its accesses so far are
+// released to the sync point's anchor, and on resuming it acquires what every participant released.
+void wait_at_sync_point(Fiber& f, char* anchor) {
 #if CUDA_EMU_TSAN
   __tsan_release(anchor);
 #endif
   yield_to_scheduler(f, false);
 #if CUDA_EMU_TSAN
   __tsan_acquire(anchor);
+#else
+  (void)anchor;
 #endif
+}
+}  // namespace
+
+void syncthreads() {
+  EMU_BOOKKEEPING_BEGIN();
+  Fiber& f = *t_fiber;
+  f.state = State::AtBarrier;
+  char* anchor = nullptr;
+#if CUDA_EMU_TSAN
+  anchor = &t_block->anchors[t_block->barrier_generation & 1];
+#endif
+  EMU_BOOKKEEPING_END();
+  wait_at_sync_point(f, anchor);
 }
 
 uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int arg, int width) {
@@ -530,17 +541,12 @@ uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int arg, int 
   Fiber& f = *t_fiber;
   f.op = op, f.mask = mask, f.value = value, f.arg = arg, f.width = width;
   f.state = State::AtWarp;
+  char* anchor = nullptr;
 #if CUDA_EMU_TSAN
-  char* anchor = &t_block->anchors[2 + 2 * (f.warp % 32) + (t_block->warp_generation[f.warp] & 1)];
+  anchor = &t_block->anchors[2 + 2 * (f.warp % 32) + (t_block->warp_generation[f.warp] & 1)];
 #endif
   EMU_BOOKKEEPING_END();
-#if CUDA_EMU_TSAN
-  __tsan_release(anchor);
-#endif
-  yield_to_scheduler(f, false);
-#if CUDA_EMU_TSAN
-  __tsan_acquire(anchor);
-#endif
+  wait_at_sync_point(f, anchor);
   EMU_BOOKKEEPING_BEGIN();
   const uint64_t result = f.result;
   EMU_BOOKKEEPING_END();
