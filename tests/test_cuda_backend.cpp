@@ -291,6 +291,94 @@ TEST_P(CudaVsCpu, ConvertScaleAndSumSquares) {
   }
 }
 
+// ---- optimizers ----------------------------------------------------------------------------------
+// Weight dtype, gradient dtype: the three pairs the seam supports.
+const std::pair<DType, DType> kWeightGrad[] = {{DType::F32, DType::F32}, {DType::BF16, DType::BF16}, {DType::BF16, DType::F32}};
+
+// SinkGD: the row/column norms are sums in another order, so FP32 weights agree to a few ulps of
+// the update (bound 1e-6 of the weights' scale; measured 9.9e-8) and BF16 weights to one BF16 ulp
+// where a rounding decision sits on the edge (bound 8e-3 of the scale; measured 6.0e-4).
+TEST_P(CudaVsCpu, SinkGDUpdateOnTallWideSquareAndVectorShapes) {
+  struct Shape {
+    int64_t m, n;
+  };
+  // 300 rows: more than the 128 row chunks, so a chunk owns several rows; 1 x n and m x 1: degenerate
+  for (const Shape s : {Shape{7, 13}, Shape{13, 7}, Shape{16, 16}, Shape{1, 37}, Shape{37, 1}, Shape{300, 40}})
+    for (const auto& [wt, gt] : kWeightGrad)
+      for (bool stochastic : {false, true}) {
+        Pair w(*cpu, *cuda, random_vec(s.m * s.n, 1, 0.1), wt), g(*cpu, *cuda, random_vec(s.m * s.n, 2, 0.01), gt);
+        SinkGDArgs a;
+        a.lr = 0.01f, a.decoupled_decay = 0.1f, a.iterations = 5;
+        a.write = WriteBack{stochastic, 7, 3, 11};
+        cpu->sinkgd_update(w.c.buf(), g.c.buf(), s.m, s.n, a);
+        cuda->sinkgd_update(w.g.buf(), g.g.buf(), s.m, s.n, a);
+        EXPECT_TRUE(w.same(wt == DType::F32 ? 1e-6 : kBf16))
+            << s.m << "x" << s.n << " " << dtype_name(wt) << "/" << dtype_name(gt) << (stochastic ? " stochastic" : "");
+      }
+}
+
+// Adam and SGD are elementwise with the scalars formed as on the CPU; the compilers may contract
+// a*b+c into an FMA differently (the CPU build does with -march=native, nvcc does), so FP32 values
+// agree to an ulp (bound 1e-6 of the scale; measured 9.7e-8) and BF16 ones to one BF16 ulp where a
+// decision sits on the edge (bound 8e-3; measured 0).
+TEST_P(CudaVsCpu, AdamAndSgdUpdates) {
+  const int64_t n = 1037;
+  const auto same = [&](const Pair& p, DType t) { return p.same(t == DType::F32 ? 1e-6 : kBf16); };
+  for (const auto& [wt, gt] : kWeightGrad)
+    for (DType st : kTypes)
+      for (bool stochastic : {false, true}) {
+        Pair w(*cpu, *cuda, random_vec(n, 1, 0.1), wt), g(*cpu, *cuda, random_vec(n, 2, 0.01), gt), m(*cpu, *cuda, random_vec(n, 3, 0.01), st),
+            v(*cpu, *cuda, random_vec(n, 4, 1e-4), st);
+        for (auto& x : std::vector<DeviceBuffer*>{&v.c, &v.g}) {  // second moments are non-negative
+          Vec vv = x->get();
+          for (auto& e : vv) e = std::fabs(e);
+          x->set(vv);
+        }
+        AdamArgs a;
+        a.lr = 1e-3f, a.l2_decay = 0.01f, a.decoupled_decay = 0.1f, a.step = 3;
+        a.write = WriteBack{stochastic, 5, 9, 2};
+        cpu->adam_update(w.c.buf(), g.c.buf(), m.c.buf(), v.c.buf(), n, a);
+        cuda->adam_update(w.g.buf(), g.g.buf(), m.g.buf(), v.g.buf(), n, a);
+        const std::string what = std::string(dtype_name(wt)) + "/" + dtype_name(gt) + " states " + dtype_name(st) + (stochastic ? " stochastic" : "");
+        EXPECT_TRUE(same(w, wt)) << "adam w " << what;
+        EXPECT_TRUE(same(m, st)) << "adam m " << what;
+        EXPECT_TRUE(same(v, st)) << "adam v " << what;
+        SgdArgs sa;
+        sa.lr = 0.1f, sa.momentum = 0.9f, sa.decoupled_decay = 0.01f;
+        sa.write = WriteBack{stochastic, 5, 10, 2};
+        cpu->sgd_update(w.c.buf(), g.c.buf(), m.c.buf(), n, sa);
+        cuda->sgd_update(w.g.buf(), g.g.buf(), m.g.buf(), n, sa);
+        EXPECT_TRUE(same(w, wt)) << "sgd w " << what;
+        EXPECT_TRUE(same(m, st)) << "sgd buf " << what;
+        sa.momentum = 0;  // no buffer
+        cpu->sgd_update(w.c.buf(), g.c.buf(), Buf{nullptr, st}, n, sa);
+        cuda->sgd_update(w.g.buf(), g.g.buf(), Buf{nullptr, st}, n, sa);
+        EXPECT_TRUE(same(w, wt)) << "sgd without momentum " << what;
+      }
+}
+
+// Stochastic rounding: for the same FP32 value both backends make the same decision (the same
+// counter-based hash, kernels/common/rounding.h). SGD with w = 0, lr = 1 writes exactly -g, so the
+// stored BF16 bits must be identical, element by element; and about half the values round up.
+TEST_P(CudaVsCpu, StochasticRoundingDecisionsAreIdentical) {
+  const int64_t n = 4099;
+  Pair w(*cpu, *cuda, Vec(n, 0.0), DType::BF16), g(*cpu, *cuda, random_vec(n, 8, 0.3), DType::F32);
+  SgdArgs a;
+  a.lr = 1.0f;
+  a.write = WriteBack{true, 1234, 56, 7};
+  cpu->sgd_update(w.c.buf(), g.c.buf(), Buf{nullptr, DType::F32}, n, a);
+  cuda->sgd_update(w.g.buf(), g.g.buf(), Buf{nullptr, DType::F32}, n, a);
+  const Vec wc = w.c.get(), wg = w.g.get(), gv = g.c.get();
+  int64_t up = 0, differ = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    differ += wc[i] != wg[i];
+    up += std::fabs(wg[i]) > std::fabs(gv[i]);
+  }
+  EXPECT_EQ(differ, 0);
+  EXPECT_GT(up, n * 4 / 10) << "stochastic: a fair share of values round away from zero";
+  EXPECT_LT(up, n * 6 / 10);
+}
+
 // The whole model: a reduced llama_tiny (2 layers, head dim 16, vocabulary 301, T = 37 with padding)
 // through both backends from the same weights: the loss and every gradient tensor.
 TEST_P(CudaVsCpu, ModelForwardBackwardMatchesTheCpuBackend) {
@@ -384,12 +472,12 @@ TEST(CudaBackend, OutOfMemoryNamesTheBytesAndTheFreeMemory) {
   }
 }
 
-TEST(CudaBackend, OptimizerOpsFailLoudlyUntilTheirKernelsExist) {
+TEST(CudaBackend, SwanFailsLoudlyUntilItsKernelsExist) {
   const CudaProbe* p = cuda_plugin();
   if (!p) GTEST_SKIP() << "no CUDA plugin";
   auto be = make_cuda_backend(*p);
   DeviceBuffer w(*be, Vec(6, 1.0), DType::F32), g(*be, Vec(6, 1.0), DType::F32);
-  EXPECT_THROW(be->sinkgd_update(w.buf(), g.buf(), 2, 3, SinkGDArgs{}), Error);
+  EXPECT_THROW(be->swan_update(w.buf(), g.buf(), 2, 3, SwanArgs{}), Error);
 }
 
 TEST(CudaBackend, HostPointersAreRejectedWhereDeviceMemoryIsExpected) {

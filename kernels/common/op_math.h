@@ -3,11 +3,7 @@
 // outputs are FP32; storage conversions stay in each backend.
 #pragma once
 
-#if defined(__CUDACC__)
-#define MN_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define MN_HOST_DEVICE inline
-#endif
+#include "host_device.h"
 
 namespace multinorm::op_math {
 

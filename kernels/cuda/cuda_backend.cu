@@ -5,6 +5,7 @@
 // to_host, the scalar results of sum_squares, and the token ids the deterministic embedding backward
 // buckets on the host.
 #include <algorithm>
+#include <cmath>
 #include <memory>
 #include <numeric>
 #include <string>
@@ -82,7 +83,7 @@ class CudaBackend final : public Backend {
   void synchronize() override { MN_CUDA_CHECK(cudaStreamSynchronize(stream_), "synchronize"); }
   int64_t workspace_bytes() const override {
     return static_cast<int64_t>(gemm_->workspace_bytes() + rms_scratch_.bytes() + attn_scratch_.bytes() + reduce_scratch_.bytes() +
-                                bucket_scratch_.bytes());
+                                bucket_scratch_.bytes() + opt_scratch_.bytes());
   }
 
   // ---- memory -----------------------------------------------------------------------------------
@@ -247,23 +248,55 @@ class CudaBackend final : public Backend {
   void scale(Buf x, int64_t n, float factor) override {
     with_type(x.dtype, [&](auto* t) { cuda::scale(as<std::remove_pointer_t<decltype(t)>>(x), n, factor, stream_); });
   }
-  // The fused optimizer kernels (SinkGD, SWAN, Adam, SGD) are the next stage of the CUDA backend;
-  // until they exist an update fails loudly instead of falling back to the host.
-  [[noreturn]] void no_optimizer(const char* op) {
-    throw Error(std::string(op) + ": the CUDA backend runs the model's forward and backward passes; its optimizer kernels are not built yet, so " +
-                "training needs backend: cpu");
+  void sinkgd_update(Buf w, Buf g, int64_t m, int64_t n, const SinkGDArgs& a) override {
+    auto* scratch = static_cast<float*>(opt_scratch_.get(static_cast<size_t>(sinkgd_scratch(m, n)) * 4, "sinkgd_update"));
+    with_types(w.dtype, g.dtype, "sinkgd_update", [&](auto* t, auto* gt) {
+      using T = std::remove_pointer_t<decltype(t)>;
+      using G = std::remove_pointer_t<decltype(gt)>;
+      cuda::sinkgd(as<T>(w), as<G>(g), m, n, a.iterations, a.eps, a.lr, 1.0f - a.lr * a.decoupled_decay, a.write, scratch, stream_);
+    });
   }
-  void sinkgd_update(Buf, Buf, int64_t, int64_t, const SinkGDArgs&) override { no_optimizer("sinkgd_update"); }
-  void swan_update(Buf, Buf, int64_t, int64_t, const SwanArgs&) override { no_optimizer("swan_update"); }
+  // SWAN's CUDA kernels are not written yet: an update fails loudly instead of falling back to the host.
+  void swan_update(Buf, Buf, int64_t, int64_t, const SwanArgs&) override {
+    throw Error("swan_update: SWAN has no CUDA kernels yet; use backend: cpu for SWAN runs");
+  }
   SwanStats take_swan_stats() override { return {}; }
-  void adam_update(Buf, Buf, Buf, Buf, int64_t, const AdamArgs&) override { no_optimizer("adam_update"); }
-  void sgd_update(Buf, Buf, Buf, int64_t, const SgdArgs&) override { no_optimizer("sgd_update"); }
+  void adam_update(Buf w, Buf g, Buf m, Buf v, int64_t n, const AdamArgs& a) override {
+    same_dtype({m, v}, "adam_update states");
+    // The scalars exactly as the CPU backend forms them (kernels/cpu/adam.cpp).
+    AdamScalars s;
+    const float bc1 = 1.0f - static_cast<float>(std::pow(a.beta1, static_cast<double>(a.step)));
+    const float bc2 = 1.0f - static_cast<float>(std::pow(a.beta2, static_cast<double>(a.step)));
+    s.step_size = a.lr / bc1, s.inv_sqrt_bc2 = 1.0f / std::sqrt(bc2);
+    s.keep = 1.0f - a.lr * a.decoupled_decay;
+    s.b1 = static_cast<float>(a.beta1), s.c1 = static_cast<float>(1.0 - a.beta1);
+    s.b2 = static_cast<float>(a.beta2), s.c2 = static_cast<float>(1.0 - a.beta2);
+    s.eps = a.eps, s.l2_decay = a.l2_decay;
+    with_types(w.dtype, g.dtype, "adam_update", [&](auto* t, auto* gt) {
+      using T = std::remove_pointer_t<decltype(t)>;
+      using G = std::remove_pointer_t<decltype(gt)>;
+      with_type(m.dtype, [&](auto* st) {
+        using S = std::remove_pointer_t<decltype(st)>;
+        cuda::adam(as<T>(w), as<G>(g), as<S>(m), as<S>(v), n, s, a.write, stream_);
+      });
+    });
+  }
+  void sgd_update(Buf w, Buf g, Buf buf, int64_t n, const SgdArgs& a) override {
+    with_types(w.dtype, g.dtype, "sgd_update", [&](auto* t, auto* gt) {
+      using T = std::remove_pointer_t<decltype(t)>;
+      using G = std::remove_pointer_t<decltype(gt)>;
+      with_type(buf.dtype, [&](auto* st) {
+        using S = std::remove_pointer_t<decltype(st)>;
+        cuda::sgd(as<T>(w), as<G>(g), as<S>(buf), n, a.lr, a.momentum, 1.0f - a.lr * a.decoupled_decay, a.write, stream_);
+      });
+    });
+  }
 
  private:
   int device_;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<LtGemm> gemm_;
-  Scratch rms_scratch_, attn_scratch_, reduce_scratch_, bucket_scratch_;
+  Scratch rms_scratch_, attn_scratch_, reduce_scratch_, bucket_scratch_, opt_scratch_;
   std::vector<int32_t> host_tokens_, order_, host_buckets_;
 };
 

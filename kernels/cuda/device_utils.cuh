@@ -3,7 +3,9 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 
+#include "../common/rounding.h"
 #include "cuda_compat.h"
 
 namespace multinorm::cuda {
@@ -19,6 +21,24 @@ __device__ __forceinline__ float from_float<float>(float x) {
 template <>
 __device__ __forceinline__ bf16 from_float<bf16>(float x) {
   return __float2bfloat16(x);  // round to nearest even, as the CPU backend
+}
+
+// An FP32 update written back to a stored weight, with the CPU backend's rounding decisions
+// (kernels/common/rounding.h): nearest even, or stochastic from the same counter-based hash.
+template <class T>
+__device__ __forceinline__ T store_weight(float value, const WriteBack& wb, uint64_t index);
+template <>
+__device__ __forceinline__ float store_weight<float>(float value, const WriteBack&, uint64_t) {
+  return value;
+}
+template <>
+__device__ __forceinline__ bf16 store_weight<bf16>(float value, const WriteBack& wb, uint64_t index) {
+  uint32_t bits;
+  memcpy(&bits, &value, sizeof(bits));
+  if (!wb.stochastic || is_inf_or_nan(bits)) return __float2bfloat16(value);
+  __nv_bfloat16_raw raw;
+  raw.x = stochastic_bf16_bits(bits, rounding_hash(wb.seed, wb.step, wb.tensor, index));
+  return bf16(raw);
 }
 
 // 16 bytes of T: one vectorised load/store (LDG.128 / STG.128) on the GPU.

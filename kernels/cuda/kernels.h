@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "cuda_compat.h"
+#include "multinorm/write_back.h"
 
 namespace multinorm::cuda {
 
@@ -63,5 +64,26 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, cons
                         int64_t D, float* scratch, cudaStream_t stream);
 template <class T>
 void attention_decode(T* out, const T* qkv, T* k_cache, T* v_cache, int64_t pos, int64_t H, int64_t D, cudaStream_t stream);
+
+// ---- optimizers (adam.cu, sinkgd.cu, swan.cu) ----------------------------------------------------------
+// Adam/AdamW with torch semantics, one pass (reads w, g, m, v; writes w, m, v). The scalars are
+// formed on the host exactly as the CPU backend forms them.
+struct AdamScalars {
+  float b1, c1, b2, c2;           // beta1, 1 - beta1, beta2, 1 - beta2
+  float step_size, inv_sqrt_bc2;  // lr / (1 - beta1^t), 1 / sqrt(1 - beta2^t)
+  float eps, l2_decay, keep;      // keep = 1 - lr * decoupled_decay
+};
+template <class T, class G, class S>
+void adam(T* w, const G* g, S* m, S* v, int64_t n, const AdamScalars& a, const WriteBack& wb, cudaStream_t stream);
+// SGD (torch): buf = momentum buf + g (no buffer: buf = nullptr), w <- w keep - lr buf
+template <class T, class G, class S>
+void sgd(T* w, const G* g, S* buf, int64_t n, float lr, float momentum, float keep, const WriteBack& wb, cudaStream_t stream);
+
+// SinkGD on W[m,n], fused: L passes over G (row scales u, column scales v in FP32), then one pass
+// writing W. scratch: sinkgd_scratch(m, n) floats.
+int64_t sinkgd_scratch(int64_t m, int64_t n);
+template <class T, class G>
+void sinkgd(T* w, const G* g, int64_t m, int64_t n, int iterations, float eps, float lr, float keep, const WriteBack& wb, float* scratch,
+            cudaStream_t stream);
 
 }  // namespace multinorm::cuda

@@ -1,0 +1,63 @@
+// The elementwise optimizers, one pass each (formulas: kernels/cpu/adam.cpp, the same scalars formed
+// on the host, the same write-back rounding).
+//   Adam: reads w, g, m, v and writes w, m, v: per element sizeof(T) * 2 + sizeof(G) + 4 sizeof(S)
+//         bytes (BF16 everything: 12 B), ~15 FLOPs
+//   SGD:  reads w, g (+ buf) and writes w (+ buf): 2 sizeof(T) + sizeof(G) [+ 2 sizeof(S)] bytes
+#include "device_utils.cuh"
+#include "kernels.h"
+
+namespace multinorm::cuda {
+
+namespace {
+
+template <class T, class G, class S>
+__global__ void adam_kernel(T* w, const G* g, S* m, S* v, int64_t n, AdamScalars a, WriteBack wb) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float wi = to_float(w[i]);
+    const float gi = to_float(g[i]) + a.l2_decay * wi;
+    const float mi = a.b1 * to_float(m[i]) + a.c1 * gi;
+    const float vi = a.b2 * to_float(v[i]) + a.c2 * gi * gi;
+    m[i] = from_float<S>(mi);
+    v[i] = from_float<S>(vi);
+    w[i] = store_weight<T>(wi * a.keep - a.step_size * mi / (sqrtf(vi) * a.inv_sqrt_bc2 + a.eps), wb, static_cast<uint64_t>(i));
+  }
+}
+
+template <class T, class G, class S>
+__global__ void sgd_kernel(T* w, const G* g, S* buf, int64_t n, float lr, float momentum, float keep, WriteBack wb) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    float d = to_float(g[i]);
+    if (buf) {
+      d = momentum * to_float(buf[i]) + d;
+      buf[i] = from_float<S>(d);
+    }
+    w[i] = store_weight<T>(to_float(w[i]) * keep - lr * d, wb, static_cast<uint64_t>(i));
+  }
+}
+
+unsigned grid_for(int64_t n) { return static_cast<unsigned>(std::min<int64_t>(ceil_div(n, 256), 8192)); }
+
+}  // namespace
+
+template <class T, class G, class S>
+void adam(T* w, const G* g, S* m, S* v, int64_t n, const AdamScalars& a, const WriteBack& wb, cudaStream_t stream) {
+  if (n > 0) launch("adam", adam_kernel<T, G, S>, dim3(grid_for(n)), dim3(256), 0, stream, w, g, m, v, n, a, wb);
+}
+template <class T, class G, class S>
+void sgd(T* w, const G* g, S* buf, int64_t n, float lr, float momentum, float keep, const WriteBack& wb, cudaStream_t stream) {
+  if (n > 0) launch("sgd", sgd_kernel<T, G, S>, dim3(grid_for(n)), dim3(256), 0, stream, w, g, buf, n, lr, momentum, keep, wb);
+}
+
+// (weights, gradients, states) as the CPU backend instantiates them.
+#define MULTINORM_INSTANTIATE(T, G, S)                                                                                 \
+  template void adam<T, G, S>(T*, const G*, S*, S*, int64_t, const AdamScalars&, const WriteBack&, cudaStream_t); \
+  template void sgd<T, G, S>(T*, const G*, S*, int64_t, float, float, float, const WriteBack&, cudaStream_t);
+MULTINORM_INSTANTIATE(float, float, float)
+MULTINORM_INSTANTIATE(float, float, bf16)
+MULTINORM_INSTANTIATE(bf16, bf16, float)
+MULTINORM_INSTANTIATE(bf16, bf16, bf16)
+MULTINORM_INSTANTIATE(bf16, float, float)
+MULTINORM_INSTANTIATE(bf16, float, bf16)
+#undef MULTINORM_INSTANTIATE
+
+}  // namespace multinorm::cuda
