@@ -26,20 +26,6 @@ __global__ void scale_kernel(T* x, int64_t n, float factor) {
 
 constexpr int kReduceThreads = 256;
 
-__device__ __forceinline__ double warp_sum_double(double v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-__device__ double block_sum_double(double v) {
-  __shared__ double scratch[32];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  v = warp_sum_double(v);
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  double t = lane < int(blockDim.x / 32) ? scratch[lane] : 0.0;
-  return warp_sum_double(t);
-}
-
 template <class T>
 __global__ void sum_squares_partial_kernel(double* partials, const T* x, int64_t n) {
   double s = 0.0;
@@ -47,14 +33,16 @@ __global__ void sum_squares_partial_kernel(double* partials, const T* x, int64_t
     const double v = to_float(x[i]);
     s += v * v;
   }
-  s = block_sum_double(s);
+  __shared__ double scratch[32];
+  s = block_sum(s, scratch);
   if (threadIdx.x == 0) partials[blockIdx.x] = s;
 }
 
 __global__ void sum_partials_kernel(double* result, const double* partials, int count) {
   double s = 0.0;
   for (int i = threadIdx.x; i < count; i += blockDim.x) s += partials[i];
-  s = block_sum_double(s);
+  __shared__ double scratch[32];
+  s = block_sum(s, scratch);
   if (threadIdx.x == 0) *result = s;
 }
 

@@ -256,11 +256,24 @@ class CudaBackend final : public Backend {
       cuda::sinkgd(as<T>(w), as<G>(g), m, n, a.iterations, a.eps, a.lr, 1.0f - a.lr * a.decoupled_decay, a.write, scratch, stream_);
     });
   }
-  // SWAN's CUDA kernels are not written yet: an update fails loudly instead of falling back to the host.
-  void swan_update(Buf, Buf, int64_t, int64_t, const SwanArgs&) override {
-    throw Error("swan_update: SWAN has no CUDA kernels yet; use backend: cpu for SWAN runs");
+  void swan_update(Buf w, Buf g, int64_t m, int64_t n, const SwanArgs& a) override {
+    void* scratch = opt_scratch_.get(static_cast<size_t>(swan_scratch_bytes(m, n)), "swan_update");
+    const SwanParams p{a.lr, a.decoupled_decay, a.eps, a.ns_tolerance, a.ns_steps, a.standardize, a.exact, a.write};
+    with_types(w.dtype, g.dtype, "swan_update", [&](auto* t, auto* gt) {
+      using T = std::remove_pointer_t<decltype(t)>;
+      using G = std::remove_pointer_t<decltype(gt)>;
+      const SwanResult r = cuda::swan(as<T>(w), as<G>(g), m, n, p, *gemm_, scratch, stream_);
+      ++swan_.tensors;  // the same bookkeeping as the CPU backend's
+      swan_.worst_residual = std::max(swan_.worst_residual, std::isnan(r.residual) ? 0.0 : r.residual);
+      if (r.fell_back) ++swan_.fallbacks;
+      else if (!a.exact && a.ns_tolerance > 0 && !(r.residual < a.ns_tolerance)) ++swan_.unconverged;
+    });
   }
-  SwanStats take_swan_stats() override { return {}; }
+  SwanStats take_swan_stats() override {
+    const SwanStats s = swan_;
+    swan_ = {};
+    return s;
+  }
   void adam_update(Buf w, Buf g, Buf m, Buf v, int64_t n, const AdamArgs& a) override {
     same_dtype({m, v}, "adam_update states");
     // The scalars exactly as the CPU backend forms them (kernels/cpu/adam.cpp).
@@ -297,6 +310,7 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<LtGemm> gemm_;
   Scratch rms_scratch_, attn_scratch_, reduce_scratch_, bucket_scratch_, opt_scratch_;
+  SwanStats swan_;
   std::vector<int32_t> host_tokens_, order_, host_buckets_;
 };
 

@@ -86,4 +86,21 @@ template <class T, class G>
 void sinkgd(T* w, const G* g, int64_t m, int64_t n, int iterations, float eps, float lr, float keep, const WriteBack& wb, float* scratch,
             cudaStream_t stream);
 
+// SWAN on W[m,n] (swan.cu): row normalisation, Newton-Schulz through cuBLASLt in FP32, or the exact
+// FP64 path on the host. scratch: swan_scratch_bytes(m, n) bytes.
+class LtGemm;
+struct SwanParams {
+  float lr, decoupled_decay, eps, ns_tolerance;
+  int ns_steps;
+  bool standardize, exact;
+  WriteBack write;
+};
+struct SwanResult {
+  double residual = 0;     // ||I - Z Y||_F / sqrt(k) of the final iterate (0 on the exact path)
+  bool fell_back = false;  // Newton-Schulz diverged: the exact path was used
+};
+int64_t swan_scratch_bytes(int64_t m, int64_t n);
+template <class T, class G>
+SwanResult swan(T* w, const G* g, int64_t m, int64_t n, const SwanParams& a, LtGemm& gemm, void* scratch, cudaStream_t stream);
+
 }  // namespace multinorm::cuda
