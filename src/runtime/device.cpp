@@ -127,12 +127,9 @@ BackendChoice choose_backend(const std::string& requested) {
       return {BackendKind::Cuda, "cuda (emulated on the CPU by " + p.plugin_path + ": a test instrument, orders of magnitude slower)"};
     return {BackendKind::Cuda, "cuda (" + std::string(p.devices[0].name) + ", " + p.plugin_path + ")"};
   }
-  if (why.empty()) {
-    // The CUDA backend runs the model but has no optimizer kernels yet, so training stays on the
-    // CPU unless cuda is asked for explicitly; never the emulation.
-    why = p.emulated ? std::string("the CUDA plugin is the CPU emulation (tests only)")
-                     : std::to_string(p.device_count) + " GPU(s) found, but the CUDA backend has no optimizer kernels yet";
-  }
+  if (why.empty() && p.emulated) why = "the CUDA plugin is the CPU emulation (tests only)";  // never picked by auto
+  if (why.empty())
+    return {BackendKind::Cuda, "cuda (auto: " + std::string(p.devices[0].name) + ", " + p.plugin_path + ")"};
   return {BackendKind::Cpu, "cpu (auto: " + why + ")"};
 }
 
