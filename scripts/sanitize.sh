@@ -38,4 +38,8 @@ if [ "$mode" = tsan ] || [ "$mode" = all ]; then
     OMP_NUM_THREADS=1 MULTINORM_EMU_ORDER=$order MULTINORM_EMU_WORKERS=3 build-tsan/multinorm_tests \
       --gtest_filter='Backends/Ops.*/cuda:Backends/OpsBf16.*/cuda:Backends/ModelOn.*/cuda'
   done
+  # The optimizer kernels against a single-threaded CPU reference (forward order, 3 workers).
+  OMP_NUM_THREADS=1 MULTINORM_TEST_CPU_THREADS=1 build-tsan/multinorm_tests \
+    --gtest_filter='*CudaVsCpu.SinkGD*forward*:*CudaVsCpu.Adam*forward*:*CudaVsCpu.Stochastic*forward*'
+
 fi

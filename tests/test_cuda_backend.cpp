@@ -57,7 +57,9 @@ class CudaVsCpu : public ::testing::TestWithParam<Mode> {
     ::unsetenv("MULTINORM_EMU_ORDER");
     ::unsetenv("MULTINORM_EMU_WORKERS");
   }
-  std::unique_ptr<Backend> cpu = make_cpu_backend(2);
+  // MULTINORM_TEST_CPU_THREADS=1 keeps the CPU reference single-threaded (the TSan run: libgomp is
+  // not instrumented).
+  std::unique_ptr<Backend> cpu = make_cpu_backend(std::getenv("MULTINORM_TEST_CPU_THREADS") ? std::atoi(std::getenv("MULTINORM_TEST_CPU_THREADS")) : 2);
   std::unique_ptr<Backend> cuda;
 };
 
