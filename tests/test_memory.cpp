@@ -4,6 +4,7 @@
 #include "multinorm/llama_model.h"
 #include "multinorm/memory_estimate.h"
 #include "multinorm/optimizer.h"
+#include "test_backends.h"
 
 using namespace multinorm;
 
@@ -60,6 +61,33 @@ TEST(Memory, ActivationPlanSizes) {
 
 // The CPU backend's scratch after a training step and an optimizer update equals the estimate
 // `multinorm info` prints, for SinkGD and SWAN (both paths), BF16 and FP32.
+// The same on the CUDA backend (the emulated build): its device scratch after a training step and
+// an optimizer update is the plan `multinorm info` and the run log print, for SinkGD, SWAN and Adam.
+TEST(Memory, CudaBackendScratchPlanIsWhatItAllocates) {
+  const CudaProbe* p = multinorm::testing::test_cuda_plugin();
+  if (!p) GTEST_SKIP() << "no CUDA plugin";
+  for (const char* opt : {"sinkgd", "swan", "adam"}) {
+    json j = json::parse(R"({"model": {"config": {"vocab_size": 50, "hidden_size": 16, "intermediate_size": 40,
+      "num_hidden_layers": 2, "num_attention_heads": 2, "max_position_embeddings": 16}},
+      "batch": {"global_batch": 3, "micro_batch": 3, "seq_len": 7}, "backend": "cuda"})");
+    j["optimizer"]["name"] = opt;
+    const RunConfig run = run_config_from_json(j, "test");
+    auto be = make_cuda_backend(*p);
+    LlamaModel model(*be, run.model, run.precision.params, 3, 7);
+    model.init_random(1);
+    Optimizer optimizer(model, run);
+    std::vector<int32_t> tokens(21), targets(21);
+    for (int i = 0; i < 21; ++i) tokens[i] = (i * 7) % 50, targets[i] = (i * 11) % 50;
+    model.forward_backward({tokens.data(), targets.data(), nullptr, 3, 7}, 1.0f / 21);
+    optimizer.step(1, 1);
+    const TrainingMemory tm = training_memory(run, true);
+    EXPECT_TRUE(tm.cuda);
+    EXPECT_EQ(be->workspace_bytes(), tm.backend_scratch) << opt;
+    EXPECT_EQ(model.activation_bytes(), tm.activations) << opt;
+    EXPECT_EQ(optimizer.state_bytes(), tm.states) << opt;
+  }
+}
+
 TEST(Memory, BackendScratchEstimateIsTheWorkspace) {
   for (const char* opt : {"sinkgd", "swan", "swan-eigh"}) {
     for (DType dt : {DType::BF16, DType::F32}) {

@@ -39,10 +39,20 @@ int64_t cpu_backend_scratch_bytes(const ModelConfig& m, int64_t micro_batch, int
                                   const std::string& matrix_optimizer, const std::vector<std::string>& matrix_params,
                                   bool swan_exact, int threads);
 
+// The CUDA backend's device scratch after a training step (kernels/cuda/scratch_sizes.h: cuBLASLt's
+// workspace, RMSNorm's block partials, attention's row sums, the embedding buckets, the sum of
+// squares, the matrix optimizer's buffers for the largest matrix). Exact against the backend's
+// workspace_bytes (tests/test_memory.cpp, on the emulated build).
+int64_t cuda_backend_scratch_bytes(const ModelConfig& m, int64_t micro_batch, int64_t seq_len, const std::string& matrix_optimizer,
+                                   const std::vector<std::string>& matrix_params);
+
 struct TrainingMemory {
+  bool cuda = false;  // device memory of the CUDA backend (else host memory of the CPU backend)
   int64_t weights = 0, grads = 0, states = 0, activations = 0, backend_scratch = 0;
   int64_t total() const { return weights + grads + states + activations + backend_scratch; }
 };
-TrainingMemory training_memory(const RunConfig& run);
+// Memory of one rank on the CPU backend, or (cuda) the device memory plan of the CUDA backend: the
+// arenas are the same, the backend's scratch differs.
+TrainingMemory training_memory(const RunConfig& run, bool cuda = false);
 
 }  // namespace multinorm

@@ -160,7 +160,7 @@ class CudaBackend final : public Backend {
     const int64_t buckets = static_cast<int64_t>(starts.size());
     starts.push_back(static_cast<int32_t>(BT));
     plan.insert(plan.end(), starts.begin(), starts.end());
-    auto* dev = static_cast<int32_t*>(bucket_scratch_.get(plan.size() * 4, "embedding_backward"));
+    auto* dev = static_cast<int32_t*>(bucket_scratch_.get(cuda_scratch::embedding_backward_bytes(BT), "embedding_backward"));
     MN_CUDA_CHECK(cudaMemcpyAsync(dev, plan.data(), plan.size() * 4, cudaMemcpyHostToDevice, stream_), "embedding_backward (bucket upload)");
     with_types(dout.dtype, dwte.dtype, "embedding_backward", [&](auto* t, auto* g) {
       using T = std::remove_pointer_t<decltype(t)>;
@@ -202,7 +202,7 @@ class CudaBackend final : public Backend {
   }
   void attention_backward(Buf dqkv, Buf dout, Buf qkv, Buf out, const float* lse, int64_t B, int64_t T_, int64_t H, int64_t D) override {
     same_dtype({dqkv, dout, qkv, out}, "attention_backward");
-    auto* scratch = static_cast<float*>(attn_scratch_.get(static_cast<size_t>(B * H * T_) * 4, "attention_backward"));
+    auto* scratch = static_cast<float*>(attn_scratch_.get(cuda_scratch::attention_backward_bytes(B, H, T_), "attention_backward"));
     with_type(dqkv.dtype, [&](auto* t) {
       using T = std::remove_pointer_t<decltype(t)>;
       cuda::attention_backward(as<T>(dqkv), as<T>(dout), as<T>(qkv), as<T>(out), lse, B, T_, H, D, scratch, stream_);
@@ -239,7 +239,7 @@ class CudaBackend final : public Backend {
 
   // ---- optimizer ops ------------------------------------------------------------------------------
   double sum_squares(Buf x, int64_t n) override {
-    auto* d = static_cast<double*>(reduce_scratch_.get((kSumSquaresBlocks + 1) * sizeof(double), "sum_squares"));
+    auto* d = static_cast<double*>(reduce_scratch_.get(cuda_scratch::sum_squares_bytes(), "sum_squares"));
     with_type(x.dtype, [&](auto* t) { cuda::sum_squares(d, d + 1, as<std::remove_pointer_t<decltype(t)>>(x), n, stream_); });
     double r = 0;
     to_host(&r, d, sizeof(double));

@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include "cuda_compat.h"
+#include "scratch_sizes.h"
 
 namespace multinorm::cuda {
 
@@ -26,7 +27,7 @@ class LtGemm {
   void run(void* out, cudaDataType out_type, const void* a, const void* b, cudaDataType in_type, int64_t M, int64_t N, int64_t K, bool trans_a,
            bool trans_b, bool accumulate, cudaStream_t stream);
 
-  static constexpr size_t kWorkspaceBytes = 32ull << 20;  // cuBLASLt's recommendation for Hopper
+  static constexpr size_t kWorkspaceBytes = cuda_scratch::kGemmWorkspaceBytes;
   size_t workspace_bytes() const { return kWorkspaceBytes; }
 
  private:

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "cuda_compat.h"
+#include "scratch_sizes.h"
 #include "multinorm/write_back.h"
 
 namespace multinorm::cuda {
@@ -17,7 +18,7 @@ void convert(D* dst, const S* src, int64_t n, cudaStream_t stream);
 template <class T>
 void scale(T* x, int64_t n, float factor, cudaStream_t stream);
 // sum of squares in FP64, deterministic (fixed grid, fixed-order final sum) into *result (device)
-constexpr int kSumSquaresBlocks = 256;
+constexpr int kSumSquaresBlocks = static_cast<int>(cuda_scratch::kSumSquaresBlocks);
 template <class T>
 void sum_squares(double* result, double* partials /* kSumSquaresBlocks */, const T* x, int64_t n, cudaStream_t stream);
 

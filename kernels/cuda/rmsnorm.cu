@@ -10,6 +10,7 @@
 #include "../common/op_math.h"
 #include "device_utils.cuh"
 #include "kernels.h"
+#include "scratch_sizes.h"
 
 namespace multinorm::cuda {
 
@@ -17,9 +18,7 @@ namespace {
 
 constexpr int kForwardWarps = 4;
 constexpr int kBackwardThreads = 256;
-constexpr int64_t kBackwardBlocks = 256;  // fixed (not per device): the same reduction tree everywhere
-
-int64_t backward_blocks(int64_t N) { return std::min<int64_t>(N, kBackwardBlocks); }
+constexpr int64_t kBackwardBlocks = cuda_scratch::kRmsnormBackwardBlocks;  // fixed: the same reduction tree everywhere
 
 template <class T>
 __global__ void rmsnorm_forward_kernel(T* out, float* rstd, const T* x, const T* w, int64_t N, int64_t C, float eps) {
@@ -103,7 +102,7 @@ void rmsnorm_forward(T* out, float* rstd, const T* x, const T* w, int64_t N, int
            N, C, eps);
 }
 
-int64_t rmsnorm_backward_scratch(int64_t N, int64_t C) { return backward_blocks(N) * C; }
+int64_t rmsnorm_backward_scratch(int64_t N, int64_t C) { return cuda_scratch::rmsnorm_backward_floats(N, C); }
 
 template <class T, class G>
 void rmsnorm_backward(float* dx, G* dw, const float* dout, const T* x, const T* w, const float* rstd, int64_t N, int64_t C, bool accumulate_dx,

@@ -12,12 +12,13 @@
 
 #include "device_utils.cuh"
 #include "kernels.h"
+#include "scratch_sizes.h"
 
 namespace multinorm::cuda {
 
 namespace {
 
-constexpr int64_t kChunks = 128;  // row chunks (blocks) of each pass: fixed for determinism
+constexpr int64_t kChunks = cuda_scratch::kSinkgdChunks;  // row chunks (blocks) of each pass: fixed for determinism
 constexpr int kThreads = 256;
 
 int64_t chunks_for(int64_t m) { return std::min<int64_t>(m, kChunks); }
@@ -73,7 +74,7 @@ __global__ void sinkgd_apply_kernel(T* w, const G* g, const float* u, const floa
 
 }  // namespace
 
-int64_t sinkgd_scratch(int64_t m, int64_t n) { return m + n + chunks_for(m) * n; }
+int64_t sinkgd_scratch(int64_t m, int64_t n) { return cuda_scratch::sinkgd_floats(m, n); }
 
 template <class T, class G>
 void sinkgd(T* w, const G* g, int64_t m, int64_t n, int iterations, float eps, float lr, float keep, const WriteBack& wb, float* scratch,

@@ -20,6 +20,7 @@
 #include "device_utils.cuh"
 #include "gemm.h"
 #include "kernels.h"
+#include "scratch_sizes.h"
 
 namespace multinorm::cuda {
 
@@ -28,7 +29,7 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kPowerSteps = 12;
 constexpr int kCheckEvery = 2;
-constexpr int kReduceBlocks = 64;
+constexpr int kReduceBlocks = cuda_scratch::kSwanReduceBlocks;
 
 template <class G>
 __global__ void normalize_rows_kernel(float* X, const G* g, int64_t n, bool standardize, float sqrt_n, float eps) {
@@ -151,10 +152,7 @@ unsigned grid_for(int64_t n) { return static_cast<unsigned>(std::min<int64_t>(ce
 
 }  // namespace
 
-int64_t swan_scratch_bytes(int64_t m, int64_t n) {
-  const int64_t k = std::min(m, n);
-  return (2 * m * n + 6 * k * k) * 4 + (2 * k + kReduceBlocks + kSumSquaresBlocks + 8) * 8;
-}
+int64_t swan_scratch_bytes(int64_t m, int64_t n) { return cuda_scratch::swan_bytes(m, n); }
 
 template <class T, class G>
 SwanResult swan(T* w, const G* g, int64_t m, int64_t n, const SwanParams& a, LtGemm& gemm, void* scratch, cudaStream_t stream) {

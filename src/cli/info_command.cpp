@@ -59,7 +59,10 @@ void run_info(const InfoOptions& o) {
   int64_t matrix = 0;
   for (const auto& a : assign_optimizers(specs, run.optimizer)) matrix += a.matrix ? a.tensor->numel() : 0;
   const auto table = paper_memory_table(m);
-  const TrainingMemory tm = training_memory(run);
+  // The CUDA backend's device plan when the run asks for cuda (planned even on a machine without a
+  // GPU), or when auto would pick it here.
+  const bool cuda_plan = run.backend == "cuda" || (run.backend == "auto" && choose_backend("auto").kind == BackendKind::Cuda);
+  const TrainingMemory tm = training_memory(run, cuda_plan);
   const ActivationPlan plan = plan_activations(m, run.batch.micro_batch, run.batch.seq_len, run.precision.params);
 
   if (o.as_json) {
@@ -78,7 +81,7 @@ void run_info(const InfoOptions& o) {
                             {"grads_precision", dtype_name(run.precision.grads)},
                             {"weights_bytes", tm.weights}, {"grads_bytes", tm.grads}, {"states_bytes", tm.states},
                             {"activations_bytes", tm.activations}, {"activations_saved_bytes", plan.saved_bytes()},
-                            {"backend_scratch_bytes", tm.backend_scratch},
+                            {"backend_scratch_bytes", tm.backend_scratch}, {"memory_of", tm.cuda ? "cuda device" : "cpu host"},
                             {"total_bytes", tm.total()}};
     std::printf("%s\n", j.dump(2).c_str());
     return;
@@ -114,7 +117,7 @@ void run_info(const InfoOptions& o) {
   std::printf("  %-34s %10.3f GiB\n", "optimizer states", gib(tm.states));
   std::printf("  %-34s %10.3f GiB\n", "activations (saved for backward)", gib(plan.saved_bytes()));
   std::printf("  %-34s %10.3f GiB\n", "activations (backward scratch)", gib(plan.scratch_bytes()));
-  std::printf("  %-34s %10.3f GiB\n", "backend scratch (CPU backend)", gib(tm.backend_scratch));
+  std::printf("  %-34s %10.3f GiB\n", tm.cuda ? "backend scratch (CUDA, device)" : "backend scratch (CPU backend)", gib(tm.backend_scratch));
   std::printf("  %-34s %10.3f GiB\n", "total", gib(tm.total()));
   if (is_run) {
     std::string backend;

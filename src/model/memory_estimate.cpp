@@ -1,10 +1,11 @@
 #include "multinorm/memory_estimate.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <map>
 
-#include <omp.h>
-
+#include "../../kernels/cuda/scratch_sizes.h"
 #include "multinorm/param_groups.h"
 
 namespace multinorm {
@@ -78,7 +79,23 @@ int64_t cpu_backend_scratch_bytes(const ModelConfig& m, int64_t B, int64_t T, DT
   return floats * 4;
 }
 
-TrainingMemory training_memory(const RunConfig& run) {
+int64_t cuda_backend_scratch_bytes(const ModelConfig& m, int64_t B, int64_t T, const std::string& matrix_optimizer,
+                                   const std::vector<std::string>& matrix_params) {
+  namespace cs = cuda_scratch;  // the sizes the backend allocates by (kernels/cuda/scratch_sizes.h)
+  const int64_t C = m.hidden_size, H = m.num_attention_heads, BT = B * T;
+  int64_t optimizer = 0;  // one buffer, grown to the largest matrix's need
+  const auto specs = llama_parameters(m);  // outlives the assignments, which point into it
+  for (const auto& a : assign_optimizers(specs, matrix_optimizer, "adam", matrix_params)) {
+    if (!a.matrix) continue;
+    const int64_t r = a.tensor->rows(), c = a.tensor->cols();
+    if (matrix_optimizer == "sinkgd") optimizer = std::max(optimizer, cs::sinkgd_floats(r, c) * 4);
+    else if (matrix_optimizer == "swan") optimizer = std::max(optimizer, cs::swan_bytes(r, c));
+  }
+  return cs::kGemmWorkspaceBytes + cs::rmsnorm_backward_floats(BT, C) * 4 + cs::attention_backward_bytes(B, H, T) +
+         cs::embedding_backward_bytes(BT) + cs::sum_squares_bytes() + optimizer;
+}
+
+TrainingMemory training_memory(const RunConfig& run, bool cuda) {
   const auto specs = llama_parameters(run.model);
   const OptimizerMemory om = optimizer_memory(specs, run.optimizer.name, run.optimizer.fallback,
                                               run.optimizer.matrix_params, run.optimizer.momentum,
@@ -88,10 +105,13 @@ TrainingMemory training_memory(const RunConfig& run) {
   t.grads = count_parameters(specs) * dtype_bytes(run.precision.grads);
   t.states = om.state_bytes;
   t.activations = plan_activations(run.model, run.batch.micro_batch, run.batch.seq_len, run.precision.params).bytes();
-  t.backend_scratch = cpu_backend_scratch_bytes(run.model, run.batch.micro_batch, run.batch.seq_len, run.precision.params,
-                                                run.optimizer.name, run.optimizer.matrix_params,
-                                                run.optimizer.swan.whitening == "eigh",
-                                                run.threads > 0 ? static_cast<int>(run.threads) : omp_get_num_procs());
+  t.cuda = cuda;
+  t.backend_scratch = cuda ? cuda_backend_scratch_bytes(run.model, run.batch.micro_batch, run.batch.seq_len, run.optimizer.name,
+                                                        run.optimizer.matrix_params)
+                           : cpu_backend_scratch_bytes(run.model, run.batch.micro_batch, run.batch.seq_len, run.precision.params,
+                                                       run.optimizer.name, run.optimizer.matrix_params,
+                                                       run.optimizer.swan.whitening == "eigh",
+                                                       run.threads > 0 ? static_cast<int>(run.threads) : omp_get_num_procs());
   return t;
 }
 

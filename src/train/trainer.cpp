@@ -17,6 +17,7 @@
 #include "multinorm/checkpoint.h"
 #include "multinorm/data_parallel.h"
 #include "multinorm/device.h"
+#include "multinorm/memory_estimate.h"
 #include "multinorm/error.h"
 #include "multinorm/json_file.h"
 #include "multinorm/model_io.h"
@@ -170,6 +171,13 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
       (long long)run.schedule.total_steps, (long long)run.batch.global_batch, (long long)run.batch.seq_len,
       (long long)accum, (long long)run.batch.micro_batch, world, run.batch.loss_normalization.c_str(),
       dtype_name(run.precision.params), dtype_name(run.precision.grads));
+  {
+    const TrainingMemory tm = training_memory(run, choice.kind == BackendKind::Cuda);
+    const auto gib = [](int64_t b) { return static_cast<double>(b) / (1ll << 30); };
+    log("  memory plan (%s): weights %.3f + gradients %.3f + states %.3f + activations %.3f + backend scratch %.3f = %.3f GiB\n",
+        tm.cuda ? "CUDA device" : "CPU host", gib(tm.weights), gib(tm.grads), gib(tm.states), gib(tm.activations), gib(tm.backend_scratch),
+        gib(tm.total()));
+  }
   std::ofstream metrics;  // rank 0's; the other ranks' stream stays closed and writes nothing
   if (comm.root()) metrics.open(run.output_dir + "/metrics.jsonl", std::ios::app);
   const bool tty = ::isatty(STDERR_FILENO) && !opt.quiet && comm.root();

@@ -1,0 +1,34 @@
+// The CUDA backend's scratch buffers, sized in one place: the kernels' launchers and the backend
+// allocate by these formulas, and `multinorm info` / the run log (src/model/memory_estimate.cpp) plan
+// device memory by the same ones. Plain C++: no CUDA types, so the core library includes it too.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+
+namespace multinorm::cuda_scratch {
+
+constexpr int64_t kGemmWorkspaceBytes = 32ll << 20;  // cuBLASLt's recommendation for Hopper (gemm.h)
+constexpr int64_t kRmsnormBackwardBlocks = 256;      // fixed: the same reduction tree on every GPU
+constexpr int64_t kSinkgdChunks = 128;               // SinkGD's row chunks per pass
+constexpr int64_t kSumSquaresBlocks = 256;           // the FP64 sum of squares' fixed grid
+constexpr int64_t kSwanReduceBlocks = 64;            // SWAN's residual reduction
+
+// RMSNorm backward: per-block dw partials [min(N, 256), C], floats
+inline int64_t rmsnorm_backward_floats(int64_t N, int64_t C) { return std::min(N, kRmsnormBackwardBlocks) * C; }
+// attention backward: rowsum(dout * out) [B, H, T], bytes
+inline int64_t attention_backward_bytes(int64_t B, int64_t H, int64_t T) { return B * H * T * 4; }
+// embedding backward: positions (BT), distinct tokens (<= BT) and bucket starts (<= BT + 1), int32:
+// sized for the worst case so the buffer never depends on the batch's contents
+inline int64_t embedding_backward_bytes(int64_t BT) { return (3 * BT + 1) * 4; }
+// sum of squares: the partials and the result, FP64
+inline int64_t sum_squares_bytes() { return (kSumSquaresBlocks + 1) * 8; }
+// SinkGD on [m, n]: u (m), v (n), column partials per row chunk, floats
+inline int64_t sinkgd_floats(int64_t m, int64_t n) { return m + n + std::min(m, kSinkgdChunks) * n; }
+// SWAN on [m, n], k = min(m, n): X and U (m n), A Y Z P T and a ping-pong spare (k k), FP32; the power
+// iteration (2k), reduction partials and scalars, FP64
+inline int64_t swan_bytes(int64_t m, int64_t n) {
+  const int64_t k = std::min(m, n);
+  return (2 * m * n + 6 * k * k) * 4 + (2 * k + kSwanReduceBlocks + kSumSquaresBlocks + 8) * 8;
+}
+
+}  // namespace multinorm::cuda_scratch
