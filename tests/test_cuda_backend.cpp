@@ -399,6 +399,45 @@ TEST_P(CudaVsCpu, SwanUpdateOnTallWideSquareAndVectorShapes) {
       }
 }
 
+// Multi-tensor Adam: one launch over tensors of different lengths (a block boundary inside a tensor,
+// 1-element tensors) and more tensors than one launch holds (300 > 256), against the CPU backend's
+// per-tensor updates, each tensor with its own stochastic-rounding id. Bounds as for Adam above
+// (measured: FP32 4.2e-7; BF16 6.0e-3, one BF16 ulp of a 1-element tensor's own scale).
+TEST_P(CudaVsCpu, MultiTensorAdamEqualsPerTensorUpdates) {
+  const int64_t lengths[] = {1, 7, 1024, 1025, 3000};
+  for (const auto& [wt, gt] : kWeightGrad) {
+    std::vector<std::unique_ptr<Pair>> bufs;  // w g m v per tensor
+    std::vector<AdamTensor> cpu_t, cuda_t;
+    for (int64_t i = 0; i < 300; ++i) {
+      const int64_t n = lengths[i % 5];
+      const uint32_t seed = static_cast<uint32_t>(10 * i);
+      for (int k = 0; k < 4; ++k)
+        bufs.push_back(std::make_unique<Pair>(*cpu, *cuda, random_vec(n, seed + k, k == 3 ? 1e-4 : 0.05), k == 0 ? wt : k == 1 ? gt : DType::BF16));
+      Pair* p = bufs[bufs.size() - 4].get();
+      for (DeviceBuffer* v : {&bufs.back()->c, &bufs.back()->g}) {  // second moments are non-negative
+        Vec vv = v->get();
+        for (auto& e : vv) e = std::fabs(e);
+        v->set(vv);
+      }
+      cpu_t.push_back({p[0].c.buf(), bufs[bufs.size() - 3]->c.buf(), bufs[bufs.size() - 2]->c.buf(), bufs.back()->c.buf(), n, static_cast<uint64_t>(i)});
+      cuda_t.push_back({p[0].g.buf(), bufs[bufs.size() - 3]->g.buf(), bufs[bufs.size() - 2]->g.buf(), bufs.back()->g.buf(), n, static_cast<uint64_t>(i)});
+    }
+    AdamArgs a;
+    a.lr = 1e-3f, a.decoupled_decay = 0.1f, a.step = 2;
+    a.write = WriteBack{wt == DType::BF16, 5, 9, 0};
+    for (const AdamTensor& t : cpu_t) {
+      AdamArgs at = a;
+      at.write.tensor = t.tensor;
+      cpu->adam_update(t.w, t.g, t.m, t.v, t.n, at);
+    }
+    cuda->adam_update_many(cuda_t.data(), static_cast<int64_t>(cuda_t.size()), a);
+    for (size_t i = 0; i < bufs.size(); i += 4) {
+      EXPECT_TRUE(bufs[i]->same(wt == DType::F32 ? 1e-6 : kBf16)) << "w of tensor " << i / 4 << " " << dtype_name(wt);
+      EXPECT_TRUE(bufs[i + 2]->same(kBf16)) << "m of tensor " << i / 4;
+    }
+  }
+}
+
 // Stochastic rounding: for the same FP32 value both backends make the same decision (the same
 // counter-based hash, kernels/common/rounding.h). SGD with w = 0, lr = 1 writes exactly -g, so the
 // stored BF16 bits must be identical, element by element; and about half the values round up.

@@ -51,6 +51,12 @@ struct AdamArgs {
   int64_t step = 1;           // t of the bias correction, from 1
   WriteBack write;
 };
+// One tensor of a multi-tensor Adam update: its buffers, length and stochastic-rounding tensor id.
+struct AdamTensor {
+  Buf w, g, m, v;
+  int64_t n = 0;
+  uint64_t tensor = 0;
+};
 struct SgdArgs {
   float lr = 0, momentum = 0, decoupled_decay = 0;
   WriteBack write;
@@ -141,6 +147,10 @@ class Backend {
   virtual SwanStats take_swan_stats() = 0;
   // Adam/AdamW with torch semantics; states m, v in their own dtype
   virtual void adam_update(Buf w, Buf g, Buf m, Buf v, int64_t n, const AdamArgs& args) = 0;
+  // Adam on many tensors with the same arguments (args.write.tensor is replaced by each tensor's id):
+  // one launch on a device backend, for the many small tensors (norm weights) where per-tensor launch
+  // overhead would dominate. The results equal adam_update on each tensor.
+  virtual void adam_update_many(const AdamTensor* tensors, int64_t count, const AdamArgs& args) = 0;
   // SGD, torch semantics: buf = momentum * buf + g, w -= lr * buf (no buffer when momentum is 0)
   virtual void sgd_update(Buf w, Buf g, Buf momentum_buf, int64_t n, const SgdArgs& args) = 0;
 };

@@ -7,7 +7,7 @@
 #pragma once
 #include <stddef.h>
 
-#define MULTINORM_CUDA_PLUGIN_ABI 2
+#define MULTINORM_CUDA_PLUGIN_ABI 3
 
 #ifdef __cplusplus
 extern "C" {

@@ -27,6 +27,14 @@ struct UpdateContext {
   bool stochastic = false;
 };
 
+// One tensor's update, for rules that update several tensors in one backend call.
+struct RuleItem {
+  const TensorSpec* tensor;
+  Buf w, g;
+  Buf* states;
+  UpdateContext ctx;
+};
+
 class TensorRule {
  public:
   virtual ~TensorRule() = default;
@@ -34,6 +42,11 @@ class TensorRule {
   virtual int state_slots() const = 0;      // per-element state tensors (Adam: m, v)
   virtual bool matrices_only() const { return false; }
   virtual void update(Backend& be, const TensorSpec& t, Buf w, Buf g, Buf* states, const UpdateContext& ctx) const = 0;
+  // Several tensors whose contexts differ only in the tensor id (a multi-tensor launch where the
+  // rule has one); the default updates them one by one.
+  virtual void update_many(Backend& be, const std::vector<RuleItem>& items) const {
+    for (const RuleItem& it : items) update(be, *it.tensor, it.w, it.g, it.states, it.ctx);
+  }
 };
 
 using RuleFactory = std::function<std::unique_ptr<TensorRule>(const OptimizerConfig&)>;

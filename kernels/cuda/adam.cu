@@ -23,6 +23,31 @@ __global__ void adam_kernel(T* w, const G* g, S* m, S* v, int64_t n, AdamScalars
   }
 }
 
+// One launch over many tensors: block b serves the item whose block range holds b (a short scan of
+// at most kAdamManyPerLaunch items, L2-resident), kAdamManyElementsPerBlock elements each.
+template <class T, class G, class S>
+__global__ void adam_many_kernel(const AdamManyItem* items, int64_t count, AdamScalars a, WriteBack wb) {
+  int64_t i = 0;
+  while (i + 1 < count && items[i + 1].first_block <= int64_t(blockIdx.x)) ++i;
+  const AdamManyItem it = items[i];
+  T* w = static_cast<T*>(it.w);
+  const G* g = static_cast<const G*>(it.g);
+  S* m = static_cast<S*>(it.m);
+  S* v = static_cast<S*>(it.v);
+  wb.tensor = it.tensor;
+  const int64_t begin = (int64_t(blockIdx.x) - it.first_block) * kAdamManyElementsPerBlock;
+  const int64_t end = begin + kAdamManyElementsPerBlock < it.n ? begin + kAdamManyElementsPerBlock : it.n;
+  for (int64_t e = begin + threadIdx.x; e < end; e += blockDim.x) {
+    const float wi = to_float(w[e]);
+    const float gi = to_float(g[e]) + a.l2_decay * wi;
+    const float mi = a.b1 * to_float(m[e]) + a.c1 * gi;
+    const float vi = a.b2 * to_float(v[e]) + a.c2 * gi * gi;
+    m[e] = from_float<S>(mi);
+    v[e] = from_float<S>(vi);
+    w[e] = store_weight<T>(wi * a.keep - a.step_size * mi / (sqrtf(vi) * a.inv_sqrt_bc2 + a.eps), wb, static_cast<uint64_t>(e));
+  }
+}
+
 template <class T, class G, class S>
 __global__ void sgd_kernel(T* w, const G* g, S* buf, int64_t n, float lr, float momentum, float keep, WriteBack wb) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
@@ -44,6 +69,12 @@ void adam(T* w, const G* g, S* m, S* v, int64_t n, const AdamScalars& a, const W
   if (n > 0) launch("adam", adam_kernel<T, G, S>, dim3(grid_for(n)), dim3(256), 0, stream, w, g, m, v, n, a, wb);
 }
 template <class T, class G, class S>
+void adam_many(const AdamManyItem* items, int64_t count, int64_t blocks, const AdamScalars& a, const WriteBack& wb, cudaStream_t stream) {
+  if (count > 0 && blocks > 0)
+    launch("adam_many", adam_many_kernel<T, G, S>, dim3(static_cast<unsigned>(blocks)), dim3(256), 0, stream, items, count, a, wb);
+}
+
+template <class T, class G, class S>
 void sgd(T* w, const G* g, S* buf, int64_t n, float lr, float momentum, float keep, const WriteBack& wb, cudaStream_t stream) {
   if (n > 0) launch("sgd", sgd_kernel<T, G, S>, dim3(grid_for(n)), dim3(256), 0, stream, w, g, buf, n, lr, momentum, keep, wb);
 }
@@ -51,7 +82,8 @@ void sgd(T* w, const G* g, S* buf, int64_t n, float lr, float momentum, float ke
 // (weights, gradients, states) as the CPU backend instantiates them.
 #define MULTINORM_INSTANTIATE(T, G, S)                                                                                 \
   template void adam<T, G, S>(T*, const G*, S*, S*, int64_t, const AdamScalars&, const WriteBack&, cudaStream_t); \
-  template void sgd<T, G, S>(T*, const G*, S*, int64_t, float, float, float, const WriteBack&, cudaStream_t);
+  template void sgd<T, G, S>(T*, const G*, S*, int64_t, float, float, float, const WriteBack&, cudaStream_t); \
+  template void adam_many<T, G, S>(const AdamManyItem*, int64_t, int64_t, const AdamScalars&, const WriteBack&, cudaStream_t);
 MULTINORM_INSTANTIATE(float, float, float)
 MULTINORM_INSTANTIATE(float, float, bf16)
 MULTINORM_INSTANTIATE(bf16, bf16, float)

@@ -83,7 +83,7 @@ class CudaBackend final : public Backend {
   void synchronize() override { MN_CUDA_CHECK(cudaStreamSynchronize(stream_), "synchronize"); }
   int64_t workspace_bytes() const override {
     return static_cast<int64_t>(gemm_->workspace_bytes() + rms_scratch_.bytes() + attn_scratch_.bytes() + reduce_scratch_.bytes() +
-                                bucket_scratch_.bytes() + opt_scratch_.bytes());
+                                bucket_scratch_.bytes() + opt_scratch_.bytes() + many_scratch_.bytes());
   }
 
   // ---- memory -----------------------------------------------------------------------------------
@@ -274,9 +274,8 @@ class CudaBackend final : public Backend {
     swan_ = {};
     return s;
   }
-  void adam_update(Buf w, Buf g, Buf m, Buf v, int64_t n, const AdamArgs& a) override {
-    same_dtype({m, v}, "adam_update states");
-    // The scalars exactly as the CPU backend forms them (kernels/cpu/adam.cpp).
+  // The scalars exactly as the CPU backend forms them (kernels/cpu/adam.cpp).
+  static AdamScalars adam_scalars(const AdamArgs& a) {
     AdamScalars s;
     const float bc1 = 1.0f - static_cast<float>(std::pow(a.beta1, static_cast<double>(a.step)));
     const float bc2 = 1.0f - static_cast<float>(std::pow(a.beta2, static_cast<double>(a.step)));
@@ -285,6 +284,11 @@ class CudaBackend final : public Backend {
     s.b1 = static_cast<float>(a.beta1), s.c1 = static_cast<float>(1.0 - a.beta1);
     s.b2 = static_cast<float>(a.beta2), s.c2 = static_cast<float>(1.0 - a.beta2);
     s.eps = a.eps, s.l2_decay = a.l2_decay;
+    return s;
+  }
+  void adam_update(Buf w, Buf g, Buf m, Buf v, int64_t n, const AdamArgs& a) override {
+    same_dtype({m, v}, "adam_update states");
+    const AdamScalars s = adam_scalars(a);
     with_types(w.dtype, g.dtype, "adam_update", [&](auto* t, auto* gt) {
       using T = std::remove_pointer_t<decltype(t)>;
       using G = std::remove_pointer_t<decltype(gt)>;
@@ -293,6 +297,43 @@ class CudaBackend final : public Backend {
         cuda::adam(as<T>(w), as<G>(g), as<S>(m), as<S>(v), n, s, a.write, stream_);
       });
     });
+  }
+  void adam_update_many(const AdamTensor* tensors, int64_t count, const AdamArgs& a) override {
+    if (count == 0) return;
+    const AdamTensor& first = tensors[0];
+    for (int64_t i = 1; i < count; ++i)  // one launch needs one dtype combination
+      if (tensors[i].w.dtype != first.w.dtype || tensors[i].g.dtype != first.g.dtype || tensors[i].m.dtype != first.m.dtype) {
+        for (int64_t k = 0; k < count; ++k) {
+          AdamArgs ak = a;
+          ak.write.tensor = tensors[k].tensor;
+          adam_update(tensors[k].w, tensors[k].g, tensors[k].m, tensors[k].v, tensors[k].n, ak);
+        }
+        return;
+      }
+    const AdamScalars s = adam_scalars(a);
+    auto* dev = static_cast<AdamManyItem*>(many_scratch_.get(cuda_scratch::adam_many_bytes(), "adam_update_many"));
+    for (int64_t begin = 0; begin < count; begin += cuda_scratch::kAdamManyPerLaunch) {
+      const int64_t end = std::min(count, begin + cuda_scratch::kAdamManyPerLaunch);
+      // Rewriting the device descriptors is stream-ordered after the previous chunk's launch, and a
+      // pageable source is staged before cudaMemcpyAsync returns: no synchronisation needed.
+      many_items_.clear();
+      int64_t blocks = 0;
+      for (int64_t i = begin; i < end; ++i) {
+        const AdamTensor& t = tensors[i];
+        many_items_.push_back({t.w.ptr, t.g.ptr, t.m.ptr, t.v.ptr, t.n, t.tensor, blocks});
+        blocks += (t.n + kAdamManyElementsPerBlock - 1) / kAdamManyElementsPerBlock;
+      }
+      MN_CUDA_CHECK(cudaMemcpyAsync(dev, many_items_.data(), many_items_.size() * sizeof(AdamManyItem), cudaMemcpyHostToDevice, stream_),
+                    "adam_update_many (descriptors)");
+      with_types(first.w.dtype, first.g.dtype, "adam_update_many", [&](auto* t, auto* gt) {
+        using T = std::remove_pointer_t<decltype(t)>;
+        using G = std::remove_pointer_t<decltype(gt)>;
+        with_type(first.m.dtype, [&](auto* st) {
+          using S = std::remove_pointer_t<decltype(st)>;
+          cuda::adam_many<T, G, S>(dev, static_cast<int64_t>(many_items_.size()), blocks, s, a.write, stream_);
+        });
+      });
+    }
   }
   void sgd_update(Buf w, Buf g, Buf buf, int64_t n, const SgdArgs& a) override {
     with_types(w.dtype, g.dtype, "sgd_update", [&](auto* t, auto* gt) {
@@ -309,7 +350,8 @@ class CudaBackend final : public Backend {
   int device_;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<LtGemm> gemm_;
-  Scratch rms_scratch_, attn_scratch_, reduce_scratch_, bucket_scratch_, opt_scratch_;
+  Scratch rms_scratch_, attn_scratch_, reduce_scratch_, bucket_scratch_, opt_scratch_, many_scratch_;
+  std::vector<AdamManyItem> many_items_;
   SwanStats swan_;
   std::vector<int32_t> host_tokens_, order_, host_buckets_;
 };

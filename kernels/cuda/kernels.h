@@ -76,6 +76,21 @@ struct AdamScalars {
 };
 template <class T, class G, class S>
 void adam(T* w, const G* g, S* m, S* v, int64_t n, const AdamScalars& a, const WriteBack& wb, cudaStream_t stream);
+// Multi-tensor Adam: `items` (device memory) describes up to kAdamManyPerLaunch tensors sharing
+// dtypes and arguments; one launch of `blocks` blocks (each tensor's first block in its item).
+struct AdamManyItem {
+  void* w;
+  const void* g;
+  void* m;
+  void* v;
+  int64_t n;
+  uint64_t tensor;       // stochastic-rounding tensor id
+  int64_t first_block;   // this tensor's first block of the launch
+};
+static_assert(sizeof(AdamManyItem) == cuda_scratch::kAdamManyItemBytes, "the memory plan counts this size");
+constexpr int kAdamManyElementsPerBlock = 1024;
+template <class T, class G, class S>
+void adam_many(const AdamManyItem* items, int64_t count, int64_t blocks, const AdamScalars& a, const WriteBack& wb, cudaStream_t stream);
 // SGD (torch): buf = momentum buf + g (no buffer: buf = nullptr), w <- w keep - lr buf
 template <class T, class G, class S>
 void sgd(T* w, const G* g, S* buf, int64_t n, float lr, float momentum, float keep, const WriteBack& wb, cudaStream_t stream);

@@ -31,4 +31,11 @@ inline int64_t swan_bytes(int64_t m, int64_t n) {
   return (2 * m * n + 6 * k * k) * 4 + (2 * k + kSwanReduceBlocks + kSumSquaresBlocks + 8) * 8;
 }
 
+// multi-tensor Adam: the tensor descriptors of one launch (at most kAdamManyPerLaunch tensors)
+constexpr int64_t kAdamManyPerLaunch = 256;
+constexpr int64_t kAdamManyItemBytes = 56;  // 4 pointers, length, tensor id, first block
+inline int64_t adam_many_bytes() { return kAdamManyPerLaunch * kAdamManyItemBytes; }
+// tensors at most this long are updated together (src/optim/optimizer.cpp)
+constexpr int64_t kMultiTensorElements = 1 << 16;
+
 }  // namespace multinorm::cuda_scratch

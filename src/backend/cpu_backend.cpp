@@ -177,6 +177,13 @@ class CpuBackend final : public Backend {
       });
     });
   }
+  void adam_update_many(const AdamTensor* tensors, int64_t count, const AdamArgs& args) override {
+    for (int64_t i = 0; i < count; ++i) {  // OpenMP parallelises within each tensor already
+      AdamArgs a = args;
+      a.write.tensor = tensors[i].tensor;
+      adam_update(tensors[i].w, tensors[i].g, tensors[i].m, tensors[i].v, tensors[i].n, a);
+    }
+  }
   void sgd_update(Buf w, Buf g, Buf buf, int64_t n, const SgdArgs& args) override {
     with_types(w.dtype, g.dtype, "sgd_update", [&](auto* t, auto* gt) {
       using T = std::remove_pointer_t<decltype(t)>;

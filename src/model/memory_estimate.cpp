@@ -84,15 +84,17 @@ int64_t cuda_backend_scratch_bytes(const ModelConfig& m, int64_t B, int64_t T, c
   namespace cs = cuda_scratch;  // the sizes the backend allocates by (kernels/cuda/scratch_sizes.h)
   const int64_t C = m.hidden_size, H = m.num_attention_heads, BT = B * T;
   int64_t optimizer = 0;  // one buffer, grown to the largest matrix's need
+  int64_t many = 0;       // multi-tensor Adam's descriptors, when small Adam tensors exist
   const auto specs = llama_parameters(m);  // outlives the assignments, which point into it
   for (const auto& a : assign_optimizers(specs, matrix_optimizer, "adam", matrix_params)) {
+    if (a.tensor->numel() <= cs::kMultiTensorElements && a.optimizer.rfind("adam", 0) == 0) many = cs::adam_many_bytes();
     if (!a.matrix) continue;
     const int64_t r = a.tensor->rows(), c = a.tensor->cols();
     if (matrix_optimizer == "sinkgd") optimizer = std::max(optimizer, cs::sinkgd_floats(r, c) * 4);
     else if (matrix_optimizer == "swan") optimizer = std::max(optimizer, cs::swan_bytes(r, c));
   }
   return cs::kGemmWorkspaceBytes + cs::rmsnorm_backward_floats(BT, C) * 4 + cs::attention_backward_bytes(B, H, T) +
-         cs::embedding_backward_bytes(BT) + cs::sum_squares_bytes() + optimizer;
+         cs::embedding_backward_bytes(BT) + cs::sum_squares_bytes() + optimizer + many;
 }
 
 TrainingMemory training_memory(const RunConfig& run, bool cuda) {

@@ -12,6 +12,17 @@ class Adam final : public TensorRule {
   std::string name() const override { return decoupled_ ? "adamw" : "adam"; }
   int state_slots() const override { return 2; }
   void update(Backend& be, const TensorSpec& t, Buf w, Buf g, Buf* states, const UpdateContext& ctx) const override {
+    be.adam_update(w, g, states[0], states[1], t.numel(), args(ctx));
+  }
+  void update_many(Backend& be, const std::vector<RuleItem>& items) const override {
+    std::vector<AdamTensor> tensors;
+    tensors.reserve(items.size());
+    for (const RuleItem& it : items) tensors.push_back({it.w, it.g, it.states[0], it.states[1], it.tensor->numel(), it.ctx.tensor});
+    if (!tensors.empty()) be.adam_update_many(tensors.data(), static_cast<int64_t>(tensors.size()), args(items.front().ctx));
+  }
+
+ private:
+  AdamArgs args(const UpdateContext& ctx) const {
     AdamArgs a;
     a.lr = ctx.lr;
     a.beta1 = c_.adam.beta1;
@@ -20,10 +31,9 @@ class Adam final : public TensorRule {
     (decoupled_ ? a.decoupled_decay : a.l2_decay) = static_cast<float>(c_.weight_decay);
     a.step = ctx.applied;  // skipped updates do not advance the bias correction
     a.write = {ctx.stochastic, ctx.seed, static_cast<uint64_t>(ctx.update), ctx.tensor};
-    be.adam_update(w, g, states[0], states[1], t.numel(), a);
+    return a;
   }
 
- private:
   OptimizerConfig c_;
   bool decoupled_;
 };

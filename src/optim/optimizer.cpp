@@ -2,11 +2,19 @@
 #include "multinorm/optimizer.h"
 
 #include <cmath>
+#include <map>
 
+#include "../../kernels/cuda/scratch_sizes.h"
 #include "multinorm/error.h"
 #include "multinorm/schedule.h"
 
 namespace multinorm {
+
+namespace {
+// Tensors up to this many elements go into multi-tensor updates (every norm weight of the paper's
+// models: at most 8192 elements; the matrices and embeddings are far larger).
+constexpr int64_t kMultiTensorElements = cuda_scratch::kMultiTensorElements;
+}  // namespace
 
 Optimizer::Optimizer(LlamaModel& model, const RunConfig& run)
     : model_(model), run_(run), state_dtype_(run.precision.optimizer_states) {
@@ -49,6 +57,9 @@ StepStats Optimizer::step(int64_t update, int64_t applied) {
     be.scale(model_.grads(), model_.num_params(), static_cast<float>(run_.optimizer.grad_clip / st.grad_norm));
     st.clipped = true;
   }
+  // Small tensors (the norm weights) of one rule and learning rate are updated together: one
+  // backend call, one launch on a device. Tensors are independent, so the order does not matter.
+  std::map<std::pair<std::string, bool>, std::pair<const TensorRule*, std::vector<RuleItem>>> small;
   for (size_t i = 0; i < assign_.size(); ++i) {
     const TensorSpec& t = *assign_[i].tensor;
     UpdateContext ctx;
@@ -58,8 +69,15 @@ StepStats Optimizer::step(int64_t update, int64_t applied) {
     ctx.seed = static_cast<uint64_t>(run_.seed);
     ctx.tensor = i;
     ctx.stochastic = run_.optimizer.rounding == "stochastic";
+    if (t.numel() <= kMultiTensorElements) {
+      auto& group = small[{rules_[i]->name(), assign_[i].matrix}];
+      group.first = rules_[i].get();
+      group.second.push_back({&t, model_.param(t), model_.grad(t), states_[i].data(), ctx});
+      continue;
+    }
     rules_[i]->update(be, t, model_.param(t), model_.grad(t), states_[i].data(), ctx);
   }
+  for (const auto& [key, group] : small) group.first->update_many(be, group.second);
   st.swan = be.take_swan_stats();
   return st;
 }
