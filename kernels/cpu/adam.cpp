@@ -5,27 +5,21 @@
 // States are stored in their own dtype (BF16 as in the paper, or FP32), rounded to nearest.
 #include <cmath>
 
+#include "../common/optim_math.h"
 #include "cpu_kernels.h"
 
 namespace multinorm::cpu {
 
 template <class T, class G, class S>
 void adam_update(T* w, const G* g, S* m, S* v, int64_t n, const AdamArgs& a) {
-  const float bc1 = 1.0f - static_cast<float>(std::pow(static_cast<double>(a.beta1), static_cast<double>(a.step)));
-  const float bc2 = 1.0f - static_cast<float>(std::pow(static_cast<double>(a.beta2), static_cast<double>(a.step)));
-  const float step_size = a.lr / bc1, inv_sqrt_bc2 = 1.0f / std::sqrt(bc2);
-  const float keep = 1.0f - a.lr * a.decoupled_decay;
-  const float b1 = static_cast<float>(a.beta1), c1 = static_cast<float>(1.0 - a.beta1);
-  const float b2 = static_cast<float>(a.beta2), c2 = static_cast<float>(1.0 - a.beta2);
+  const optim_math::AdamScalars s = optim_math::adam_scalars(a);
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
-    const float wi = to_f32(w[i]);
-    const float gi = to_f32(g[i]) + a.l2_decay * wi;
-    const float mi = b1 * to_f32(m[i]) + c1 * gi;
-    const float vi = b2 * to_f32(v[i]) + c2 * gi * gi;
+    float mi = to_f32(m[i]), vi = to_f32(v[i]);
+    const float wi = optim_math::adam_element(to_f32(w[i]), to_f32(g[i]), mi, vi, s);
     m[i] = from_f32<S>(mi);
     v[i] = from_f32<S>(vi);
-    w[i] = write_weight<T>(wi * keep - step_size * mi / (std::sqrt(vi) * inv_sqrt_bc2 + a.eps), a.write, static_cast<uint64_t>(i));
+    w[i] = write_weight<T>(wi, a.write, static_cast<uint64_t>(i));
   }
 }
 

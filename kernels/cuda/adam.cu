@@ -1,5 +1,5 @@
-// The elementwise optimizers, one pass each (formulas: kernels/cpu/adam.cpp, the same scalars formed
-// on the host, the same write-back rounding).
+// The elementwise optimizers, one pass each (Adam's per-element step and scalars:
+// kernels/common/optim_math.h, shared with the CPU; the same write-back rounding).
 //   Adam: reads w, g, m, v and writes w, m, v: per element sizeof(T) * 2 + sizeof(G) + 4 sizeof(S)
 //         bytes (BF16 everything: 12 B), ~15 FLOPs
 //   SGD:  reads w, g (+ buf) and writes w (+ buf): 2 sizeof(T) + sizeof(G) [+ 2 sizeof(S)] bytes
@@ -13,13 +13,11 @@ namespace {
 template <class T, class G, class S>
 __global__ void adam_kernel(T* w, const G* g, S* m, S* v, int64_t n, AdamScalars a, WriteBack wb) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const float wi = to_float(w[i]);
-    const float gi = to_float(g[i]) + a.l2_decay * wi;
-    const float mi = a.b1 * to_float(m[i]) + a.c1 * gi;
-    const float vi = a.b2 * to_float(v[i]) + a.c2 * gi * gi;
+    float mi = to_float(m[i]), vi = to_float(v[i]);
+    const float wi = optim_math::adam_element(to_float(w[i]), to_float(g[i]), mi, vi, a);
     m[i] = from_float<S>(mi);
     v[i] = from_float<S>(vi);
-    w[i] = store_weight<T>(wi * a.keep - a.step_size * mi / (sqrtf(vi) * a.inv_sqrt_bc2 + a.eps), wb, static_cast<uint64_t>(i));
+    w[i] = store_weight<T>(wi, wb, static_cast<uint64_t>(i));
   }
 }
 
@@ -38,13 +36,11 @@ __global__ void adam_many_kernel(const AdamManyItem* items, int64_t count, AdamS
   const int64_t begin = (int64_t(blockIdx.x) - it.first_block) * kAdamManyElementsPerBlock;
   const int64_t end = begin + kAdamManyElementsPerBlock < it.n ? begin + kAdamManyElementsPerBlock : it.n;
   for (int64_t e = begin + threadIdx.x; e < end; e += blockDim.x) {
-    const float wi = to_float(w[e]);
-    const float gi = to_float(g[e]) + a.l2_decay * wi;
-    const float mi = a.b1 * to_float(m[e]) + a.c1 * gi;
-    const float vi = a.b2 * to_float(v[e]) + a.c2 * gi * gi;
+    float mi = to_float(m[e]), vi = to_float(v[e]);
+    const float wi = optim_math::adam_element(to_float(w[e]), to_float(g[e]), mi, vi, a);
     m[e] = from_float<S>(mi);
     v[e] = from_float<S>(vi);
-    w[e] = store_weight<T>(wi * a.keep - a.step_size * mi / (sqrtf(vi) * a.inv_sqrt_bc2 + a.eps), wb, static_cast<uint64_t>(e));
+    w[e] = store_weight<T>(wi, wb, static_cast<uint64_t>(e));
   }
 }
 

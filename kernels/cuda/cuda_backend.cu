@@ -274,21 +274,9 @@ class CudaBackend final : public Backend {
     swan_ = {};
     return s;
   }
-  // The scalars exactly as the CPU backend forms them (kernels/cpu/adam.cpp).
-  static AdamScalars adam_scalars(const AdamArgs& a) {
-    AdamScalars s;
-    const float bc1 = 1.0f - static_cast<float>(std::pow(a.beta1, static_cast<double>(a.step)));
-    const float bc2 = 1.0f - static_cast<float>(std::pow(a.beta2, static_cast<double>(a.step)));
-    s.step_size = a.lr / bc1, s.inv_sqrt_bc2 = 1.0f / std::sqrt(bc2);
-    s.keep = 1.0f - a.lr * a.decoupled_decay;
-    s.b1 = static_cast<float>(a.beta1), s.c1 = static_cast<float>(1.0 - a.beta1);
-    s.b2 = static_cast<float>(a.beta2), s.c2 = static_cast<float>(1.0 - a.beta2);
-    s.eps = a.eps, s.l2_decay = a.l2_decay;
-    return s;
-  }
   void adam_update(Buf w, Buf g, Buf m, Buf v, int64_t n, const AdamArgs& a) override {
     same_dtype({m, v}, "adam_update states");
-    const AdamScalars s = adam_scalars(a);
+    const AdamScalars s = optim_math::adam_scalars(a);
     with_types(w.dtype, g.dtype, "adam_update", [&](auto* t, auto* gt) {
       using T = std::remove_pointer_t<decltype(t)>;
       using G = std::remove_pointer_t<decltype(gt)>;
@@ -310,7 +298,7 @@ class CudaBackend final : public Backend {
         }
         return;
       }
-    const AdamScalars s = adam_scalars(a);
+    const AdamScalars s = optim_math::adam_scalars(a);
     auto* dev = static_cast<AdamManyItem*>(many_scratch_.get(cuda_scratch::adam_many_bytes(), "adam_update_many"));
     for (int64_t begin = 0; begin < count; begin += cuda_scratch::kAdamManyPerLaunch) {
       const int64_t end = std::min(count, begin + cuda_scratch::kAdamManyPerLaunch);

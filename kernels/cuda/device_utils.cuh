@@ -54,7 +54,9 @@ __device__ __forceinline__ bool packable(const void* p, int64_t width) {
   return (reinterpret_cast<uintptr_t>(p) % 16 == 0) && width % Pack<T>::kSize == 0;
 }
 
-__device__ __forceinline__ float warp_sum(float v) {
+// Sum over the warp (float or double), every lane gets the result.
+template <class F>
+__device__ __forceinline__ F warp_sum(F v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
@@ -62,31 +64,17 @@ __device__ __forceinline__ float warp_max(float v) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
-// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
-// `scratch` is 32 floats of shared memory; the call begins and ends with a barrier so it can be
-// used back to back.
-__device__ __forceinline__ float block_sum(float v, float* scratch) {
+// Sum over the block (blockDim.x a multiple of 32, at most 1024), float or double; every thread gets
+// the result. `scratch` is 32 elements of shared memory; the call begins with a barrier, so it can
+// be used back to back.
+template <class F>
+__device__ __forceinline__ F block_sum(F v, F* scratch) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   v = warp_sum(v);
   __syncthreads();
   if (lane == 0) scratch[warp] = v;
   __syncthreads();
-  float t = lane < warps ? scratch[lane] : 0.0f;
-  return warp_sum(t);
-}
-
-__device__ __forceinline__ double warp_sum(double v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-// block_sum in FP64 (global-norm and SWAN's statistics); `scratch` is 32 doubles of shared memory.
-__device__ __forceinline__ double block_sum(double v, double* scratch) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-  v = warp_sum(v);
-  __syncthreads();
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  double t = lane < warps ? scratch[lane] : 0.0;
+  F t = lane < warps ? scratch[lane] : F(0);
   return warp_sum(t);
 }
 

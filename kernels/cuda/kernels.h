@@ -6,6 +6,7 @@
 #pragma once
 #include <cstdint>
 
+#include "../common/optim_math.h"
 #include "cuda_compat.h"
 #include "scratch_sizes.h"
 #include "multinorm/write_back.h"
@@ -69,11 +70,7 @@ void attention_decode(T* out, const T* qkv, T* k_cache, T* v_cache, int64_t pos,
 // ---- optimizers (adam.cu, sinkgd.cu, swan.cu) ----------------------------------------------------------
 // Adam/AdamW with torch semantics, one pass (reads w, g, m, v; writes w, m, v). The scalars are
 // formed on the host exactly as the CPU backend forms them.
-struct AdamScalars {
-  float b1, c1, b2, c2;           // beta1, 1 - beta1, beta2, 1 - beta2
-  float step_size, inv_sqrt_bc2;  // lr / (1 - beta1^t), 1 / sqrt(1 - beta2^t)
-  float eps, l2_decay, keep;      // keep = 1 - lr * decoupled_decay
-};
+using optim_math::AdamScalars;  // kernels/common/optim_math.h
 template <class T, class G, class S>
 void adam(T* w, const G* g, S* m, S* v, int64_t n, const AdamScalars& a, const WriteBack& wb, cudaStream_t stream);
 // Multi-tensor Adam: `items` (device memory) describes up to kAdamManyPerLaunch tensors sharing
