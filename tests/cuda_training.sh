@@ -8,9 +8,8 @@ bin=$(realpath "$1") plugin=$(realpath "$2") fixtures=$(realpath "$(dirname "$0"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 cd "$tmp"
 export MULTINORM_CUDA_PLUGIN=$plugin
-/usr/bin/python3 "$fixtures/make_c4.py"
-"$bin" data train-tokenizer -i 'c4-train.*.json.gz' -o tok --vocab-size 300 > /dev/null 2>&1
-"$bin" data tokenize -i 'c4-*.json.gz' -t tok.model -o shards --seq-len 32 > /dev/null 2>&1
+source "$fixtures/tiny_shards.sh"
+make_tiny_shards "$bin"
 cat > run.json <<JSON
 {"model": {"config": {"vocab_size": 300, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
                       "num_attention_heads": 2, "max_position_embeddings": 64}},

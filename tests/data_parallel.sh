@@ -11,9 +11,8 @@ cd "$tmp"
 # Global batch 16 = 4 micro-batches of 4 for one process, 2 per rank for two: accumulation and the
 # sum over ranks add the same gradients in another order. One OpenMP thread per rank (two ranks on two cores); root is allowed, as in CI containers.
 mpi=(mpirun -np 2 --oversubscribe --allow-run-as-root -x OMP_NUM_THREADS=1)
-/usr/bin/python3 "$fixtures/make_c4.py"
-"$bin" data train-tokenizer -i 'c4-train.*.json.gz' -o tok --vocab-size 300 > /dev/null 2>&1
-"$bin" data tokenize -i 'c4-*.json.gz' -t tok.model -o shards --seq-len 32 > /dev/null 2>&1
+source "$fixtures/tiny_shards.sh"
+make_tiny_shards "$bin"
 cat > run.json <<JSON
 {"model": {"config": {"vocab_size": 300, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
                       "num_attention_heads": 2, "max_position_embeddings": 64}},
