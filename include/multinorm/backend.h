@@ -12,7 +12,11 @@
 #include <memory>
 #include <string>
 
+#include <vector>
+
+#include "multinorm/communicator.h"
 #include "multinorm/dtype.h"
+#include "multinorm/error.h"
 #include "multinorm/write_back.h"
 
 namespace multinorm {
@@ -153,6 +157,18 @@ class Backend {
   virtual void adam_update_many(const AdamTensor* tensors, int64_t count, const AdamArgs& args) = 0;
   // SGD, torch semantics: buf = momentum * buf + g, w -= lr * buf (no buffer when momentum is 0)
   virtual void sgd_update(Buf w, Buf g, Buf momentum_buf, int64_t n, const SgdArgs& args) = 0;
+
+  // ---- collectives over this backend's memory (data parallelism) -------------------------------
+  // A device backend brings its own communicator (NCCL on CUDA): rank 0 calls collective_id(), the
+  // bytes reach every rank over MPI, and each calls create_communicator() with them. Its collectives
+  // run on a stream of their own, ordered after the ops issued before each call. A host-memory
+  // backend has none (data parallelism uses MPI on its buffers directly).
+  virtual std::vector<uint8_t> collective_id() { return {}; }
+  virtual std::unique_ptr<Communicator> create_communicator(const std::vector<uint8_t>& id, int rank, int size,
+                                                            double timeout_s) {
+    (void)id, (void)rank, (void)size, (void)timeout_s;
+    throw Error(name() + ": no device communicator (host memory goes through MPI)");
+  }
 };
 
 // The CPU backend with `threads` OpenMP threads (0: all cores).

@@ -45,7 +45,8 @@ std::vector<std::string> checkpoint_dirs(const std::string& root);
 std::string checkpoint_name(int64_t step);
 // A self-sufficient directory: model.safetensors + config.json (Hugging Face), optimizer.bin,
 // trainer_state.json and run_config.json (the resolved run config), published atomically.
-std::string write_checkpoint(const std::string& run_dir, const LlamaModel& model, const Optimizer& opt,
+// optimizer_states: Optimizer::states_to_host() (gathered on rank 0 from a sharded optimizer).
+std::string write_checkpoint(const std::string& run_dir, const LlamaModel& model, const std::vector<uint8_t>& optimizer_states,
                              const TrainerState& state, int64_t keep_last, const RunConfig& run);
 // With `opt` (resume): refuses a checkpoint whose fingerprint differs from `run`'s, listing the
 // differences, unless `allow_config_change`, which prints them and goes on.

@@ -1,7 +1,9 @@
-// Data-parallel communication between the ranks of one run. Launched by `mpirun -np N multinorm ...`
-// (an MPI build), the ranks are MPI's world; otherwise there is one rank and every collective is the
-// identity. Collectives are blocking and called by every rank in the same order (the trainer's loop
-// is identical on all ranks), so their results are identical on every rank.
+// The run's host communicator: launched by `mpirun -np N multinorm ...` (an MPI build), the ranks
+// are MPI's world; otherwise there is one rank and every collective is the identity. It carries the
+// small host-side collectives of the trainer (loss sums, token counts, the gradient norm's partials,
+// checkpoint gathers) and bootstraps NCCL; gradients and weights go through a Communicator
+// (communicator.h). Collectives are called by every rank in the same order; none waits forever:
+// past the timeout (parallel.timeout_s) an Error names the collective, the rank and the update.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -14,6 +16,7 @@ namespace multinorm {
 struct LauncherWorld {
   std::string variable;
   int size = 0;
+  int local_rank = 0;  // this process's rank on its node (GPU selection)
 };
 LauncherWorld launcher_world();
 
@@ -27,11 +30,22 @@ class Comm {
   int rank() const { return rank_; }
   int size() const { return size_; }
   bool root() const { return rank_ == 0; }
-  // In place, element-wise sums over the ranks.
+  // Seconds a collective may wait for the other ranks before the run is ended (default 600).
+  void set_timeout(double seconds) { timeout_s_ = seconds; }
+  double timeout() const { return timeout_s_; }
+  // What this rank is doing ("update 12"): named by timeout errors, and printed when the launcher
+  // terminates the rank because another one failed.
+  static void set_activity(const std::string& what);
+  static std::string activity();
+  // In place, element-wise sums (or maxima) over the ranks.
   void allreduce_sum(float* x, int64_t n);
   void allreduce_sum(double* x, int64_t n);
   void allreduce_sum(int64_t* x, int64_t n);
+  void allreduce_max(double* x, int64_t n);
   void broadcast(void* data, int64_t bytes, int root = 0);
+  // Point to point, for gathering a sharded optimizer state on rank 0.
+  void send(const void* data, int64_t bytes, int to);
+  void recv(void* data, int64_t bytes, int from);
   void barrier();
   // Ends every rank of the run at once (an error on one rank would otherwise leave the others
   // waiting in a collective). Returns only when there is a single rank.
@@ -40,6 +54,7 @@ class Comm {
  private:
   Comm();
   int rank_ = 0, size_ = 1;
+  double timeout_s_ = 600;
 };
 
 // "MPI, rank r of n" or "single process": for logs.

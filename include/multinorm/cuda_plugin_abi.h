@@ -7,7 +7,7 @@
 #pragma once
 #include <stddef.h>
 
-#define MULTINORM_CUDA_PLUGIN_ABI 3
+#define MULTINORM_CUDA_PLUGIN_ABI 4
 
 #ifdef __cplusplus
 extern "C" {

@@ -1,31 +1,67 @@
-// Data parallelism: every rank holds the whole model and optimizer, computes the gradient of its own
-// micro-batches (the loader gives each rank a disjoint slice of every global step), and the
-// gradients are summed over the ranks before the optimizer step, which then runs identically on
-// every rank. Over MPI on CPUs; the same seam takes NCCL on GPUs.
+// Data parallelism: every rank holds the whole model, computes the gradient of its own micro-batches
+// (the loader gives each rank a disjoint slice of every global step), and the gradients are summed
+// over the ranks before the optimizer step. Gradients travel in buckets (contiguous ranges of the
+// gradient arena, whole layers) through a Communicator: MPI on the CPU backend, NCCL on the CUDA
+// backend. With overlap, a bucket is reduced as soon as the last micro-batch's backward pass has
+// finished its layers, while the layers below are still being differentiated. With a sharded
+// optimizer (shard_plan.h) each tensor is reduced to its owner only (reduce instead of all-reduce);
+// the owner updates it and broadcasts the new weights (Optimizer).
 #pragma once
+#include <memory>
 #include <vector>
 
 #include "multinorm/comm.h"
+#include "multinorm/communicator.h"
 #include "multinorm/llama_model.h"
+#include "multinorm/shard_plan.h"
 
 namespace multinorm {
 
-// Sums the gradient arena over the ranks, in place. FP32 gradients are reduced directly; BF16 ones
-// through one FP32 staging buffer allocated once (summed in FP32, rounded once, to nearest even).
-// Device-memory backends cross to the host explicitly for MPI (NCCL will reduce on the device).
-class GradientAllReduce {
+// The gradient communicator for `model`'s backend: MPI over host memory for the CPU backend, the
+// backend's own (NCCL) for a device backend, its id bootstrapped over `comm`. One rank: identities.
+std::unique_ptr<Communicator> make_gradient_communicator(Backend& backend, Comm& comm);
+std::unique_ptr<Communicator> make_mpi_communicator(Comm& comm);
+
+class GradientSync final : public GradientListener {
  public:
-  GradientAllReduce(LlamaModel& model, Comm& comm);
-  ~GradientAllReduce();
-  GradientAllReduce(const GradientAllReduce&) = delete;
-  GradientAllReduce& operator=(const GradientAllReduce&) = delete;
-  void run();
+  // bucket_bytes: a bucket closes at the first layer boundary at or past this many bytes (of the
+  // reduction dtype, FP32). overlap = false reduces every bucket after the backward pass.
+  GradientSync(LlamaModel& model, Communicator& comm, const ShardPlan& plan, int64_t bucket_bytes, bool overlap);
+  ~GradientSync() override;
+  GradientSync(const GradientSync&) = delete;
+  GradientSync& operator=(const GradientSync&) = delete;
+
+  // Before the last micro-batch of an update (with overlap, its backward pass starts the buckets).
+  void arm();
+  // After the last micro-batch: starts the buckets not started yet, waits for all of them. On
+  // return each rank's tensors (all of them, when not sharded) hold the sum over the ranks.
+  void finish();
+  // Seconds finish() waited for communication in the last update (what overlap did not hide).
+  double last_wait_seconds() const { return last_wait_s_; }
+  // Gradient bytes each rank sends per update (the reduction dtype; a ring's 2(N-1)/N is left out).
+  int64_t reduced_bytes() const { return reduced_bytes_; }
+  int buckets() const { return static_cast<int>(buckets_.size()); }
+
+  void gradients_ready(int64_t begin, int64_t end) override;
+  void progress() override;
 
  private:
+  struct Bucket {
+    int64_t begin = 0, end = 0;  // arena elements
+    int ranges = 0, ready = 0;   // gradient_ready_order() ranges it holds, and those reported
+  };
+  void start(const Bucket& b);
   LlamaModel& model_;
-  Comm& comm_;
-  void* staging_ = nullptr;  // FP32, for BF16 gradients with more than one rank
-  std::vector<float> host_;  // the host copy MPI reduces, for device-memory backends
+  Communicator& comm_;
+  ShardPlan plan_;
+  bool overlap_, armed_ = false;
+  std::vector<Bucket> buckets_;
+  std::vector<int> bucket_of_range_;  // gradient_ready_order() index -> bucket
+  size_t next_ = 0;                   // the next bucket to start (buckets start in order)
+  int64_t ranges_seen_ = 0;
+  void* staging_ = nullptr;           // FP32 copy of BF16 gradients: summed in FP32, rounded once
+  double last_wait_s_ = 0;
+  int64_t reduced_bytes_ = 0;
 };
 
 }  // namespace multinorm

@@ -42,6 +42,8 @@ BackendChoice choose_backend(const std::string& requested);
 
 // The backend a choice names: the CPU backend with `threads` OpenMP threads (0: all cores), or the
 // CUDA backend on device 0 of the probed plugin.
+// On CUDA, the GPU is the launcher's node-local rank modulo the GPUs visible (one rank per GPU on an
+// 8-GPU node launched with 8 ranks per node).
 std::unique_ptr<Backend> make_backend(const BackendChoice& choice, int threads);
 // The CUDA backend of a loaded plugin on `device`; throws Error when it cannot be created.
 std::unique_ptr<Backend> make_cuda_backend(const CudaProbe& probe, int device = 0);

@@ -42,6 +42,17 @@ struct OpProfile {
   void reset() { seconds.fill(0.0); }
 };
 
+// Told by forward_backward() when a range [begin, end) of the gradient arena (elements) is final for
+// the micro-batch, in the order the backward pass finishes them (gradient_ready_order()), and given
+// progress() calls between the backward pass's ops: data parallelism starts reducing a layer's
+// gradients while the layers below it are still being differentiated.
+class GradientListener {
+ public:
+  virtual ~GradientListener() = default;
+  virtual void gradients_ready(int64_t begin, int64_t end) = 0;
+  virtual void progress() = 0;
+};
+
 class LlamaModel {
  public:
   // `dtype` stores weights and activations; `grad_dtype` the gradient arena: the same (the paper:
@@ -93,6 +104,11 @@ class LlamaModel {
   int64_t decode_position() const { return decode_pos_; }
   int64_t max_seq() const { return max_seq_; }
 
+  // The ranges forward_backward() reports, in its order: the head (final norm, and lm_head when
+  // untied), layer L-1, ..., layer 0, the embedding (with the tied lm_head). They tile the arena.
+  std::vector<std::pair<int64_t, int64_t>> gradient_ready_order() const;
+  void set_gradient_listener(GradientListener* listener) { listener_ = listener; }
+
   OpProfile& profile() { return profile_; }
   // Wall time of the forward and backward passes of the last forward_backward() call.
   double last_forward_seconds() const { return last_forward_s_; }
@@ -137,6 +153,7 @@ class LlamaModel {
   void* kv_cache_ = nullptr;  // [layers][k | v][max_seq, C]
   int64_t decode_pos_ = 0;
   OpProfile profile_;
+  GradientListener* listener_ = nullptr;
   double last_forward_s_ = 0, last_backward_s_ = 0;
 };
 

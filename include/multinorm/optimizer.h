@@ -11,9 +11,12 @@
 #include <vector>
 
 #include "multinorm/backend.h"
+#include "multinorm/comm.h"
+#include "multinorm/communicator.h"
 #include "multinorm/llama_model.h"
 #include "multinorm/param_groups.h"
 #include "multinorm/run_config.h"
+#include "multinorm/shard_plan.h"
 
 namespace multinorm {
 
@@ -62,9 +65,18 @@ struct StepStats {
   SwanStats swan;        // Newton-Schulz convergence of this update's SWAN tensors
 };
 
+// Data parallelism's part of the optimizer: which rank updates which tensor, the communicator that
+// broadcasts the owners' new weights (over the backend's memory) and the host communicator for the
+// gradient norm's partial sums and the checkpoint gather. Default: one process, everything local.
+struct OptimizerSharding {
+  ShardPlan plan;
+  Communicator* weights = nullptr;
+  Comm* host = nullptr;
+};
+
 class Optimizer {
  public:
-  Optimizer(LlamaModel& model, const RunConfig& run);
+  Optimizer(LlamaModel& model, const RunConfig& run, const OptimizerSharding& sharding = {});
   ~Optimizer();
 
   // Applies update number `update` (from 1) with the model's accumulated gradients; `applied` counts
@@ -72,21 +84,31 @@ class Optimizer {
   // and no state advances, when the gradient norm is not finite.
   StepStats step(int64_t update, int64_t applied);
 
+  // The optimizer state of the whole model (every rank's share), and of the matrices alone.
   int64_t state_bytes() const { return state_bytes_; }
   int64_t matrix_state_bytes() const { return matrix_state_bytes_; }
+  // The state this rank keeps (state_bytes() unless sharded).
+  int64_t local_state_bytes() const { return local_state_bytes_; }
   const std::vector<ParamAssignment>& assignments() const { return assign_; }
-  // The state arena as raw bytes (checkpoints).
+  const ShardPlan& shard_plan() const { return sharding_.plan; }
+  // The whole state as raw bytes in the single-process layout (tensor order): checkpoints are the
+  // same files whatever the world size and sharding. Sharded, every rank must call it (the owners
+  // send their tensors' states to rank 0) and only rank 0 gets the bytes (the others get none).
   std::vector<uint8_t> states_to_host() const;
+  // From the single-process layout; each rank keeps its own tensors' states.
   void states_from_host(const std::vector<uint8_t>& bytes);
 
  private:
+  void broadcast_weights();
   LlamaModel& model_;
   RunConfig run_;
   std::vector<ParamAssignment> assign_;
   std::vector<std::unique_ptr<TensorRule>> rules_;  // one per tensor (shared configs are cheap)
-  std::vector<std::vector<Buf>> states_;            // per tensor
+  std::vector<std::vector<Buf>> states_;            // per tensor (empty for another rank's tensor)
+  std::vector<int64_t> file_offset_;                // per tensor: its states' byte offset in the file layout
+  OptimizerSharding sharding_;
   void* arena_ = nullptr;
-  int64_t state_bytes_ = 0, matrix_state_bytes_ = 0;
+  int64_t state_bytes_ = 0, matrix_state_bytes_ = 0, local_state_bytes_ = 0;
   DType state_dtype_;
 };
 

@@ -85,6 +85,13 @@ struct PrecisionConfig {
   DType optimizer_states = DType::BF16;
 };
 
+struct ParallelConfig {
+  double bucket_mb = 25;        // gradient bucket size, MiB of FP32
+  bool overlap = true;          // reduce buckets during the last micro-batch's backward pass
+  bool shard_optimizer = true;  // ZeRO-1: each tensor updated (and its state kept) by one rank
+  double timeout_s = 600;       // a collective waiting longer ends the run, naming rank and update
+};
+
 struct RunConfig {
   std::string source;  // the file it was read from
   std::string name;
@@ -97,6 +104,7 @@ struct RunConfig {
   EvalConfig eval;
   CheckpointConfig checkpoint;
   PrecisionConfig precision;
+  ParallelConfig parallel;
   std::string backend;  // auto | cpu | cuda
   int64_t threads = 0;
   int64_t seed = 0;

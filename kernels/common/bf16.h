@@ -26,6 +26,12 @@ inline bf16 to_bf16(float f) {
   return bf16{static_cast<uint16_t>(u >> 16)};
 }
 
+// b[i] <- a[i] + b[i] summed in FP32, rounded once to nearest even: the BF16 sum of the MPI
+// reductions (the CPU backend's MPI communicator and the emulated NCCL).
+inline void bf16_sum_into(const bf16* a, bf16* b, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) b[i] = to_bf16(to_f32(a[i]) + to_f32(b[i]));
+}
+
 // store<T>(value): the storage conversion for a kernel templated on its storage type.
 template <class T>
 inline T from_f32(float f);

@@ -15,6 +15,7 @@
 #include "check.h"
 #include "gemm.h"
 #include "kernels.h"
+#include "nccl_communicator.h"
 #include "multinorm/backend.h"
 #include "multinorm/error.h"
 
@@ -78,6 +79,13 @@ class CudaBackend final : public Backend {
   }
 
   std::string name() const override { return MN_EMULATED ? "cuda-emulated" : "cuda"; }
+
+  // ---- collectives: NCCL on a stream of its own, after this backend's stream ------------------
+  std::vector<uint8_t> collective_id() override { return nccl_unique_id(); }
+  std::unique_ptr<Communicator> create_communicator(const std::vector<uint8_t>& id, int rank, int size,
+                                                    double timeout_s) override {
+    return make_nccl_communicator(id, rank, size, timeout_s, stream_);
+  }
   int threads() const override { return 1; }
   bool host_memory() const override { return false; }
   void synchronize() override { MN_CUDA_CHECK(cudaStreamSynchronize(stream_), "synchronize"); }

@@ -86,6 +86,10 @@ const Schema& run_schema() {
       choice("precision.params", "bf16", {"bf16", "fp32"}, "storage of weights and activations (the paper: bf16); fp32 for verification"),
       choice("precision.grads", "params", {"params", "fp32"}, "gradient arena: params (as the weights; bf16 rounds every partial sum of gradient accumulation, the paper's protocol) or fp32 (FP32 gradients with bf16 weights, as llm.c and torchtitan)"),
       choice("precision.optimizer_states", "bf16", {"bf16", "fp32"}, "storage of optimizer states (Adam m and v, SGD momentum)"),
+      positive("parallel.bucket_mb", 25.0, "data parallelism: gradients are reduced in buckets of about this many MiB (FP32), whole layers", 1 << 20),
+      boolean("parallel.overlap", true, "reduce each bucket as soon as the last micro-batch's backward pass has finished its layers, hidden under the layers below"),
+      boolean("parallel.shard_optimizer", true, "ZeRO-1: each tensor is updated by one rank (balanced by cost), which alone keeps its optimizer state and broadcasts the new weights"),
+      positive("parallel.timeout_s", 600.0, "a collective that waits longer than this for the other ranks ends the run, naming the rank and the update", 1e7),
       choice("backend", "auto", {"auto", "cpu", "cuda"}, "auto: CUDA when a GPU is usable, else the CPU"),
       integer("threads", 0, "CPU threads (OpenMP); 0 = all cores", 0, 4096),
       integer("seed", 0, "seed of the init, the data order and stochastic rounding", 0, kMaxInt),
@@ -182,6 +186,10 @@ RunConfig run_config_from_json(const json& doc_in, const std::string& source, co
   c.precision.params = parse_dtype(r["precision"]["params"].get<std::string>());
   c.precision.grads = r["precision"]["grads"].get<std::string>() == "fp32" ? DType::F32 : c.precision.params;
   c.precision.optimizer_states = parse_dtype(r["precision"]["optimizer_states"].get<std::string>());
+  c.parallel.bucket_mb = r["parallel"]["bucket_mb"].get<double>();
+  c.parallel.overlap = r["parallel"]["overlap"].get<bool>();
+  c.parallel.shard_optimizer = r["parallel"]["shard_optimizer"].get<bool>();
+  c.parallel.timeout_s = r["parallel"]["timeout_s"].get<double>();
   c.backend = r["backend"].get<std::string>();
   c.threads = r["threads"].get<int64_t>();
   c.seed = r["seed"].get<int64_t>();

@@ -329,6 +329,21 @@ LossSum LlamaModel::forward_backward(const MicroBatch& mb, float grad_scale) {
   return loss;
 }
 
+std::vector<std::pair<int64_t, int64_t>> LlamaModel::gradient_ready_order() const {
+  const int64_t embed_end = tensor("model.embed_tokens.weight").numel();
+  const int64_t head_begin = tensor("model.norm.weight").offset;
+  std::vector<std::pair<int64_t, int64_t>> order = {{head_begin, nparams_}};
+  for (int64_t l = cfg_.num_hidden_layers; l-- > 0;) {
+    const int64_t begin = tensor("model.layers." + std::to_string(l) + ".self_attn.q_proj.weight").offset;
+    const int64_t end = l + 1 < cfg_.num_hidden_layers
+                            ? tensor("model.layers." + std::to_string(l + 1) + ".self_attn.q_proj.weight").offset
+                            : head_begin;
+    order.push_back({begin, end});
+  }
+  order.push_back({0, embed_end});
+  return order;
+}
+
 void LlamaModel::backward_layers(int64_t B, int64_t T) {
   const int64_t BT = B * T, C = cfg_.hidden_size, F = cfg_.intermediate_size, H = cfg_.num_attention_heads,
                 D = cfg_.head_dim();
@@ -341,6 +356,17 @@ void LlamaModel::backward_layers(int64_t B, int64_t T) {
     auto t = time(Op::RmsNorm);  // final norm: d_x holds d_lnf from the head
     be_.rmsnorm_backward(d_resid, dwnorm_, d_x, act("final.input"), wnorm_, act_f32("final.rstd"), BT, C, false);
   }
+  // Arena ranges final so far, reported in gradient_ready_order()'s order.
+  std::vector<std::pair<int64_t, int64_t>> ready;
+  if (listener_) ready = gradient_ready_order();
+  size_t reported = 0;
+  auto report = [&] {
+    if (listener_) listener_->gradients_ready(ready[reported].first, ready[reported].second), ++reported;
+  };
+  auto progress = [&] {
+    if (listener_) listener_->progress();
+  };
+  report();  // the head: lm_head's gradient came from head(), the final norm's from just above
   for (size_t l = a_.size(); l-- > 0;) {
     const LayerActs& A = a_[l];
     const LayerWeights& W = w_[l];
@@ -360,6 +386,7 @@ void LlamaModel::backward_layers(int64_t B, int64_t T) {
       be_.matmul(Buf{d_x, DType::F32}, d_gate_up, W.gate_up, BT, C, 2 * F, false, false, false);  // d_ln2 = d_gu Wgu
     }
     { auto t = time(Op::RmsNorm); be_.rmsnorm_backward(d_resid, dW.post_norm, d_x, A.mid, W.post_norm, A.ln2_rstd, BT, C, true); }
+    progress();
     // Attention branch: mid = x + attention(RoPE(ln1 Wqkv^T)) Wo^T
     { auto t = time(Op::Copy);    be_.convert(d_ln, d_resid_buf, BT * C); }
     {
@@ -369,15 +396,18 @@ void LlamaModel::backward_layers(int64_t B, int64_t T) {
     }
     { auto t = time(Op::Attention); be_.attention_backward(d_qkv, d_attn_out, A.qkv, A.attn_out, A.lse, B, T, H, D); }
     { auto t = time(Op::Rope);      be_.rope_backward(d_qkv, rope_, B, T, H, D); }
+    progress();
     {
       auto t = time(Op::Matmul);
       be_.matmul(dW.qkv, d_qkv, A.ln1, 3 * C, C, BT, true, false, true);                   // dWqkv += d_qkv^T ln1
       be_.matmul(Buf{d_x, DType::F32}, d_qkv, W.qkv, BT, C, 3 * C, false, false, false);  // d_ln1 = d_qkv Wqkv
     }
     { auto t = time(Op::RmsNorm); be_.rmsnorm_backward(d_resid, dW.input_norm, d_x, A.input, W.input_norm, A.ln1_rstd, BT, C, true); }
+    report();  // layer l
   }
   { auto t = time(Op::Copy);      be_.convert(d_ln, d_resid_buf, BT * C); }
   { auto t = time(Op::Embedding); be_.embedding_backward(dwte_, d_ln, tokens_, BT, C); }
+  report();  // the embedding (and the tied lm_head)
 }
 
 

@@ -1,14 +1,22 @@
 #include "multinorm/comm.h"
 
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <type_traits>
+#include <vector>
 
+#include "../../kernels/common/bf16.h"
+#include "mpi_util.h"
 #include "multinorm/error.h"
 
 #ifdef MULTINORM_HAVE_MPI
-#include <mpi.h>
 #ifdef OPEN_MPI
 #define MPI_VERSION_TEXT "Open MPI"
 #else
@@ -22,23 +30,26 @@ namespace {
 
 bool launched_by_mpi() { return !launcher_world().variable.empty() || std::getenv("PMIX_RANK"); }
 
-#ifdef MULTINORM_HAVE_MPI
-void check(int rc, const char* what) {
-  if (rc != MPI_SUCCESS) {
-    char msg[MPI_MAX_ERROR_STRING];
-    int len = 0;
-    MPI_Error_string(rc, msg, &len);
-    throw Error(std::string("MPI: ") + what + ": " + std::string(msg, static_cast<size_t>(len)));
+// What the rank is doing, in a fixed buffer the termination handler can write without allocating.
+char g_activity[160] = "starting";
+char g_rank_text[32] = "";
+
+// The launcher (mpirun, srun) terminates the surviving ranks when one fails or dies: each says
+// which rank it is and where it was, so the log shows every rank's last update.
+void on_terminate(int sig) {
+  char line[320];
+  const int n = std::snprintf(line, sizeof(line),
+                              "multinorm: rank %s: terminated by signal %d during %s (the launcher ended the run: another "
+                              "rank failed or died, see above)\n",
+                              g_rank_text, sig, g_activity);
+  if (n > 0) {
+    const ssize_t w = ::write(STDERR_FILENO, line, static_cast<size_t>(std::min<int>(n, sizeof(line) - 1)));
+    (void)w;
   }
+  ::_exit(128 + sig);
 }
 
-// Large buffers go in pieces: MPI counts are int.
-template <class F>
-void in_pieces(int64_t n, F&& f) {
-  constexpr int64_t kPiece = int64_t{1} << 30;
-  for (int64_t at = 0; at < n; at += kPiece) f(at, static_cast<int>(std::min(kPiece, n - at)));
-}
-
+#ifdef MULTINORM_HAVE_MPI
 template <class T>
 MPI_Datatype mpi_type() {
   if constexpr (std::is_same_v<T, float>) return MPI_FLOAT;
@@ -51,31 +62,91 @@ void finalize_at_exit() {
   MPI_Finalized(&finalized);
   if (!finalized) MPI_Finalize();
 }
-#endif
 
-// In place, over MPI_COMM_WORLD; nothing to do for a single rank.
+// In place over MPI_COMM_WORLD, non-blocking in pieces, completed with the deadline.
 template <class T>
-void sum_over_ranks(T* x, int64_t n, int ranks) {
-  if (ranks == 1) return;
-#ifdef MULTINORM_HAVE_MPI
-  in_pieces(n, [&](int64_t at, int count) {
-    check(MPI_Allreduce(MPI_IN_PLACE, x + at, count, mpi_type<T>(), MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce");
-  });
-#else
-  (void)x, (void)n;
-#endif
+void reduce_over_ranks(T* x, int64_t n, MPI_Op op, double timeout, const char* what) {
+  std::vector<MPI_Request> reqs;
+  for (int64_t at = 0; at < n; at += mpi::kPiece) {
+    reqs.emplace_back();
+    mpi::check(MPI_Iallreduce(MPI_IN_PLACE, x + at, static_cast<int>(std::min(mpi::kPiece, n - at)), mpi_type<T>(), op,
+                              MPI_COMM_WORLD, &reqs.back()),
+               what);
+  }
+  mpi::wait_all(reqs, timeout, what);
 }
+#endif
 
 }  // namespace
 
+#ifdef MULTINORM_HAVE_MPI
+namespace mpi {
+
+void check(int rc, const std::string& what) {
+  if (rc != MPI_SUCCESS) {
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(rc, msg, &len);
+    throw Error("MPI: " + what + ": " + std::string(msg, static_cast<size_t>(len)));
+  }
+}
+
+namespace {
+void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
+  bf16_sum_into(static_cast<const bf16*>(in), static_cast<bf16*>(inout), *len);
+}
+}  // namespace
+
+MPI_Datatype datatype(DType t) { return t == DType::F32 ? MPI_FLOAT : MPI_UINT16_T; }
+
+MPI_Op sum_op(DType t) {
+  if (t == DType::F32) return MPI_SUM;
+  static MPI_Op op = [] {
+    MPI_Op o;
+    check(MPI_Op_create(&bf16_sum, 1, &o), "MPI_Op_create (BF16 sum)");
+    return o;
+  }();
+  return op;
+}
+
+void wait_all(std::vector<MPI_Request>& requests, double timeout_s, const std::string& what) {
+  if (requests.empty()) return;
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  for (int64_t polls = 0;; ++polls) {
+    int done = 0;
+    check(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE), what);
+    if (done) break;
+    const double waited = std::chrono::duration<double>(Clock::now() - start).count();
+    if (waited > timeout_s)
+      throw Error("rank " + std::string(g_rank_text) + ": " + what + " during " + g_activity + " did not complete within " +
+                  std::to_string(static_cast<int64_t>(timeout_s)) +
+                  " s (parallel.timeout_s): another rank is dead, stalled or took another path");
+    if (waited > 0.01) std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  requests.clear();
+}
+
+}  // namespace mpi
+#endif
+
 LauncherWorld launcher_world() {
   // Open MPI's mpirun, MPICH/Intel MPI's Hydra (PMI), MVAPICH, Slurm's srun (a step of several tasks).
+  LauncherWorld w;
   for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS", "MPI_LOCALNRANKS"})
     if (const char* s = std::getenv(v)) {
       const int n = std::atoi(s);
-      if (n >= 1) return {v, n};
+      if (n >= 1) {
+        w = {v, n, 0};
+        break;
+      }
     }
-  return {};
+  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "MV2_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"})
+    if (const char* s = std::getenv(v)) {
+      w.local_rank = std::max(0, std::atoi(s));
+      break;
+    }
+  return w;
 }
 
 Comm::Comm() {
@@ -84,16 +155,26 @@ Comm::Comm() {
 #ifdef MULTINORM_HAVE_MPI
   int provided = 0;
   // The loader's prefetch thread and OpenMP never call MPI: only the main thread does.
-  check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
+  mpi::check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
   std::atexit(finalize_at_exit);
-  check(MPI_Comm_rank(MPI_COMM_WORLD, &rank_), "MPI_Comm_rank");
-  check(MPI_Comm_size(MPI_COMM_WORLD, &size_), "MPI_Comm_size");
+  // Errors come back as codes (thrown as Error, then every rank is ended by abort_all) instead of
+  // aborting inside MPI without saying where.
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  mpi::check(MPI_Comm_rank(MPI_COMM_WORLD, &rank_), "MPI_Comm_rank");
+  mpi::check(MPI_Comm_size(MPI_COMM_WORLD, &size_), "MPI_Comm_size");
+  std::snprintf(g_rank_text, sizeof(g_rank_text), "%d of %d", rank_, size_);
   // A launcher of another MPI (e.g. MPICH's mpiexec for an Open MPI build) starts N singletons, each
   // "rank 0 of 1", that would all write the same run directory.
   if (launcher.size > 1 && size_ != launcher.size)
     throw Error("the launcher says " + std::to_string(launcher.size) + " ranks (" + launcher.variable + "), but MPI sees " +
                 std::to_string(size_) + ": launched with another MPI than the one multinorm was built with? Use that "
                 "MPI's mpirun (this build: " + MPI_VERSION_TEXT + ")");
+  if (size_ > 1) {
+    struct sigaction sa {};
+    sa.sa_handler = on_terminate;
+    ::sigaction(SIGTERM, &sa, nullptr);
+    ::sigaction(SIGINT, &sa, nullptr);
+  }
 #else
   if (launcher.size > 1)
     throw Error("started as one of " + std::to_string(launcher.size) + " ranks (" + launcher.variable +
@@ -114,25 +195,78 @@ Comm& Comm::world() {
 
 bool Comm::several_ranks() { return g_several_ranks; }
 
-void Comm::allreduce_sum(float* x, int64_t n) { sum_over_ranks(x, n, size_); }
-void Comm::allreduce_sum(double* x, int64_t n) { sum_over_ranks(x, n, size_); }
-void Comm::allreduce_sum(int64_t* x, int64_t n) { sum_over_ranks(x, n, size_); }
+void Comm::set_activity(const std::string& what) {
+  std::snprintf(g_activity, sizeof(g_activity), "%s", what.c_str());
+}
+std::string Comm::activity() { return g_activity; }
+
+#ifdef MULTINORM_HAVE_MPI
+#define MN_REDUCE(T, op, what) \
+  if (size_ > 1) reduce_over_ranks<T>(x, n, op, timeout_s_, what)
+#else
+#define MN_REDUCE(T, op, what) (void)x, (void)n
+#endif
+
+void Comm::allreduce_sum(float* x, int64_t n) { MN_REDUCE(float, MPI_SUM, "MPI_Iallreduce (sum of floats)"); }
+void Comm::allreduce_sum(double* x, int64_t n) { MN_REDUCE(double, MPI_SUM, "MPI_Iallreduce (sum of doubles)"); }
+void Comm::allreduce_sum(int64_t* x, int64_t n) { MN_REDUCE(int64_t, MPI_SUM, "MPI_Iallreduce (sum of integers)"); }
+void Comm::allreduce_max(double* x, int64_t n) { MN_REDUCE(double, MPI_MAX, "MPI_Iallreduce (maximum)"); }
+#undef MN_REDUCE
 
 void Comm::broadcast(void* data, int64_t bytes, int root) {
   if (size_ == 1) return;
 #ifdef MULTINORM_HAVE_MPI
-  in_pieces(bytes, [&](int64_t at, int count) {
-    check(MPI_Bcast(static_cast<char*>(data) + at, count, MPI_BYTE, root, MPI_COMM_WORLD), "MPI_Bcast");
-  });
+  std::vector<MPI_Request> reqs;
+  for (int64_t at = 0; at < bytes; at += mpi::kPiece) {
+    reqs.emplace_back();
+    mpi::check(MPI_Ibcast(static_cast<char*>(data) + at, static_cast<int>(std::min(mpi::kPiece, bytes - at)), MPI_BYTE, root,
+                          MPI_COMM_WORLD, &reqs.back()),
+               "MPI_Ibcast");
+  }
+  mpi::wait_all(reqs, timeout_s_, "MPI_Ibcast from rank " + std::to_string(root));
 #else
   (void)data, (void)bytes, (void)root;
+#endif
+}
+
+void Comm::send(const void* data, int64_t bytes, int to) {
+#ifdef MULTINORM_HAVE_MPI
+  std::vector<MPI_Request> reqs;
+  for (int64_t at = 0; at < bytes; at += mpi::kPiece) {
+    reqs.emplace_back();
+    mpi::check(MPI_Isend(static_cast<const char*>(data) + at, static_cast<int>(std::min(mpi::kPiece, bytes - at)), MPI_BYTE,
+                         to, 7, MPI_COMM_WORLD, &reqs.back()),
+               "MPI_Isend");
+  }
+  mpi::wait_all(reqs, timeout_s_, "MPI_Isend to rank " + std::to_string(to));
+#else
+  (void)data, (void)bytes, (void)to;
+  throw Error("Comm::send: a build without MPI has one rank");
+#endif
+}
+
+void Comm::recv(void* data, int64_t bytes, int from) {
+#ifdef MULTINORM_HAVE_MPI
+  std::vector<MPI_Request> reqs;
+  for (int64_t at = 0; at < bytes; at += mpi::kPiece) {
+    reqs.emplace_back();
+    mpi::check(MPI_Irecv(static_cast<char*>(data) + at, static_cast<int>(std::min(mpi::kPiece, bytes - at)), MPI_BYTE, from,
+                         7, MPI_COMM_WORLD, &reqs.back()),
+               "MPI_Irecv");
+  }
+  mpi::wait_all(reqs, timeout_s_, "MPI_Irecv from rank " + std::to_string(from));
+#else
+  (void)data, (void)bytes, (void)from;
+  throw Error("Comm::recv: a build without MPI has one rank");
 #endif
 }
 
 void Comm::barrier() {
   if (size_ == 1) return;
 #ifdef MULTINORM_HAVE_MPI
-  check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier");
+  std::vector<MPI_Request> reqs(1);
+  mpi::check(MPI_Ibarrier(MPI_COMM_WORLD, &reqs[0]), "MPI_Ibarrier");
+  mpi::wait_all(reqs, timeout_s_, "MPI_Ibarrier");
 #endif
 }
 

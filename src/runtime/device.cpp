@@ -1,5 +1,7 @@
 #include "multinorm/device.h"
 
+#include "multinorm/comm.h"
+
 #include <dlfcn.h>
 #include <unistd.h>
 
@@ -142,7 +144,10 @@ std::unique_ptr<Backend> make_cuda_backend(const CudaProbe& probe, int device) {
 }
 
 std::unique_ptr<Backend> make_backend(const BackendChoice& choice, int threads) {
-  if (choice.kind == BackendKind::Cuda) return make_cuda_backend(probe_cuda(), 0);
+  if (choice.kind == BackendKind::Cuda) {
+    const CudaProbe& p = probe_cuda();
+    return make_cuda_backend(p, p.device_count > 0 ? launcher_world().local_rank % p.device_count : 0);
+  }
   return make_cpu_backend(threads);
 }
 

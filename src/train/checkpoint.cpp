@@ -109,14 +109,13 @@ std::string checkpoint_name(int64_t step) {
   return name;
 }
 
-std::string write_checkpoint(const std::string& run_dir, const LlamaModel& model, const Optimizer& opt,
+std::string write_checkpoint(const std::string& run_dir, const LlamaModel& model, const std::vector<uint8_t>& states,
                              const TrainerState& state, int64_t keep_last, const RunConfig& run) {
   const std::string root = run_dir + "/checkpoints";
   ::mkdir(root.c_str(), 0755);
   const std::string final_dir = root + "/" + checkpoint_name(state.step), tmp = final_dir + ".tmp";
   remove_tree(tmp);
   save_hf_model(model, tmp, model.dtype());
-  const std::vector<uint8_t> states = opt.states_to_host();
   write_text_file_atomic(tmp + "/optimizer.bin", std::string(states.begin(), states.end()));
   json ts = {{"step", state.step},       {"tokens_seen", state.tokens_seen},  {"skipped_updates", state.skipped},
              {"skipped_in_a_row", state.skipped_in_a_row},

@@ -22,6 +22,8 @@
 #include "multinorm/json_file.h"
 #include "multinorm/model_io.h"
 #include "multinorm/optimizer.h"
+#include "multinorm/param_groups.h"
+#include "multinorm/shard_plan.h"
 
 namespace multinorm {
 
@@ -110,6 +112,8 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
   // Data parallelism: every rank runs this same loop on its slice of each global step; rank 0 alone
   // writes the run directory (config, metrics, checkpoints) and logs.
   Comm& comm = Comm::world();
+  comm.set_timeout(run.parallel.timeout_s);
+  Comm::set_activity("start-up");
   const int world = comm.size(), rank = comm.rank();
   auto log = [&](const char* fmt, auto... args) {
     if (!opt.quiet && comm.root()) std::fprintf(stderr, fmt, args...);
@@ -138,8 +142,14 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
                    run.precision.grads);
   if (run.model_init_from.empty()) model.init_random(static_cast<uint64_t>(run.seed));
   else load_hf_model(model, run.model_init_from);
-  Optimizer optimizer(model, run);
-  GradientAllReduce reduce_grads(model, comm);
+  // Data parallelism: gradients in buckets through the backend's communicator (MPI on host memory,
+  // NCCL on a GPU), each tensor updated by its owner when the optimizer is sharded.
+  std::unique_ptr<Communicator> grad_comm = make_gradient_communicator(*backend, comm);
+  const ShardPlan plan =
+      plan_shards(assign_optimizers(model.tensors(), run.optimizer), run, world, rank, run.parallel.shard_optimizer);
+  Optimizer optimizer(model, run, OptimizerSharding{plan, grad_comm.get(), &comm});
+  GradientSync grad_sync(model, *grad_comm, plan, static_cast<int64_t>(run.parallel.bucket_mb * 1048576.0),
+                         run.parallel.overlap);
 
   auto train_data = std::make_shared<const ShardSet>(expand_globs(run.data.train), run.batch.seq_len, run.model.vocab_size);
   std::shared_ptr<const ShardSet> val_data;
@@ -171,6 +181,13 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
       (long long)run.schedule.total_steps, (long long)run.batch.global_batch, (long long)run.batch.seq_len,
       (long long)accum, (long long)run.batch.micro_batch, world, run.batch.loss_normalization.c_str(),
       dtype_name(run.precision.params), dtype_name(run.precision.grads));
+  if (world > 1)
+    log("  data parallel: %d ranks, gradients over %s in %d bucket(s) of ~%.0f MiB, %s; optimizer %s (state on this rank "
+        "%.1f of %.1f MiB); collective timeout %.0f s\n",
+        world, grad_comm->name().c_str(), grad_sync.buckets(), run.parallel.bucket_mb,
+        run.parallel.overlap ? "overlapped with the last micro-batch's backward" : "after the backward pass",
+        plan.sharded() ? "sharded by tensor (ZeRO-1)" : "replicated", optimizer.local_state_bytes() / 1048576.0,
+        optimizer.state_bytes() / 1048576.0, run.parallel.timeout_s);
   {
     const TrainingMemory tm = training_memory(run, choice.kind == BackendKind::Cuda);
     const auto gib = [](int64_t b) { return static_cast<double>(b) / (1ll << 30); };
@@ -185,6 +202,7 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
 
   auto do_eval = [&](int64_t step) {
     if (!val_data) return;
+    Comm::set_activity("the evaluation after update " + std::to_string(step));
     const auto t = Clock::now();
     result.eval = evaluate(model, val_data, run.eval.micro_batch, run.eval.tokens, comm);
     json e = {{"type", "eval"}, {"step", step}, {"val_loss", result.eval.loss}, {"val_ppl", result.eval.perplexity()},
@@ -195,9 +213,11 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
         (long long)step, result.eval.loss, result.eval.perplexity(), (long long)result.eval.tokens,
         result.eval.galore_perplexity());
   };
-  auto do_checkpoint = [&]() {  // the ranks hold identical models and optimizer states: rank 0 writes
+  auto do_checkpoint = [&]() {  // the ranks hold identical models; a sharded state is gathered on rank 0, which writes
+    Comm::set_activity("the checkpoint of update " + std::to_string(state.step));
+    const std::vector<uint8_t> states = optimizer.states_to_host();
     if (comm.root())
-      result.last_checkpoint = write_checkpoint(run.output_dir, model, optimizer, state, run.checkpoint.keep_last, run);
+      result.last_checkpoint = write_checkpoint(run.output_dir, model, states, state, run.checkpoint.keep_last, run);
     else
       result.last_checkpoint = run.output_dir + "/checkpoints/" + checkpoint_name(state.step);
     comm.barrier();  // no rank runs ahead of a checkpoint that is not on disk yet
@@ -208,6 +228,7 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
   int64_t tokens_this_run = 0;
   int64_t swan_warnings = 0;  // updates whose Newton-Schulz did not converge
   for (int64_t k = first; k <= last; ++k) {
+    Comm::set_activity("update " + std::to_string(k));
     const auto t_step = Clock::now();
     const double wait_before = loader.wait_seconds();
     std::vector<Batch> batches;
@@ -222,8 +243,13 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
     double loss_sum = 0, mean_sum = 0;
     int64_t counted = 0, means = 0;
     const auto t_compute = Clock::now();
-    for (const Batch& b : batches) {
+    int64_t last_counted = -1;  // the last micro-batch with a counted target: its backward pass starts the reduction
+    for (int64_t a = 0; a < accum; ++a)
+      if (batches[static_cast<size_t>(a)].count > 0) last_counted = a;
+    for (int64_t a = 0; a < accum; ++a) {
+      const Batch& b = batches[static_cast<size_t>(a)];
       if (b.count == 0) continue;
+      if (a == last_counted) grad_sync.arm();
       // The gradient summed over the ranks must be the global step's: token mean divides by every
       // rank's counted targets, micro-batch mean by every rank's micro-batches.
       const float scale = token_mean ? 1.0f / static_cast<float>(total_count)
@@ -234,7 +260,7 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
       mean_sum += l.mean();
       ++means;
     }
-    reduce_grads.run();
+    grad_sync.finish();
     double sums[4] = {loss_sum, mean_sum, static_cast<double>(counted), static_cast<double>(means)};
     comm.allreduce_sum(sums, 4);
     loss_sum = sums[0], mean_sum = sums[1], counted = static_cast<int64_t>(sums[2]), means = static_cast<int64_t>(sums[3]);
@@ -293,7 +319,8 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
               {"nonpad_tokens_per_s", counted / step_s}, {"step_s", step_s},
               {"forward_s", model.last_forward_seconds()}, {"backward_s", model.last_backward_seconds()},
               {"compute_s", compute_s},   {"optimizer_s", opt_s},
-              {"data_wait_s", data_s},    {"rss_bytes", rss_bytes()}};
+              {"data_wait_s", data_s},    {"comm_wait_s", grad_sync.last_wait_seconds()},
+              {"rss_bytes", rss_bytes()}};
     if (st.swan.tensors > 0) {
       m["swan_ns_residual"] = st.swan.worst_residual;  // worst over the update's tensors
       m["swan_ns_unconverged"] = st.swan.unconverged;

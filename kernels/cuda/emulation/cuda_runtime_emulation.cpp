@@ -140,6 +140,25 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
   return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+// Events: work is done when it is issued here, so an event is complete once recorded.
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) {
+  *e = reinterpret_cast<cudaEvent_t>(new char(0));
+  return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  delete reinterpret_cast<char*>(e);
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
+  if (!e) return set(cudaErrorInvalidValue);
+  *reinterpret_cast<char*>(e) = 1;
+  return cudaSuccess;
+}
+cudaError_t cudaEventQuery(cudaEvent_t e) { return e ? cudaSuccess : set(cudaErrorInvalidValue); }
+cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t e, unsigned) {
+  // Waiting on an event never recorded is legal CUDA (a no-op) but always a bug in this backend.
+  return e && *reinterpret_cast<char*>(e) ? cudaSuccess : set(cudaErrorInvalidValue);
+}
 cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
 cudaError_t cudaGetLastError(void) {
   const cudaError_t e = t_last_error;
