@@ -51,5 +51,41 @@ for pair in "c2g adam" "g2c sinkgd"; do
   checks=$((checks + 1))
   if ! close "$a" "$b" 1e-2; then echo "FAIL: resumed across backends ($1): loss $a, uninterrupted $b"; fails=$((fails + 1)); fi
 done
+# Two emulated ranks, the CUDA backend's NCCL communicator (served by MPI in the emulated build):
+# the same training as one emulated rank. FP32 runs: one micro-batch per rank, so the sum over ranks
+# is g1 + g2 as one rank's accumulation is (measured: identical losses; bound 1e-5, the FP32
+# reduction-order tolerance of more micro-batches); the default BF16 precision sums BF16 gradients
+# in FP32 and rounds once instead of rounding the accumulation (measured 7.1e-5; bound 5e-4).
+# Sharded and replicated optimizer write the same checkpoint bits.
+if command -v mpirun > /dev/null; then
+  mpi=(mpirun -np 2 --oversubscribe --allow-run-as-root -x OMP_NUM_THREADS=1 -x MULTINORM_CUDA_PLUGIN)
+  fp32=(--set precision.params=fp32 --set precision.optimizer_states=fp32)
+  for opt in sinkgd adam; do
+    "$bin" train -c run.json --set optimizer.name=$opt --set backend=cuda "${fp32[@]}" --set output_dir=runs/nccl1_$opt --quiet > /dev/null
+    for shard in true false; do
+      "${mpi[@]}" "$bin" train -c run.json --set optimizer.name=$opt --set backend=cuda "${fp32[@]}" \
+        --set parallel.shard_optimizer=$shard --set output_dir=runs/nccl2_${opt}_$shard --quiet > /dev/null
+      for u in 1 2 3 4 5 6; do
+        a=$(loss_at runs/nccl2_${opt}_$shard $u) b=$(loss_at runs/nccl1_$opt $u)
+        checks=$((checks + 1))
+        if ! close "$a" "$b" 1e-5; then echo "FAIL: $opt on 2 emulated ranks (shard $shard), update $u: $a, one rank: $b"; fails=$((fails + 1)); fi
+      done
+    done
+    checks=$((checks + 1))
+    if ! cmp -s runs/nccl2_${opt}_true/checkpoints/step_00000006/optimizer.bin runs/nccl2_${opt}_false/checkpoints/step_00000006/optimizer.bin ||
+       ! cmp -s runs/nccl2_${opt}_true/checkpoints/step_00000006/model.safetensors runs/nccl2_${opt}_false/checkpoints/step_00000006/model.safetensors; then
+      echo "FAIL: $opt on 2 emulated ranks: sharded and replicated checkpoints differ"; fails=$((fails + 1))
+    fi
+  done
+  grep -q "gradients over NCCL (emulated over MPI)" <("${mpi[@]}" "$bin" train -c run.json --set backend=cuda \
+    --set output_dir=runs/nccl_log --max-updates 1 2>&1) || { echo "FAIL: the 2-rank CUDA run did not use NCCL"; fails=$((fails + 1)); }
+  checks=$((checks + 1))
+  "${mpi[@]}" "$bin" train -c run.json --set backend=cuda --set output_dir=runs/nccl2_bf16 --quiet > /dev/null
+  for u in 1 2 3 4 5 6; do
+    a=$(loss_at runs/nccl2_bf16 $u) b=$(loss_at runs/cuda_sinkgd $u)
+    checks=$((checks + 1))
+    if ! close "$a" "$b" 5e-4; then echo "FAIL: BF16 on 2 emulated ranks, update $u: $a, one rank: $b"; fails=$((fails + 1)); fi
+  done
+fi
 echo "cuda_training: $((checks - fails)) of $checks checks passed"
 [ "$fails" -eq 0 ]
