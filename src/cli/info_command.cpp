@@ -2,6 +2,7 @@
 // memory table (weights + optimizer states, BF16), and the training memory of one rank.
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <map>
 
@@ -12,6 +13,7 @@
 #include "multinorm/memory_estimate.h"
 #include "multinorm/param_groups.h"
 #include "multinorm/run_config.h"
+#include "multinorm/shard_plan.h"
 
 namespace multinorm {
 
@@ -30,6 +32,7 @@ struct InfoOptions {
   std::string path;
   std::vector<std::string> overrides;
   int64_t micro_batch = 0, seq_len = 0;
+  int ranks = 1;
   bool as_json = false;
 };
 
@@ -64,6 +67,13 @@ void run_info(const InfoOptions& o) {
   const bool cuda_plan = run.backend == "cuda" || (run.backend == "auto" && choose_backend("auto").kind == BackendKind::Cuda);
   const TrainingMemory tm = training_memory(run, cuda_plan);
   const ActivationPlan plan = plan_activations(m, run.batch.micro_batch, run.batch.seq_len, run.precision.params);
+  // Data parallelism over o.ranks: the optimizer state each rank keeps, replicated and sharded by
+  // tensor (the same plan the trainer makes), and the FP32 staging BF16 gradients are reduced in.
+  const auto assign = assign_optimizers(specs, run.optimizer);
+  const std::vector<int64_t> sharded = state_bytes_per_rank(plan_shards(assign, run, o.ranks, 0, true), assign, run);
+  const int64_t sharded_max = *std::max_element(sharded.begin(), sharded.end());
+  const int64_t staging = o.ranks > 1 && run.precision.grads != DType::F32 ? total * 4 : 0;
+  const int64_t per_rank_replicated = tm.total() + staging, per_rank_sharded = tm.total() - tm.states + sharded_max + staging;
 
   if (o.as_json) {
     json j;
@@ -83,6 +93,10 @@ void run_info(const InfoOptions& o) {
                             {"activations_bytes", tm.activations}, {"activations_saved_bytes", plan.saved_bytes()},
                             {"backend_scratch_bytes", tm.backend_scratch}, {"memory_of", tm.cuda ? "cuda device" : "cpu host"},
                             {"total_bytes", tm.total()}};
+    if (o.ranks > 1)
+      j["data_parallel"] = {{"ranks", o.ranks}, {"states_bytes_replicated", tm.states}, {"states_bytes_sharded_per_rank", sharded},
+                            {"reduction_staging_bytes", staging}, {"total_bytes_per_rank_replicated", per_rank_replicated},
+                            {"total_bytes_per_rank_sharded", per_rank_sharded}};
     std::printf("%s\n", j.dump(2).c_str());
     return;
   }
@@ -119,6 +133,15 @@ void run_info(const InfoOptions& o) {
   std::printf("  %-34s %10.3f GiB\n", "activations (backward scratch)", gib(plan.scratch_bytes()));
   std::printf("  %-34s %10.3f GiB\n", tm.cuda ? "backend scratch (CUDA, device)" : "backend scratch (CPU backend)", gib(tm.backend_scratch));
   std::printf("  %-34s %10.3f GiB\n", "total", gib(tm.total()));
+  if (o.ranks > 1) {
+    std::printf("\ndata parallel over %d ranks, per rank:\n", o.ranks);
+    std::printf("  %-34s %10.3f GiB\n", "optimizer states, replicated", gib(tm.states));
+    std::printf("  %-34s %10.3f GiB  (largest share; smallest %.3f)\n", "optimizer states, sharded (ZeRO-1)", gib(sharded_max),
+                gib(*std::min_element(sharded.begin(), sharded.end())));
+    if (staging) std::printf("  %-34s %10.3f GiB\n", "FP32 staging of BF16 gradients", gib(staging));
+    std::printf("  %-34s %10.3f GiB replicated, %.3f GiB sharded\n", "total", gib(per_rank_replicated), gib(per_rank_sharded));
+    std::printf("  (whole tensors are owned by one rank, balanced by update cost: the embedding's Adam state stays whole)\n");
+  }
   if (is_run) {
     std::string backend;
     try {
@@ -137,6 +160,8 @@ void add_info_command(CLI::App& app) {
   static InfoOptions o;
   cmd->add_option("--config,-c", o.path, "model config (configs/models/*.json) or run config")->required();
   cmd->add_option("--set", o.overrides, "override a run config key (repeatable)");
+  cmd->add_option("--ranks", o.ranks, "data-parallel ranks: per-rank memory with and without the sharded optimizer")
+      ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--micro-batch", o.micro_batch, "micro-batch for the activation estimate (default: the run's)");
   cmd->add_option("--seq-len", o.seq_len, "sequence length for the activation estimate (default: the run's)");
   cmd->add_flag("--json", o.as_json, "machine-readable output");
