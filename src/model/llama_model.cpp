@@ -380,6 +380,7 @@ void LlamaModel::backward_layers(int64_t B, int64_t T) {
       be_.matmul(d_swiglu, d_ln, W.down, BT, F, C, false, false, false);  // d_s[BT,F] = d_out Wdown
     }
     { auto t = time(Op::SwiGLU);  be_.swiglu_backward(d_gate_up, d_swiglu, A.gate_up, BT, F); }
+    progress();
     {
       auto t = time(Op::Matmul);
       be_.matmul(dW.gate_up, d_gate_up, A.ln2, 2 * F, C, BT, true, false, true);              // dWgu += d_gu^T ln2
@@ -395,6 +396,7 @@ void LlamaModel::backward_layers(int64_t B, int64_t T) {
       be_.matmul(d_attn_out, d_ln, W.o, BT, C, C, false, false, false);    // d_attn = d_mid Wo
     }
     { auto t = time(Op::Attention); be_.attention_backward(d_qkv, d_attn_out, A.qkv, A.attn_out, A.lse, B, T, H, D); }
+    progress();
     { auto t = time(Op::Rope);      be_.rope_backward(d_qkv, rope_, B, T, H, D); }
     progress();
     {

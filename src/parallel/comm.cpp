@@ -122,7 +122,9 @@ void wait_all(std::vector<MPI_Request>& requests, double timeout_s, const std::s
       throw Error("rank " + std::string(g_rank_text) + ": " + what + " during " + g_activity + " did not complete within " +
                   std::to_string(static_cast<int64_t>(timeout_s)) +
                   " s (parallel.timeout_s): another rank is dead, stalled or took another path");
-    if (waited > 0.01) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    // Busy polling drives Open MPI's non-blocking collectives (they progress inside MPI calls
+    // only); a wait longer than a second is a slow peer, not a transfer: back off to sleeps.
+    if (waited > 1.0) std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
   requests.clear();
 }

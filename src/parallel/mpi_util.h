@@ -25,9 +25,8 @@ MPI_Op sum_op(DType t);
 constexpr int64_t kPiece = int64_t{1} << 30;
 
 // Completes `requests` (then clears it) or, after `timeout_s`, throws an Error naming `what`, this
-// rank and what the run was doing. Polls MPI_Testall, so the wait itself progresses MPI; backs off
-// to short sleeps after the first milliseconds so a long wait does not take a core from a peer rank
-// on the same node.
+// rank and what the run was doing. Polls MPI_Testall without pause for the first second (the wait
+// itself progresses MPI), then with short sleeps (a slow peer, not a transfer).
 void wait_all(std::vector<MPI_Request>& requests, double timeout_s, const std::string& what);
 
 }  // namespace multinorm::mpi

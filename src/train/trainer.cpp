@@ -260,7 +260,14 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
       mean_sum += l.mean();
       ++means;
     }
+    // When this rank's backward pass ended (wall clock: one clock for the ranks of a node, NTP's
+    // across nodes): the latest over the ranks tells how much of this rank's communication wait was
+    // waiting for a slower rank rather than for the collectives (metrics: comm_exposed_s).
+    const double backward_end = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
     grad_sync.finish();
+    double latest_backward_end = backward_end;
+    if (world > 1) comm.allreduce_max(&latest_backward_end, 1);
+    const double comm_exposed_s = std::max(0.0, grad_sync.last_wait_seconds() - (latest_backward_end - backward_end));
     double sums[4] = {loss_sum, mean_sum, static_cast<double>(counted), static_cast<double>(means)};
     comm.allreduce_sum(sums, 4);
     loss_sum = sums[0], mean_sum = sums[1], counted = static_cast<int64_t>(sums[2]), means = static_cast<int64_t>(sums[3]);
@@ -320,6 +327,7 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
               {"forward_s", model.last_forward_seconds()}, {"backward_s", model.last_backward_seconds()},
               {"compute_s", compute_s},   {"optimizer_s", opt_s},
               {"data_wait_s", data_s},    {"comm_wait_s", grad_sync.last_wait_seconds()},
+              {"comm_exposed_s", comm_exposed_s},
               {"rss_bytes", rss_bytes()}};
     if (st.swan.tensors > 0) {
       m["swan_ns_residual"] = st.swan.worst_residual;  // worst over the update's tensors
