@@ -53,6 +53,7 @@ class Comm {
 
  private:
   Comm();
+  void point_to_point(void* data, int64_t bytes, int peer, bool sending);
   int rank_ = 0, size_ = 1;
   double timeout_s_ = 600;
 };

@@ -231,35 +231,26 @@ void Comm::broadcast(void* data, int64_t bytes, int root) {
 #endif
 }
 
-void Comm::send(const void* data, int64_t bytes, int to) {
-#ifdef MULTINORM_HAVE_MPI
-  std::vector<MPI_Request> reqs;
-  for (int64_t at = 0; at < bytes; at += mpi::kPiece) {
-    reqs.emplace_back();
-    mpi::check(MPI_Isend(static_cast<const char*>(data) + at, static_cast<int>(std::min(mpi::kPiece, bytes - at)), MPI_BYTE,
-                         to, 7, MPI_COMM_WORLD, &reqs.back()),
-               "MPI_Isend");
-  }
-  mpi::wait_all(reqs, timeout_s_, "MPI_Isend to rank " + std::to_string(to));
-#else
-  (void)data, (void)bytes, (void)to;
-  throw Error("Comm::send: a build without MPI has one rank");
-#endif
-}
+// Point to point in pieces (MPI counts are int), completed with the deadline.
+void Comm::send(const void* data, int64_t bytes, int to) { point_to_point(const_cast<void*>(data), bytes, to, true); }
+void Comm::recv(void* data, int64_t bytes, int from) { point_to_point(data, bytes, from, false); }
 
-void Comm::recv(void* data, int64_t bytes, int from) {
+void Comm::point_to_point(void* data, int64_t bytes, int peer, bool sending) {
 #ifdef MULTINORM_HAVE_MPI
+  const std::string what = sending ? "MPI_Isend to rank " + std::to_string(peer) : "MPI_Irecv from rank " + std::to_string(peer);
   std::vector<MPI_Request> reqs;
   for (int64_t at = 0; at < bytes; at += mpi::kPiece) {
     reqs.emplace_back();
-    mpi::check(MPI_Irecv(static_cast<char*>(data) + at, static_cast<int>(std::min(mpi::kPiece, bytes - at)), MPI_BYTE, from,
-                         7, MPI_COMM_WORLD, &reqs.back()),
-               "MPI_Irecv");
+    char* p = static_cast<char*>(data) + at;
+    const int count = static_cast<int>(std::min(mpi::kPiece, bytes - at));
+    mpi::check(sending ? MPI_Isend(p, count, MPI_BYTE, peer, 7, MPI_COMM_WORLD, &reqs.back())
+                       : MPI_Irecv(p, count, MPI_BYTE, peer, 7, MPI_COMM_WORLD, &reqs.back()),
+               what);
   }
-  mpi::wait_all(reqs, timeout_s_, "MPI_Irecv from rank " + std::to_string(from));
+  mpi::wait_all(reqs, timeout_s_, what);
 #else
-  (void)data, (void)bytes, (void)from;
-  throw Error("Comm::recv: a build without MPI has one rank");
+  (void)data, (void)bytes, (void)peer, (void)sending;
+  throw Error("Comm: point-to-point in a build without MPI (one rank)");
 #endif
 }
 
