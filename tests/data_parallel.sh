@@ -140,7 +140,8 @@ for how in KILL STOP; do
   [ "$rc" -ne 0 ] || { echo "FAIL: $how of rank 1: the run exited 0"; cat $d.log; exit 1; }
   (( $(echo "$took < 30" | bc) )) || { echo "FAIL: $how of rank 1: the others took ${took}s to exit"; cat $d.log; exit 1; }
   if [ $how = STOP ]; then
-    grep -Eq "rank 0 of 2: .* during update [0-9]+ did not complete within 3 s \(parallel.timeout_s\)" $d.log \
+    # (the stop may land in an update or in a checkpoint: "during the checkpoint of update N")
+    grep -Eq "rank 0 of 2: .* during (the checkpoint of )?update [0-9]+ did not complete within 3 s \(parallel.timeout_s\)" $d.log \
       || { echo "FAIL: no timeout message naming rank 0 and the update"; cat $d.log; exit 1; }
   else
     grep -Eq "rank 0 of 2: terminated by signal 15 during (update [0-9]+|the checkpoint of update [0-9]+)|exited on signal 9" $d.log \
