@@ -76,7 +76,9 @@ TEST(ShardPlan, StatesPerRankFallWithTheWorldAndSumToTheWhole) {
     // The largest share falls until it is one whole tensor's state (here the embedding's Adam
     // state at 8 ranks: 32000 x 512 x 2 states x 2 bytes): whole tensors are never split.
     const int64_t largest = *std::max_element(per_rank.begin(), per_rank.end());
-    if (world == 2) EXPECT_LT(largest, whole[0] * 6 / 10);
+    if (world == 2) {
+      EXPECT_LT(largest, whole[0] * 6 / 10);
+    }
     EXPECT_LE(largest, previous) << world;
     EXPECT_GE(largest, 32000 * 512 * 2 * 2) << world;
     previous = largest;
@@ -101,5 +103,26 @@ TEST(GradientReadyOrder, TilesTheArenaInBackwardOrder) {
     EXPECT_EQ(order.back(), std::make_pair(int64_t{0}, int64_t{61 * 16}));
     for (size_t i = 0; i + 1 < order.size(); ++i) EXPECT_EQ(order[i + 1].second, order[i].first) << i;  // no gap, no overlap
     EXPECT_EQ(order[1].first, model.tensor("model.layers.2.self_attn.q_proj.weight").offset);
+  }
+}
+
+TEST(ShardPlan, OwnerRunsTileARangeByOwner) {
+  const RunConfig run = run_for("llama_60m", "swan");
+  const auto specs = llama_parameters(run.model);
+  const auto assign = assign_optimizers(specs, run.optimizer);
+  const ShardPlan plan = plan_shards(assign, run, 3, 1, true);
+  const int64_t begin = specs[1].offset, end = specs[20].offset;  // from layer 0's q_proj, 19 tensors
+  const auto runs = owner_runs(plan, specs, begin, end);
+  ASSERT_FALSE(runs.empty());
+  EXPECT_EQ(runs.front().begin, begin);
+  EXPECT_EQ(runs.back().end, end);
+  for (size_t k = 0; k + 1 < runs.size(); ++k) {
+    EXPECT_EQ(runs[k].end, runs[k + 1].begin);        // contiguous, no gap
+    EXPECT_NE(runs[k].owner, runs[k + 1].owner);      // maximal runs
+  }
+  for (size_t i = 1; i < 20; ++i) {                   // every tensor lies in a run of its owner
+    const auto it = std::find_if(runs.begin(), runs.end(), [&](const OwnerRun& r) { return r.begin <= specs[i].offset && specs[i].offset < r.end; });
+    ASSERT_NE(it, runs.end());
+    EXPECT_EQ(it->owner, plan.owner[i]) << specs[i].name;
   }
 }

@@ -31,6 +31,15 @@ double update_cost(const ParamAssignment& a, const RunConfig& run);
 // plan. With shard = false or one rank, the plan is not sharded.
 ShardPlan plan_shards(const std::vector<ParamAssignment>& assign, const RunConfig& run, int world, int rank, bool shard);
 
+// The tensors of `specs` (model order, as the plan) starting in the arena range [begin, end), as
+// runs of consecutive tensors with one owner: one collective per run (a reduce of gradients to
+// their owner, a broadcast of the owner's new weights).
+struct OwnerRun {
+  int owner;
+  int64_t begin, end;  // arena elements
+};
+std::vector<OwnerRun> owner_runs(const ShardPlan& plan, const std::vector<TensorSpec>& specs, int64_t begin, int64_t end);
+
 // Bytes of optimizer state each rank holds under `plan` (the unsharded figure on every rank when
 // the plan is not sharded).
 std::vector<int64_t> state_bytes_per_rank(const ShardPlan& plan, const std::vector<ParamAssignment>& assign,

@@ -112,16 +112,9 @@ StepStats Optimizer::step(int64_t update, int64_t applied) {
 // Every owner broadcasts its tensors' new weights; consecutive tensors of one owner go as one
 // broadcast.
 void Optimizer::broadcast_weights() {
-  const ShardPlan& plan = sharding_.plan;
-  const auto& specs = model_.tensors();
-  for (size_t i = 0; i < specs.size();) {
-    const int owner = plan.owner[i];
-    const int64_t begin = specs[i].offset;
-    int64_t end = begin;
-    for (; i < specs.size() && plan.owner[i] == owner; ++i) end = specs[i].offset + specs[i].numel();
-    sharding_.weights->broadcast(model_.params().at(begin).ptr, end - begin, model_.dtype(), owner,
+  for (const OwnerRun& r : owner_runs(sharding_.plan, model_.tensors(), 0, model_.num_params()))
+    sharding_.weights->broadcast(model_.params().at(r.begin).ptr, r.end - r.begin, model_.dtype(), r.owner,
                                  "broadcast of updated weights from their owner");
-  }
   sharding_.weights->wait_all();
 }
 

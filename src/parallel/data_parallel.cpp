@@ -64,16 +64,8 @@ void GradientSync::start(const Bucket& b) {
     comm_.all_reduce_sum(grads.at(b.begin).ptr, b.end - b.begin, DType::F32, "all-reduce of a gradient bucket");
     return;
   }
-  const auto& specs = model_.tensors();
-  size_t i = 0;
-  while (i < specs.size() && specs[i].offset < b.begin) ++i;
-  while (i < specs.size() && specs[i].offset < b.end) {
-    const int owner = plan_.owner[i];
-    const int64_t run_begin = specs[i].offset;
-    int64_t run_end = run_begin;
-    for (; i < specs.size() && specs[i].offset < b.end && plan_.owner[i] == owner; ++i) run_end = specs[i].offset + specs[i].numel();
-    comm_.reduce_sum(grads.at(run_begin).ptr, run_end - run_begin, DType::F32, owner, "reduce of gradients to their owner");
-  }
+  for (const OwnerRun& r : owner_runs(plan_, model_.tensors(), b.begin, b.end))
+    comm_.reduce_sum(grads.at(r.begin).ptr, r.end - r.begin, DType::F32, r.owner, "reduce of gradients to their owner");
 }
 
 void GradientSync::finish() {

@@ -47,6 +47,17 @@ ShardPlan plan_shards(const std::vector<ParamAssignment>& assign, const RunConfi
   return p;
 }
 
+std::vector<OwnerRun> owner_runs(const ShardPlan& plan, const std::vector<TensorSpec>& specs, int64_t begin, int64_t end) {
+  std::vector<OwnerRun> runs;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (specs[i].offset < begin || specs[i].offset >= end) continue;
+    const int owner = plan.owner_of(i);
+    if (!runs.empty() && runs.back().owner == owner && runs.back().end == specs[i].offset) runs.back().end += specs[i].numel();
+    else runs.push_back({owner, specs[i].offset, specs[i].offset + specs[i].numel()});
+  }
+  return runs;
+}
+
 std::vector<int64_t> state_bytes_per_rank(const ShardPlan& plan, const std::vector<ParamAssignment>& assign,
                                           const RunConfig& run) {
   std::vector<int64_t> bytes(static_cast<size_t>(plan.world), 0);
