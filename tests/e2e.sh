@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # End to end through the command line, on generated text: corpus -> tokenizer -> shards -> train
-# with each optimizer -> resume -> eval -> sweep of two runs -> generate.
+# with each optimizer -> resume -> eval -> sweep of two runs and their comparison -> compare -> generate.
 # usage: e2e.sh <multinorm binary>
 set -euo pipefail
 bin=$(realpath "$1") fixtures=$(realpath "$(dirname "$0")/fixtures")
@@ -41,6 +41,20 @@ grep -q "name=sinkgd" runs/sweep/summary.md && grep -q "name=adam" runs/sweep/su
 test -f runs/sweep/summary.csv
 "$bin" sweep sweep.json > sweep2.txt 2>&1   # re-running skips finished runs
 grep -q "already finished, skipped" sweep2.txt
+passes=$((passes + 1))
+# The sweep's optimizer comparison (the Adam run is the reference), and `compare` by hand.
+grep -q "## Optimizer comparison" runs/sweep/summary.md
+grep -q "| name=adam (reference) | adam |" runs/sweep/comparison.md
+test -f runs/sweep/comparison.csv && test -f runs/sweep/comparison.json
+"$bin" compare runs/sinkgd runs/adam runs/swan --out cmp > cmp.txt
+grep -q "adam (reference)" cmp.txt && test -f cmp/comparison.md && test -f cmp/comparison.csv
+test "$(wc -l < cmp/comparison.csv)" -eq 4  # header + 3 runs
+# A run on other sequences is refused, naming the difference (exit status 2), or kept and flagged.
+"$bin" train -c run.json --set batch.seq_len=16 --set output_dir=runs/seq16 --quiet > /dev/null
+if "$bin" compare runs/adam runs/seq16 --out cmp 2> err.txt; then echo "FAIL: compare accepted another seq_len"; exit 1; fi
+grep -q "runs/seq16: batch.seq_len 16 (reference 32)" err.txt
+"$bin" compare runs/adam runs/seq16 --out cmp --allow-mismatch --quiet
+grep -q "NOT COMPARABLE: batch.seq_len 16" cmp/comparison.md
 passes=$((passes + 1))
 # Interchange: export a checkpoint's weights in Hugging Face form and start a run from them.
 "$bin" export --config run.json --from runs/adam/checkpoints/step_00000006 --out hf --dtype bf16 > /dev/null

@@ -259,6 +259,29 @@ TEST(Configs, PaperSweepListsTheTwelveRunsWithTheirHyperparameters) {
   EXPECT_EQ(one_b.schedule.warmup_steps, 10000);
 }
 
+TEST(Configs, SmallOptimizerSweepIsThePapersProtocolWithTheSameTokensForAll) {
+  const SweepPlan plan = load_sweep(std::string(MULTINORM_CONFIGS_DIR) + "/sweeps/optimizers_small.json");
+  ASSERT_EQ(plan.runs.size(), 4u);
+  std::vector<std::string> optimizers;
+  std::vector<double> lrs;
+  for (const auto& r : plan.runs) {
+    const RunConfig run = load_run_config(plan.base_config, r.overrides);
+    EXPECT_EQ(run.data.layout, "rows") << r.name;
+    EXPECT_EQ(run.batch.seq_len, 256) << r.name;
+    EXPECT_EQ(run.batch.global_batch, 32) << r.name;
+    EXPECT_EQ(run.schedule.total_steps, 120) << r.name;
+    EXPECT_EQ(run.model.hidden_size, 256) << r.name;  // llama_tiny
+    optimizers.push_back(run.optimizer.name);
+    lrs.push_back(run.optimizer.lr);
+    if (run.optimizer.name == "sinkgd") {
+      EXPECT_DOUBLE_EQ(run.optimizer.alpha, 0.05);
+      EXPECT_EQ(run.optimizer.sinkgd.iterations, 5);
+    }
+  }
+  EXPECT_EQ(optimizers, (std::vector<std::string>{"adam", "adam", "sinkgd", "swan"}));
+  EXPECT_EQ(lrs, (std::vector<double>{1e-3, 3e-3, 0.02, 0.02}));
+}
+
 TEST(Configs, SweepErrorsNameTheKey) {
   TempDir dir;
   dir.write("tiny.json", kTinyModel);

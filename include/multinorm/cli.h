@@ -19,6 +19,7 @@ void add_data_command(CLI::App& app);
 void add_train_command(CLI::App& app);
 void add_generate_command(CLI::App& app);
 void add_sweep_command(CLI::App& app);
+void add_compare_command(CLI::App& app);
 
 // "58,073,600"
 std::string with_commas(int64_t n);

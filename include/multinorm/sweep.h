@@ -1,7 +1,8 @@
 // `multinorm sweep SWEEP.json`: a base run config and a grid (cartesian product) and/or a list of
 // overrides. Each run gets its own directory under the sweep's output_dir and runs as a child
 // `multinorm train` process (N at a time); finished runs are skipped and interrupted ones resumed,
-// so re-running a sweep continues it. Writes summary.csv, summary.md and curves.png.
+// so re-running a sweep continues it. Writes summary.csv, summary.md and curves.png, and the
+// optimizer comparison of `multinorm compare` (comparison.{md,csv,json,png}) of its finished runs.
 //
 //   {"base": "../quickstart.json", "output_dir": "runs/sweep", "parallel": 1,
 //    "set": {"schedule.total_steps": 100},

@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   multinorm::add_train_command(app);
   multinorm::add_sweep_command(app);
+  multinorm::add_compare_command(app);
   multinorm::add_generate_command(app);
   multinorm::add_info_command(app);
   multinorm::add_config_command(app);

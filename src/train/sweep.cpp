@@ -9,6 +9,7 @@
 #include <fstream>
 #include <map>
 
+#include "multinorm/compare.h"
 #include "multinorm/device.h"
 #include "multinorm/error.h"
 #include "multinorm/json_file.h"
@@ -178,6 +179,27 @@ std::string run_sweep(const SweepPlan& plan, bool quiet) {
                   res.value("final_val_ppl", NAN), best, (long long)res.value("updates", 0), (long long)res.value("tokens", 0),
                   res.value("tokens_per_s", 0.0), res.value("wall_s", 0.0), res.value("optimizer_state_bytes", 0) / 1048576.0);
     md += row;
+  }
+  // The paper's comparison (compare.h), one per group of comparable runs: a sweep over several
+  // models gets one per model.
+  std::vector<RunCurve> curves;
+  for (const auto& d : dirs) {
+    if (!finished(d)) continue;
+    try {
+      curves.push_back(load_run_curve(d, CompareMetric::ValLoss));
+    } catch (const ConfigError& e) {
+      md += "\n" + std::string(e.what()) + ": left out of the comparison\n";
+    }
+  }
+  const auto groups = group_comparable(std::move(curves));
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const std::string stem = groups.size() == 1 ? "comparison" : "comparison-" + std::to_string(g + 1);
+    const Comparison c = compare_runs(groups[g], "", CompareMetric::ValLoss, false);
+    const std::string png = write_comparison(c, plan.output_dir, stem, quiet);
+    md += "\n## Optimizer comparison" +
+          (groups.size() > 1 ? " " + std::to_string(g + 1) + " of " + std::to_string(groups.size()) : "") +
+          " (`multinorm compare`)\n\n" + comparison_markdown(c) + "\nFiles: " + stem + ".md, " + stem + ".csv" +
+          (png.empty() ? "" : ", " + stem + ".png") + "\n";
   }
   write_text_file_atomic(plan.output_dir + "/summary.csv", csv);
   write_text_file_atomic(plan.output_dir + "/summary.md", md);
