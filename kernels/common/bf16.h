@@ -18,12 +18,14 @@ inline float to_f32(bf16 x) {
 }
 inline float to_f32(float x) { return x; }
 
+// Round to nearest even; NaN stays a (quiet) NaN. Written as a select, not a branch, so that loops
+// of it vectorise (the kernels' BF16 stores).
 inline bf16 to_bf16(float f) {
   uint32_t u;
   std::memcpy(&u, &f, sizeof(u));
-  if ((u & 0x7fffffffu) > 0x7f800000u) return bf16{static_cast<uint16_t>((u >> 16) | 0x40u)};  // quiet NaN
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return bf16{static_cast<uint16_t>(u >> 16)};
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const uint32_t quiet_nan = (u >> 16) | 0x40u;
+  return bf16{static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded)};
 }
 
 // b[i] <- a[i] + b[i] summed in FP32, rounded once to nearest even: the BF16 sum of the MPI

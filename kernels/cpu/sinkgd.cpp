@@ -9,64 +9,127 @@
 // order: the result is independent of the thread count. A zero row (column) gets a finite scale
 // and contributes zero, so it receives a zero update, never NaN. Cost: L + 1 passes over G, plus
 // the read and write of W: the same order as Adam's traffic, and no state.
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "cpu_kernels.h"
 
 namespace multinorm::cpu {
 
 namespace {
-constexpr int64_t kChunks = 64;
-enum Slot : size_t { kU = 20, kV, kPartial };
+// Column sums are accumulated per chunk of rows and the chunks added in order. The chunk count is
+// a function of m alone (so the result does not depend on the thread count): about 64 rows a chunk,
+// at most 64 chunks. Fewer, larger chunks mean fewer partial rows to add, most of them written by
+// another core.
+constexpr int64_t kMaxChunks = 64, kRowsPerChunk = 64;
+constexpr int64_t kColumnBlock = 256;
+enum Slot : size_t { kU = 20, kV, kPartial, kRows };
+
+// sum_j (G_ij v_j)^2 for row g, with 64 independent partial sums (four 16-wide vectors: one
+// accumulator would make the loop wait on the FMA latency), added as a tree; the order is fixed by
+// n alone. A BF16 row is widened to FP32 into `row` on the way (one shift per element), so the
+// column loop after it reads floats; an FP32 row is used in place. Returns the FP32 row.
+template <class G>
+inline const float* row_sum_squares(const G* g, const float* v, int64_t n, float* row, float& sum) {
+  constexpr int64_t kLanes = 64;
+  constexpr bool widen = !std::is_same_v<G, float>;
+  float acc[kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes)
+#pragma omp simd
+    for (int64_t k = 0; k < kLanes; ++k) {
+      const float x = to_f32(g[j + k]);
+      if constexpr (widen) row[j + k] = x;
+      const float y = x * v[j + k];
+      acc[k] += y * y;
+    }
+  for (int64_t k = 0; j < n; ++j, ++k) {
+    const float x = to_f32(g[j]);
+    if constexpr (widen) row[j] = x;
+    const float y = x * v[j];
+    acc[k] += y * y;
+  }
+  for (int64_t width = kLanes / 2; width >= 1; width /= 2)  // a tree: log2(64) dependent steps, not 64
+#pragma omp simd
+    for (int64_t k = 0; k < width; ++k) acc[k] += acc[k + width];
+  sum = acc[0];
+  if constexpr (widen) return row;
+  else return reinterpret_cast<const float*>(g);
+}
+
+// Row g in FP32 (widened into `row` when BF16).
+inline const float* row_f32(const bf16* g, int64_t n, float* row) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) row[j] = to_f32(g[j]);
+  return row;
+}
+inline const float* row_f32(const float* g, int64_t, float*) { return g; }
 }  // namespace
 
 template <class T, class G>
 void sinkgd_update(T* w, const G* g, int64_t m, int64_t n, const SinkGDArgs& a, Workspace& ws) {
   float* u = ws.floats(m, kU);
   float* v = ws.floats(n, kV);
-  float* partial = ws.floats(kChunks * n, kPartial);
+  const int64_t chunks = std::clamp<int64_t>((m + kRowsPerChunk - 1) / kRowsPerChunk, 1, kMaxChunks);
+  float* partial = ws.floats(chunks * n, kPartial);
+  const int threads = omp_get_max_threads();
+  float* rows = ws.floats(static_cast<size_t>(threads) * n, kRows);  // one G row per thread
   const float sqrt_n = std::sqrt(static_cast<float>(n)), sqrt_m = std::sqrt(static_cast<float>(m));
-  const int64_t rows_per_chunk = (m + kChunks - 1) / kChunks;
+  const int64_t rows_per_chunk = (m + chunks - 1) / chunks;
   std::fill(v, v + n, 1.0f);
-  for (int it = 0; it < a.iterations; ++it) {
-#pragma omp parallel for schedule(static)
-    for (int64_t c = 0; c < kChunks; ++c) {
-      float* col = partial + c * n;
-      std::fill(col, col + n, 0.0f);
-      const int64_t end = std::min(m, (c + 1) * rows_per_chunk);
-      for (int64_t i = c * rows_per_chunk; i < end; ++i) {
-        const G* gi = g + i * n;
-        float r = 0.0f;
-#pragma omp simd reduction(+ : r)
-        for (int64_t j = 0; j < n; ++j) {
-          const float x = to_f32(gi[j]) * v[j];
-          r += x * x;
-        }
-        u[i] = sqrt_n / std::max(std::sqrt(r), a.eps);
-        const float u2 = u[i] * u[i];
+  const float keep = 1.0f - a.lr * a.decoupled_decay;
+  // One parallel region per tensor, its passes separated by barriers: a fork/join per pass cost as
+  // much as the passes themselves on small tensors.
+#pragma omp parallel
+  {
+    float* buf = rows + static_cast<size_t>(omp_get_thread_num()) * n;
+    for (int it = 0; it < a.iterations; ++it) {
+#pragma omp for schedule(static)
+      for (int64_t c = 0; c < chunks; ++c) {
+        float* col = partial + c * n;
+        std::fill(col, col + n, 0.0f);
+        const int64_t end = std::min(m, (c + 1) * rows_per_chunk);
+        for (int64_t i = c * rows_per_chunk; i < end; ++i) {
+          float r;
+          const float* x = row_sum_squares(g + i * n, v, n, buf, r);
+          u[i] = sqrt_n / std::max(std::sqrt(r), a.eps);
+          const float u2 = u[i] * u[i];
 #pragma omp simd
-        for (int64_t j = 0; j < n; ++j) {
-          const float x = to_f32(gi[j]);
-          col[j] += u2 * x * x;
+          for (int64_t j = 0; j < n; ++j) col[j] += u2 * x[j] * x[j];
         }
       }
+      // v_j from the chunks' column sums, added in chunk order (0 + p0 + p1 + ...: deterministic).
+      // Blocks of columns, chunk rows streamed: the chunks lie n floats apart, and walking them
+      // column by column would hit one L1 set 64 times per column.
+#pragma omp for schedule(static)
+      for (int64_t j0 = 0; j0 < n; j0 += kColumnBlock) {
+        const int64_t j1 = std::min(n, j0 + kColumnBlock);
+        std::copy(partial + j0, partial + j1, v + j0);
+        for (int64_t c = 1; c < chunks; ++c) {
+          const float* p = partial + c * n;
+#pragma omp simd
+          for (int64_t j = j0; j < j1; ++j) v[j] += p[j];
+        }
+#pragma omp simd
+        for (int64_t j = j0; j < j1; ++j) v[j] = sqrt_m / std::max(std::sqrt(v[j]), a.eps);
+      }
     }
-#pragma omp parallel for schedule(static)
-    for (int64_t j = 0; j < n; ++j) {
-      float s = 0.0f;
-      for (int64_t c = 0; c < kChunks; ++c) s += partial[c * n + j];
-      v[j] = sqrt_m / std::max(std::sqrt(s), a.eps);
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < m; ++i) {
+      const float lu = a.lr * u[i];
+      T* wi = w + i * n;
+      const float* x = row_f32(g + i * n, n, buf);
+      if (!a.write.stochastic) {  // the common case, one vector loop; stochastic rounding hashes per element
+#pragma omp simd
+        for (int64_t j = 0; j < n; ++j) wi[j] = from_f32<T>(to_f32(wi[j]) * keep - lu * x[j] * v[j]);
+      } else {
+        for (int64_t j = 0; j < n; ++j)
+          wi[j] = write_weight<T>(to_f32(wi[j]) * keep - lu * x[j] * v[j], a.write, static_cast<uint64_t>(i * n + j));
+      }
     }
-  }
-  const float keep = 1.0f - a.lr * a.decoupled_decay;
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < m; ++i) {
-    const float lu = a.lr * u[i];
-    T* wi = w + i * n;
-    const G* gi = g + i * n;
-    for (int64_t j = 0; j < n; ++j)
-      wi[j] = write_weight<T>(to_f32(wi[j]) * keep - lu * to_f32(gi[j]) * v[j], a.write, static_cast<uint64_t>(i * n + j));
   }
 }
 
