@@ -13,6 +13,17 @@ namespace multinorm::cpu {
 template <class T, class G, class S>
 void adam_update(T* w, const G* g, S* m, S* v, int64_t n, const AdamArgs& a) {
   const optim_math::AdamScalars s = optim_math::adam_scalars(a);
+  if (!a.write.stochastic) {  // one vector loop (stochastic rounding hashes each element's index)
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      float mi = to_f32(m[i]), vi = to_f32(v[i]);
+      const float wi = optim_math::adam_element(to_f32(w[i]), to_f32(g[i]), mi, vi, s);
+      m[i] = from_f32<S>(mi);
+      v[i] = from_f32<S>(vi);
+      w[i] = from_f32<T>(wi);
+    }
+    return;
+  }
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     float mi = to_f32(m[i]), vi = to_f32(v[i]);
@@ -58,12 +69,24 @@ double sum_squares(const T* x, int64_t n) {
   std::vector<double> part(blocks);
 #pragma omp parallel for schedule(static)
   for (int64_t b = 0; b < blocks; ++b) {
-    double s = 0;
-    const int64_t end = std::min(n, (b + 1) * kBlock);
-    for (int64_t i = b * kBlock; i < end; ++i) {
+    // 16 partial sums in lanes (vectors of doubles), not one latency-bound chain; which element
+    // goes to which lane is fixed by its index alone.
+    constexpr int64_t kLanes = 16;
+    double acc[kLanes] = {};
+    const int64_t begin = b * kBlock, end = std::min(n, (b + 1) * kBlock);
+    int64_t i = begin;
+    for (; i + kLanes <= end; i += kLanes)
+#pragma omp simd
+      for (int64_t k = 0; k < kLanes; ++k) {
+        const double v = to_f32(x[i + k]);
+        acc[k] += v * v;
+      }
+    for (int64_t k = 0; i < end; ++i, ++k) {
       const double v = to_f32(x[i]);
-      s += v * v;
+      acc[k] += v * v;
     }
+    double s = 0;
+    for (int64_t k = 0; k < kLanes; ++k) s += acc[k];
     part[b] = s;
   }
   double s = 0;
