@@ -3,6 +3,7 @@
 // the matching Backend op in include/multinorm/backend.h; shapes are given there and in the
 // comments of each file. Kernels never allocate: scratch comes from the caller's Workspace.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -76,6 +77,10 @@ struct SwanReport {
   double residual = 0;
   bool fell_back = false;
 };
+// SinkGD's column sums go through this many chunks of rows (about 64 rows each, at most 64): a
+// function of m alone, so the result does not depend on the thread count. Its scratch: u (m), v (n),
+// chunks x n partial sums, one FP32 row of n per thread.
+inline int64_t sinkgd_chunks(int64_t m) { return std::min<int64_t>(64, std::max<int64_t>(1, (m + 63) / 64)); }
 template <class T, class G> void sinkgd_update(T* w, const G* g, int64_t m, int64_t n, const SinkGDArgs& a, Workspace& ws);
 template <class T, class G> SwanReport swan_update(T* w, const G* g, int64_t m, int64_t n, const SwanArgs& a, OneDnnMatmul& gemm, Workspace& ws);
 template <class T, class G, class S> void adam_update(T* w, const G* g, S* m, S* v, int64_t n, const AdamArgs& a);

@@ -1,5 +1,7 @@
 #include "matmul_onednn.h"
 
+#include "matmul_amx.h"
+
 #include <cstdlib>
 #include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
@@ -34,6 +36,7 @@ struct OneDnnMatmul::Impl {
     dnnl::memory::desc a, b, out;
   };
   std::unordered_map<std::string, Entry> cache;
+  AmxScratch amx;
 };
 
 OneDnnMatmul::OneDnnMatmul() : impl_((cap_onednn_isa(), std::make_unique<Impl>())) {}
@@ -43,6 +46,12 @@ size_t OneDnnMatmul::cached_primitives() const { return impl_->cache.size(); }
 void OneDnnMatmul::run_batched(Buf out, Buf a, Buf b, int64_t batch, int64_t M, int64_t N, int64_t K, bool trans_a,
                                bool trans_b, bool accumulate) {
   if (a.dtype != b.dtype) throw Error("matmul: operands must share a dtype");
+  // BF16 GEMMs go to the AMX tiles where the CPU has them (matmul_amx.h: 4-8x oneDNN's AVX512_BF16).
+  if (batch == 1 && a.dtype == DType::BF16 && amx_usable()) {
+    amx_matmul(out, static_cast<const bf16*>(a.ptr), static_cast<const bf16*>(b.ptr), M, N, K, trans_a, trans_b,
+               accumulate, impl_->amx);
+    return;
+  }
   const std::string key = std::to_string(batch) + "x" + std::to_string(M) + "," + std::to_string(N) + "," + std::to_string(K) + "," +
                           std::to_string(trans_a) + std::to_string(trans_b) + std::to_string(accumulate) +
                           dtype_name(a.dtype) + dtype_name(out.dtype);

@@ -1,6 +1,7 @@
 // GEMMs on the CPU through oneDNN's matmul primitive (brgemm: AVX512_BF16 for bf16 inputs with FP32
 // accumulation, AVX-512 for fp32). One primitive per shape/layout/dtype, created on first use and
-// cached, so a training step creates none after the first.
+// cached, so a training step creates none after the first. Single BF16 GEMMs go to the AMX tiles
+// instead where the CPU has them (matmul_amx.h).
 #pragma once
 #include <cstdint>
 #include <memory>

@@ -20,11 +20,6 @@
 namespace multinorm::cpu {
 
 namespace {
-// Column sums are accumulated per chunk of rows and the chunks added in order. The chunk count is
-// a function of m alone (so the result does not depend on the thread count): about 64 rows a chunk,
-// at most 64 chunks. Fewer, larger chunks mean fewer partial rows to add, most of them written by
-// another core.
-constexpr int64_t kMaxChunks = 64, kRowsPerChunk = 64;
 constexpr int64_t kColumnBlock = 256;
 enum Slot : size_t { kU = 20, kV, kPartial, kRows };
 
@@ -73,7 +68,8 @@ template <class T, class G>
 void sinkgd_update(T* w, const G* g, int64_t m, int64_t n, const SinkGDArgs& a, Workspace& ws) {
   float* u = ws.floats(m, kU);
   float* v = ws.floats(n, kV);
-  const int64_t chunks = std::clamp<int64_t>((m + kRowsPerChunk - 1) / kRowsPerChunk, 1, kMaxChunks);
+  // Fewer, larger chunks than 64 fixed ones: fewer partial rows to add, most written by another core.
+  const int64_t chunks = sinkgd_chunks(m);
   float* partial = ws.floats(chunks * n, kPartial);
   const int threads = omp_get_max_threads();
   float* rows = ws.floats(static_cast<size_t>(threads) * n, kRows);  // one G row per thread

@@ -1,0 +1,34 @@
+// BF16 GEMMs on Intel AMX tiles (Sapphire Rapids and later): 16x16 FP32 accumulator tiles fed by
+// 16x32 BF16 tiles, TDPBF16PS (1,024 multiply-adds per instruction). Debian 12's oneDNN (2.6)
+// cannot use these tiles on the machines we run on (it reads the tile palette from CPUID leaf 0x1D,
+// which hypervisors such as KVM leave empty, configures zero-row tiles and dies with SIGILL), so the
+// CPU backend drives them itself and keeps oneDNN (AVX512_BF16) for everything else.
+//
+// Cost per GEMM out[M,N] (+)= op(a)[M,K] op(b)[K,N]: 2 M N K FLOPs on the tiles; b is repacked once
+// into the tiles' pair-interleaved ("VNNI") layout (K N elements read and written), and a is repacked
+// into padded rows only when it is transposed or its shape is not a multiple of the tile (M K).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "../common/bf16.h"
+#include "multinorm/backend.h"
+
+namespace multinorm::cpu {
+
+// True when the CPU has AMX-TILE and AMX-BF16, the OS enabled the tile state and granted this
+// process its use (Linux arch_prctl), and MULTINORM_AMX is not "0". Decided once.
+bool amx_usable();
+
+// Packed operands, reused from call to call (no allocation once the largest shape was seen).
+struct AmxScratch {
+  std::vector<uint16_t> a, b;
+};
+
+// out[M,N] (+)= op(a)[M,K] op(b)[K,N] for BF16 a and b, FP32 or BF16 out, row-major storage (a
+// transposed operand is stored [K,M] / [N,K]). Deterministic: each output tile is summed by one
+// thread in a fixed order of K.
+void amx_matmul(Buf out, const bf16* a, const bf16* b, int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b,
+                bool accumulate, AmxScratch& scratch);
+
+}  // namespace multinorm::cpu
