@@ -173,5 +173,7 @@ class Backend {
 
 // The CPU backend with `threads` OpenMP threads (0: all cores).
 std::unique_ptr<Backend> make_cpu_backend(int threads = 0);
+// What runs the CPU backend's BF16 GEMMs here: "AMX tiles" or "oneDNN AVX512_BF16".
+std::string cpu_bf16_gemm_engine();
 
 }  // namespace multinorm

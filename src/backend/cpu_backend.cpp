@@ -8,6 +8,7 @@
 
 #include "../../kernels/common/dtype_dispatch.h"
 #include "../../kernels/cpu/cpu_kernels.h"
+#include "../../kernels/cpu/matmul_amx.h"
 #include "../../kernels/cpu/matmul_onednn.h"
 #include "multinorm/backend.h"
 #include "multinorm/error.h"
@@ -211,5 +212,7 @@ class CpuBackend final : public Backend {
 }  // namespace
 
 std::unique_ptr<Backend> make_cpu_backend(int threads) { return std::make_unique<CpuBackend>(threads); }
+
+std::string cpu_bf16_gemm_engine() { return cpu::amx_usable() ? "AMX tiles" : "oneDNN AVX512_BF16"; }
 
 }  // namespace multinorm

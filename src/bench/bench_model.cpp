@@ -134,8 +134,10 @@ void bench_model(const ModelBenchOptions& o) {
     }
   }
 
+  // What the GEMM figure was measured on: the backend's own GEMM path.
+  const std::string engine = !be->host_memory() ? "cuBLASLt" : o.precision == "bf16" ? cpu_bf16_gemm_engine() : "oneDNN";
   if (o.json) {
-    json j = {{"model", cfg.name}, {"batch", B}, {"seq", T}, {"threads", be->threads()}, {"precision", o.precision},
+    json j = {{"model", cfg.name}, {"gemm_engine", engine}, {"batch", B}, {"seq", T}, {"threads", be->threads()}, {"precision", o.precision},
               {"train_tokens_per_s", train_tps}, {"forward_tokens_per_s", BT / fwd_s}, {"backward_s", bwd_s},
               {"gflops", achieved}, {"gemm_peak_gflops", gemm_gflops}, {"ratio_to_gemm_peak", achieved / gemm_gflops},
               {"torch_tokens_per_s", torch_tps}, {"torch_mode", torch_mode},
@@ -152,8 +154,8 @@ void bench_model(const ModelBenchOptions& o) {
   std::printf("  forward            %9.3f s   %10.0f tokens/s\n", fwd_s, BT / fwd_s);
   std::printf("  backward           %9.3f s\n", bwd_s);
   std::printf("  train step         %9.3f s   %10.0f tokens/s   %7.1f GFLOP/s\n", train_s, train_tps, achieved);
-  std::printf("  %s %s GEMM on the model's shapes: %.1f GFLOP/s -> model reaches %.0f%% of it\n",
-              be->host_memory() ? "oneDNN" : "cuBLASLt", o.precision.c_str(),
+  std::printf("  %s GEMM (%s) on the model's shapes: %.1f GFLOP/s -> model reaches %.0f%% of it\n",
+              o.precision.c_str(), engine.c_str(),
               gemm_gflops, 100.0 * achieved / gemm_gflops);
   if (torch_tps > 0)
     std::printf("  PyTorch CPU (%s): %.0f tokens/s -> multinorm is %.2fx PyTorch\n", torch_mode.c_str(), torch_tps,
