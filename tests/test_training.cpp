@@ -95,7 +95,9 @@ TEST_P(Training, ReachesTheEntropyFloorOfAChainOnlyAttentionCanLearn) {
     const SkipChain c(8, 32, static_cast<uint32_t>(1000 + step));  // a fresh batch each update
     model.zero_grads();
     const LossSum l = model.forward_backward({c.tokens.data(), c.targets.data(), nullptr, 8, 32}, 1.0f / 256);
-    if (step == 1) EXPECT_NEAR(l.mean(), std::log(64.0), 0.15);  // a fresh model is near uniform
+    if (step == 1) {
+      EXPECT_NEAR(l.mean(), std::log(64.0), 0.15);  // a fresh model is near uniform
+    }
     ASSERT_TRUE(std::isfinite(opt.step(step, step).grad_norm));
   }
   const SkipChain held_out(8, 32, 7);
