@@ -49,6 +49,9 @@ test -f runs/sweep/comparison.csv && test -f runs/sweep/comparison.json
 "$bin" compare runs/sinkgd runs/adam runs/swan --out cmp > cmp.txt
 grep -q "adam (reference)" cmp.txt && test -f cmp/comparison.md && test -f cmp/comparison.csv
 test "$(wc -l < cmp/comparison.csv)" -eq 4  # header + 3 runs
+# --reference under another spelling of a listed run's path: the run is not counted twice.
+"$bin" compare runs/sinkgd runs/adam --reference ./runs//adam --out cmp --quiet
+test "$(wc -l < cmp/comparison.csv)" -eq 3
 # A run on other sequences is refused, naming the difference (exit status 2), or kept and flagged.
 "$bin" train -c run.json --set batch.seq_len=16 --set output_dir=runs/seq16 --quiet > /dev/null
 if "$bin" compare runs/adam runs/seq16 --out cmp 2> err.txt; then echo "FAIL: compare accepted another seq_len"; exit 1; fi

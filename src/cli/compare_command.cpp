@@ -1,7 +1,9 @@
 // `multinorm compare RUN_DIR... [--reference RUN_DIR] [--metric val_loss|train_loss] [--out DIR]`.
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cstdio>
+#include <filesystem>
 
 #include "multinorm/cli.h"
 #include "multinorm/compare.h"
@@ -41,7 +43,13 @@ void add_compare_command(CLI::App& app) {
   cmd->callback([] {
     const CompareMetric m = metric == "val_loss" ? CompareMetric::ValLoss : CompareMetric::TrainLoss;
     std::vector<std::string> all = dirs;
-    if (!reference.empty() && std::find(all.begin(), all.end(), reference) == all.end()) all.push_back(reference);
+    // The reference joins the runs unless it is one of them (under any spelling of its path).
+    auto same = [](const std::string& x, const std::string& y) {
+      std::error_code ec;
+      return std::filesystem::equivalent(x, y, ec);
+    };
+    if (!reference.empty() && std::none_of(all.begin(), all.end(), [&](const auto& d) { return same(d, reference); }))
+      all.push_back(reference);
     std::vector<RunCurve> runs;
     for (const auto& d : all) runs.push_back(load_run_curve(d, m, window));
     const Comparison c = compare_runs(std::move(runs), reference, m, allow_mismatch);
