@@ -1,156 +1,359 @@
 // Causal multi-head attention on qkv[B*T, 3*H*D] (row layout [q heads | k heads | v heads], q and k
-// already rotated), as batched GEMMs over the B*H heads plus row kernels. Scale s = 1/sqrt(D).
-//   Forward:   S = q k^T            P = causal_softmax(s S)          o = P v
-//              lse_i = log sum_j<=i exp(s S_ij)   (saved: the backward pass recomputes P from it)
-//   Backward:  P = exp(s S - lse) (masked)        dv = P^T do        dP = do v^T
-//              delta_i = do_i . o_i               dS = P (dP - delta) s
-//              dq = dS k                          dk = dS^T q
-// Heads are gathered into contiguous [B*H, T, D] tiles (so oneDNN runs plain batched GEMMs) and the
-// results scattered back. P and dS are stored in the model dtype, as PyTorch's bf16 attention does.
-// S costs a full T x T per head (the causal half is computed and masked): GEMM speed beats the
-// saving at these sizes.
+// already rotated), in 32 x 32 blocks that stop at the diagonal ("flash-style": no T x T buffer, the
+// masked half is never computed). Scale s = 1/sqrt(D); e = the end of query tile i (keys 0..e-1).
+//   Forward, per head and 32-query tile i:
+//     S = q_i k[0:e]^T                     [32, e]   block products, key blocks up to the diagonal
+//     P = exp(s S - s m) (j <= query)      [32, e]   m = row max; l = row sum of the FP32 values
+//     o_i = (P v[0:e]) / l                 [32, D]
+//     lse_i = s m + log l                  [32]      saved: the backward recomputes P from it
+//   Backward, from lse (o is only read for delta = rowsum(do * o)):
+//     key pass, per 32-key tile j (queries j..T-1):
+//       S^T = k_j q^T, dP^T = v_j do^T     [32, T-j]
+//       P^T = exp(s S^T - lse), dS^T = P^T (dP^T - delta) s
+//       dv_j = P^T do,  dk_j = dS^T q      [32, D]
+//     query pass, per query tile i (keys 0..e-1):
+//       S = q_i k^T, dP = do_i v^T, P, dS as above;  dq_i = dS k   [32, D]
+//   The two passes recompute S and dP (2 of the 7 products) so that every output row is summed by
+//   one thread, in a fixed order, with its accumulators in the tiles (no atomics, deterministic).
+//
+// Softmax: each query tile holds its whole key strip (32 x e FP32, 128 KB at T = 1024: L2), so the
+// softmax is exact in two passes over the strip instead of online. The online form exists for GPUs,
+// whose shared memory cannot hold the strip; here it would only add a rescale of the output
+// accumulator (a store and reload of the tiles) per key block. Memory is linear in T either way.
+//
+// FLOPs per head (causal, T = 32 n): forward 2 x 2 D (32^2) n(n+1)/2 ~ 2 D T^2 (1/2 + 1/(2n)) x 2,
+// i.e. the full-matrix 4 D T^2 times (n+1)/(2n); backward 7 such products instead of 5 full ones.
+//
+// Block products run on one of two engines with the same operand plan:
+//   AMX:      BF16 operands in the tiles' layouts (amx_tiles.h), FP32 accumulation; T = bf16 only.
+//   Portable: FP32 operands, 4 x 32 register blocks the compiler vectorises; any T. P and dS are
+//             rounded to T before their products, as the AMX path (and PyTorch's bf16 attention) does.
+// Operands per head, padded with zeros to Tp x Dp (Tp, Dp multiples of 32):
+//   rows(x)        x as [Tp][Dp] rows                        A operand
+//   transposed(x)  B operand "x^T" (K = Dp, N = Tp)          AMX: packed panels; portable: [Dp][Tp]
+//   normal(x)      B operand "x"   (K = Tp, N = Dp)          AMX: packed panels; portable: [Tp][Dp]
+#include <omp.h>
+
 #include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <type_traits>
 
 #include "../common/fast_math.h"
+#include "amx_tiles.h"
 #include "cpu_kernels.h"
-#include "matmul_onednn.h"
 
 namespace multinorm::cpu {
 
 namespace {
 
-// Workspace slots used here.
-enum Slot : size_t { kQ = 1, kK, kV, kO, kDO, kS, kP, kF1, kF2, kF3 };
+constexpr int64_t kTile = 32;
 
+struct AmxEngine {
+  using E = uint16_t;  // BF16 bits
+  template <class T>
+  static E in(T x) {
+    static_assert(std::is_same_v<T, bf16>, "the AMX path takes BF16 operands");
+    return x.bits;
+  }
+  template <class T>
+  static E strip(float x) {  // P and dS: BF16 (the tiles' input)
+    return to_bf16(x).bits;
+  }
+  static float value(E x) { return to_f32(bf16{x}); }
+  static void begin() { amx::configure_tiles(); }
+  static void end() { amx::release_tiles(); }
+  static void pack_transposed(E* dst, const E* rows, int64_t Tp, int64_t Dp) {
+    for (int64_t nb = 0; nb < Tp / 16; ++nb) amx::pack_b_panel(dst + nb * Dp * 16, rows, Dp, nb, Tp, Dp, Dp, true);
+  }
+  static void pack_normal(E* dst, const E* rows, int64_t Tp, int64_t Dp) {
+    for (int64_t nb = 0; nb < Dp / 16; ++nb) amx::pack_b_panel(dst + nb * Tp * 16, rows, Dp, nb, Dp, Tp, Tp, false);
+  }
+  // c[32 x 32] = a[32 x K] b[k0:k0+K, n0:n0+32] of a packed B whose full extent is bK x bN.
+  static void block(float* c, int64_t ldc, const E* a, int64_t lda, const E* b, int64_t bK, int64_t /*bN*/, int64_t k0,
+                    int64_t n0, int64_t K) {
+    amx::block_32x32(c, ldc, false, a, lda, b + (n0 / 16) * bK * 16 + (k0 / 2) * 32, bK * 16, K);
+  }
+};
+
+struct PortableEngine {
+  using E = float;
+  template <class T>
+  static E in(T x) {
+    return to_f32(x);
+  }
+  template <class T>
+  static E strip(float x) {  // rounded to the storage type, as the AMX path rounds to BF16
+    return to_f32(from_f32<T>(x));
+  }
+  static float value(E x) { return x; }
+  static void begin() {}
+  static void end() {}
+  static void pack_transposed(E* dst, const E* rows, int64_t Tp, int64_t Dp) {  // [Dp][Tp]
+    for (int64_t t0 = 0; t0 < Tp; t0 += kTile)
+      for (int64_t d = 0; d < Dp; ++d)
+        for (int64_t t = t0; t < t0 + kTile; ++t) dst[d * Tp + t] = rows[t * Dp + d];
+  }
+  static void pack_normal(E* dst, const E* rows, int64_t Tp, int64_t Dp) {
+    std::memcpy(dst, rows, Tp * Dp * sizeof(E));
+  }
+  // c[32 x 32] = a[32 x K] b[k0:k0+K, n0:n0+32], b row-major bK x bN. Four rows of c stay in
+  // registers (8 vectors) while K streams: 2 loads of b and 4 broadcasts per 8 FMAs.
+  static void block(float* c, int64_t ldc, const E* a, int64_t lda, const E* b, int64_t /*bK*/, int64_t bN, int64_t k0,
+                    int64_t n0, int64_t K) {
+    const float* bp = b + k0 * bN + n0;
+    for (int64_t r0 = 0; r0 < kTile; r0 += 4) {
+      float acc[4][kTile] = {};
+      const float* a0 = a + r0 * lda;
+      for (int64_t k = 0; k < K; ++k) {
+        const float* brow = bp + k * bN;
+        const float x0 = a0[k], x1 = a0[lda + k], x2 = a0[2 * lda + k], x3 = a0[3 * lda + k];
+#pragma omp simd
+        for (int64_t j = 0; j < kTile; ++j) {
+          acc[0][j] += x0 * brow[j];
+          acc[1][j] += x1 * brow[j];
+          acc[2][j] += x2 * brow[j];
+          acc[3][j] += x3 * brow[j];
+        }
+      }
+      for (int64_t r = 0; r < 4; ++r) std::memcpy(c + (r0 + r) * ldc, acc[r], sizeof(acc[r]));
+    }
+  }
+};
+
+// rows[t][:] <- x[(b*T + t) * stride + col + h*D + :] for t < T, zeros to Tp x Dp.
+template <class Eng, class T>
+void gather_head(typename Eng::E* rows, const T* x, int64_t b, int64_t h, int64_t T_, int64_t D, int64_t Tp, int64_t Dp,
+                 int64_t stride, int64_t col) {
+  using E = typename Eng::E;
+  for (int64_t t = 0; t < Tp; ++t) {
+    E* r = rows + t * Dp;
+    int64_t d = 0;
+    if (t < T_) {
+      const T* s = x + (b * T_ + t) * stride + col + h * D;
+      for (; d < D; ++d) r[d] = Eng::template in<T>(s[d]);
+    }
+    for (; d < Dp; ++d) r[d] = E{};
+  }
+}
+
+// x[(b*T + i0 + r) * stride + col + h*D + :D] <- blk[r][:D] * row_scale[r], rows inside T only.
 template <class T>
-Buf buf(T* p) {
-  return {p, std::is_same_v<T, float> ? DType::F32 : DType::BF16};
+void scatter_block(T* x, const float* blk, const float* row_scale, int64_t b, int64_t h, int64_t i0, int64_t T_, int64_t D,
+                   int64_t Dp, int64_t stride, int64_t col) {
+  for (int64_t r = 0; r < kTile && i0 + r < T_; ++r) {
+    T* d = x + (b * T_ + i0 + r) * stride + col + h * D;
+    const float f = row_scale ? row_scale[r] : 1.0f;
+    for (int64_t x_ = 0; x_ < D; ++x_) d[x_] = from_f32<T>(blk[r * Dp + x_] * f);
+  }
 }
 
-// dst[(b*H + h), t, :] = src[(b*T + t) * stride + col + h*D + :]
-template <class TD, class TS>
-void gather_heads(TD* dst, const TS* src, int64_t B, int64_t T_, int64_t H, int64_t D, int64_t stride, int64_t col) {
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < T_; ++t)
-      for (int64_t h = 0; h < H; ++h) {
-        const TS* s = src + (b * T_ + t) * stride + col + h * D;
-        TD* d = dst + ((b * H + h) * T_ + t) * D;
-        for (int64_t x = 0; x < D; ++x) d[x] = from_f32<TD>(to_f32(s[x]));
+template <class T, class Eng>
+void forward_impl(T* out, float* lse, const T* qkv, int64_t B, int64_t T_, int64_t H, int64_t D, Workspace& ws) {
+  using E = typename Eng::E;
+  const AttentionScratch plan = attention_scratch(B, T_, H, D, std::is_same_v<Eng, AmxEngine>);
+  const int64_t C = H * D, BH = B * H, Tp = plan.Tp, Dp = plan.Dp, head = Tp * Dp, tiles = Tp / kTile;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  E* q = reinterpret_cast<E*>(ws.floats(plan.operand_floats, AttentionScratch::kRows));
+  E* kt = reinterpret_cast<E*>(ws.floats(plan.operand_floats, AttentionScratch::kTransposed));
+  E* vn = reinterpret_cast<E*>(ws.floats(plan.operand_floats, AttentionScratch::kNormal));
+  const int64_t per_thread = plan.forward_thread_floats();
+  float* thread_scratch = ws.floats(per_thread * omp_get_max_threads(), AttentionScratch::kThread);
+#pragma omp parallel
+  {
+    float* mine = thread_scratch + per_thread * omp_get_thread_num();
+    float* S = mine;                                                 // [32][e] FP32
+    E* P = reinterpret_cast<E*>(S + plan.fstrip_floats);             // [32][e]
+    float* O = S + plan.fstrip_floats + plan.strip_floats;           // [32][Dp]
+    E* rows = reinterpret_cast<E*>(O + plan.block_floats);           // [Tp][Dp]
+#pragma omp for schedule(static)
+    for (int64_t bh = 0; bh < BH; ++bh) {  // operands: q rows, k^T and v packed
+      const int64_t b = bh / H, h = bh % H;
+      gather_head<Eng>(q + bh * head, qkv, b, h, T_, D, Tp, Dp, 3 * C, 0);
+      gather_head<Eng>(rows, qkv, b, h, T_, D, Tp, Dp, 3 * C, C);
+      Eng::pack_transposed(kt + bh * head, rows, Tp, Dp);
+      gather_head<Eng>(rows, qkv, b, h, T_, D, Tp, Dp, 3 * C, 2 * C);
+      Eng::pack_normal(vn + bh * head, rows, Tp, Dp);
+    }
+    Eng::begin();
+    float inv_sum[kTile];
+    // Longest strips first, over all heads: the dynamic schedule then evens out the triangle.
+#pragma omp for collapse(2) schedule(dynamic)
+    for (int64_t it = 0; it < tiles; ++it)
+      for (int64_t bh = 0; bh < BH; ++bh) {
+        const int64_t b = bh / H, h = bh % H, i0 = (tiles - 1 - it) * kTile, e = i0 + kTile;
+        for (int64_t n0 = 0; n0 < e; n0 += kTile)  // S = q_i k[0:e]^T
+          Eng::block(S + n0, e, q + bh * head + i0 * Dp, Dp, kt + bh * head, Dp, Tp, 0, n0, Dp);
+        for (int64_t r = 0; r < kTile; ++r) {
+          const int64_t i = i0 + r;
+          const float* s = S + r * e;
+          E* p = P + r * e;
+          if (i >= T_) {  // a padding row of the last tile: zero probabilities, nothing written
+            for (int64_t j = 0; j < e; ++j) p[j] = E{};
+            inv_sum[r] = 0.0f;
+            continue;
+          }
+          const float m = max_f32(s, i + 1);
+          float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+          for (int64_t j = 0; j <= i; ++j) {
+            const float x = exp_f32(scale * (s[j] - m));
+            sum += x;
+            p[j] = Eng::template strip<T>(x);
+          }
+          for (int64_t j = i + 1; j < e; ++j) p[j] = E{};
+          inv_sum[r] = 1.0f / sum;
+          lse[bh * T_ + i] = scale * m + std::log(sum);  // [B, H, T]
+        }
+        for (int64_t d0 = 0; d0 < Dp; d0 += kTile)  // o_i = P v[0:e]
+          Eng::block(O + d0, Dp, P, e, vn + bh * head, Tp, Dp, 0, d0, e);
+        scatter_block(out, O, inv_sum, b, h, i0, T_, D, Dp, C, 0);
       }
+    Eng::end();
+  }
 }
 
-template <class TD>
-void scatter_heads(TD* dst, const float* src, int64_t B, int64_t T_, int64_t H, int64_t D, int64_t stride, int64_t col) {
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < T_; ++t)
-      for (int64_t h = 0; h < H; ++h) {
-        const float* s = src + ((b * H + h) * T_ + t) * D;
-        TD* d = dst + (b * T_ + t) * stride + col + h * D;
-        for (int64_t x = 0; x < D; ++x) d[x] = from_f32<TD>(s[x]);
+template <class T, class Eng>
+void backward_impl(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse, int64_t B, int64_t T_, int64_t H,
+                   int64_t D, Workspace& ws) {
+  using E = typename Eng::E;
+  const AttentionScratch plan = attention_scratch(B, T_, H, D, std::is_same_v<Eng, AmxEngine>);
+  const int64_t C = H * D, BH = B * H, Tp = plan.Tp, Dp = plan.Dp, head = Tp * Dp, tiles = Tp / kTile;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  E* rows = reinterpret_cast<E*>(ws.floats(4 * plan.operand_floats, AttentionScratch::kRows));
+  E* tr = reinterpret_cast<E*>(ws.floats(4 * plan.operand_floats, AttentionScratch::kTransposed));
+  E* nr = reinterpret_cast<E*>(ws.floats(3 * plan.operand_floats, AttentionScratch::kNormal));
+  const int64_t op = plan.operand_floats * 4 / static_cast<int64_t>(sizeof(E));  // operand stride in elements
+  E *q = rows, *k = rows + op, *v = rows + 2 * op, *dO = rows + 3 * op;
+  E *qT = tr, *kT = tr + op, *vT = tr + 2 * op, *doT = tr + 3 * op;
+  E *qN = nr, *kN = nr + op, *doN = nr + 2 * op;
+  float* delta = ws.floats(plan.stats_floats, AttentionScratch::kStats);  // [BH][Tp], 0 on padding
+  float* lse_p = delta + BH * Tp;                                          // [BH][Tp], +inf on padding
+  const int64_t per_thread = plan.backward_thread_floats();
+  float* thread_scratch = ws.floats(per_thread * omp_get_max_threads(), AttentionScratch::kThread);
+#pragma omp parallel
+  {
+    float* S = thread_scratch + per_thread * omp_get_thread_num();  // [32][n] FP32: S, then S^T
+    float* dP = S + plan.fstrip_floats;                              // [32][n] FP32
+    E* P = reinterpret_cast<E*>(dP + plan.fstrip_floats);            // [32][n]
+    E* dS = reinterpret_cast<E*>(dP + plan.fstrip_floats + plan.strip_floats);
+    float* O = dP + plan.fstrip_floats + 2 * plan.strip_floats;      // [32][Dp]
+#pragma omp for schedule(static)
+    for (int64_t bh = 0; bh < BH; ++bh) {
+      const int64_t b = bh / H, h = bh % H, at = bh * head;
+      gather_head<Eng>(q + at, qkv, b, h, T_, D, Tp, Dp, 3 * C, 0);
+      gather_head<Eng>(k + at, qkv, b, h, T_, D, Tp, Dp, 3 * C, C);
+      gather_head<Eng>(v + at, qkv, b, h, T_, D, Tp, Dp, 3 * C, 2 * C);
+      gather_head<Eng>(dO + at, dout, b, h, T_, D, Tp, Dp, C, 0);
+      Eng::pack_transposed(qT + at, q + at, Tp, Dp);
+      Eng::pack_transposed(kT + at, k + at, Tp, Dp);
+      Eng::pack_transposed(vT + at, v + at, Tp, Dp);
+      Eng::pack_transposed(doT + at, dO + at, Tp, Dp);
+      Eng::pack_normal(qN + at, q + at, Tp, Dp);
+      Eng::pack_normal(kN + at, k + at, Tp, Dp);
+      Eng::pack_normal(doN + at, dO + at, Tp, Dp);
+      for (int64_t i = 0; i < Tp; ++i) {  // delta_i = do_i . o_i in FP32 from the stored values
+        float dl = 0.0f;
+        if (i < T_) {
+          const T* g = dout + (b * T_ + i) * C + h * D;
+          const T* o = out + (b * T_ + i) * C + h * D;
+          for (int64_t x = 0; x < D; ++x) dl += to_f32(g[x]) * to_f32(o[x]);
+        }
+        delta[bh * Tp + i] = dl;
+        lse_p[bh * Tp + i] = i < T_ ? lse[bh * T_ + i] : INFINITY;  // exp(s S - inf) = 0 on padding
       }
+    }
+    Eng::begin();
+    // Key pass: dv and dk of key tile j from the queries j0..Tp-1 (longest strips first; queries
+    // past T have lse = +inf, so P^T = 0 there).
+#pragma omp for collapse(2) schedule(dynamic)
+    for (int64_t jt = 0; jt < tiles; ++jt)
+      for (int64_t bh = 0; bh < BH; ++bh) {
+        const int64_t b = bh / H, h = bh % H, at = bh * head, j0 = jt * kTile, n = Tp - j0;
+        for (int64_t n0 = 0; n0 < n; n0 += kTile) {
+          Eng::block(S + n0, n, k + at + j0 * Dp, Dp, qT + at, Dp, Tp, 0, j0 + n0, Dp);    // S^T = k_j q^T
+          Eng::block(dP + n0, n, v + at + j0 * Dp, Dp, doT + at, Dp, Tp, 0, j0 + n0, Dp);  // dP^T = v_j do^T
+        }
+        const float* l = lse_p + bh * Tp + j0;
+        const float* dl = delta + bh * Tp + j0;
+        for (int64_t r = 0; r < kTile; ++r) {  // key j = j0 + r sees queries j..: columns c >= r
+          const float* s = S + r * n;
+          const float* dp = dP + r * n;
+          E* p = P + r * n;
+          E* ds = dS + r * n;
+          const int64_t first = j0 + r < T_ ? r : n;  // a padding key: an all-zero row
+          for (int64_t c = 0; c < first; ++c) p[c] = ds[c] = E{};
+#pragma omp simd
+          for (int64_t c = first; c < n; ++c) {
+            const E pr = Eng::template strip<T>(exp_f32(scale * s[c] - l[c]));
+            p[c] = pr;
+            ds[c] = Eng::template strip<T>(Eng::value(pr) * (dp[c] - dl[c]) * scale);
+          }
+        }
+        for (int64_t d0 = 0; d0 < Dp; d0 += kTile) Eng::block(O + d0, Dp, P, n, doN + at, Tp, Dp, j0, d0, n);  // dv_j
+        scatter_block(dqkv, O, nullptr, b, h, j0, T_, D, Dp, 3 * C, 2 * C);
+        for (int64_t d0 = 0; d0 < Dp; d0 += kTile) Eng::block(O + d0, Dp, dS, n, qN + at, Tp, Dp, j0, d0, n);  // dk_j
+        scatter_block(dqkv, O, nullptr, b, h, j0, T_, D, Dp, 3 * C, C);
+      }
+    // Query pass: dq of query tile i from the keys 0..e-1.
+#pragma omp for collapse(2) schedule(dynamic)
+    for (int64_t it = 0; it < tiles; ++it)
+      for (int64_t bh = 0; bh < BH; ++bh) {
+        const int64_t b = bh / H, h = bh % H, at = bh * head, i0 = (tiles - 1 - it) * kTile, e = i0 + kTile;
+        for (int64_t n0 = 0; n0 < e; n0 += kTile) {
+          Eng::block(S + n0, e, q + at + i0 * Dp, Dp, kT + at, Dp, Tp, 0, n0, Dp);    // S = q_i k^T
+          Eng::block(dP + n0, e, dO + at + i0 * Dp, Dp, vT + at, Dp, Tp, 0, n0, Dp);  // dP = do_i v^T
+        }
+        for (int64_t r = 0; r < kTile; ++r) {
+          const int64_t i = i0 + r;
+          const float* s = S + r * e;
+          const float* dp = dP + r * e;
+          E* ds = dS + r * e;
+          const int64_t last = i < T_ ? i : -1;  // padding rows: all zero
+          const float l = lse_p[bh * Tp + i], dl = delta[bh * Tp + i];
+#pragma omp simd
+          for (int64_t j = 0; j <= last; ++j) {
+            const float pr = Eng::value(Eng::template strip<T>(exp_f32(scale * s[j] - l)));
+            ds[j] = Eng::template strip<T>(pr * (dp[j] - dl) * scale);
+          }
+          for (int64_t j = last + 1; j < e; ++j) ds[j] = E{};
+        }
+        for (int64_t d0 = 0; d0 < Dp; d0 += kTile) Eng::block(O + d0, Dp, dS, e, kN + at, Tp, Dp, 0, d0, e);  // dq_i
+        scatter_block(dqkv, O, nullptr, b, h, i0, T_, D, Dp, 3 * C, 0);
+      }
+    Eng::end();
+  }
 }
 
 }  // namespace
 
 template <class T>
-void attention_forward(T* out, float* lse, const T* qkv, int64_t B, int64_t T_, int64_t H, int64_t D, OneDnnMatmul& gemm,
+void attention_forward(T* out, float* lse, const T* qkv, int64_t B, int64_t T_, int64_t H, int64_t D, bool amx,
                        Workspace& ws) {
-  const int64_t C = H * D, BH = B * H, TD = T_ * D, TT = T_ * T_;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  T* q = ws.as<T>(BH * TD, kQ);
-  T* k = ws.as<T>(BH * TD, kK);
-  T* v = ws.as<T>(BH * TD, kV);
-  float* S = ws.floats(BH * TT, kS);
-  T* P = ws.as<T>(BH * TT, kP);
-  float* O = ws.floats(BH * TD, kF1);
-  gather_heads(q, qkv, B, T_, H, D, 3 * C, 0);
-  gather_heads(k, qkv, B, T_, H, D, 3 * C, C);
-  gather_heads(v, qkv, B, T_, H, D, 3 * C, 2 * C);
-  gemm.run_batched(Buf{S, DType::F32}, buf(q), buf(k), BH, T_, T_, D, false, true, false);  // S = q k^T
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < BH * T_; ++r) {  // row i of head bh: keys 0..i
-    const int64_t i = r % T_;
-    float* s = S + r * T_;
-    T* p = P + r * T_;
-    float m = -INFINITY;
-#pragma omp simd reduction(max : m)
-    for (int64_t j = 0; j <= i; ++j) m = std::max(m, s[j]);
-    float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j <= i; ++j) {
-      s[j] = exp_f32(scale * (s[j] - m));  // S becomes the unnormalised probabilities
-      sum += s[j];
-    }
-    const float inv = 1.0f / sum;
-#pragma omp simd
-    for (int64_t j = 0; j <= i; ++j) p[j] = from_f32<T>(s[j] * inv);
-    for (int64_t j = i + 1; j < T_; ++j) p[j] = from_f32<T>(0.0f);
-    lse[r] = scale * m + std::log(sum);  // rows are (b*H + h)*T + i: lse's [B, H, T] layout
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (amx) return forward_impl<T, AmxEngine>(out, lse, qkv, B, T_, H, D, ws);
+  } else if (amx) {
+    throw std::invalid_argument("attention_forward: the AMX path takes BF16 tensors");
   }
-  gemm.run_batched(Buf{O, DType::F32}, buf(P), buf(v), BH, T_, D, T_, false, false, false);  // o = P v
-  scatter_heads(out, O, B, T_, H, D, C, 0);
+  forward_impl<T, PortableEngine>(out, lse, qkv, B, T_, H, D, ws);
 }
 
 template <class T>
 void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse, int64_t B, int64_t T_,
-                        int64_t H, int64_t D, OneDnnMatmul& gemm, Workspace& ws) {
-  const int64_t C = H * D, BH = B * H, TD = T_ * D, TT = T_ * T_;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  T* q = ws.as<T>(BH * TD, kQ);
-  T* k = ws.as<T>(BH * TD, kK);
-  T* v = ws.as<T>(BH * TD, kV);
-  T* o = ws.as<T>(BH * TD, kO);
-  T* dO = ws.as<T>(BH * TD, kDO);
-  float* S = ws.floats(BH * TT, kS);  // S, then dP
-  T* P = ws.as<T>(BH * TT, kP);       // P, then dS
-  float* dq = ws.floats(BH * TD, kF1);
-  float* dk = ws.floats(BH * TD, kF2);
-  float* dv = ws.floats(BH * TD, kF3);
-  gather_heads(q, qkv, B, T_, H, D, 3 * C, 0);
-  gather_heads(k, qkv, B, T_, H, D, 3 * C, C);
-  gather_heads(v, qkv, B, T_, H, D, 3 * C, 2 * C);
-  gather_heads(o, out, B, T_, H, D, C, 0);
-  gather_heads(dO, dout, B, T_, H, D, C, 0);
-  gemm.run_batched(Buf{S, DType::F32}, buf(q), buf(k), BH, T_, T_, D, false, true, false);  // S = q k^T
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < BH * T_; ++r) {  // P = exp(s S - lse), 0 above the diagonal
-    const int64_t i = r % T_;
-    const float* s = S + r * T_;
-    T* p = P + r * T_;
-    const float l = lse[r];
-#pragma omp simd
-    for (int64_t j = 0; j <= i; ++j) p[j] = from_f32<T>(exp_f32(scale * s[j] - l));
-    for (int64_t j = i + 1; j < T_; ++j) p[j] = from_f32<T>(0.0f);
+                        int64_t H, int64_t D, bool amx, Workspace& ws) {
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (amx) return backward_impl<T, AmxEngine>(dqkv, dout, qkv, out, lse, B, T_, H, D, ws);
+  } else if (amx) {
+    throw std::invalid_argument("attention_backward: the AMX path takes BF16 tensors");
   }
-  gemm.run_batched(Buf{dv, DType::F32}, buf(P), buf(dO), BH, T_, D, T_, true, false, false);  // dv = P^T do
-  gemm.run_batched(Buf{S, DType::F32}, buf(dO), buf(v), BH, T_, T_, D, false, true, false);  // dP = do v^T
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < BH * T_; ++r) {  // dS = P (dP - delta) s, delta = do . o
-    const int64_t i = r % T_;
-    float delta = 0.0f;
-#pragma omp simd reduction(+ : delta)
-    for (int64_t x = 0; x < D; ++x) delta += to_f32(dO[r * D + x]) * to_f32(o[r * D + x]);
-    const float* dp = S + r * T_;
-    T* p = P + r * T_;
-#pragma omp simd
-    for (int64_t j = 0; j <= i; ++j) p[j] = from_f32<T>(to_f32(p[j]) * (dp[j] - delta) * scale);
-  }
-  gemm.run_batched(Buf{dq, DType::F32}, buf(P), buf(k), BH, T_, D, T_, false, false, false);  // dq = dS k
-  gemm.run_batched(Buf{dk, DType::F32}, buf(P), buf(q), BH, T_, D, T_, true, false, false);   // dk = dS^T q
-  scatter_heads(dqkv, dq, B, T_, H, D, 3 * C, 0);
-  scatter_heads(dqkv, dk, B, T_, H, D, 3 * C, C);
-  scatter_heads(dqkv, dv, B, T_, H, D, 3 * C, 2 * C);
+  backward_impl<T, PortableEngine>(dqkv, dout, qkv, out, lse, B, T_, H, D, ws);
 }
 
-template void attention_forward<float>(float*, float*, const float*, int64_t, int64_t, int64_t, int64_t, OneDnnMatmul&,
-                                       Workspace&);
-template void attention_forward<bf16>(bf16*, float*, const bf16*, int64_t, int64_t, int64_t, int64_t, OneDnnMatmul&,
-                                      Workspace&);
-template void attention_backward<float>(float*, const float*, const float*, const float*, const float*, int64_t,
-                                        int64_t, int64_t, int64_t, OneDnnMatmul&, Workspace&);
+template void attention_forward<float>(float*, float*, const float*, int64_t, int64_t, int64_t, int64_t, bool, Workspace&);
+template void attention_forward<bf16>(bf16*, float*, const bf16*, int64_t, int64_t, int64_t, int64_t, bool, Workspace&);
+template void attention_backward<float>(float*, const float*, const float*, const float*, const float*, int64_t, int64_t,
+                                        int64_t, int64_t, bool, Workspace&);
 template void attention_backward<bf16>(bf16*, const bf16*, const bf16*, const bf16*, const float*, int64_t, int64_t,
-                                       int64_t, int64_t, OneDnnMatmul&, Workspace&);
+                                       int64_t, int64_t, bool, Workspace&);
 
 }  // namespace multinorm::cpu

@@ -4,6 +4,7 @@
 // comments of each file. Kernels never allocate: scratch comes from the caller's Workspace.
 #pragma once
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -44,6 +45,21 @@ class Workspace {
 
 class OneDnnMatmul;
 
+// max of x[0..n) in 16 independent lanes: GCC leaves an `omp simd reduction(max)` over std::max
+// scalar, a 4-cycle dependency chain per element (it was 2/3 of the cross-entropy's time). NaN
+// elements are passed over, as std::max(m, x) passes over them; -inf for n = 0.
+inline float max_f32(const float* x, int64_t n) {
+  float lane[16];
+  for (int l = 0; l < 16; ++l) lane[l] = -INFINITY;
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int l = 0; l < 16; ++l) lane[l] = x[i + l] > lane[l] ? x[i + l] : lane[l];
+  float m = -INFINITY;
+  for (; i < n; ++i) m = x[i] > m ? x[i] : m;
+  for (int l = 0; l < 16; ++l) m = lane[l] > m ? lane[l] : m;
+  return m;
+}
+
 template <class T> void embedding_forward(T* out, const int32_t* tokens, const T* wte, int64_t BT, int64_t C);
 template <class T, class G> void embedding_backward(G* dwte, const T* dout, const int32_t* tokens, int64_t BT, int64_t C, Workspace& ws);
 
@@ -53,10 +69,43 @@ template <class T, class G> void rmsnorm_backward(float* dx, G* dw, const float*
 
 template <class T> void rope_forward(T* qkv, const float* cos_sin, int64_t B, int64_t T_, int64_t H, int64_t D, bool inverse);
 
+// Blocked causal attention (attention.cpp). amx: BF16 operands on the AMX tiles (T = bf16 and
+// amx_usable() only); otherwise FP32 block products on the vector units.
 template <class T> void attention_forward(T* out, float* lse, const T* qkv, int64_t B, int64_t T_, int64_t H, int64_t D,
-                                          OneDnnMatmul& gemm, Workspace& ws);
+                                          bool amx, Workspace& ws);
 template <class T> void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse,
-                                           int64_t B, int64_t T_, int64_t H, int64_t D, OneDnnMatmul& gemm, Workspace& ws);
+                                           int64_t B, int64_t T_, int64_t H, int64_t D, bool amx, Workspace& ws);
+
+// Attention's scratch plan, shared by the kernel and the memory estimate. Operands are stored per
+// head padded to Tp x Dp (multiples of the 32 tile) in the block engine's element type (BF16 on the
+// AMX path, FP32 otherwise): the forward holds one operand in each of the rows / transposed / normal
+// slots, the backward 4 / 4 / 3 plus its per-row statistics. Each thread owns one set of strips:
+// 32 query (or key) rows against every key (or query) they reach.
+struct AttentionScratch {
+  enum Slot : size_t { kRows = 1, kTransposed = 2, kNormal = 3, kStats = 4, kThread = 5 };
+  int64_t Tp, Dp, elem_bytes;
+  int64_t operand_floats;  // one operand of every head: B H Tp Dp elements
+  int64_t stats_floats;    // delta and the +inf-padded lse: 2 B H Tp
+  int64_t strip_floats;    // one 32 x Tp strip in the element type, rounded to 64 bytes
+  int64_t fstrip_floats;   // one 32 x Tp FP32 strip
+  int64_t block_floats;    // one 32 x Dp FP32 output block
+  int64_t head_floats;     // one head's Tp x Dp operand in the element type (the forward's packing)
+  int64_t forward_thread_floats() const { return fstrip_floats + strip_floats + block_floats + head_floats; }
+  int64_t backward_thread_floats() const { return 2 * fstrip_floats + 2 * strip_floats + block_floats; }
+};
+inline AttentionScratch attention_scratch(int64_t B, int64_t T, int64_t H, int64_t D, bool amx) {
+  auto up = [](int64_t x, int64_t m) { return (x + m - 1) / m * m; };
+  AttentionScratch s{};
+  s.Tp = up(T, 32), s.Dp = up(D, 32), s.elem_bytes = amx ? 2 : 4;
+  auto floats = [&](int64_t elements) { return up(elements * s.elem_bytes, 64) / 4; };
+  s.operand_floats = floats(B * H * s.Tp * s.Dp);
+  s.stats_floats = 2 * B * H * s.Tp;
+  s.strip_floats = floats(32 * s.Tp);
+  s.fstrip_floats = 32 * s.Tp;
+  s.block_floats = 32 * s.Dp;
+  s.head_floats = floats(s.Tp * s.Dp);
+  return s;
+}
 
 template <class T> void attention_decode(T* out, const T* qkv, T* k_cache, T* v_cache, int64_t pos, int64_t H, int64_t D,
                                          Workspace& ws);

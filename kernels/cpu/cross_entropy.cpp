@@ -22,9 +22,7 @@ void cross_entropy(float* losses, T* dlogits, const float* logits, const int32_t
         for (int64_t v = 0; v < V; ++v) d[v] = from_f32<T>(0.0f);
       continue;
     }
-    float m = -INFINITY;
-#pragma omp simd reduction(max : m)
-    for (int64_t v = 0; v < V; ++v) m = std::max(m, x[v]);
+    const float m = max_f32(x, V);
     float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
     for (int64_t v = 0; v < V; ++v) sum += exp_f32(x[v] - m);

@@ -11,51 +11,34 @@
 #include <cstring>
 
 #include "../common/bf16.h"
+#include "amx_tiles.h"
 
 namespace multinorm::cpu {
 
 namespace {
 
-// Tiles: C 0-3 (FP32 16x16 accumulators of a 32x32 output block), A 4-5 (16 rows x 32 K), B 6-7
-// (16 K-pairs x 16 columns x 2). A 32x32 block costs 4 TDPBF16PS per 4 tile loads per 32 K.
-constexpr int64_t kBlock = 32;  // output block edge (2 x 2 tiles)
-constexpr int64_t kTileK = 32;  // BF16 elements of K per tile row (64 bytes)
-
-struct TileConfig {
-  uint8_t palette_id = 1, start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
-// Tile configuration is per thread state: each thread of the parallel region loads its own.
-void configure_tiles() {
-  TileConfig c;
-  for (int t = 0; t < 8; ++t) c.rows[t] = 16, c.colsb[t] = 64;
-  _tile_loadconfig(&c);
-}
+using amx::kBlock;
+using amx::kTileK;
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
-// b as [Np/16][Kp/2][16][2]: for each 16-column block, K in pairs, each column's pair adjacent (the
-// B tile's layout: a tile is 16 consecutive pairs-rows of one column block). Zero padded.
+// b in the packed B layout of amx_tiles.h, zero padded to Np columns and Kp.
 void pack_b(uint16_t* bp, const uint16_t* b, int64_t N, int64_t K, int64_t Np, int64_t Kp, bool trans_b) {
+  const int64_t ldb = trans_b ? K : N;
 #pragma omp parallel for schedule(static)
-  for (int64_t nb = 0; nb < Np / 16; ++nb) {
-    uint16_t* dst = bp + nb * Kp * 16;
-    for (int64_t c = 0; c < 16; ++c) {
-      const int64_t n = nb * 16 + c;
-      if (n >= N) {
-        for (int64_t kp = 0; kp < Kp / 2; ++kp) dst[kp * 32 + c * 2] = dst[kp * 32 + c * 2 + 1] = 0;
-        continue;
-      }
-      if (trans_b) {  // b is [N, K]: row n holds the column's K consecutively
-        const uint16_t* row = b + n * K;
-        for (int64_t k = 0; k < Kp; ++k) dst[(k / 2) * 32 + c * 2 + (k & 1)] = k < K ? row[k] : 0;
-      } else {  // b is [K, N]
-        for (int64_t k = 0; k < Kp; ++k) dst[(k / 2) * 32 + c * 2 + (k & 1)] = k < K ? b[k * N + n] : 0;
-      }
-    }
+  for (int64_t nb = 0; nb < Np / 16; ++nb) amx::pack_b_panel(bp + nb * Kp * 16, b, ldb, nb, N, K, Kp, trans_b);
+}
+
+// Rows m0..m0+15 of the transposed a ([K, M] stored) into ap [Mp][Kp]: whole 32 x 16 blocks by the
+// vector transpose, the edges and the padding element by element.
+MULTINORM_AVX512_TARGET void pack_a_transposed_rows(uint16_t* ap, const uint16_t* a, int64_t m0, int64_t M, int64_t K,
+                                                    int64_t Kp) {
+  int64_t k0 = 0;
+  if (m0 + 16 <= M)
+    for (; k0 + 32 <= K; k0 += 32) amx::transpose_block_32x16(ap + m0 * Kp + k0, Kp, a + k0 * M + m0, M);
+  for (int64_t m = m0; m < m0 + 16; ++m) {
+    uint16_t* dst = ap + m * Kp;
+    for (int64_t k = k0; k < Kp; ++k) dst[k] = (m < M && k < K) ? a[k * M + m] : 0;
   }
 }
 
@@ -74,15 +57,8 @@ void pack_a(uint16_t* ap, const uint16_t* a, int64_t M, int64_t K, int64_t Mp, i
     }
     return;
   }
-  // Transpose in 64 x 64 blocks (both sides stay in L1).
-  constexpr int64_t kT = 64;
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t m0 = 0; m0 < Mp; m0 += kT)
-    for (int64_t k0 = 0; k0 < Kp; k0 += kT)
-      for (int64_t m = m0; m < std::min(Mp, m0 + kT); ++m) {
-        uint16_t* dst = ap + m * Kp;
-        for (int64_t k = k0; k < std::min(Kp, k0 + kT); ++k) dst[k] = (m < M && k < K) ? a[k * M + m] : 0;
-      }
+#pragma omp parallel for schedule(static)
+  for (int64_t m0 = 0; m0 < Mp; m0 += 16) pack_a_transposed_rows(ap, a, m0, M, K, Kp);
 }
 
 }  // namespace
@@ -124,56 +100,26 @@ void amx_matmul(Buf out, const bf16* a_bf16, const bf16* b_bf16, int64_t M, int6
     A = scratch.a.data();
   }
   const uint16_t* B = scratch.b.data();
-  const int64_t lda = Kp, a_stride = lda * 2, kpairs = Kp / 2;
+  const int64_t lda = Kp, kpairs = Kp / 2;
   const bool f32 = out.dtype == DType::F32;
   float* out_f = static_cast<float*>(out.ptr);
   bf16* out_h = static_cast<bf16*>(out.ptr);
 #pragma omp parallel
   {
-    configure_tiles();
+    amx::configure_tiles();
     alignas(64) float tile[kBlock * kBlock];
 #pragma omp for collapse(2) schedule(static)
     for (int64_t m0 = 0; m0 < Mp; m0 += kBlock)
       for (int64_t n0 = 0; n0 < Np; n0 += kBlock) {
         // FP32 output blocks inside the matrix are accumulated in place; the rest go through `tile`.
         const bool in_place = f32 && m0 + kBlock <= M && n0 + kBlock <= N;
-        float* c = out_f + m0 * N + n0;
-        const int64_t ldc = N * 4;
-        if (in_place && accumulate) {
-          _tile_loadd(0, c, ldc);
-          _tile_loadd(1, c + 16, ldc);
-          _tile_loadd(2, c + 16 * N, ldc);
-          _tile_loadd(3, c + 16 * N + 16, ldc);
-        } else {
-          _tile_zero(0);
-          _tile_zero(1);
-          _tile_zero(2);
-          _tile_zero(3);
-        }
         const uint16_t* a0 = A + m0 * lda;
         const uint16_t* b0 = B + (n0 / 16) * kpairs * 32;
-        const uint16_t* b1 = b0 + kpairs * 32;
-        for (int64_t k0 = 0; k0 < Kp; k0 += kTileK) {
-          _tile_loadd(4, a0 + k0, a_stride);
-          _tile_loadd(5, a0 + 16 * lda + k0, a_stride);
-          _tile_loadd(6, b0 + k0 * 16, 64);
-          _tile_loadd(7, b1 + k0 * 16, 64);
-          _tile_dpbf16ps(0, 4, 6);
-          _tile_dpbf16ps(1, 4, 7);
-          _tile_dpbf16ps(2, 5, 6);
-          _tile_dpbf16ps(3, 5, 7);
-        }
         if (in_place) {
-          _tile_stored(0, c, ldc);
-          _tile_stored(1, c + 16, ldc);
-          _tile_stored(2, c + 16 * N, ldc);
-          _tile_stored(3, c + 16 * N + 16, ldc);
+          amx::block_32x32(out_f + m0 * N + n0, N, accumulate, a0, lda, b0, kpairs * 32, Kp);
           continue;
         }
-        _tile_stored(0, tile, kBlock * 4);
-        _tile_stored(1, tile + 16, kBlock * 4);
-        _tile_stored(2, tile + 16 * kBlock, kBlock * 4);
-        _tile_stored(3, tile + 16 * kBlock + 16, kBlock * 4);
+        amx::block_32x32(tile, kBlock, false, a0, lda, b0, kpairs * 32, Kp);
         const int64_t rows = std::min(kBlock, M - m0), cols = std::min(kBlock, N - n0);
         for (int64_t r = 0; r < rows; ++r) {
           const float* t = tile + r * kBlock;
@@ -186,7 +132,7 @@ void amx_matmul(Buf out, const bf16* a_bf16, const bf16* b_bf16, int64_t M, int6
           }
         }
       }
-    _tile_release();
+    amx::release_tiles();
   }
 }
 

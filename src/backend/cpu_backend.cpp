@@ -28,6 +28,12 @@ void with_types(DType t, DType g, const char* op, Fn&& fn) {
 using dispatch::as;
 using dispatch::same_dtype;
 
+// BF16 attention runs its block products on the AMX tiles where the CPU has them.
+template <class T>
+bool attention_on_amx() {
+  return std::is_same_v<T, bf16> && cpu::amx_usable();
+}
+
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(int threads) {
@@ -101,7 +107,7 @@ class CpuBackend final : public Backend {
     same_dtype({out, qkv}, "attention_forward");
     with_type(out.dtype, [&](auto* t) {
       using T = std::remove_pointer_t<decltype(t)>;
-      cpu::attention_forward(as<T>(out), lse, as<T>(qkv), B, T_, H, D, gemm_, ws_);
+      cpu::attention_forward(as<T>(out), lse, as<T>(qkv), B, T_, H, D, attention_on_amx<T>(), ws_);
     });
   }
   void attention_backward(Buf dqkv, Buf dout, Buf qkv, Buf out, const float* lse, int64_t B, int64_t T_, int64_t H,
@@ -109,7 +115,7 @@ class CpuBackend final : public Backend {
     same_dtype({dqkv, dout, qkv, out}, "attention_backward");
     with_type(dqkv.dtype, [&](auto* t) {
       using T = std::remove_pointer_t<decltype(t)>;
-      cpu::attention_backward(as<T>(dqkv), as<T>(dout), as<T>(qkv), as<T>(out), lse, B, T_, H, D, gemm_, ws_);
+      cpu::attention_backward(as<T>(dqkv), as<T>(dout), as<T>(qkv), as<T>(out), lse, B, T_, H, D, attention_on_amx<T>(), ws_);
     });
   }
   void attention_decode(Buf out, Buf qkv, Buf k_cache, Buf v_cache, int64_t pos, int64_t H, int64_t D) override {
