@@ -93,6 +93,13 @@ struct AttentionScratch {
   int64_t forward_thread_floats() const { return fstrip_floats + strip_floats + block_floats + head_floats; }
   int64_t backward_thread_floats() const { return 2 * fstrip_floats + 2 * strip_floats + block_floats; }
 };
+// The share of the usual attention FLOP count (full T x T products: 2 forward, 4 backward) that the
+// blocked kernel computes: 9 products (2 forward, 7 backward: S and dP are recomputed in the key and
+// the query pass) over the 32-blocks on and below the diagonal, (n + 1) / (2 n) of the square.
+inline double attention_blocked_flops_share(int64_t T) {
+  const double n = static_cast<double>((T + 31) / 32);
+  return 9.0 / 6.0 * (n + 1) / (2 * n);
+}
 inline AttentionScratch attention_scratch(int64_t B, int64_t T, int64_t H, int64_t D, bool amx) {
   auto up = [](int64_t x, int64_t m) { return (x + m - 1) / m * m; };
   AttentionScratch s{};
@@ -128,7 +135,8 @@ struct SwanReport {
 };
 // SinkGD's column sums go through this many chunks of rows (about 64 rows each, at most 64): a
 // function of m alone, so the result does not depend on the thread count. Its scratch: u (m), v (n),
-// chunks x n partial sums, one FP32 row of n per thread.
+// chunks x n partial sums, kSinkgdRowGroup FP32 rows of n per thread (the rows it widens at a time).
+constexpr int64_t kSinkgdRowGroup = 4;
 inline int64_t sinkgd_chunks(int64_t m) { return std::min<int64_t>(64, std::max<int64_t>(1, (m + 63) / 64)); }
 template <class T, class G> void sinkgd_update(T* w, const G* g, int64_t m, int64_t n, const SinkGDArgs& a, Workspace& ws);
 template <class T, class G> SwanReport swan_update(T* w, const G* g, int64_t m, int64_t n, const SwanArgs& a, OneDnnMatmul& gemm, Workspace& ws);

@@ -21,6 +21,7 @@ namespace multinorm::cpu {
 
 namespace {
 constexpr int64_t kColumnBlock = 256;
+constexpr int64_t kRowGroup = kSinkgdRowGroup;  // rows whose column contributions are added together
 enum Slot : size_t { kU = 20, kV, kPartial, kRows };
 
 // sum_j (G_ij v_j)^2 for row g, with 64 independent partial sums (four 16-wide vectors: one
@@ -72,7 +73,7 @@ void sinkgd_update(T* w, const G* g, int64_t m, int64_t n, const SinkGDArgs& a, 
   const int64_t chunks = sinkgd_chunks(m);
   float* partial = ws.floats(chunks * n, kPartial);
   const int threads = omp_get_max_threads();
-  float* rows = ws.floats(static_cast<size_t>(threads) * n, kRows);  // one G row per thread
+  float* rows = ws.floats(static_cast<size_t>(threads) * kRowGroup * n, kRows);  // a row group per thread
   const float sqrt_n = std::sqrt(static_cast<float>(n)), sqrt_m = std::sqrt(static_cast<float>(m));
   const int64_t rows_per_chunk = (m + chunks - 1) / chunks;
   std::fill(v, v + n, 1.0f);
@@ -81,14 +82,31 @@ void sinkgd_update(T* w, const G* g, int64_t m, int64_t n, const SinkGDArgs& a, 
   // much as the passes themselves on small tensors.
 #pragma omp parallel
   {
-    float* buf = rows + static_cast<size_t>(omp_get_thread_num()) * n;
+    float* buf = rows + static_cast<size_t>(omp_get_thread_num()) * kRowGroup * n;
     for (int it = 0; it < a.iterations; ++it) {
 #pragma omp for schedule(static)
       for (int64_t c = 0; c < chunks; ++c) {
         float* col = partial + c * n;
         std::fill(col, col + n, 0.0f);
         const int64_t end = std::min(m, (c + 1) * rows_per_chunk);
-        for (int64_t i = c * rows_per_chunk; i < end; ++i) {
+        // Rows in groups of four: their column contributions go into `col` in one pass (one load
+        // and store of col per four rows instead of per row; the adds' order is fixed by m alone).
+        int64_t i = c * rows_per_chunk;
+        for (; i + kRowGroup <= end; i += kRowGroup) {
+          const float* x[kRowGroup];
+          float u2[kRowGroup];
+          for (int64_t q = 0; q < kRowGroup; ++q) {
+            float r;
+            x[q] = row_sum_squares(g + (i + q) * n, v, n, buf + q * n, r);
+            u[i + q] = sqrt_n / std::max(std::sqrt(r), a.eps);
+            u2[q] = u[i + q] * u[i + q];
+          }
+          const float *x0 = x[0], *x1 = x[1], *x2 = x[2], *x3 = x[3];
+#pragma omp simd
+          for (int64_t j = 0; j < n; ++j)
+            col[j] += (u2[0] * x0[j] * x0[j] + u2[1] * x1[j] * x1[j]) + (u2[2] * x2[j] * x2[j] + u2[3] * x3[j] * x3[j]);
+        }
+        for (; i < end; ++i) {
           float r;
           const float* x = row_sum_squares(g + i * n, v, n, buf, r);
           u[i] = sqrt_n / std::max(std::sqrt(r), a.eps);

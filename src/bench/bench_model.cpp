@@ -1,5 +1,5 @@
-// `multinorm bench model`: training throughput of the hand-written LLaMA, against (a) the oneDNN
-// BF16 GEMM throughput on the model's own GEMM shapes and (b) PyTorch CPU on the same model and batch,
+// `multinorm bench model`: training throughput of the hand-written LLaMA, against (a) the backend's
+// own BF16 GEMM throughput (AMX tiles, oneDNN or cuBLASLt) on the model's own GEMM shapes and (b) PyTorch CPU on the same model and batch,
 // both measured in the same run. FLOPs per token: 6 x (GEMM parameters incl. lm_head) +
 // 12 x layers x T x C (attention, counted without the causal saving), the usual convention.
 #include <chrono>
@@ -7,6 +7,7 @@
 #include <map>
 #include <random>
 
+#include "../../kernels/cpu/cpu_kernels.h"
 #include "multinorm/device.h"
 #include "multinorm/bench.h"
 #include "multinorm/error.h"
@@ -142,6 +143,7 @@ void bench_model(const ModelBenchOptions& o) {
               {"gflops", achieved}, {"gemm_peak_gflops", gemm_gflops}, {"ratio_to_gemm_peak", achieved / gemm_gflops},
               {"torch_tokens_per_s", torch_tps}, {"torch_mode", torch_mode},
               {"ratio_to_torch", torch_tps > 0 ? train_tps / torch_tps : 0.0}};
+    if (be->host_memory()) j["attention_flops_share"] = cpu::attention_blocked_flops_share(T);
     for (size_t i = 0; i < train_profile.seconds.size(); ++i)
       j["profile_s"][op_name(static_cast<Op>(i))] = train_profile.seconds[i] / o.steps;
     std::printf("%s\n", j.dump(2).c_str());
@@ -162,6 +164,12 @@ void bench_model(const ModelBenchOptions& o) {
                 train_tps / torch_tps);
   else
     std::printf("  PyTorch CPU: %s\n", torch_mode.c_str());
+  if (be->host_memory()) {  // the CPU attention's blocks (kernels/cpu/attention.cpp)
+    const double n = static_cast<double>((T + 31) / 32), causal = (n + 1) / (2 * n);
+    std::printf("  attention computes %.0f%% of the 12 x L x T x C counted above: blocks up to the diagonal skip %.0f%%,\n"
+                "    recomputing S and dP in the backward's two passes adds %.0f%%\n",
+                100.0 * cpu::attention_blocked_flops_share(T), 100.0 * (1 - causal), 100.0 * 3 * causal / 6);
+  }
   std::printf("  where a training step's time goes:\n");
   double total = 0;
   for (double s : train_profile.seconds) total += s;

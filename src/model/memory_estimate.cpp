@@ -64,8 +64,8 @@ int64_t cpu_backend_scratch_bytes(const ModelConfig& m, int64_t B, int64_t T, DT
   for (const auto& a : assign_optimizers(specs, matrix_optimizer, "adam", matrix_params)) {
     if (!a.matrix) continue;
     const int64_t r = a.tensor->rows(), c = a.tensor->cols(), k = std::min(r, c);
-    if (matrix_optimizer == "sinkgd") {   // kernels/cpu/sinkgd.cpp: u, v, partial column sums, a row per thread
-      need(20, r), need(21, c), need(22, cpu::sinkgd_chunks(r) * c), need(23, c * std::max(threads, 1));
+    if (matrix_optimizer == "sinkgd") {   // kernels/cpu/sinkgd.cpp: u, v, partial column sums, a row group per thread
+      need(20, r), need(21, c), need(22, cpu::sinkgd_chunks(r) * c), need(23, cpu::kSinkgdRowGroup * c * std::max(threads, 1));
     } else if (matrix_optimizer == "swan") {  // kernels/cpu/swan.cpp
       need(30, r * c);                    // X
       if (swan_exact) {
