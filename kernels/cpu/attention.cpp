@@ -3,8 +3,8 @@
 // masked half is never computed). Scale s = 1/sqrt(D); e = the end of query tile i (keys 0..e-1).
 //   Forward, per head and 32-query tile i:
 //     S = q_i k[0:e]^T                     [32, e]   block products, key blocks up to the diagonal
-//     P = exp(s S - s m) (j <= query)      [32, e]   m = row max; l = row sum of the FP32 values
-//     o_i = (P v[0:e]) / l                 [32, D]
+//     P = exp(s S - s m) / l (j <= query)  [32, e]   m = row max, l = row sum (FP32), then rounded
+//     o_i = P v[0:e]                       [32, D]
 //     lse_i = s m + log l                  [32]      saved: the backward recomputes P from it
 //   Backward, from lse (o is only read for delta = rowsum(do * o)):
 //     key pass, per 32-key tile j (queries j..T-1):
@@ -137,14 +137,13 @@ void gather_head(typename Eng::E* rows, const T* x, int64_t b, int64_t h, int64_
   }
 }
 
-// x[(b*T + i0 + r) * stride + col + h*D + :D] <- blk[r][:D] * row_scale[r], rows inside T only.
+// x[(b*T + i0 + r) * stride + col + h*D + :D] <- blk[r][:D], rows inside T only.
 template <class T>
-void scatter_block(T* x, const float* blk, const float* row_scale, int64_t b, int64_t h, int64_t i0, int64_t T_, int64_t D,
+void scatter_block(T* x, const float* blk, int64_t b, int64_t h, int64_t i0, int64_t T_, int64_t D,
                    int64_t Dp, int64_t stride, int64_t col) {
   for (int64_t r = 0; r < kTile && i0 + r < T_; ++r) {
     T* d = x + (b * T_ + i0 + r) * stride + col + h * D;
-    const float f = row_scale ? row_scale[r] : 1.0f;
-    for (int64_t x_ = 0; x_ < D; ++x_) d[x_] = from_f32<T>(blk[r * Dp + x_] * f);
+    for (int64_t x_ = 0; x_ < D; ++x_) d[x_] = from_f32<T>(blk[r * Dp + x_]);
   }
 }
 
@@ -176,7 +175,6 @@ void forward_impl(T* out, float* lse, const T* qkv, int64_t B, int64_t T_, int64
       Eng::pack_normal(vn + bh * head, rows, Tp, Dp);
     }
     Eng::begin();
-    float inv_sum[kTile];
     // Longest strips first, over all heads: the dynamic schedule then evens out the triangle.
 #pragma omp for collapse(2) schedule(dynamic)
     for (int64_t it = 0; it < tiles; ++it)
@@ -186,28 +184,31 @@ void forward_impl(T* out, float* lse, const T* qkv, int64_t B, int64_t T_, int64
           Eng::block(S + n0, e, q + bh * head + i0 * Dp, Dp, kt + bh * head, Dp, Tp, 0, n0, Dp);
         for (int64_t r = 0; r < kTile; ++r) {
           const int64_t i = i0 + r;
-          const float* s = S + r * e;
+          float* s = S + r * e;
           E* p = P + r * e;
           if (i >= T_) {  // a padding row of the last tile: zero probabilities, nothing written
             for (int64_t j = 0; j < e; ++j) p[j] = E{};
-            inv_sum[r] = 0.0f;
             continue;
           }
           const float m = max_f32(s, i + 1);
           float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
           for (int64_t j = 0; j <= i; ++j) {
-            const float x = exp_f32(scale * (s[j] - m));
-            sum += x;
-            p[j] = Eng::template strip<T>(x);
+            s[j] = exp_f32(scale * (s[j] - m));  // S becomes the unnormalised probabilities
+            sum += s[j];
           }
+          // P is normalised before it is rounded: the rounding PyTorch's BF16 attention applies
+          // (rounding exp(s - m) and dividing o by l after the product moved a BF16 model's loss by
+          // 2e-5 against it).
+          const float inv = 1.0f / sum;
+#pragma omp simd
+          for (int64_t j = 0; j <= i; ++j) p[j] = Eng::template strip<T>(s[j] * inv);
           for (int64_t j = i + 1; j < e; ++j) p[j] = E{};
-          inv_sum[r] = 1.0f / sum;
           lse[bh * T_ + i] = scale * m + std::log(sum);  // [B, H, T]
         }
         for (int64_t d0 = 0; d0 < Dp; d0 += kTile)  // o_i = P v[0:e]
           Eng::block(O + d0, Dp, P, e, vn + bh * head, Tp, Dp, 0, d0, e);
-        scatter_block(out, O, inv_sum, b, h, i0, T_, D, Dp, C, 0);
+        scatter_block(out, O, b, h, i0, T_, D, Dp, C, 0);
       }
     Eng::end();
   }
@@ -291,9 +292,9 @@ void backward_impl(T* dqkv, const T* dout, const T* qkv, const T* out, const flo
           }
         }
         for (int64_t d0 = 0; d0 < Dp; d0 += kTile) Eng::block(O + d0, Dp, P, n, doN + at, Tp, Dp, j0, d0, n);  // dv_j
-        scatter_block(dqkv, O, nullptr, b, h, j0, T_, D, Dp, 3 * C, 2 * C);
+        scatter_block(dqkv, O, b, h, j0, T_, D, Dp, 3 * C, 2 * C);
         for (int64_t d0 = 0; d0 < Dp; d0 += kTile) Eng::block(O + d0, Dp, dS, n, qN + at, Tp, Dp, j0, d0, n);  // dk_j
-        scatter_block(dqkv, O, nullptr, b, h, j0, T_, D, Dp, 3 * C, C);
+        scatter_block(dqkv, O, b, h, j0, T_, D, Dp, 3 * C, C);
       }
     // Query pass: dq of query tile i from the keys 0..e-1.
 #pragma omp for collapse(2) schedule(dynamic)
@@ -319,7 +320,7 @@ void backward_impl(T* dqkv, const T* dout, const T* qkv, const T* out, const flo
           for (int64_t j = last + 1; j < e; ++j) ds[j] = E{};
         }
         for (int64_t d0 = 0; d0 < Dp; d0 += kTile) Eng::block(O + d0, Dp, dS, e, kN + at, Tp, Dp, 0, d0, e);  // dq_i
-        scatter_block(dqkv, O, nullptr, b, h, i0, T_, D, Dp, 3 * C, 0);
+        scatter_block(dqkv, O, b, h, i0, T_, D, Dp, 3 * C, 0);
       }
     Eng::end();
   }
