@@ -7,6 +7,7 @@
 #include <random>
 
 #include "../kernels/common/rounding.h"
+#include "../kernels/cpu/cpu_kernels.h"
 #include "multinorm/optimizer.h"
 #include "multinorm/schedule.h"
 #include "test_support.h"
@@ -227,6 +228,42 @@ TEST(SinkGD, Bf16WeightsAndThreadIndependence) {
   Vec expect(m * n);
   for (int64_t i = 0; i < m * n; ++i) expect[i] = w_stored[i] - 0.125 * ref[i];
   EXPECT_TRUE(close(W.get(), expect, 1.0 / 128));  // one BF16 rounding (2^-8 relative) of each weight
+}
+
+// A BF16 gradient is widened to FP32 either once into a cache that the L passes and the W write read
+// (where it fits L2) or afresh each pass into a row buffer; the two must agree to the bit, on shapes
+// with partial row groups (m mod 4), partial chunks and partial 64-lane blocks (n mod 64), and with
+// a zero row and column. Both must also be the FP64 reference's update within one BF16 rounding.
+// (Mutation check: squaring in another order in one of the two row-sum loops fails the FP32 compare.)
+TEST(SinkGD, CachedAndStreamedBf16RowsGiveTheSameBits) {
+  struct Shape { int64_t m, n; };
+  for (Shape s : {Shape{1, 1}, Shape{3, 70}, Shape{37, 129}, Shape{130, 65}, Shape{261, 200}}) {
+    Vec g = random_vec(s.m * s.n, 31, 1e-3), w0 = random_vec(s.m * s.n, 32, 0.05);
+    if (s.m > 2 && s.n > 2) {
+      for (int64_t j = 0; j < s.n; ++j) g[1 * s.n + j] = 0;
+      for (int64_t i = 0; i < s.m; ++i) g[i * s.n + 2] = 0;
+    }
+    std::vector<bf16> gb(g.size()), wb(w0.size());
+    for (size_t i = 0; i < g.size(); ++i) gb[i] = to_bf16(float(g[i])), wb[i] = to_bf16(float(w0[i]));
+    SinkGDArgs a;
+    a.lr = 0.125f;
+    a.iterations = 5;
+    cpu::Workspace ws;
+    std::vector<bf16> cached = wb, streamed = wb;
+    cpu::sinkgd_update(cached.data(), gb.data(), s.m, s.n, a, ws, cpu::SinkgdRows::kCached);
+    cpu::sinkgd_update(streamed.data(), gb.data(), s.m, s.n, a, ws, cpu::SinkgdRows::kStreamed);
+    ASSERT_EQ(std::memcmp(cached.data(), streamed.data(), cached.size() * sizeof(bf16)), 0) << s.m << "x" << s.n;
+    // FP32 weights show the update's every bit (a BF16 weight would hide a last-bit difference).
+    std::vector<float> wide_cached(g.size(), 0.0f), wide_streamed(g.size(), 0.0f);
+    cpu::sinkgd_update(wide_cached.data(), gb.data(), s.m, s.n, a, ws, cpu::SinkgdRows::kCached);
+    cpu::sinkgd_update(wide_streamed.data(), gb.data(), s.m, s.n, a, ws, cpu::SinkgdRows::kStreamed);
+    ASSERT_EQ(std::memcmp(wide_cached.data(), wide_streamed.data(), g.size() * sizeof(float)), 0) << s.m << "x" << s.n;
+    Vec g_stored(g.size()), w_got(g.size()), expect(g.size());
+    for (size_t i = 0; i < g.size(); ++i) g_stored[i] = to_f32(gb[i]), w_got[i] = to_f32(cached[i]);
+    const Vec ref = sinkgd_reference(g_stored, s.m, s.n, 5);
+    for (size_t i = 0; i < g.size(); ++i) expect[i] = to_f32(wb[i]) - 0.125 * ref[i];
+    EXPECT_TRUE(close(w_got, expect, 1.0 / 128)) << s.m << "x" << s.n;  // one BF16 rounding of each weight
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

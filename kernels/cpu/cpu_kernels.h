@@ -135,10 +135,16 @@ struct SwanReport {
 };
 // SinkGD's column sums go through this many chunks of rows (about 64 rows each, at most 64): a
 // function of m alone, so the result does not depend on the thread count. Its scratch: u (m), v (n),
-// chunks x n partial sums, kSinkgdRowGroup FP32 rows of n per thread (the rows it widens at a time).
+// 2 x chunks x n partial sums, v and v^2 per thread, kSinkgdRowGroup FP32 rows of n per thread (the
+// BF16 rows it widens at a time), and, where sinkgd_caches_rows says so, all of G widened (m x n FP32).
+// `rows` forces either path for a BF16 G (tests: both give the same bits).
 constexpr int64_t kSinkgdRowGroup = 4;
 inline int64_t sinkgd_chunks(int64_t m) { return std::min<int64_t>(64, std::max<int64_t>(1, (m + 63) / 64)); }
-template <class T, class G> void sinkgd_update(T* w, const G* g, int64_t m, int64_t n, const SinkGDArgs& a, Workspace& ws);
+bool sinkgd_caches_rows(int64_t m, int64_t n, int threads);
+enum class SinkgdRows { kAuto, kCached, kStreamed };
+template <class T, class G>
+void sinkgd_update(T* w, const G* g, int64_t m, int64_t n, const SinkGDArgs& a, Workspace& ws,
+                   SinkgdRows rows = SinkgdRows::kAuto);
 template <class T, class G> SwanReport swan_update(T* w, const G* g, int64_t m, int64_t n, const SwanArgs& a, OneDnnMatmul& gemm, Workspace& ws);
 template <class T, class G, class S> void adam_update(T* w, const G* g, S* m, S* v, int64_t n, const AdamArgs& a);
 template <class T, class G, class S> void sgd_update(T* w, const G* g, S* buf, int64_t n, const SgdArgs& a);

@@ -2,14 +2,23 @@
 //   X = G; repeat L times: rows of X to norm sqrt(n), then columns of X to norm sqrt(m);
 //   W <- W (1 - lr wd) - lr X
 // X is never materialised: X = diag(u) G diag(v), with
-//   row step     u_i = sqrt(n) / max(||G_i,: o v||, eps)
-//   column step  v_j = sqrt(m) / max(||u o G_:,j||, eps)
-// Each iteration is ONE pass over G: a row's norm gives u_i at once, and the same row then adds
-// u_i^2 G_ij^2 into the column sums. Column sums are reduced over a fixed number of row chunks, in
-// order: the result is independent of the thread count. A zero row (column) gets a finite scale
-// and contributes zero, so it receives a zero update, never NaN. Cost: L + 1 passes over G, plus
-// the read and write of W: the same order as Adam's traffic, and no state.
+//   row step     u_i = sqrt(n) / max(sqrt(sum_j G_ij^2 v_j^2), eps)
+//   column step  v_j = sqrt(m) / max(sqrt(sum_i u_i^2 G_ij^2), eps)
+// Each iteration is ONE pass over G: a row's sum gives u_i at once, and the same row (still in L1)
+// then adds u_i^2 G_i,:^2 into the column sums. Column sums are reduced over a fixed number of row
+// chunks, in order: the result is independent of the thread count. A zero row (column) gets a
+// finite scale and contributes zero, so it receives a zero update, never NaN.
+//
+// The passes read G as FP32 rows. An FP32 G is read in place. A BF16 G is widened once into a
+// cache of m x n floats where that fits the cores' L2 (sinkgd_caches_rows), so iterations 2..L and
+// the W write read it from L2 without widening again (perf: the in-cache iterations were compute-
+// bound, ~3.5 ms each on llama_60m's matrices, and the W write fetched G from memory a second time);
+// otherwise each iteration widens its rows into a small per-thread buffer. Both paths compute the
+// same FP32 values in the same order, so the choice never changes a bit.
+// Cost: G read from memory once, W read and written once (Adam's order of traffic, and no state);
+// per element and iteration about four FP32 operations (square, scale, two adds), from L1/L2.
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -21,40 +30,53 @@ namespace multinorm::cpu {
 
 namespace {
 constexpr int64_t kColumnBlock = 256;
-constexpr int64_t kRowGroup = kSinkgdRowGroup;  // rows whose column contributions are added together
-enum Slot : size_t { kU = 20, kV, kPartial, kRows };
+constexpr int64_t kRowGroup = kSinkgdRowGroup;  // rows whose sums and column contributions go together
+constexpr int64_t kLanes = 64;                  // independent partial sums per row: four 16-wide vectors
+enum Slot : size_t { kU = 20, kScales, kPartial, kRows, kCache };
 
-// sum_j (G_ij v_j)^2 for row g, with 64 independent partial sums (four 16-wide vectors: one
-// accumulator would make the loop wait on the FMA latency), added as a tree; the order is fixed by
-// n alone. A BF16 row is widened to FP32 into `row` on the way (one shift per element), so the
-// column loop after it reads floats; an FP32 row is used in place. Returns the FP32 row.
-template <class G>
-inline const float* row_sum_squares(const G* g, const float* v, int64_t n, float* row, float& sum) {
-  constexpr int64_t kLanes = 64;
-  constexpr bool widen = !std::is_same_v<G, float>;
+// Adds acc[0..64) as a tree: log2(64) dependent steps, not 64; the order is fixed.
+inline float tree_sum(float* acc) {
+  for (int64_t width = kLanes / 2; width >= 1; width /= 2)
+#pragma omp simd
+    for (int64_t k = 0; k < width; ++k) acc[k] += acc[k + width];
+  return acc[0];
+}
+
+// sum_j x_j^2 v2_j for R FP32 rows x[q]: 64 partial sums per row (one accumulator would make the
+// loop wait on the FMA latency), j mod 64 into lane j mod 64, then the tree; v2 loaded once for
+// all R rows.
+template <int R>
+inline void row_sums(const float* const* x, const float* v2, int64_t n, float* sums) {
+  float acc[R][kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes)
+    for (int q = 0; q < R; ++q)
+#pragma omp simd
+      for (int64_t k = 0; k < kLanes; ++k) acc[q][k] += (x[q][j + k] * x[q][j + k]) * v2[j + k];
+  for (int64_t k = 0; j < n; ++j, ++k)
+    for (int q = 0; q < R; ++q) acc[q][k] += (x[q][j] * x[q][j]) * v2[j];
+  for (int q = 0; q < R; ++q) sums[q] = tree_sum(acc[q]);
+}
+
+// The same sum for one BF16 row g, widened into x on the way (the same lanes and tree: the same bits).
+inline float widen_row_sum(const bf16* g, const float* v2, int64_t n, float* x) {
   float acc[kLanes] = {};
   int64_t j = 0;
   for (; j + kLanes <= n; j += kLanes)
 #pragma omp simd
     for (int64_t k = 0; k < kLanes; ++k) {
-      const float x = to_f32(g[j + k]);
-      if constexpr (widen) row[j + k] = x;
-      const float y = x * v[j + k];
-      acc[k] += y * y;
+      const float y = to_f32(g[j + k]);
+      x[j + k] = y;
+      acc[k] += (y * y) * v2[j + k];
     }
   for (int64_t k = 0; j < n; ++j, ++k) {
-    const float x = to_f32(g[j]);
-    if constexpr (widen) row[j] = x;
-    const float y = x * v[j];
-    acc[k] += y * y;
+    const float y = to_f32(g[j]);
+    x[j] = y;
+    acc[k] += (y * y) * v2[j];
   }
-  for (int64_t width = kLanes / 2; width >= 1; width /= 2)  // a tree: log2(64) dependent steps, not 64
-#pragma omp simd
-    for (int64_t k = 0; k < width; ++k) acc[k] += acc[k + width];
-  sum = acc[0];
-  if constexpr (widen) return row;
-  else return reinterpret_cast<const float*>(g);
+  return tree_sum(acc);
 }
+inline float widen_row_sum(const float*, const float*, int64_t, float*) { return 0; }  // FP32 G: never widened
 
 // Row g in FP32 (widened into `row` when BF16).
 inline const float* row_f32(const bf16* g, int64_t n, float* row) {
@@ -65,60 +87,96 @@ inline const float* row_f32(const bf16* g, int64_t n, float* row) {
 inline const float* row_f32(const float* g, int64_t, float*) { return g; }
 }  // namespace
 
+bool sinkgd_caches_rows(int64_t m, int64_t n, int threads) {
+  static const int64_t l2 = [] {
+    const long b = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    return b > 0 ? static_cast<int64_t>(b) : int64_t{1} << 20;
+  }();
+  // Each thread's rows (FP32) in three quarters of its L2, the rest for W's rows and G in flight.
+  return m * n * static_cast<int64_t>(sizeof(float)) <= static_cast<int64_t>(std::max(threads, 1)) * l2 * 3 / 4;
+}
+
 template <class T, class G>
-void sinkgd_update(T* w, const G* g, int64_t m, int64_t n, const SinkGDArgs& a, Workspace& ws) {
+void sinkgd_update(T* w, const G* g, int64_t m, int64_t n, const SinkGDArgs& a, Workspace& ws, SinkgdRows mode) {
+  constexpr bool widen = !std::is_same_v<G, float>;
+  const int threads = omp_get_max_threads();
+  const bool cached = widen && (mode == SinkgdRows::kCached ||
+                                (mode == SinkgdRows::kAuto && sinkgd_caches_rows(m, n, threads)));
   float* u = ws.floats(m, kU);
-  float* v = ws.floats(n, kV);
+  // Each thread keeps its own v and v^2 and adds the chunks' column sums itself (the same adds in
+  // the same order, so the same bits everywhere): one barrier per iteration instead of two. The
+  // partial sums are double-buffered, so a thread may start the next iteration's rows while another
+  // still reads this one's sums.
+  float* scales = ws.floats(static_cast<size_t>(threads) * 2 * n, kScales);
   // Fewer, larger chunks than 64 fixed ones: fewer partial rows to add, most written by another core.
   const int64_t chunks = sinkgd_chunks(m);
-  float* partial = ws.floats(chunks * n, kPartial);
-  const int threads = omp_get_max_threads();
+  float* partials = ws.floats(2 * chunks * n, kPartial);
   float* rows = ws.floats(static_cast<size_t>(threads) * kRowGroup * n, kRows);  // a row group per thread
+  float* cache = cached ? ws.floats(m * n, kCache) : nullptr;
   const float sqrt_n = std::sqrt(static_cast<float>(n)), sqrt_m = std::sqrt(static_cast<float>(m));
   const int64_t rows_per_chunk = (m + chunks - 1) / chunks;
-  std::fill(v, v + n, 1.0f);
   const float keep = 1.0f - a.lr * a.decoupled_decay;
-  // One parallel region per tensor, its passes separated by barriers: a fork/join per pass cost as
-  // much as the passes themselves on small tensors.
+  // One parallel region per tensor: a fork/join per pass cost as much as the passes themselves on
+  // small tensors.
 #pragma omp parallel
   {
-    float* buf = rows + static_cast<size_t>(omp_get_thread_num()) * kRowGroup * n;
+    const int t = omp_get_thread_num();
+    float* buf = rows + static_cast<size_t>(t) * kRowGroup * n;
+    float* v = scales + static_cast<size_t>(t) * 2 * n;
+    float* v2 = v + n;
+    std::fill(v, v + 2 * n, 1.0f);
     for (int it = 0; it < a.iterations; ++it) {
+      const bool fill = widen && (!cached || it == 0);  // widen G's rows this iteration
+      float* partial = partials + (it & 1) * chunks * n;
+      // Where a BF16 row i is widened: its cached row, or row q of the thread's buffer; and row i in
+      // FP32 as the passes read it (an FP32 G in place).
+      auto widened = [&](int64_t i, int64_t q) { return cached ? cache + i * n : buf + q * n; };
+      auto row = [&](int64_t i, int64_t q) -> const float* {
+        if constexpr (widen) return widened(i, q);
+        else return g + i * n;
+      };
 #pragma omp for schedule(static)
       for (int64_t c = 0; c < chunks; ++c) {
         float* col = partial + c * n;
         std::fill(col, col + n, 0.0f);
         const int64_t end = std::min(m, (c + 1) * rows_per_chunk);
-        // Rows in groups of four: their column contributions go into `col` in one pass (one load
-        // and store of col per four rows instead of per row; the adds' order is fixed by m alone).
+        // Rows in groups of four: their sums share v2's loads, and their column contributions go into
+        // `col` in one pass (one load and store of col per four rows; the adds' order is fixed by m).
         int64_t i = c * rows_per_chunk;
         for (; i + kRowGroup <= end; i += kRowGroup) {
           const float* x[kRowGroup];
-          float u2[kRowGroup];
+          float r[kRowGroup], u2[kRowGroup];
           for (int64_t q = 0; q < kRowGroup; ++q) {
-            float r;
-            x[q] = row_sum_squares(g + (i + q) * n, v, n, buf + q * n, r);
-            u[i + q] = sqrt_n / std::max(std::sqrt(r), a.eps);
+            if (fill) r[q] = widen_row_sum(g + (i + q) * n, v2, n, widened(i + q, q));
+            x[q] = row(i + q, q);
+          }
+          if (!fill) row_sums<kRowGroup>(x, v2, n, r);
+          for (int64_t q = 0; q < kRowGroup; ++q) {
+            u[i + q] = sqrt_n / std::max(std::sqrt(r[q]), a.eps);
             u2[q] = u[i + q] * u[i + q];
           }
+          static_assert(kRowGroup == 4, "the column update is written out for four rows");
           const float *x0 = x[0], *x1 = x[1], *x2 = x[2], *x3 = x[3];
 #pragma omp simd
-          for (int64_t j = 0; j < n; ++j)
-            col[j] += (u2[0] * x0[j] * x0[j] + u2[1] * x1[j] * x1[j]) + (u2[2] * x2[j] * x2[j] + u2[3] * x3[j] * x3[j]);
+          for (int64_t j = 0; j < n; ++j) {
+            const float s0 = x0[j] * x0[j], s1 = x1[j] * x1[j], s2 = x2[j] * x2[j], s3 = x3[j] * x3[j];
+            col[j] += (u2[0] * s0 + u2[1] * s1) + (u2[2] * s2 + u2[3] * s3);
+          }
         }
-        for (; i < end; ++i) {
+        for (; i < end; ++i) {  // the chunk's last rows, one at a time (the same per-row arithmetic)
+          const float* x = row(i, 0);
           float r;
-          const float* x = row_sum_squares(g + i * n, v, n, buf, r);
+          if (fill) r = widen_row_sum(g + i * n, v2, n, widened(i, 0));
+          else row_sums<1>(&x, v2, n, &r);
           u[i] = sqrt_n / std::max(std::sqrt(r), a.eps);
           const float u2 = u[i] * u[i];
 #pragma omp simd
-          for (int64_t j = 0; j < n; ++j) col[j] += u2 * x[j] * x[j];
+          for (int64_t j = 0; j < n; ++j) col[j] += u2 * (x[j] * x[j]);
         }
-      }
+      }  // the iteration's one barrier: every chunk's sums are in `partial`
       // v_j from the chunks' column sums, added in chunk order (0 + p0 + p1 + ...: deterministic).
       // Blocks of columns, chunk rows streamed: the chunks lie n floats apart, and walking them
       // column by column would hit one L1 set 64 times per column.
-#pragma omp for schedule(static)
       for (int64_t j0 = 0; j0 < n; j0 += kColumnBlock) {
         const int64_t j1 = std::min(n, j0 + kColumnBlock);
         std::copy(partial + j0, partial + j1, v + j0);
@@ -128,28 +186,35 @@ void sinkgd_update(T* w, const G* g, int64_t m, int64_t n, const SinkGDArgs& a, 
           for (int64_t j = j0; j < j1; ++j) v[j] += p[j];
         }
 #pragma omp simd
-        for (int64_t j = j0; j < j1; ++j) v[j] = sqrt_m / std::max(std::sqrt(v[j]), a.eps);
+        for (int64_t j = j0; j < j1; ++j) {
+          v[j] = sqrt_m / std::max(std::sqrt(v[j]), a.eps);
+          v2[j] = v[j] * v[j];
+        }
       }
     }
+    // W <- keep W - lr u_i x_ij v_j. Rows split as the chunks were, so a thread reads the rows it cached.
 #pragma omp for schedule(static)
-    for (int64_t i = 0; i < m; ++i) {
-      const float lu = a.lr * u[i];
-      T* wi = w + i * n;
-      const float* x = row_f32(g + i * n, n, buf);
-      if (!a.write.stochastic) {  // the common case, one vector loop; stochastic rounding hashes per element
+    for (int64_t c = 0; c < chunks; ++c)
+      for (int64_t i = c * rows_per_chunk; i < std::min(m, (c + 1) * rows_per_chunk); ++i) {
+        const float lu = a.lr * u[i];
+        T* wi = w + i * n;
+        const float* x = cached ? cache + i * n : row_f32(g + i * n, n, buf);
+        if (!a.write.stochastic) {  // the common case, one vector loop; stochastic rounding hashes per element
 #pragma omp simd
-        for (int64_t j = 0; j < n; ++j) wi[j] = from_f32<T>(to_f32(wi[j]) * keep - lu * x[j] * v[j]);
-      } else {
-        for (int64_t j = 0; j < n; ++j)
-          wi[j] = write_weight<T>(to_f32(wi[j]) * keep - lu * x[j] * v[j], a.write, static_cast<uint64_t>(i * n + j));
+          for (int64_t j = 0; j < n; ++j) wi[j] = from_f32<T>(to_f32(wi[j]) * keep - lu * x[j] * v[j]);
+        } else {
+          for (int64_t j = 0; j < n; ++j)
+            wi[j] = write_weight<T>(to_f32(wi[j]) * keep - lu * x[j] * v[j], a.write, static_cast<uint64_t>(i * n + j));
+        }
       }
-    }
   }
 }
 
 // (weights, gradients): FP32/FP32, BF16/BF16 (the paper), BF16 weights with an FP32 gradient arena.
-template void sinkgd_update<float, float>(float*, const float*, int64_t, int64_t, const SinkGDArgs&, Workspace&);
-template void sinkgd_update<bf16, bf16>(bf16*, const bf16*, int64_t, int64_t, const SinkGDArgs&, Workspace&);
-template void sinkgd_update<bf16, float>(bf16*, const float*, int64_t, int64_t, const SinkGDArgs&, Workspace&);
+template void sinkgd_update<float, float>(float*, const float*, int64_t, int64_t, const SinkGDArgs&, Workspace&, SinkgdRows);
+template void sinkgd_update<bf16, bf16>(bf16*, const bf16*, int64_t, int64_t, const SinkGDArgs&, Workspace&, SinkgdRows);
+template void sinkgd_update<bf16, float>(bf16*, const float*, int64_t, int64_t, const SinkGDArgs&, Workspace&, SinkgdRows);
+// FP32 weights with a BF16 gradient: no model stores that pair; tests read the update unrounded.
+template void sinkgd_update<float, bf16>(float*, const bf16*, int64_t, int64_t, const SinkGDArgs&, Workspace&, SinkgdRows);
 
 }  // namespace multinorm::cpu

@@ -64,8 +64,11 @@ int64_t cpu_backend_scratch_bytes(const ModelConfig& m, int64_t B, int64_t T, DT
   for (const auto& a : assign_optimizers(specs, matrix_optimizer, "adam", matrix_params)) {
     if (!a.matrix) continue;
     const int64_t r = a.tensor->rows(), c = a.tensor->cols(), k = std::min(r, c);
-    if (matrix_optimizer == "sinkgd") {   // kernels/cpu/sinkgd.cpp: u, v, partial column sums, a row group per thread
-      need(20, r), need(21, c), need(22, cpu::sinkgd_chunks(r) * c), need(23, cpu::kSinkgdRowGroup * c * std::max(threads, 1));
+    if (matrix_optimizer == "sinkgd") {   // kernels/cpu/sinkgd.cpp: u, v and v^2 per thread, partial column
+      const int64_t t = std::max(threads, 1);  // sums (two sets), a row group per thread, the widened rows' cache
+      need(20, r), need(21, 2 * c * t), need(22, 2 * cpu::sinkgd_chunks(r) * c), need(23, cpu::kSinkgdRowGroup * c * t);
+      // (BF16 gradients are widened into it; with BF16 weights and an FP32 gradient arena, an upper bound.)
+      if (act == DType::BF16 && cpu::sinkgd_caches_rows(r, c, static_cast<int>(t))) need(24, r * c);
     } else if (matrix_optimizer == "swan") {  // kernels/cpu/swan.cpp
       need(30, r * c);                    // X
       if (swan_exact) {
