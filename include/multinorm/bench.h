@@ -24,7 +24,7 @@ void bench_model(const ModelBenchOptions& o);
 struct OptimBenchOptions {
   std::string config;  // model config or run config (its optimizer settings)
   std::string precision = "bf16";
-  int steps = 3;
+  int steps = 7;  // interleaved rounds (SWAN runs in the first three)
   int threads = 0;
   std::string backend = "cpu";  // cpu | cuda | auto
   bool json = false;

@@ -27,7 +27,7 @@ void add_bench_command(CLI::App& app) {
   static OptimBenchOptions p;
   optim->add_option("--config,-c", p.config, "model config or run config")->required();
   optim->add_option("--precision", p.precision, "bf16 or fp32 weights and states")->check(CLI::IsMember({"bf16", "fp32"}));
-  optim->add_option("--steps", p.steps, "timed repetitions (best is reported)");
+  optim->add_option("--steps", p.steps, "timed rounds, optimizers interleaved (the best of each is reported)");
   optim->add_option("--threads", p.threads, "CPU threads (0: all cores)");
   optim->add_option("--backend", p.backend, "cpu, cuda or auto");
   optim->add_flag("--json", p.json, "machine-readable output");
