@@ -53,6 +53,16 @@ class GradientListener {
   virtual void progress() = 0;
 };
 
+// The GEMMs of one training step (forward and backward of one micro-batch of BT rows), as
+// LlamaModel issues them: out[M,N] (+)= op(a)[M,K] op(b)[K,N], `count` times per step. The bench
+// measures the GEMM engine on them and the CPU memory estimate sizes the AMX packing buffers from them.
+struct GemmShape {
+  int64_t M, N, K;
+  bool trans_a, trans_b;
+  int count;
+};
+std::vector<GemmShape> training_step_gemms(const ModelConfig& m, int64_t BT);
+
 class LlamaModel {
  public:
   // `dtype` stores weights and activations; `grad_dtype` the gradient arena: the same (the paper:

@@ -21,7 +21,9 @@ class Workspace {
  public:
   float* floats(size_t n, size_t slot = 0) {
     if (f_.size() <= slot) f_.resize(slot + 1);
-    if (f_[slot].size() < n) f_[slot].resize(n);
+    // Grown to exactly n (resize may reserve up to twice), so bytes() is the memory held. The contents
+    // are not kept: scratch is scratch.
+    if (f_[slot].size() < n) f_[slot] = std::vector<float>(n);
     return f_[slot].data();
   }
   template <class T>
@@ -29,7 +31,7 @@ class Workspace {
     return reinterpret_cast<T*>(floats((n * sizeof(T) + 3) / 4, slot));
   }
   int32_t* ints(size_t n) {
-    if (i_.size() < n) i_.resize(n);
+    if (i_.size() < n) i_ = std::vector<int32_t>(n);
     return i_.data();
   }
   int64_t bytes() const {  // what the slots hold now (memory accounting)

@@ -84,18 +84,28 @@ bool amx_usable() {
   return ok;
 }
 
+AmxPacked amx_packed_elements(int64_t M, int64_t N, int64_t K, bool trans_a) {
+  const int64_t Mp = round_up(M, kBlock), Np = round_up(N, kBlock), Kp = round_up(K, kTileK);
+  const bool direct = !trans_a && K == Kp && M == Mp;
+  return {direct ? 0 : Mp * Kp, Np * Kp};
+}
+
 void amx_matmul(Buf out, const bf16* a_bf16, const bf16* b_bf16, int64_t M, int64_t N, int64_t K, bool trans_a,
                 bool trans_b, bool accumulate, AmxScratch& scratch) {
   const auto* a = reinterpret_cast<const uint16_t*>(a_bf16);
   const auto* b = reinterpret_cast<const uint16_t*>(b_bf16);
   const int64_t Mp = round_up(M, kBlock), Np = round_up(N, kBlock), Kp = round_up(K, kTileK);
-  if (static_cast<int64_t>(scratch.b.size()) < Np * Kp) scratch.b.resize(Np * Kp);
+  const AmxPacked packed = amx_packed_elements(M, N, K, trans_a);
+  // Grown to the exact size (resize may reserve up to twice), so the scratch is what the estimate says.
+  auto hold = [](std::vector<uint16_t>& v, int64_t n) {
+    if (static_cast<int64_t>(v.size()) < n) v = std::vector<uint16_t>(static_cast<size_t>(n));
+  };
+  hold(scratch.b, packed.b);
   pack_b(scratch.b.data(), b, N, K, Np, Kp, trans_b);
-  // Row-major a whose rows are whole tiles is read in place.
-  const bool direct = !trans_a && K == Kp && M == Mp;
+  const bool direct = packed.a == 0;  // row-major a whose rows are whole tiles is read in place
   const uint16_t* A = a;
   if (!direct) {
-    if (static_cast<int64_t>(scratch.a.size()) < Mp * Kp) scratch.a.resize(Mp * Kp);
+    hold(scratch.a, packed.a);
     pack_a(scratch.a.data(), a, M, K, Mp, Kp, trans_a);
     A = scratch.a.data();
   }

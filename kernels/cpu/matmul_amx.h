@@ -20,10 +20,20 @@ namespace multinorm::cpu {
 // process its use (Linux arch_prctl), and MULTINORM_AMX is not "0". Decided once.
 bool amx_usable();
 
-// Packed operands, reused from call to call (no allocation once the largest shape was seen).
+// Packed operands, reused from call to call (no allocation once the largest shape was seen); each
+// grows to exactly the largest request, so bytes() is what it holds (the memory estimate predicts it:
+// amx_scratch_elements).
 struct AmxScratch {
   std::vector<uint16_t> a, b;
+  int64_t bytes() const { return static_cast<int64_t>((a.capacity() + b.capacity()) * sizeof(uint16_t)); }
 };
+
+// The elements amx_matmul packs for one GEMM: b always (Np x Kp), a when it is transposed or its
+// shape is not a multiple of the tile (Mp x Kp; else 0). Shared with the memory estimate.
+struct AmxPacked {
+  int64_t a, b;
+};
+AmxPacked amx_packed_elements(int64_t M, int64_t N, int64_t K, bool trans_a);
 
 // out[M,N] (+)= op(a)[M,K] op(b)[K,N] for BF16 a and b, FP32 or BF16 out, row-major storage (a
 // transposed operand is stored [K,M] / [N,K]). Deterministic: each output tile is summed by one

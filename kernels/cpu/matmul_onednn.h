@@ -24,6 +24,7 @@ class OneDnnMatmul {
   void run_batched(Buf out, Buf a, Buf b, int64_t batch, int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b,
                    bool accumulate);
   size_t cached_primitives() const;
+  int64_t scratch_bytes() const;  // the AMX path's packed operands (oneDNN's own scratch is not counted)
 
  private:
   struct Impl;

@@ -44,7 +44,7 @@ class CpuBackend final : public Backend {
   int threads() const override { return threads_; }
   bool host_memory() const override { return true; }
   void synchronize() override {}
-  int64_t workspace_bytes() const override { return ws_.bytes(); }
+  int64_t workspace_bytes() const override { return ws_.bytes() + gemm_.scratch_bytes(); }  // + AMX packing
 
   void* allocate(int64_t bytes) override {
     const size_t size = (static_cast<size_t>(bytes) + 63) / 64 * 64;

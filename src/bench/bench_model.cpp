@@ -23,29 +23,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-struct GemmShape {
-  int64_t M, N, K;
-  bool ta, tb;
-  int count;  // per micro-batch step
-};
-
-// The GEMMs of one training step of the model, as llama_model.cpp issues them.
-std::vector<GemmShape> model_gemms(const ModelConfig& m, int64_t BT) {
-  const int64_t C = m.hidden_size, F = m.intermediate_size, V = m.vocab_size, L = m.num_hidden_layers;
-  const int64_t R = std::min(BT, kHeadChunkRows);
-  const int chunks = static_cast<int>((BT + R - 1) / R);
-  const int l = static_cast<int>(L);
-  return {
-      {BT, 3 * C, C, false, true, l}, {BT, C, C, false, true, l}, {BT, 2 * F, C, false, true, l},
-      {BT, C, F, false, true, l},                                                    // forward
-      {R, V, C, false, true, chunks}, {R, C, V, false, false, chunks}, {V, C, R, true, false, chunks},  // head
-      {C, F, BT, true, false, l}, {BT, F, C, false, false, l},                       // down backward
-      {2 * F, C, BT, true, false, l}, {BT, C, 2 * F, false, false, l},               // gate/up backward
-      {C, C, BT, true, false, l}, {BT, C, C, false, false, l},                       // o backward
-      {3 * C, C, BT, true, false, l}, {BT, C, 3 * C, false, false, l},               // qkv backward
-  };
-}
-
 std::string run_command(const std::string& cmd) {
   std::string out;
   FILE* p = ::popen(cmd.c_str(), "r");
@@ -89,7 +66,7 @@ void bench_model(const ModelBenchOptions& o) {
   std::vector<void*> gemm_bufs;
   struct GemmOperands { Buf a, b, c; };
   std::vector<GemmOperands> gemm_ops;
-  const auto gemms = model_gemms(cfg, BT);
+  const auto gemms = training_step_gemms(cfg, BT);
   double gemm_flops = 0;
   for (const auto& g : gemms) {
     auto alloc = [&](int64_t n, DType t) { gemm_bufs.push_back(be->allocate(n * dtype_bytes(t))); return Buf{gemm_bufs.back(), t}; };
@@ -101,10 +78,10 @@ void bench_model(const ModelBenchOptions& o) {
     for (size_t k = 0; k < gemms.size(); ++k) {
       const auto& g = gemms[k];
       const auto& op = gemm_ops[k];
-      be->matmul(op.c, op.a, op.b, g.M, g.N, g.K, g.ta, g.tb, false);  // create the primitive, warm caches
+      be->matmul(op.c, op.a, op.b, g.M, g.N, g.K, g.trans_a, g.trans_b, false);  // create the primitive, warm caches
       be->synchronize();  // a device backend's launches are asynchronous: time them to completion
       const auto t = Clock::now();
-      be->matmul(op.c, op.a, op.b, g.M, g.N, g.K, g.ta, g.tb, false);
+      be->matmul(op.c, op.a, op.b, g.M, g.N, g.K, g.trans_a, g.trans_b, false);
       be->synchronize();
       s += seconds_since(t) * g.count;
     }

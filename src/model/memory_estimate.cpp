@@ -8,6 +8,7 @@
 #include "../../kernels/cpu/cpu_kernels.h"
 #include "../../kernels/cpu/matmul_amx.h"
 #include "../../kernels/cuda/scratch_sizes.h"
+#include "multinorm/llama_model.h"
 #include "multinorm/param_groups.h"
 
 namespace multinorm {
@@ -82,7 +83,17 @@ int64_t cpu_backend_scratch_bytes(const ModelConfig& m, int64_t B, int64_t T, DT
   }
   int64_t floats = 0;
   for (const auto& [s, n] : slot) floats += n;
-  return floats * 4;
+  // kernels/cpu/matmul_amx.cpp: BF16 GEMMs on AMX tiles hold the packed operands of the largest one.
+  int64_t amx_elements = 0;
+  if (act == DType::BF16 && cpu::amx_usable()) {
+    int64_t a = 0, b = 0;
+    for (const GemmShape& g : training_step_gemms(m, BT)) {
+      const cpu::AmxPacked p = cpu::amx_packed_elements(g.M, g.N, g.K, g.trans_a);
+      a = std::max(a, p.a), b = std::max(b, p.b);
+    }
+    amx_elements = a + b;
+  }
+  return floats * 4 + amx_elements * 2;
 }
 
 int64_t cuda_backend_scratch_bytes(const ModelConfig& m, int64_t B, int64_t T, const std::string& matrix_optimizer,
