@@ -22,7 +22,7 @@ bool amx_usable();
 
 // Packed operands, reused from call to call (no allocation once the largest shape was seen); each
 // grows to exactly the largest request, so bytes() is what it holds (the memory estimate predicts it:
-// amx_scratch_elements).
+// amx_packed_elements).
 struct AmxScratch {
   std::vector<uint16_t> a, b;
   int64_t bytes() const { return static_cast<int64_t>((a.capacity() + b.capacity()) * sizeof(uint16_t)); }

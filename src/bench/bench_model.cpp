@@ -61,7 +61,7 @@ void bench_model(const ModelBenchOptions& o) {
   // Rounds: one training step, then the model's GEMMs on the same backend (each shape once warm, then
   // timed once), so each round's ratio compares the two under the same machine conditions. This
   // machine's speed drifts by tens of percent between seconds; timed in separate phases, the ratio
-  // moved between 57% and 97% from one run to the next of one build. The ratio reported is the
+  // moved between 38% and 97% from one run to the next of one build. The ratio reported is the
   // median of the rounds'; the step time and GEMM figure shown are means.
   std::vector<void*> gemm_bufs;
   struct GemmOperands { Buf a, b, c; };

@@ -17,20 +17,15 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-// Best of `reps` timings of fn().
-// Best wall time of fn over reps, each timed to completion on the backend (a device backend's
-// launches are asynchronous).
+// Wall time of one fn(), timed to completion on the backend (a device backend's launches are
+// asynchronous); the rounds below keep the best.
 template <class Fn>
-double best_time(Backend& be, int reps, Fn&& fn) {
-  double best = 1e30;
-  for (int r = 0; r < reps; ++r) {
-    be.synchronize();
-    const auto t = Clock::now();
-    fn();
-    be.synchronize();
-    best = std::min(best, since(t));
-  }
-  return best;
+double timed(Backend& be, Fn&& fn) {
+  be.synchronize();
+  const auto t = Clock::now();
+  fn();
+  be.synchronize();
+  return since(t);
 }
 }  // namespace
 
@@ -121,11 +116,11 @@ void bench_optim(const OptimBenchOptions& o) {
   // between seconds); the best of each over the rounds. SWAN, ~100x slower, in the first three.
   double copy_s = 1e30;
   for (int round = 0; round < o.steps; ++round) {
-    copy_s = std::min(copy_s, best_time(*be, 1, copy));
+    copy_s = std::min(copy_s, timed(*be, copy));
     for (auto& r : rows) {
       if (r.name == "swan" && round >= 3) continue;
-      r.full_s = std::min(r.full_s, best_time(*be, 1, [&] { r.opt->step(2, 2); }));
-      r.matrix_s = std::min(r.matrix_s, best_time(*be, 1, [&] { matrix_step(r); }));
+      r.full_s = std::min(r.full_s, timed(*be, [&] { r.opt->step(2, 2); }));
+      r.matrix_s = std::min(r.matrix_s, timed(*be, [&] { matrix_step(r); }));
     }
   }
   for (auto& r : rows)
