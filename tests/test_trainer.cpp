@@ -58,7 +58,11 @@ std::vector<double> losses(const std::string& run_dir) {
   std::string line;
   while (std::getline(in, line)) {
     const json j = json::parse(line);
-    if (j["type"] == "train") out.push_back(j["loss"].get<double>());
+    if (j["type"] != "train") continue;
+    out.push_back(j["loss"].get<double>());
+    // The process's own memory is part of RSS and never all of it (the binary's pages are file-backed).
+    EXPECT_GT(j["rss_anon_bytes"].get<int64_t>(), 0) << line;
+    EXPECT_LT(j["rss_anon_bytes"].get<int64_t>(), j["rss_bytes"].get<int64_t>()) << line;
   }
   return out;
 }

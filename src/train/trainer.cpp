@@ -23,6 +23,7 @@
 #include "multinorm/model_io.h"
 #include "multinorm/optimizer.h"
 #include "multinorm/param_groups.h"
+#include "multinorm/process_memory.h"
 #include "multinorm/shard_plan.h"
 
 namespace multinorm {
@@ -31,15 +32,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
-int64_t rss_bytes() {
-  long pages = 0, resident = 0;
-  if (FILE* f = std::fopen("/proc/self/statm", "r")) {
-    if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
-    std::fclose(f);
-  }
-  return static_cast<int64_t>(resident) * ::sysconf(_SC_PAGESIZE);
-}
 
 void mkdirs(const std::string& path) {
   std::string cur;
@@ -318,6 +310,9 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
     tokens_this_run += raw;
     const double step_s = since(t_step);
     result.last_loss = loss;
+    // RSS counts the token shards' mapped pages, which grow as the run reads more of its data (and
+    // which the kernel may drop); the anonymous part is the process's own memory.
+    const ProcessMemory mem = process_memory();
     json m = {{"type", "train"},          {"step", k},
               {"loss", loss},             {"lr_matrix", st.lr_matrix},
               {"lr_fallback", st.lr_fallback}, {"grad_norm", st.grad_norm},
@@ -328,7 +323,8 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
               {"compute_s", compute_s},   {"optimizer_s", opt_s},
               {"data_wait_s", data_s},    {"comm_wait_s", grad_sync.last_wait_seconds()},
               {"comm_exposed_s", comm_exposed_s},
-              {"rss_bytes", rss_bytes()}};
+              {"rss_bytes", mem.resident_bytes},
+              {"rss_anon_bytes", mem.anonymous_bytes()}};
     if (st.swan.tensors > 0) {
       m["swan_ns_residual"] = st.swan.worst_residual;  // worst over the update's tensors
       m["swan_ns_unconverged"] = st.swan.unconverged;
@@ -343,10 +339,10 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
     } else if (!opt.quiet && (k % run.log_every == 0 || k == last)) {
       std::fprintf(stderr,
                    "update %lld/%lld loss %.4f lr %.3e/%.3e grad_norm %.4f tok/s %.0f (non-pad %.0f) step %.3fs "
-                   "(fwd %.3f bwd %.3f opt %.3f data %.3f) rss %.0f MiB ETA %s\n",
+                   "(fwd %.3f bwd %.3f opt %.3f data %.3f) rss %.0f MiB (anon %.0f) ETA %s\n",
                    (long long)k, (long long)last, loss, st.lr_matrix, st.lr_fallback, st.grad_norm, raw / step_s,
                    counted / step_s, step_s, model.last_forward_seconds(), model.last_backward_seconds(), opt_s, data_s,
-                   rss_bytes() / 1048576.0, format_eta(eta).c_str());
+                   mem.resident_bytes / 1048576.0, mem.anonymous_bytes() / 1048576.0, format_eta(eta).c_str());
     }
     const bool end = k == last;
     if ((run.eval.every > 0 && k % run.eval.every == 0) || (end && k == run.schedule.total_steps)) do_eval(k);
