@@ -122,8 +122,10 @@ template <class T> void attention_decode(T* out, const T* qkv, T* k_cache, T* v_
 template <class T> void swiglu_forward(T* out, const T* gate_up, int64_t N, int64_t F);
 template <class T> void swiglu_backward(T* dgate_up, const T* dout, const T* gate_up, int64_t N, int64_t F);
 
+// With dlogits, one FP32 row of exponentials per thread in Workspace slot kCrossEntropyRowSlot.
+constexpr size_t kCrossEntropyRowSlot = 14;  // (attention uses 1-10, embedding 12, decode 13)
 template <class T> void cross_entropy(float* losses, T* dlogits, const float* logits, const int32_t* targets,
-                                      const uint8_t* mask, int64_t N, int64_t V, float grad_scale);
+                                      const uint8_t* mask, int64_t N, int64_t V, float grad_scale, Workspace& ws);
 
 template <class TO, class TI> void convert(TO* dst, const TI* src, int64_t n);
 

@@ -143,7 +143,7 @@ class CpuBackend final : public Backend {
                      int64_t N, int64_t V, float grad_scale) override {
     with_type(dlogits.dtype, [&](auto* t) {
       using T = std::remove_pointer_t<decltype(t)>;
-      cpu::cross_entropy(losses, as<T>(dlogits), logits, targets, mask, N, V, grad_scale);
+      cpu::cross_entropy(losses, as<T>(dlogits), logits, targets, mask, N, V, grad_scale, ws_);
     });
   }
 
