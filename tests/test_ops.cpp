@@ -84,7 +84,8 @@ TEST_P(Ops, MatmulAllLayoutsAndAccumulate) {
 }
 
 TEST_P(Ops, RmsNormForwardBackward) {
-  const int64_t N = 37, C = 13;  // 37 rows: more than one 32-row reduction chunk
+  // 37 rows: more than one 32-row reduction chunk; 45 columns: two 16-lane blocks and a tail
+  const int64_t N = 37, C = 45;
   const double eps = 1e-5;
   const Vec x = random_vec(N * C, 4), w = random_vec(C, 5), dy = random_vec(N * C, 6);
   DeviceBuffer X(*be, x, f32), W(*be, w, f32), Y(*be, N * C, f32), R(*be, N, f32), DX(*be, N * C, f32), DW(*be, C, f32),
@@ -271,7 +272,7 @@ struct OpsBf16 : ::testing::TestWithParam<std::string> {
 };
 
 TEST_P(OpsBf16, RmsNorm) {
-  const int64_t N = 37, C = 13;
+  const int64_t N = 37, C = 45;  // as above
   const double eps = 1e-5;
   DeviceBuffer X(*be, random_vec(N * C, 4), bf), W(*be, random_vec(C, 5), bf), Y(*be, N * C, bf), R(*be, N, DType::F32),
       DX(*be, N * C, DType::F32), DW(*be, C, bf), DY(*be, random_vec(N * C, 6), DType::F32);
