@@ -235,9 +235,17 @@ TEST_P(CudaVsCpu, SwiGLUForwardBackward) {
       cpu->swiglu_forward(out.c.buf(), gu.c.buf(), N, F);
       cuda->swiglu_forward(out.g.buf(), gu.g.buf(), N, F);
       EXPECT_TRUE(out.same(tol(t))) << F;
-      cpu->swiglu_backward(dgu.c.buf(), dout.c.buf(), gu.c.buf(), N, F);
-      cuda->swiglu_backward(dgu.g.buf(), dout.g.buf(), gu.g.buf(), N, F);
+      cpu->swiglu_backward(dgu.c.buf(), Buf{nullptr, t}, dout.c.buf(), gu.c.buf(), N, F);
+      cuda->swiglu_backward(dgu.g.buf(), Buf{nullptr, t}, dout.g.buf(), gu.g.buf(), N, F);
       EXPECT_TRUE(dgu.same(tol(t))) << F;
+      // With the recomputed forward: each backend writes its own forward's bits and the same gradient.
+      Pair out2(*cpu, *cuda, Vec(N * F, 0.0), t), dgu2(*cpu, *cuda, Vec(N * 2 * F, 0.0), t);
+      cpu->swiglu_backward(dgu2.c.buf(), out2.c.buf(), dout.c.buf(), gu.c.buf(), N, F);
+      cuda->swiglu_backward(dgu2.g.buf(), out2.g.buf(), dout.g.buf(), gu.g.buf(), N, F);
+      EXPECT_EQ(out2.c.get(), out.c.get()) << F;
+      EXPECT_EQ(out2.g.get(), out.g.get()) << F;
+      EXPECT_EQ(dgu2.c.get(), dgu.c.get()) << F;
+      EXPECT_EQ(dgu2.g.get(), dgu.g.get()) << F;
     }
 }
 

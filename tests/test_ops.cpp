@@ -146,14 +146,19 @@ TEST_P(Ops, AttentionForwardBackward) {
 }
 
 TEST_P(Ops, SwiGLUForwardBackward) {
-  const int64_t N = 5, F = 9;
+  const int64_t N = 5, F = 37;  // two 16-wide vectors and a tail per row
   const Vec gu = random_vec(N * 2 * F, 11, 2.0), dy = random_vec(N * F, 12);
   auto reference = [&](const Vec& x) { return swiglu_reference(x, N, F); };
-  DeviceBuffer GU(*be, gu, f32), Y(*be, N * F, f32), DY(*be, dy, f32), DGU(*be, N * 2 * F, f32);
+  DeviceBuffer GU(*be, gu, f32), Y(*be, N * F, f32), DY(*be, dy, f32), DGU(*be, N * 2 * F, f32), Y2(*be, N * F, f32),
+      DGU2(*be, N * 2 * F, f32);
   be->swiglu_forward(Y.buf(), GU.buf(), N, F);
   EXPECT_TRUE(close(Y.get(), reference(gu), 1e-6));
-  be->swiglu_backward(DGU.buf(), DY.buf(), GU.buf(), N, F);
+  be->swiglu_backward(DGU.buf(), Buf{nullptr, f32}, DY.buf(), GU.buf(), N, F);
   EXPECT_TRUE(close(DGU.get(), numeric_grad([&](const Vec& v) { return dot(dy, reference(v)); }, gu), 1e-5));
+  // The backward that also recomputes the forward: the forward's bits, the same gradient.
+  be->swiglu_backward(DGU2.buf(), Y2.buf(), DY.buf(), GU.buf(), N, F);
+  EXPECT_EQ(Y2.get(), Y.get());
+  EXPECT_EQ(DGU2.get(), DGU.get());
 }
 
 TEST_P(Ops, CrossEntropyWithMaskAndScale) {
@@ -320,15 +325,18 @@ TEST_P(OpsBf16, Attention) {
 }
 
 TEST_P(OpsBf16, SwiGLU) {
-  const int64_t N = 5, F = 9;
+  const int64_t N = 5, F = 37;
   DeviceBuffer GU(*be, random_vec(N * 2 * F, 11, 2.0), bf), Y(*be, N * F, bf), DY(*be, random_vec(N * F, 12), bf),
-      DGU(*be, N * 2 * F, bf);
+      DGU(*be, N * 2 * F, bf), Y2(*be, N * F, bf), DGU2(*be, N * 2 * F, bf);
   const Vec gu = GU.get(), dy = DY.get();
   auto reference = [&](const Vec& x) { return swiglu_reference(x, N, F); };
   be->swiglu_forward(Y.buf(), GU.buf(), N, F);
   EXPECT_TRUE(close(Y.get(), reference(gu), 4e-3));  // measured 1.5e-3
-  be->swiglu_backward(DGU.buf(), DY.buf(), GU.buf(), N, F);
+  be->swiglu_backward(DGU.buf(), Buf{nullptr, bf}, DY.buf(), GU.buf(), N, F);
   EXPECT_TRUE(close(DGU.get(), numeric_grad([&](const Vec& v) { return dot(dy, reference(v)); }, gu), 4e-3));  // measured 2.0e-3
+  be->swiglu_backward(DGU2.buf(), Y2.buf(), DY.buf(), GU.buf(), N, F);
+  EXPECT_EQ(Y2.get(), Y.get());
+  EXPECT_EQ(DGU2.get(), DGU.get());
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, Ops, ::testing::Values("cpu", "cuda"), backend_param_name);

@@ -130,7 +130,9 @@ class Backend {
   virtual void attention_decode(Buf out, Buf qkv, Buf k_cache, Buf v_cache, int64_t pos, int64_t H, int64_t D) = 0;
   // out[N,F] = silu(gate) * up, gate_up[N, 2F] = [gate | up]
   virtual void swiglu_forward(Buf out, Buf gate_up, int64_t N, int64_t F) = 0;
-  virtual void swiglu_backward(Buf dgate_up, Buf dout, Buf gate_up, int64_t N, int64_t F) = 0;
+  // dgate_up[N,2F] from dout[N,F]; with out.ptr set, also out[N,F] = the forward's output (the same
+  // bits as swiglu_forward), for a backward that recomputes it: one pass over gate_up instead of two.
+  virtual void swiglu_backward(Buf dgate_up, Buf out, Buf dout, Buf gate_up, int64_t N, int64_t F) = 0;
   // Row-wise softmax cross-entropy of logits[N,V] (FP32). losses[i] = lse - logit[target] (0 where
   // masked). With dlogits non-null: dlogits = (softmax - onehot) * grad_scale (0 where masked);
   // dlogits may alias logits when both are FP32.

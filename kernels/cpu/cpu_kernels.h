@@ -120,7 +120,7 @@ template <class T> void attention_decode(T* out, const T* qkv, T* k_cache, T* v_
                                          Workspace& ws);
 
 template <class T> void swiglu_forward(T* out, const T* gate_up, int64_t N, int64_t F);
-template <class T> void swiglu_backward(T* dgate_up, const T* dout, const T* gate_up, int64_t N, int64_t F);
+template <class T> void swiglu_backward(T* dgate_up, T* out, const T* dout, const T* gate_up, int64_t N, int64_t F);
 
 // With dlogits, one FP32 row of exponentials per thread in Workspace slot kCrossEntropyRowSlot.
 constexpr size_t kCrossEntropyRowSlot = 14;  // (attention uses 1-10, embedding 12, decode 13)

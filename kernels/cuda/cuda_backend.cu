@@ -230,11 +230,12 @@ class CudaBackend final : public Backend {
       cuda::swiglu_forward(as<T>(out), as<T>(gate_up), N, F, stream_);
     });
   }
-  void swiglu_backward(Buf dgate_up, Buf dout, Buf gate_up, int64_t N, int64_t F) override {
+  void swiglu_backward(Buf dgate_up, Buf out, Buf dout, Buf gate_up, int64_t N, int64_t F) override {
     same_dtype({dgate_up, dout, gate_up}, "swiglu_backward");
+    if (out.ptr) same_dtype({out, gate_up}, "swiglu_backward");
     with_type(dgate_up.dtype, [&](auto* t) {
       using T = std::remove_pointer_t<decltype(t)>;
-      cuda::swiglu_backward(as<T>(dgate_up), as<T>(dout), as<T>(gate_up), N, F, stream_);
+      cuda::swiglu_backward(as<T>(dgate_up), out.ptr ? as<T>(out) : nullptr, as<T>(dout), as<T>(gate_up), N, F, stream_);
     });
   }
   void cross_entropy(float* losses, Buf dlogits, const float* logits, const int32_t* targets, const uint8_t* mask, int64_t N, int64_t V,

@@ -49,7 +49,7 @@ void rope(T* qkv, const float* cos_sin, int64_t B, int64_t T_, int64_t H, int64_
 template <class T>
 void swiglu_forward(T* out, const T* gate_up, int64_t N, int64_t F, cudaStream_t stream);
 template <class T>
-void swiglu_backward(T* dgate_up, const T* dout, const T* gate_up, int64_t N, int64_t F, cudaStream_t stream);
+void swiglu_backward(T* dgate_up, T* out, const T* dout, const T* gate_up, int64_t N, int64_t F, cudaStream_t stream);
 
 // ---- cross_entropy.cu --------------------------------------------------------------------------------
 template <class T>

@@ -1,7 +1,9 @@
 // SwiGLU on gate_up[N, 2F] = [gate | up] (formulas: kernels/common/op_math.h). Elementwise, one
 // 16-byte pack per thread when F allows it, else one element.
 //   forward:  reads 2 N F, writes N F elements of T; ~6 N F FLOPs (sigmoid as one exp)
-//   backward: reads 3 N F, writes 2 N F elements of T; ~12 N F FLOPs
+//   backward: reads 3 N F, writes 2 N F elements of T; ~12 N F FLOPs; with `out` (the forward's
+//             output, recomputed for the weight gradient) 3 N F more written, 2 N F FLOPs, and the
+//             separate forward's read of gate_up and its sigmoid saved
 #include "../common/op_math.h"
 #include "device_utils.cuh"
 #include "kernels.h"
@@ -41,7 +43,7 @@ __global__ void swiglu_forward_kernel(T* out, const T* gate_up, int64_t N, int64
 }
 
 template <class T, int W>
-__global__ void swiglu_backward_kernel(T* dgate_up, const T* dout, const T* gate_up, int64_t N, int64_t F) {
+__global__ void swiglu_backward_kernel(T* dgate_up, T* out, const T* dout, const T* gate_up, int64_t N, int64_t F) {
   const int64_t spans_per_row = F / W, total = N * spans_per_row;
   for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < total; k += int64_t(gridDim.x) * blockDim.x) {
     const int64_t n = k / spans_per_row, f0 = (k % spans_per_row) * W;
@@ -50,23 +52,27 @@ __global__ void swiglu_backward_kernel(T* dgate_up, const T* dout, const T* gate
     const T* d = dout + n * F + f0;
     T* dg = dgate_up + n * 2 * F + f0;
     T* du = dg + F;
+    T* o = out ? out + n * F + f0 : nullptr;
     if constexpr (W > 1) {
       const Pack<T> gv = *reinterpret_cast<const Pack<T>*>(g), uv = *reinterpret_cast<const Pack<T>*>(u), dv = *reinterpret_cast<const Pack<T>*>(d);
-      Pack<T> dgv, duv;
+      Pack<T> dgv, duv, ov;
 #pragma unroll
       for (int j = 0; j < W; ++j) {
-        const float gf = to_float(gv.v[j]);
+        const float gf = to_float(gv.v[j]), uf = to_float(uv.v[j]), sig = sigmoid(gf);
         float a, b;
-        op_math::swiglu_grad(gf, sigmoid(gf), to_float(uv.v[j]), to_float(dv.v[j]), a, b);
+        op_math::swiglu_grad(gf, sig, uf, to_float(dv.v[j]), a, b);
         dgv.v[j] = from_float<T>(a), duv.v[j] = from_float<T>(b);
+        ov.v[j] = from_float<T>(op_math::swiglu(gf, sig, uf));
       }
       *reinterpret_cast<Pack<T>*>(dg) = dgv;
       *reinterpret_cast<Pack<T>*>(du) = duv;
+      if (o) *reinterpret_cast<Pack<T>*>(o) = ov;
     } else {
-      const float gf = to_float(g[0]);
+      const float gf = to_float(g[0]), uf = to_float(u[0]), sig = sigmoid(gf);
       float a, b;
-      op_math::swiglu_grad(gf, sigmoid(gf), to_float(u[0]), to_float(d[0]), a, b);
+      op_math::swiglu_grad(gf, sig, uf, to_float(d[0]), a, b);
       dg[0] = from_float<T>(a), du[0] = from_float<T>(b);
+      if (o) o[0] = from_float<T>(op_math::swiglu(gf, sig, uf));
     }
   }
 }
@@ -87,18 +93,18 @@ void swiglu_forward(T* out, const T* gate_up, int64_t N, int64_t F, cudaStream_t
 }
 
 template <class T>
-void swiglu_backward(T* dgate_up, const T* dout, const T* gate_up, int64_t N, int64_t F, cudaStream_t stream) {
+void swiglu_backward(T* dgate_up, T* out, const T* dout, const T* gate_up, int64_t N, int64_t F, cudaStream_t stream) {
   constexpr int P = Pack<T>::kSize;
   if (N * F == 0) return;
-  if (F % P == 0 && aligned(dgate_up) && aligned(dout) && aligned(gate_up))
-    launch("swiglu_backward", swiglu_backward_kernel<T, P>, dim3(grid_for(N * F / P)), dim3(256), 0, stream, dgate_up, dout, gate_up, N, F);
+  if (F % P == 0 && aligned(dgate_up) && aligned(dout) && aligned(gate_up) && (!out || aligned(out)))
+    launch("swiglu_backward", swiglu_backward_kernel<T, P>, dim3(grid_for(N * F / P)), dim3(256), 0, stream, dgate_up, out, dout, gate_up, N, F);
   else
-    launch("swiglu_backward", swiglu_backward_kernel<T, 1>, dim3(grid_for(N * F)), dim3(256), 0, stream, dgate_up, dout, gate_up, N, F);
+    launch("swiglu_backward", swiglu_backward_kernel<T, 1>, dim3(grid_for(N * F)), dim3(256), 0, stream, dgate_up, out, dout, gate_up, N, F);
 }
 
 template void swiglu_forward<float>(float*, const float*, int64_t, int64_t, cudaStream_t);
 template void swiglu_forward<bf16>(bf16*, const bf16*, int64_t, int64_t, cudaStream_t);
-template void swiglu_backward<float>(float*, const float*, const float*, int64_t, int64_t, cudaStream_t);
-template void swiglu_backward<bf16>(bf16*, const bf16*, const bf16*, int64_t, int64_t, cudaStream_t);
+template void swiglu_backward<float>(float*, float*, const float*, const float*, int64_t, int64_t, cudaStream_t);
+template void swiglu_backward<bf16>(bf16*, bf16*, const bf16*, const bf16*, int64_t, int64_t, cudaStream_t);
 
 }  // namespace multinorm::cuda

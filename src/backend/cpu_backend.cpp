@@ -132,11 +132,12 @@ class CpuBackend final : public Backend {
       cpu::swiglu_forward(as<T>(out), as<T>(gate_up), N, F);
     });
   }
-  void swiglu_backward(Buf dgate_up, Buf dout, Buf gate_up, int64_t N, int64_t F) override {
+  void swiglu_backward(Buf dgate_up, Buf out, Buf dout, Buf gate_up, int64_t N, int64_t F) override {
     same_dtype({dgate_up, dout, gate_up}, "swiglu_backward");
+    if (out.ptr) same_dtype({out, gate_up}, "swiglu_backward");
     with_type(dgate_up.dtype, [&](auto* t) {
       using T = std::remove_pointer_t<decltype(t)>;
-      cpu::swiglu_backward(as<T>(dgate_up), as<T>(dout), as<T>(gate_up), N, F);
+      cpu::swiglu_backward(as<T>(dgate_up), out.ptr ? as<T>(out) : nullptr, as<T>(dout), as<T>(gate_up), N, F);
     });
   }
   void cross_entropy(float* losses, Buf dlogits, const float* logits, const int32_t* targets, const uint8_t* mask,

@@ -373,13 +373,10 @@ void LlamaModel::backward_layers(int64_t B, int64_t T) {
     const LayerWeights& dW = dw_[l];
     // MLP branch: out = mid + swiglu(ln2 Wgu^T) Wdown^T
     { auto t = time(Op::Copy);    be_.convert(d_ln, d_resid_buf, BT * C); }  // d_out in the GEMM dtype
-    { auto t = time(Op::SwiGLU);  be_.swiglu_forward(swiglu, A.gate_up, BT, F); }  // recomputed, not stored
-    {
-      auto t = time(Op::Matmul);
-      be_.matmul(dW.down, d_ln, swiglu, C, F, BT, true, false, true);     // dWdown[C,F] += d_out^T s
-      be_.matmul(d_swiglu, d_ln, W.down, BT, F, C, false, false, false);  // d_s[BT,F] = d_out Wdown
-    }
-    { auto t = time(Op::SwiGLU);  be_.swiglu_backward(d_gate_up, d_swiglu, A.gate_up, BT, F); }
+    { auto t = time(Op::Matmul);  be_.matmul(d_swiglu, d_ln, W.down, BT, F, C, false, false, false); }  // d_s[BT,F] = d_out Wdown
+    // d_gate_up, and s = swiglu(gate_up) recomputed (not stored) in the same pass
+    { auto t = time(Op::SwiGLU);  be_.swiglu_backward(d_gate_up, swiglu, d_swiglu, A.gate_up, BT, F); }
+    { auto t = time(Op::Matmul);  be_.matmul(dW.down, d_ln, swiglu, C, F, BT, true, false, true); }  // dWdown[C,F] += d_out^T s
     progress();
     {
       auto t = time(Op::Matmul);
