@@ -24,6 +24,8 @@ void swiglu_forward(T* out, const T* gate_up, int64_t N, int64_t F) {
   }
 }
 
+namespace {
+
 // With `out`, the forward's output too (the same expression as swiglu_forward: the same bits), for a
 // backward that recomputes it: gate_up is read and the sigmoid evaluated once for both.
 template <class T, bool kOut>
@@ -47,6 +49,8 @@ void swiglu_backward_rows(T* dgate_up, T* out, const T* dout, const T* gate_up, 
     }
   }
 }
+
+}  // namespace
 
 template <class T>
 void swiglu_backward(T* dgate_up, T* out, const T* dout, const T* gate_up, int64_t N, int64_t F) {

@@ -2,8 +2,8 @@
 // 16-byte pack per thread when F allows it, else one element.
 //   forward:  reads 2 N F, writes N F elements of T; ~6 N F FLOPs (sigmoid as one exp)
 //   backward: reads 3 N F, writes 2 N F elements of T; ~12 N F FLOPs; with `out` (the forward's
-//             output, recomputed for the weight gradient) 3 N F more written, 2 N F FLOPs, and the
-//             separate forward's read of gate_up and its sigmoid saved
+//             output, recomputed for the weight gradient) N F more written and ~2 N F FLOPs, which
+//             saves a separate forward (2 N F read, N F written, its sigmoids)
 #include "../common/op_math.h"
 #include "device_utils.cuh"
 #include "kernels.h"
