@@ -266,6 +266,60 @@ TEST(SinkGD, CachedAndStreamedBf16RowsGiveTheSameBits) {
   }
 }
 
+// sinkgd_update_many runs each tensor whose gradient fits one core's L2 whole on one core, and the
+// others row-split over all cores; either way each tensor's update must equal sinkgd_update's to
+// the bit: FP32 weights (every bit of the update shows), BF16 weights and gradients, BF16 weights
+// with FP32 gradients; stochastic rounding (each tensor's own id); one and two threads; partial row
+// groups (m mod 4), chunks and 64-lane blocks (n mod 64), a zero row, and one tensor too large for a
+// core. (Mutation check: adding every chunk's column sums straight into v in the one-core kernel,
+// instead of a chunk at a time, fails the FP32 compare.)
+TEST(SinkGD, ManyTensorsEqualOneByOne) {
+  struct Shape { int64_t m, n; };
+  int64_t wide = 512;  // a tensor whose BF16 gradient does not fit one core's L2: the row-split path
+  while (cpu::sinkgd_fits_one_core(300, wide, 2)) wide *= 2;
+  const std::vector<Shape> shapes = {{1, 1}, {3, 70}, {37, 129}, {130, 65}, {300, wide}, {261, 200}, {64, 64}};
+  int fitting = 0;
+  for (Shape s : shapes) fitting += cpu::sinkgd_fits_one_core(s.m, s.n, 2);
+  ASSERT_EQ(fitting, static_cast<int>(shapes.size()) - 1) << "both paths must be exercised";
+  struct Types { DType w, g; };
+  for (int threads : {1, 2})
+    for (Types t : {Types{DType::F32, DType::F32}, Types{DType::BF16, DType::BF16}, Types{DType::BF16, DType::F32}})
+      for (bool stochastic : {false, true}) {
+        auto be = make_cpu_backend(threads);
+        SinkGDArgs a;
+        a.lr = 0.125f;
+        a.decoupled_decay = 0.1f;
+        a.iterations = 5;
+        a.write = {stochastic, 7, 3, 0};
+        std::vector<std::unique_ptr<DeviceBuffer>> many, one, grads;
+        std::vector<SinkGDTensor> tensors;
+        std::vector<Vec> stored;  // the weights before the update, as stored
+        for (size_t k = 0; k < shapes.size(); ++k) {
+          const Shape s = shapes[k];
+          Vec g = random_vec(s.m * s.n, 40 + k, 1e-3);
+          if (s.m > 2)
+            for (int64_t j = 0; j < s.n; ++j) g[1 * s.n + j] = 0;
+          const Vec w0 = random_vec(s.m * s.n, 60 + k, 0.05);
+          grads.push_back(std::make_unique<DeviceBuffer>(*be, g, t.g));
+          many.push_back(std::make_unique<DeviceBuffer>(*be, w0, t.w));
+          one.push_back(std::make_unique<DeviceBuffer>(*be, w0, t.w));
+          stored.push_back(one.back()->get());
+          SinkGDArgs ak = a;
+          ak.write.tensor = 100 + k;
+          be->sinkgd_update(one.back()->buf(), grads.back()->buf(), s.m, s.n, ak);
+          tensors.push_back({many.back()->buf(), grads.back()->buf(), s.m, s.n, 100 + k});
+        }
+        be->sinkgd_update_many(tensors.data(), static_cast<int64_t>(tensors.size()), a);
+        for (size_t k = 0; k < shapes.size(); ++k) {
+          const Vec x = many[k]->get(), y = one[k]->get();
+          EXPECT_EQ(std::memcmp(x.data(), y.data(), x.size() * sizeof(double)), 0)
+              << shapes[k].m << "x" << shapes[k].n << " " << dtype_name(t.w) << "/" << dtype_name(t.g) << " threads "
+              << threads << (stochastic ? " stochastic" : "");
+          EXPECT_NE(x, stored[k]) << shapes[k].m << "x" << shapes[k].n;  // an update was applied
+        }
+      }
+}
+
 // ---------------------------------------------------------------------------------------------
 // SWAN
 // ---------------------------------------------------------------------------------------------

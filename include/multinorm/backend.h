@@ -56,6 +56,11 @@ struct AdamArgs {
   WriteBack write;
 };
 // One tensor of a multi-tensor Adam update: its buffers, length and stochastic-rounding tensor id.
+struct SinkGDTensor {
+  Buf w, g;
+  int64_t m = 0, n = 0;  // rows, columns
+  uint64_t tensor = 0;
+};
 struct AdamTensor {
   Buf w, g, m, v;
   int64_t n = 0;
@@ -139,12 +144,23 @@ class Backend {
   virtual void cross_entropy(float* losses, Buf dlogits, const float* logits, const int32_t* targets,
                              const uint8_t* mask, int64_t N, int64_t V, float grad_scale) = 0;
 
-  // ---- optimizer ops: one tensor per call. w in the parameter dtype; g the same, or FP32 gradients
-  // of BF16 weights (precision.grads = fp32) -----------------------------------------------------
+  // ---- optimizer ops: one tensor per call (the _many ops: a list). w in the parameter dtype; g the
+  // same, or FP32 gradients of BF16 weights (precision.grads = fp32) ------------------------------
   virtual double sum_squares(Buf x, int64_t n) = 0;  // FP64 accumulation (global-norm clipping)
   virtual void scale(Buf x, int64_t n, float factor) = 0;
   // SinkGD on W[m,n] (fused: X = diag(u) G diag(v) is never materialised); see kernels/cpu/sinkgd.cpp
   virtual void sinkgd_update(Buf w, Buf g, int64_t m, int64_t n, const SinkGDArgs& args) = 0;
+  // SinkGD on many tensors with the same arguments (args.write.tensor is replaced by each tensor's
+  // id). The results equal sinkgd_update on each tensor; a backend may run them in any order or
+  // together (the CPU runs whole tensors on separate cores, so one tensor's memory traffic overlaps
+  // another's passes). The default updates them one by one.
+  virtual void sinkgd_update_many(const SinkGDTensor* tensors, int64_t count, const SinkGDArgs& args) {
+    for (int64_t i = 0; i < count; ++i) {
+      SinkGDArgs a = args;
+      a.write.tensor = tensors[i].tensor;
+      sinkgd_update(tensors[i].w, tensors[i].g, tensors[i].m, tensors[i].n, a);
+    }
+  }
   // SWAN: row normalisation then whitening sqrt(max(m,n)) (X X^T)^(-1/2) X (X (X^T X)^(-1/2) when
   // m > n), so ||U||_F = sqrt(mn); see kernels/cpu/swan.cpp
   virtual void swan_update(Buf w, Buf g, int64_t m, int64_t n, const SwanArgs& args) = 0;

@@ -36,7 +36,7 @@ std::vector<OptimizerMemory> paper_memory_table(const ModelConfig& m);
 // rows, the matrix optimizer's buffers for the largest matrix). Kept exact against the backend's
 // Workspace by tests/test_memory.cpp; oneDNN's internal scratchpads are not included.
 int64_t cpu_backend_scratch_bytes(const ModelConfig& m, int64_t micro_batch, int64_t seq_len, DType act_dtype,
-                                  const std::string& matrix_optimizer, const std::vector<std::string>& matrix_params,
+                                  DType grad_dtype, const std::string& matrix_optimizer, const std::vector<std::string>& matrix_params,
                                   bool swan_exact, int threads);
 
 // The CUDA backend's device scratch after a training step (kernels/cuda/scratch_sizes.h: cuBLASLt's

@@ -50,6 +50,9 @@ class TensorRule {
   virtual void update_many(Backend& be, const std::vector<RuleItem>& items) const {
     for (const RuleItem& it : items) update(be, *it.tensor, it.w, it.g, it.states, it.ctx);
   }
+  // Whether the optimizer passes this rule's large tensors to update_many too (small ones always go):
+  // for a rule whose backend op gains from seeing every tensor at once.
+  virtual bool updates_large_tensors_together() const { return false; }
 };
 
 using RuleFactory = std::function<std::unique_ptr<TensorRule>(const OptimizerConfig&)>;

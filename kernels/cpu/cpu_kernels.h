@@ -149,6 +149,14 @@ enum class SinkgdRows { kAuto, kCached, kStreamed };
 template <class T, class G>
 void sinkgd_update(T* w, const G* g, int64_t m, int64_t n, const SinkGDArgs& a, Workspace& ws,
                    SinkgdRows rows = SinkgdRows::kAuto);
+// The Backend's sinkgd_update_many: tensors whose G fits three quarters of one core's L2
+// (sinkgd_fits_one_core) run whole, one per core at a time (sinkgd_one_core_floats of scratch per
+// thread in slot kSinkgdOneCoreSlot, the order in ws.ints); the others as sinkgd_update. The same
+// bits as sinkgd_update on each tensor.
+constexpr size_t kSinkgdOneCoreSlot = 25;  // (sinkgd_update uses 20-24)
+bool sinkgd_fits_one_core(int64_t m, int64_t n, int64_t g_bytes);
+int64_t sinkgd_one_core_floats(int64_t m, int64_t n);
+void sinkgd_update_many(const SinkGDTensor* tensors, int64_t count, const SinkGDArgs& args, Workspace& ws);
 template <class T, class G> SwanReport swan_update(T* w, const G* g, int64_t m, int64_t n, const SwanArgs& a, OneDnnMatmul& gemm, Workspace& ws);
 template <class T, class G, class S> void adam_update(T* w, const G* g, S* m, S* v, int64_t n, const AdamArgs& a);
 template <class T, class G, class S> void sgd_update(T* w, const G* g, S* buf, int64_t n, const SgdArgs& a);

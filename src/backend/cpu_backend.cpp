@@ -163,6 +163,9 @@ class CpuBackend final : public Backend {
       cpu::sinkgd_update(as<T>(w), as<G>(g), m, n, args, ws_);
     });
   }
+  void sinkgd_update_many(const SinkGDTensor* tensors, int64_t count, const SinkGDArgs& args) override {
+    cpu::sinkgd_update_many(tensors, count, args, ws_);
+  }
   void swan_update(Buf w, Buf g, int64_t m, int64_t n, const SwanArgs& args) override {
     with_types(w.dtype, g.dtype, "swan_update", [&](auto* t, auto* gt) {
       using T = std::remove_pointer_t<decltype(t)>;

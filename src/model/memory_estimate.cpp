@@ -45,7 +45,7 @@ std::vector<OptimizerMemory> paper_memory_table(const ModelConfig& m) {
   return rows;
 }
 
-int64_t cpu_backend_scratch_bytes(const ModelConfig& m, int64_t B, int64_t T, DType act, const std::string& matrix_optimizer,
+int64_t cpu_backend_scratch_bytes(const ModelConfig& m, int64_t B, int64_t T, DType act, DType grad, const std::string& matrix_optimizer,
                                   const std::vector<std::string>& matrix_params, bool swan_exact, int threads) {
   // Workspace slots hold the largest request made to each; the sum of the slots is the scratch.
   std::map<int, int64_t> slot;  // floats per slot (-1: the int32 buffer)
@@ -63,14 +63,20 @@ int64_t cpu_backend_scratch_bytes(const ModelConfig& m, int64_t B, int64_t T, DT
   need(12, C * std::max(threads, 1));     // ... and one FP32 row per thread
   need(cpu::kCrossEntropyRowSlot, m.vocab_size * std::max(threads, 1));  // cross_entropy.cpp: a row of exponentials per thread
   const auto specs = llama_parameters(m);
+  int64_t sinkgd_tensors = 0;
   for (const auto& a : assign_optimizers(specs, matrix_optimizer, "adam", matrix_params)) {
     if (!a.matrix) continue;
     const int64_t r = a.tensor->rows(), c = a.tensor->cols(), k = std::min(r, c);
-    if (matrix_optimizer == "sinkgd") {   // kernels/cpu/sinkgd.cpp: u, v and v^2 per thread, partial column
-      const int64_t t = std::max(threads, 1);  // sums (two sets), a row group per thread, the widened rows' cache
-      need(20, r), need(21, 2 * c * t), need(22, 2 * cpu::sinkgd_chunks(r) * c), need(23, cpu::kSinkgdRowGroup * c * t);
-      // (BF16 gradients are widened into it; with BF16 weights and an FP32 gradient arena, an upper bound.)
-      if (act == DType::BF16 && cpu::sinkgd_caches_rows(r, c, static_cast<int>(t))) need(24, r * c);
+    if (matrix_optimizer == "sinkgd") {  // kernels/cpu/sinkgd.cpp, every matrix through sinkgd_update_many
+      const int64_t t = std::max(threads, 1);
+      ++sinkgd_tensors;
+      if (cpu::sinkgd_fits_one_core(r, c, dtype_bytes(grad))) {  // whole on one core: scratch per thread
+        need(cpu::kSinkgdOneCoreSlot, t * cpu::sinkgd_one_core_floats(r, c));
+      } else {  // row-split: u, v and v^2 per thread, partial column sums (two sets), a row group per
+                // thread, and BF16 G's widened rows where they fit the cores' L2
+        need(20, r), need(21, 2 * c * t), need(22, 2 * cpu::sinkgd_chunks(r) * c), need(23, cpu::kSinkgdRowGroup * c * t);
+        if (grad == DType::BF16 && cpu::sinkgd_caches_rows(r, c, static_cast<int>(t))) need(24, r * c);
+      }
     } else if (matrix_optimizer == "swan") {  // kernels/cpu/swan.cpp
       need(30, r * c);                    // X
       if (swan_exact) {
@@ -82,6 +88,7 @@ int64_t cpu_backend_scratch_bytes(const ModelConfig& m, int64_t B, int64_t T, DT
       }
     }
   }
+  need(-1, sinkgd_tensors);  // sinkgd_update_many's order of the tensors (int32)
   int64_t floats = 0;
   for (const auto& [s, n] : slot) floats += n;
   // kernels/cpu/matmul_amx.cpp: BF16 GEMMs on AMX tiles hold the packed operands of the largest one.
@@ -129,7 +136,7 @@ TrainingMemory training_memory(const RunConfig& run, bool cuda) {
   t.backend_scratch = cuda ? cuda_backend_scratch_bytes(run.model, run.batch.micro_batch, run.batch.seq_len, run.optimizer.name,
                                                         run.optimizer.matrix_params)
                            : cpu_backend_scratch_bytes(run.model, run.batch.micro_batch, run.batch.seq_len, run.precision.params,
-                                                       run.optimizer.name, run.optimizer.matrix_params,
+                                                       run.precision.grads, run.optimizer.name, run.optimizer.matrix_params,
                                                        run.optimizer.swan.whitening == "eigh",
                                                        run.threads > 0 ? static_cast<int>(run.threads) : omp_get_num_procs());
   return t;

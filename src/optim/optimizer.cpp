@@ -73,8 +73,10 @@ StepStats Optimizer::step(int64_t update, int64_t applied) {
   st.clipped = clip;
   const float clip_factor = clip ? static_cast<float>(run_.optimizer.grad_clip / st.grad_norm) : 1.0f;
   // Small tensors (the norm weights) of one rule and learning rate are updated together: one
-  // backend call, one launch on a device. Tensors are independent, so the order does not matter.
-  std::map<std::pair<std::string, bool>, std::pair<const TensorRule*, std::vector<RuleItem>>> small;
+  // backend call, one launch on a device; so are all the tensors of a rule that asks for it (SinkGD:
+  // the CPU overlaps one tensor's memory traffic with another's passes). Tensors are independent,
+  // so the order does not matter.
+  std::map<std::pair<std::string, bool>, std::pair<const TensorRule*, std::vector<RuleItem>>> together;
   for (size_t i = 0; i < assign_.size(); ++i) {
     if (!plan.mine(i)) continue;
     const TensorSpec& t = *assign_[i].tensor;
@@ -86,15 +88,15 @@ StepStats Optimizer::step(int64_t update, int64_t applied) {
     ctx.seed = static_cast<uint64_t>(run_.seed);
     ctx.tensor = i;
     ctx.stochastic = run_.optimizer.rounding == "stochastic";
-    if (t.numel() <= kMultiTensorElements) {
-      auto& group = small[{rules_[i]->name(), assign_[i].matrix}];
+    if (t.numel() <= kMultiTensorElements || rules_[i]->updates_large_tensors_together()) {
+      auto& group = together[{rules_[i]->name(), assign_[i].matrix}];
       group.first = rules_[i].get();
       group.second.push_back({&t, model_.param(t), model_.grad(t), states_[i].data(), ctx});
       continue;
     }
     rules_[i]->update(be, t, model_.param(t), model_.grad(t), states_[i].data(), ctx);
   }
-  for (const auto& [key, group] : small) group.first->update_many(be, group.second);
+  for (const auto& [key, group] : together) group.first->update_many(be, group.second);
   st.swan = be.take_swan_stats();
   if (plan.sharded()) {
     broadcast_weights();

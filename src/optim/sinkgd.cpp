@@ -11,16 +11,28 @@ class SinkGD final : public TensorRule {
   int state_slots() const override { return 0; }
   bool matrices_only() const override { return true; }
   void update(Backend& be, const TensorSpec& t, Buf w, Buf g, Buf*, const UpdateContext& ctx) const override {
+    be.sinkgd_update(w, g, t.rows(), t.cols(), args(ctx));
+  }
+  // Every matrix in one call: the CPU backend runs whole tensors on separate cores.
+  bool updates_large_tensors_together() const override { return true; }
+  void update_many(Backend& be, const std::vector<RuleItem>& items) const override {
+    std::vector<SinkGDTensor> tensors;
+    tensors.reserve(items.size());
+    for (const RuleItem& it : items) tensors.push_back({it.w, it.g, it.tensor->rows(), it.tensor->cols(), it.ctx.tensor});
+    if (!tensors.empty()) be.sinkgd_update_many(tensors.data(), static_cast<int64_t>(tensors.size()), args(items.front().ctx));
+  }
+
+ private:
+  SinkGDArgs args(const UpdateContext& ctx) const {
     SinkGDArgs a;
     a.lr = ctx.lr;
     a.decoupled_decay = static_cast<float>(c_.weight_decay);
     a.iterations = static_cast<int>(c_.sinkgd.iterations);
     a.eps = static_cast<float>(c_.sinkgd.eps);
     a.write = {ctx.stochastic, ctx.seed, static_cast<uint64_t>(ctx.update), ctx.tensor};
-    be.sinkgd_update(w, g, t.rows(), t.cols(), a);
+    return a;
   }
 
- private:
   OptimizerConfig c_;
 };
 }  // namespace
