@@ -21,7 +21,8 @@
 // sinkgd_update_many (the optimizer's call: every matrix at once) runs each tensor whose G fits one
 // core's L2 whole on one core (sinkgd_update_one_core below), the cores taking tensors largest first:
 // no barrier per pass, and one core's memory-bound first pass and W write overlap the other core's
-// passes out of L2. llama_60m's 56 matrices: 0.85-0.93x the time of one sinkgd_update per tensor.
+// passes out of L2. llama_60m's 56 matrices: 0.90-0.93x the time of one sinkgd_update per tensor
+// (bench optim, same rounds).
 #include <omp.h>
 #include <unistd.h>
 
@@ -93,6 +94,19 @@ inline const float* row_f32(const bf16* g, int64_t n, float* row) {
   return row;
 }
 inline const float* row_f32(const float* g, int64_t, float*) { return g; }
+
+// Row i of W <- keep W - lu x v (lu = lr u_i; x the row of G, FP32 or BF16), rounded per a.write;
+// both kernels' W write, so they round alike.
+template <class T, class X>
+inline void write_row(T* wi, const X* x, const float* v, int64_t i, int64_t n, float keep, float lu, const SinkGDArgs& a) {
+  if (!a.write.stochastic) {  // the common case, one vector loop; stochastic rounding hashes per element
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) wi[j] = from_f32<T>(to_f32(wi[j]) * keep - lu * to_f32(x[j]) * v[j]);
+  } else {
+    for (int64_t j = 0; j < n; ++j)
+      wi[j] = write_weight<T>(to_f32(wi[j]) * keep - lu * to_f32(x[j]) * v[j], a.write, static_cast<uint64_t>(i * n + j));
+  }
+}
 }  // namespace
 
 namespace {
@@ -211,18 +225,8 @@ void sinkgd_update(T* w, const G* g, int64_t m, int64_t n, const SinkGDArgs& a, 
     // W <- keep W - lr u_i x_ij v_j. Rows split as the chunks were, so a thread reads the rows it cached.
 #pragma omp for schedule(static)
     for (int64_t c = 0; c < chunks; ++c)
-      for (int64_t i = c * rows_per_chunk; i < std::min(m, (c + 1) * rows_per_chunk); ++i) {
-        const float lu = a.lr * u[i];
-        T* wi = w + i * n;
-        const float* x = cached ? cache + i * n : row_f32(g + i * n, n, buf);
-        if (!a.write.stochastic) {  // the common case, one vector loop; stochastic rounding hashes per element
-#pragma omp simd
-          for (int64_t j = 0; j < n; ++j) wi[j] = from_f32<T>(to_f32(wi[j]) * keep - lu * x[j] * v[j]);
-        } else {
-          for (int64_t j = 0; j < n; ++j)
-            wi[j] = write_weight<T>(to_f32(wi[j]) * keep - lu * x[j] * v[j], a.write, static_cast<uint64_t>(i * n + j));
-        }
-      }
+      for (int64_t i = c * rows_per_chunk; i < std::min(m, (c + 1) * rows_per_chunk); ++i)
+        write_row(w + i * n, cached ? cache + i * n : row_f32(g + i * n, n, buf), v, i, n, keep, a.lr * u[i], a);
   }
 }
 
@@ -244,6 +248,8 @@ template void sinkgd_update<float, bf16>(float*, const bf16*, int64_t, int64_t, 
 // W from memory, so the step is no longer the sum of a memory-bound and a cache-bound part.
 // Scratch: u (m), v (n), v^2 (n), a chunk's column sums (n), kRowGroup rows of squares (n each).
 namespace {
+// Not inlined into the parallel loop: inlined there, GCC kept the column adds' row pointers on the
+// stack and reloaded them every vector (perf annotate).
 template <class T, class G>
 [[gnu::noinline]] void sinkgd_update_one_core(T* w, const G* g, int64_t m, int64_t n, const SinkGDArgs& a, float* scratch) {
   float* u = scratch;
@@ -291,18 +297,7 @@ template <class T, class G>
       v2[j] = v[j] * v[j];
     }
   }
-  for (int64_t i = 0; i < m; ++i) {  // W <- keep W - lr u_i g_ij v_j, G from L2
-    const float lu = a.lr * u[i];
-    T* wi = w + i * n;
-    const G* gi = g + i * n;
-    if (!a.write.stochastic) {
-#pragma omp simd
-      for (int64_t j = 0; j < n; ++j) wi[j] = from_f32<T>(to_f32(wi[j]) * keep - lu * to_f32(gi[j]) * v[j]);
-    } else {
-      for (int64_t j = 0; j < n; ++j)
-        wi[j] = write_weight<T>(to_f32(wi[j]) * keep - lu * to_f32(gi[j]) * v[j], a.write, static_cast<uint64_t>(i * n + j));
-    }
-  }
+  for (int64_t i = 0; i < m; ++i) write_row(w + i * n, g + i * n, v, i, n, keep, a.lr * u[i], a);  // G from L2
 }
 }  // namespace
 
