@@ -12,6 +12,7 @@
 
 #include "../common/bf16.h"
 #include "amx_tiles.h"
+#include "bf16_rows.h"
 
 namespace multinorm::cpu {
 
@@ -132,13 +133,14 @@ void amx_matmul(Buf out, const bf16* a_bf16, const bf16* b_bf16, int64_t M, int6
         amx::block_32x32(tile, kBlock, false, a0, lda, b0, kpairs * 32, Kp);
         const int64_t rows = std::min(kBlock, M - m0), cols = std::min(kBlock, N - n0);
         for (int64_t r = 0; r < rows; ++r) {
-          const float* t = tile + r * kBlock;
+          float* t = tile + r * kBlock;
           const int64_t at = (m0 + r) * N + n0;
           if (f32) {
             for (int64_t j = 0; j < cols; ++j) out_f[at + j] = accumulate ? out_f[at + j] + t[j] : t[j];
           } else {
-            for (int64_t j = 0; j < cols; ++j)
-              out_h[at + j] = to_bf16(accumulate ? to_f32(out_h[at + j]) + t[j] : t[j]);
+            if (accumulate)
+              for (int64_t j = 0; j < cols; ++j) t[j] += to_f32(out_h[at + j]);
+            round_row_to_bf16(t, out_h + at, cols);
           }
         }
       }
