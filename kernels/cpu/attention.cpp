@@ -41,6 +41,7 @@
 
 #include "../common/fast_math.h"
 #include "amx_tiles.h"
+#include "bf16_rows.h"
 #include "cpu_kernels.h"
 
 namespace multinorm::cpu {
@@ -59,6 +60,10 @@ struct AmxEngine {
   template <class T>
   static E strip(float x) {  // P and dS: BF16 (the tiles' input)
     return to_bf16(x).bits;
+  }
+  template <class T>
+  static void strip_row(const float* x, E* dst, int64_t n) {  // strip of each: 32 per instruction
+    round_row_to_bf16(x, reinterpret_cast<bf16*>(dst), n);
   }
   static float value(E x) { return to_f32(bf16{x}); }
   static void begin() { amx::configure_tiles(); }
@@ -85,6 +90,11 @@ struct PortableEngine {
   template <class T>
   static E strip(float x) {  // rounded to the storage type, as the AMX path rounds to BF16
     return to_f32(from_f32<T>(x));
+  }
+  template <class T>
+  static void strip_row(const float* x, E* dst, int64_t n) {
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) dst[j] = strip<T>(x[j]);
   }
   static float value(E x) { return x; }
   static void begin() {}
@@ -202,7 +212,8 @@ void forward_impl(T* out, float* lse, const T* qkv, int64_t B, int64_t T_, int64
           // 2e-5 against it).
           const float inv = 1.0f / sum;
 #pragma omp simd
-          for (int64_t j = 0; j <= i; ++j) p[j] = Eng::template strip<T>(s[j] * inv);
+          for (int64_t j = 0; j <= i; ++j) s[j] *= inv;
+          Eng::template strip_row<T>(s, p, i + 1);
           for (int64_t j = i + 1; j < e; ++j) p[j] = E{};
           lse[bh * T_ + i] = scale * m + std::log(sum);  // [B, H, T]
         }
@@ -277,19 +288,20 @@ void backward_impl(T* dqkv, const T* dout, const T* qkv, const T* out, const flo
         }
         const float* l = lse_p + bh * Tp + j0;
         const float* dl = delta + bh * Tp + j0;
+        // P^T and dS^T are formed in FP32 in place of S^T and dP^T, then rounded a row at a time.
         for (int64_t r = 0; r < kTile; ++r) {  // key j = j0 + r sees queries j..: columns c >= r
-          const float* s = S + r * n;
-          const float* dp = dP + r * n;
+          float* s = S + r * n;
+          float* dp = dP + r * n;
           E* p = P + r * n;
           E* ds = dS + r * n;
           const int64_t first = j0 + r < T_ ? r : n;  // a padding key: an all-zero row
           for (int64_t c = 0; c < first; ++c) p[c] = ds[c] = E{};
 #pragma omp simd
-          for (int64_t c = first; c < n; ++c) {
-            const E pr = Eng::template strip<T>(exp_f32(scale * s[c] - l[c]));
-            p[c] = pr;
-            ds[c] = Eng::template strip<T>(Eng::value(pr) * (dp[c] - dl[c]) * scale);
-          }
+          for (int64_t c = first; c < n; ++c) s[c] = exp_f32(scale * s[c] - l[c]);
+          Eng::template strip_row<T>(s + first, p + first, n - first);
+#pragma omp simd
+          for (int64_t c = first; c < n; ++c) dp[c] = Eng::value(p[c]) * (dp[c] - dl[c]) * scale;
+          Eng::template strip_row<T>(dp + first, ds + first, n - first);
         }
         for (int64_t d0 = 0; d0 < Dp; d0 += kTile) Eng::block(O + d0, Dp, P, n, doN + at, Tp, Dp, j0, d0, n);  // dv_j
         scatter_block(dqkv, O, b, h, j0, T_, D, Dp, 3 * C, 2 * C);
@@ -305,19 +317,23 @@ void backward_impl(T* dqkv, const T* dout, const T* qkv, const T* out, const flo
           Eng::block(S + n0, e, q + at + i0 * Dp, Dp, kT + at, Dp, Tp, 0, n0, Dp);    // S = q_i k^T
           Eng::block(dP + n0, e, dO + at + i0 * Dp, Dp, vT + at, Dp, Tp, 0, n0, Dp);  // dP = do_i v^T
         }
+        // As in the key pass: P (rounded into P's buffer, which this pass does not otherwise use)
+        // and dS in FP32 in place of S and dP, rounded a row at a time.
         for (int64_t r = 0; r < kTile; ++r) {
           const int64_t i = i0 + r;
-          const float* s = S + r * e;
-          const float* dp = dP + r * e;
+          float* s = S + r * e;
+          float* dp = dP + r * e;
+          E* p = P + r * e;
           E* ds = dS + r * e;
-          const int64_t last = i < T_ ? i : -1;  // padding rows: all zero
+          const int64_t count = i < T_ ? i + 1 : 0;  // padding rows: all zero
           const float l = lse_p[bh * Tp + i], dl = delta[bh * Tp + i];
 #pragma omp simd
-          for (int64_t j = 0; j <= last; ++j) {
-            const float pr = Eng::value(Eng::template strip<T>(exp_f32(scale * s[j] - l)));
-            ds[j] = Eng::template strip<T>(pr * (dp[j] - dl) * scale);
-          }
-          for (int64_t j = last + 1; j < e; ++j) ds[j] = E{};
+          for (int64_t j = 0; j < count; ++j) s[j] = exp_f32(scale * s[j] - l);
+          Eng::template strip_row<T>(s, p, count);
+#pragma omp simd
+          for (int64_t j = 0; j < count; ++j) dp[j] = Eng::value(p[j]) * (dp[j] - dl) * scale;
+          Eng::template strip_row<T>(dp, ds, count);
+          for (int64_t j = count; j < e; ++j) ds[j] = E{};
         }
         for (int64_t d0 = 0; d0 < Dp; d0 += kTile) Eng::block(O + d0, Dp, dS, e, kN + at, Tp, Dp, 0, d0, e);  // dq_i
         scatter_block(dqkv, O, b, h, i0, T_, D, Dp, 3 * C, 0);

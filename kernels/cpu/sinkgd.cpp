@@ -290,10 +290,11 @@ template <class T, class G>
       const int64_t end = std::min(m, (c + 1) * rows_per_chunk);
       int64_t i = c * rows_per_chunk;
       for (; i + kRowGroup <= end; i += kRowGroup) {
-        float u2[kRowGroup];
+        float r[kRowGroup], u2[kRowGroup];
+        for (int64_t q = 0; q < kRowGroup; ++q) r[q] = row_sum_store<true>(g + (i + q) * n, v2, n, squares + q * n);
+#pragma omp simd
         for (int64_t q = 0; q < kRowGroup; ++q) {
-          const float r = row_sum_store<true>(g + (i + q) * n, v2, n, squares + q * n);
-          u[i + q] = sqrt_n / std::max(std::sqrt(r), a.eps);
+          u[i + q] = sqrt_n / std::max(std::sqrt(r[q]), a.eps);
           u2[q] = u[i + q] * u[i + q];
         }
         const float *s0 = squares, *s1 = squares + n, *s2 = squares + 2 * n, *s3 = squares + 3 * n;
