@@ -10,8 +10,10 @@
 #include <omp.h>
 
 #include <cmath>
+#include <type_traits>
 
 #include "../common/fast_math.h"
+#include "bf16_rows.h"
 #include "cpu_kernels.h"
 
 namespace multinorm::cpu {
@@ -49,10 +51,17 @@ void cross_entropy(float* losses, T* dlogits, const float* logits, const int32_t
       }
       losses[i] = std::log(sum) + m - xt;
       if (d) {
-        const float scale = grad_scale / sum;
+        const float scale = grad_scale / sum, et = e[t];
+        if constexpr (std::is_same_v<T, bf16>) {  // formed in e, then rounded 32 values per instruction
 #pragma omp simd
-        for (int64_t v = 0; v < V; ++v) d[v] = from_f32<T>(e[v] * scale);
-        d[t] = from_f32<T>((e[t] / sum - 1.0f) * grad_scale);
+          for (int64_t v = 0; v < V; ++v) e[v] *= scale;
+          e[t] = (et / sum - 1.0f) * grad_scale;
+          round_row_to_bf16(e, d, V);
+        } else {
+#pragma omp simd
+          for (int64_t v = 0; v < V; ++v) d[v] = e[v] * scale;
+          d[t] = (et / sum - 1.0f) * grad_scale;
+        }
       }
     }
   }

@@ -1,13 +1,24 @@
 // SwiGLU: out = silu(g) * u with gate_up[N, 2F] = [g | u], silu(g) = g * sigmoid(g).
 // Backward: dg = dout * u * sigmoid(g) * (1 + g * (1 - sigmoid(g))),  du = dout * silu(g); optionally
 // the forward's output as well (the model's backward recomputes it rather than storing it).
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "../common/fast_math.h"
 #include "../common/op_math.h"
+#include "bf16_rows.h"
 #include "cpu_kernels.h"
 
 namespace multinorm::cpu {
+
+namespace {
+// Outputs are formed in FP32 blocks of kBlock (on the stack, in L1) and stored by store_row: a BF16
+// row rounded 32 values per instruction (round_row_to_bf16), an FP32 row copied.
+constexpr int64_t kBlock = 256;
+inline void store_row(const float* x, float* dst, int64_t n) { std::memcpy(dst, x, n * sizeof(float)); }
+inline void store_row(const float* x, bf16* dst, int64_t n) { round_row_to_bf16(x, dst, n); }
+}  // namespace
 
 template <class T>
 void swiglu_forward(T* out, const T* gate_up, int64_t N, int64_t F) {
@@ -16,10 +27,15 @@ void swiglu_forward(T* out, const T* gate_up, int64_t N, int64_t F) {
     const T* g = gate_up + i * 2 * F;
     const T* u = g + F;
     T* o = out + i * F;
+    for (int64_t f0 = 0; f0 < F; f0 += kBlock) {
+      const int64_t n = std::min(kBlock, F - f0);
+      alignas(64) float ob[kBlock];
 #pragma omp simd
-    for (int64_t f = 0; f < F; ++f) {
-      const float gv = to_f32(g[f]);
-      o[f] = from_f32<T>(op_math::swiglu(gv, sigmoid_f32(gv), to_f32(u[f])));
+      for (int64_t f = 0; f < n; ++f) {
+        const float gv = to_f32(g[f0 + f]);
+        ob[f] = op_math::swiglu(gv, sigmoid_f32(gv), to_f32(u[f0 + f]));
+      }
+      store_row(ob, o + f0, n);
     }
   }
 }
@@ -38,14 +54,18 @@ void swiglu_backward_rows(T* dgate_up, T* out, const T* dout, const T* gate_up, 
     T* dg = dgate_up + i * 2 * F;
     T* du = dg + F;
     T* o = kOut ? out + i * F : nullptr;
+    for (int64_t f0 = 0; f0 < F; f0 += kBlock) {
+      const int64_t n = std::min(kBlock, F - f0);
+      alignas(64) float ab[kBlock], bb[kBlock], ob[kBlock];
 #pragma omp simd
-    for (int64_t f = 0; f < F; ++f) {
-      const float gv = to_f32(g[f]), uv = to_f32(u[f]), dv = to_f32(d[f]), sig = sigmoid_f32(gv);
-      float a, b;
-      op_math::swiglu_grad(gv, sig, uv, dv, a, b);
-      dg[f] = from_f32<T>(a);
-      du[f] = from_f32<T>(b);
-      if constexpr (kOut) o[f] = from_f32<T>(op_math::swiglu(gv, sig, uv));
+      for (int64_t f = 0; f < n; ++f) {
+        const float gv = to_f32(g[f0 + f]), uv = to_f32(u[f0 + f]), dv = to_f32(d[f0 + f]), sig = sigmoid_f32(gv);
+        op_math::swiglu_grad(gv, sig, uv, dv, ab[f], bb[f]);
+        if constexpr (kOut) ob[f] = op_math::swiglu(gv, sig, uv);
+      }
+      store_row(ab, dg + f0, n);
+      store_row(bb, du + f0, n);
+      if constexpr (kOut) store_row(ob, o + f0, n);
     }
   }
 }
