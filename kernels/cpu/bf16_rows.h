@@ -9,6 +9,7 @@
 // Kernels that produce a BF16 row compute it into an FP32 row in L1 and round it here.
 #pragma once
 #include <cstdint>
+#include <cstring>
 
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
@@ -34,5 +35,9 @@ inline void round_row_to_bf16(const float* src, bf16* dst, int64_t n) {
 #endif
   for (; j < n; ++j) dst[j] = to_bf16(src[j]);
 }
+
+// A row formed in FP32, stored as the kernel's storage type: copied, or rounded as above.
+inline void store_row(const float* x, float* dst, int64_t n) { std::memcpy(dst, x, static_cast<size_t>(n) * sizeof(float)); }
+inline void store_row(const float* x, bf16* dst, int64_t n) { round_row_to_bf16(x, dst, n); }
 
 }  // namespace multinorm::cpu

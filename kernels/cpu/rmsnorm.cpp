@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "../common/op_math.h"
+#include "bf16_rows.h"
 #include "cpu_kernels.h"
 
 namespace multinorm::cpu {
@@ -49,8 +50,14 @@ void rmsnorm_forward(T* out, float* rstd, const T* x, const T* w, int64_t N, int
     const float r = 1.0f / std::sqrt(sum_squares_row(xi, C) / static_cast<float>(C) + eps);
     rstd[i] = r;
     T* oi = out + i * C;
+    constexpr int64_t kBlock = 256;  // formed in FP32 on the stack, then stored (BF16: 32 per instruction)
+    for (int64_t c0 = 0; c0 < C; c0 += kBlock) {
+      const int64_t n = std::min(kBlock, C - c0);
+      alignas(64) float ob[kBlock];
 #pragma omp simd
-    for (int64_t c = 0; c < C; ++c) oi[c] = from_f32<T>(to_f32(xi[c]) * r * to_f32(w[c]));
+      for (int64_t c = 0; c < n; ++c) ob[c] = to_f32(xi[c0 + c]) * r * to_f32(w[c0 + c]);
+      store_row(ob, oi + c0, n);
+    }
   }
 }
 

@@ -3,7 +3,6 @@
 // the forward's output as well (the model's backward recomputes it rather than storing it).
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 
 #include "../common/fast_math.h"
 #include "../common/op_math.h"
@@ -13,11 +12,9 @@
 namespace multinorm::cpu {
 
 namespace {
-// Outputs are formed in FP32 blocks of kBlock (on the stack, in L1) and stored by store_row: a BF16
-// row rounded 32 values per instruction (round_row_to_bf16), an FP32 row copied.
+// Outputs are formed in FP32 blocks of kBlock (on the stack, in L1) and stored by store_row (a BF16
+// row rounded 32 values per instruction).
 constexpr int64_t kBlock = 256;
-inline void store_row(const float* x, float* dst, int64_t n) { std::memcpy(dst, x, n * sizeof(float)); }
-inline void store_row(const float* x, bf16* dst, int64_t n) { round_row_to_bf16(x, dst, n); }
 }  // namespace
 
 template <class T>
