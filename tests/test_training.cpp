@@ -66,10 +66,14 @@ struct SkipChain {
 
 }  // namespace
 
-// Each optimizer with a learning rate suited to this small model, 300 updates. Held-out loss
-// measured (one 8 x 32 batch): sinkgd 1.024, swan 1.031, adam/adamw 1.151, sgd (momentum 0.9)
-// 1.618, against a floor of 0.837; a bigram model (matrix optimizer switched off: SinkGD with
-// alpha 1e-5) stays at 3.61. The bounds are the measured gap plus ~0.25 nats.
+// Each optimizer with a learning rate suited to this small model, 300 updates at a constant rate.
+// The held-out loss (one 8 x 32 batch) is averaged over the last 20 updates: a normalised update
+// moves every weight by about lr whatever the gradient's size, so at a constant rate one update can
+// lift a single evaluation by 0.35 nats (SinkGD: 1.00-1.07 after updates 281-299, 1.37 after
+// update 300, when its column sums were added in another order). Measured: sinkgd 1.045, swan
+// 1.042, adam/adamw 1.197, sgd (momentum 0.9) 1.616, against a floor of 0.837; a bigram model
+// (matrix optimizer switched off: SinkGD with alpha 1e-5) stays at 3.59. The bounds are the
+// measured gap plus 0.2-0.25 nats.
 struct Recipe {
   std::string name;
   double lr, alpha, momentum, margin;
@@ -79,7 +83,7 @@ class Training : public ::testing::TestWithParam<Recipe> {};
 
 TEST_P(Training, ReachesTheEntropyFloorOfAChainOnlyAttentionCanLearn) {
   const Recipe& r = GetParam();
-  constexpr int64_t kSteps = 300;
+  constexpr int64_t kSteps = 300, kEvaluated = 20;
   json j = tiny_run(r.name);
   j["schedule"]["total_steps"] = kSteps;
   j["optimizer"]["lr"] = r.lr;
@@ -91,6 +95,8 @@ TEST_P(Training, ReachesTheEntropyFloorOfAChainOnlyAttentionCanLearn) {
   LlamaModel model(*be, run.model, run.precision.params, 8, 32);
   model.init_random(run.seed);
   Optimizer opt(model, run);
+  const SkipChain held_out(8, 32, 7);
+  double eval = 0;  // the held-out loss after each of the last kEvaluated updates, averaged
   for (int64_t step = 1; step <= kSteps; ++step) {
     const SkipChain c(8, 32, static_cast<uint32_t>(1000 + step));  // a fresh batch each update
     model.zero_grads();
@@ -99,9 +105,9 @@ TEST_P(Training, ReachesTheEntropyFloorOfAChainOnlyAttentionCanLearn) {
       EXPECT_NEAR(l.mean(), std::log(64.0), 0.15);  // a fresh model is near uniform
     }
     ASSERT_TRUE(std::isfinite(opt.step(step, step).grad_norm));
+    if (step > kSteps - kEvaluated)
+      eval += model.forward({held_out.tokens.data(), held_out.targets.data(), nullptr, 8, 32}).mean() / kEvaluated;
   }
-  const SkipChain held_out(8, 32, 7);
-  const double eval = model.forward({held_out.tokens.data(), held_out.targets.data(), nullptr, 8, 32}).mean();
   const double floor = SkipChain::entropy_floor(32);
   std::printf("%s: held-out loss %.3f, entropy floor %.3f\n", r.name.c_str(), eval, floor);
   EXPECT_LT(eval, floor + r.margin) << r.name;
