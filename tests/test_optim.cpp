@@ -237,7 +237,7 @@ TEST(SinkGD, Bf16WeightsAndThreadIndependence) {
 // (Mutation check: squaring in another order in one of the two row-sum loops fails the FP32 compare.)
 TEST(SinkGD, CachedAndStreamedBf16RowsGiveTheSameBits) {
   struct Shape { int64_t m, n; };
-  for (Shape s : {Shape{1, 1}, Shape{3, 70}, Shape{37, 129}, Shape{130, 65}, Shape{261, 200}}) {
+  for (Shape s : {Shape{1, 1}, Shape{3, 70}, Shape{37, 129}, Shape{130, 65}, Shape{261, 200}, Shape{29, 100}, Shape{33, 32}}) {
     Vec g = random_vec(s.m * s.n, 31, 1e-3), w0 = random_vec(s.m * s.n, 32, 0.05);
     if (s.m > 2 && s.n > 2) {
       for (int64_t j = 0; j < s.n; ++j) g[1 * s.n + j] = 0;
@@ -277,7 +277,7 @@ TEST(SinkGD, ManyTensorsEqualOneByOne) {
   struct Shape { int64_t m, n; };
   int64_t wide = 512;  // a tensor whose BF16 gradient does not fit one core's L2: the row-split path
   while (cpu::sinkgd_fits_one_core(300, wide, 2)) wide *= 2;
-  const std::vector<Shape> shapes = {{1, 1}, {3, 70}, {37, 129}, {130, 65}, {300, wide}, {261, 200}, {64, 64}};
+  const std::vector<Shape> shapes = {{1, 1}, {3, 70}, {37, 129}, {130, 65}, {300, wide}, {261, 200}, {64, 64}, {29, 100}, {33, 32}};
   int fitting = 0;
   for (Shape s : shapes) fitting += cpu::sinkgd_fits_one_core(s.m, s.n, 2);
   ASSERT_EQ(fitting, static_cast<int>(shapes.size()) - 1) << "both paths must be exercised";
