@@ -21,8 +21,8 @@
 // sinkgd_update_many (the optimizer's call: every matrix at once) runs each tensor whose G fits one
 // core's L2 whole on one core (sinkgd_update_one_core below), the cores taking tensors largest first:
 // no barrier per pass, and one core's memory-bound first pass and W write overlap the other core's
-// passes out of L2. llama_60m's 56 matrices: 0.73-0.87x the time of one sinkgd_update per tensor
-// (bench optim, same rounds, at 2f3f01d).
+// passes out of L2. llama_60m's 56 matrices: 0.65-0.77x the time of one sinkgd_update per tensor
+// (bench optim, same rounds, at 4cbd931 and 21472fb).
 #include <omp.h>
 #include <unistd.h>
 
