@@ -1,4 +1,5 @@
 // Elementwise copy with dtype conversion (round to nearest even into bf16).
+#include <algorithm>
 #include <type_traits>
 
 #include "bf16_rows.h"
