@@ -28,7 +28,9 @@
 //   AMX:      BF16 operands in the tiles' layouts (amx_tiles.h), FP32 accumulation; T = bf16 only.
 //   Portable: FP32 operands, 4 x 32 register blocks the compiler vectorises; any T. P and dS are
 //             rounded to T before their products, as the AMX path (and PyTorch's bf16 attention) does.
-// Operands per head, padded with zeros to Tp x Dp (Tp, Dp multiples of 32):
+// Parallel over heads: a thread packs one head's operands into its own scratch (L2) and runs all of
+// that head's tiles (see splits_per_head for fewer heads than threads). Operands of a head, padded
+// with zeros to Tp x Dp (Tp, Dp multiples of 32):
 //   rows(x)        x as [Tp][Dp] rows                        A operand
 //   transposed(x)  B operand "x^T" (K = Dp, N = Tp)          AMX: packed panels; portable: [Dp][Tp]
 //   normal(x)      B operand "x"   (K = Tp, N = Dp)          AMX: packed panels; portable: [Tp][Dp]
@@ -157,41 +159,60 @@ void scatter_block(T* x, const float* blk, int64_t b, int64_t h, int64_t i0, int
   }
 }
 
+// The parallel loops' items are (head, split) pairs: one item per head when there are at least two
+// heads per thread (B H = 64 in both bench models), else each head's tiles dealt to `splits` items,
+// each of which packs the head's operands for itself, so that every thread gets work.
+int64_t splits_per_head(int64_t BH, int64_t tiles) {
+  const int64_t want = (2 * static_cast<int64_t>(omp_get_max_threads()) + BH - 1) / BH;
+  return std::max<int64_t>(1, std::min(want, tiles));
+}
+
+// The split that owns tile t: tiles are dealt in a snake (0, 1, .., s-1, s-1, .., 0, 0, 1, ..), so
+// the forward's strips, which grow with t, give every split the same work to within one strip. (The
+// backward's key strip of tile t and query strip of tile t together cover all keys: any deal balances.)
+int64_t split_of(int64_t t, int64_t splits) {
+  const int64_t p = t % (2 * splits);
+  return p < splits ? p : 2 * splits - 1 - p;
+}
+
 template <class T, class Eng>
 void forward_impl(T* out, float* lse, const T* qkv, int64_t B, int64_t T_, int64_t H, int64_t D, Workspace& ws) {
   using E = typename Eng::E;
-  const AttentionScratch plan = attention_scratch(B, T_, H, D, std::is_same_v<Eng, AmxEngine>);
-  const int64_t C = H * D, BH = B * H, Tp = plan.Tp, Dp = plan.Dp, head = Tp * Dp, tiles = Tp / kTile;
+  const AttentionScratch plan = attention_scratch(T_, D, std::is_same_v<Eng, AmxEngine>);
+  const int64_t C = H * D, BH = B * H, Tp = plan.Tp, Dp = plan.Dp, tiles = Tp / kTile;
+  const int64_t splits = splits_per_head(BH, tiles);
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  E* q = reinterpret_cast<E*>(ws.floats(plan.operand_floats, AttentionScratch::kRows));
-  E* kt = reinterpret_cast<E*>(ws.floats(plan.operand_floats, AttentionScratch::kTransposed));
-  E* vn = reinterpret_cast<E*>(ws.floats(plan.operand_floats, AttentionScratch::kNormal));
   const int64_t per_thread = plan.forward_thread_floats();
   float* thread_scratch = ws.floats(per_thread * omp_get_max_threads(), AttentionScratch::kThread);
 #pragma omp parallel
   {
-    float* mine = thread_scratch + per_thread * omp_get_thread_num();
-    float* S = mine;                                                 // [32][e] FP32
+    float* S = thread_scratch + per_thread * omp_get_thread_num();   // [32][e] FP32
     E* P = reinterpret_cast<E*>(S + plan.fstrip_floats);             // [32][e]
     float* O = S + plan.fstrip_floats + plan.strip_floats;           // [32][Dp]
-    E* rows = reinterpret_cast<E*>(O + plan.block_floats);           // [Tp][Dp]
-#pragma omp for schedule(static)
-    for (int64_t bh = 0; bh < BH; ++bh) {  // operands: q rows, k^T and v packed
-      const int64_t b = bh / H, h = bh % H;
-      gather_head<Eng>(q + bh * head, qkv, b, h, T_, D, Tp, Dp, 3 * C, 0);
-      gather_head<Eng>(rows, qkv, b, h, T_, D, Tp, Dp, 3 * C, C);
-      Eng::pack_transposed(kt + bh * head, rows, Tp, Dp);
-      gather_head<Eng>(rows, qkv, b, h, T_, D, Tp, Dp, 3 * C, 2 * C);
-      Eng::pack_normal(vn + bh * head, rows, Tp, Dp);
-    }
+    E* q = reinterpret_cast<E*>(O + plan.block_floats);              // this head's operands, [Tp][Dp] each
+    E* kt = q + plan.head_floats * 4 / static_cast<int64_t>(sizeof(E));
+    E* vn = kt + plan.head_floats * 4 / static_cast<int64_t>(sizeof(E));
+    E* rows = vn + plan.head_floats * 4 / static_cast<int64_t>(sizeof(E));
+    int64_t packed = -1;  // the head whose operands q, kt and vn hold
     Eng::begin();
-    // Longest strips first, over all heads: the dynamic schedule then evens out the triangle.
-#pragma omp for collapse(2) schedule(dynamic)
-    for (int64_t it = 0; it < tiles; ++it)
-      for (int64_t bh = 0; bh < BH; ++bh) {
-        const int64_t b = bh / H, h = bh % H, i0 = (tiles - 1 - it) * kTile, e = i0 + kTile;
+    // Heads are independent and of equal work: each item packs its head's operands into the
+    // thread's own scratch, where they stay in L2 for all of its tiles.
+#pragma omp for schedule(dynamic)
+    for (int64_t item = 0; item < BH * splits; ++item) {
+      const int64_t bh = item / splits, split = item % splits, b = bh / H, h = bh % H;
+      if (bh != packed) {  // operands: q rows, k^T and v packed
+        gather_head<Eng>(q, qkv, b, h, T_, D, Tp, Dp, 3 * C, 0);
+        gather_head<Eng>(rows, qkv, b, h, T_, D, Tp, Dp, 3 * C, C);
+        Eng::pack_transposed(kt, rows, Tp, Dp);
+        gather_head<Eng>(rows, qkv, b, h, T_, D, Tp, Dp, 3 * C, 2 * C);
+        Eng::pack_normal(vn, rows, Tp, Dp);
+        packed = bh;
+      }
+      for (int64_t it = 0; it < tiles; ++it) {
+        if (split_of(it, splits) != split) continue;
+        const int64_t i0 = it * kTile, e = i0 + kTile;
         for (int64_t n0 = 0; n0 < e; n0 += kTile)  // S = q_i k[0:e]^T
-          Eng::block(S + n0, e, q + bh * head + i0 * Dp, Dp, kt + bh * head, Dp, Tp, 0, n0, Dp);
+          Eng::block(S + n0, e, q + i0 * Dp, Dp, kt, Dp, Tp, 0, n0, Dp);
         for (int64_t r = 0; r < kTile; ++r) {
           const int64_t i = i0 + r;
           float* s = S + r * e;
@@ -218,9 +239,10 @@ void forward_impl(T* out, float* lse, const T* qkv, int64_t B, int64_t T_, int64
           lse[bh * T_ + i] = scale * m + std::log(sum);  // [B, H, T]
         }
         for (int64_t d0 = 0; d0 < Dp; d0 += kTile)  // o_i = P v[0:e]
-          Eng::block(O + d0, Dp, P, e, vn + bh * head, Tp, Dp, 0, d0, e);
+          Eng::block(O + d0, Dp, P, e, vn, Tp, Dp, 0, d0, e);
         scatter_block(out, O, b, h, i0, T_, D, Dp, C, 0);
       }
+    }
     Eng::end();
   }
 }
@@ -229,18 +251,10 @@ template <class T, class Eng>
 void backward_impl(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse, int64_t B, int64_t T_, int64_t H,
                    int64_t D, Workspace& ws) {
   using E = typename Eng::E;
-  const AttentionScratch plan = attention_scratch(B, T_, H, D, std::is_same_v<Eng, AmxEngine>);
-  const int64_t C = H * D, BH = B * H, Tp = plan.Tp, Dp = plan.Dp, head = Tp * Dp, tiles = Tp / kTile;
+  const AttentionScratch plan = attention_scratch(T_, D, std::is_same_v<Eng, AmxEngine>);
+  const int64_t C = H * D, BH = B * H, Tp = plan.Tp, Dp = plan.Dp, tiles = Tp / kTile;
+  const int64_t splits = splits_per_head(BH, tiles);
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  E* rows = reinterpret_cast<E*>(ws.floats(4 * plan.operand_floats, AttentionScratch::kRows));
-  E* tr = reinterpret_cast<E*>(ws.floats(4 * plan.operand_floats, AttentionScratch::kTransposed));
-  E* nr = reinterpret_cast<E*>(ws.floats(3 * plan.operand_floats, AttentionScratch::kNormal));
-  const int64_t op = plan.operand_floats * 4 / static_cast<int64_t>(sizeof(E));  // operand stride in elements
-  E *q = rows, *k = rows + op, *v = rows + 2 * op, *dO = rows + 3 * op;
-  E *qT = tr, *kT = tr + op, *vT = tr + 2 * op, *doT = tr + 3 * op;
-  E *qN = nr, *kN = nr + op, *doN = nr + 2 * op;
-  float* delta = ws.floats(plan.stats_floats, AttentionScratch::kStats);  // [BH][Tp], 0 on padding
-  float* lse_p = delta + BH * Tp;                                          // [BH][Tp], +inf on padding
   const int64_t per_thread = plan.backward_thread_floats();
   float* thread_scratch = ws.floats(per_thread * omp_get_max_threads(), AttentionScratch::kThread);
 #pragma omp parallel
@@ -250,44 +264,55 @@ void backward_impl(T* dqkv, const T* dout, const T* qkv, const T* out, const flo
     E* P = reinterpret_cast<E*>(dP + plan.fstrip_floats);            // [32][n]
     E* dS = reinterpret_cast<E*>(dP + plan.fstrip_floats + plan.strip_floats);
     float* O = dP + plan.fstrip_floats + 2 * plan.strip_floats;      // [32][Dp]
-#pragma omp for schedule(static)
-    for (int64_t bh = 0; bh < BH; ++bh) {
-      const int64_t b = bh / H, h = bh % H, at = bh * head;
-      gather_head<Eng>(q + at, qkv, b, h, T_, D, Tp, Dp, 3 * C, 0);
-      gather_head<Eng>(k + at, qkv, b, h, T_, D, Tp, Dp, 3 * C, C);
-      gather_head<Eng>(v + at, qkv, b, h, T_, D, Tp, Dp, 3 * C, 2 * C);
-      gather_head<Eng>(dO + at, dout, b, h, T_, D, Tp, Dp, C, 0);
-      Eng::pack_transposed(qT + at, q + at, Tp, Dp);
-      Eng::pack_transposed(kT + at, k + at, Tp, Dp);
-      Eng::pack_transposed(vT + at, v + at, Tp, Dp);
-      Eng::pack_transposed(doT + at, dO + at, Tp, Dp);
-      Eng::pack_normal(qN + at, q + at, Tp, Dp);
-      Eng::pack_normal(kN + at, k + at, Tp, Dp);
-      Eng::pack_normal(doN + at, dO + at, Tp, Dp);
-      for (int64_t i = 0; i < Tp; ++i) {  // delta_i = do_i . o_i in FP32 from the stored values
-        float dl = 0.0f;
-        if (i < T_) {
-          const T* g = dout + (b * T_ + i) * C + h * D;
-          const T* o = out + (b * T_ + i) * C + h * D;
-          for (int64_t x = 0; x < D; ++x) dl += to_f32(g[x]) * to_f32(o[x]);
-        }
-        delta[bh * Tp + i] = dl;
-        lse_p[bh * Tp + i] = i < T_ ? lse[bh * T_ + i] : INFINITY;  // exp(s S - inf) = 0 on padding
-      }
-    }
+    float* delta = O + plan.block_floats;                            // [Tp], 0 on padding
+    float* lse_p = delta + Tp;                                       // [Tp], +inf on padding
+    E* operands = reinterpret_cast<E*>(lse_p + Tp);                  // this head's, [Tp][Dp] each
+    const int64_t op = plan.head_floats * 4 / static_cast<int64_t>(sizeof(E));  // operand stride in elements
+    E *q = operands, *k = q + op, *v = k + op, *dO = v + op;
+    E *qT = dO + op, *kT = qT + op, *vT = kT + op, *doT = vT + op;
+    E *qN = doT + op, *kN = qN + op, *doN = kN + op;
+    int64_t packed = -1;  // the head whose operands and statistics the scratch holds
     Eng::begin();
-    // Key pass: dv and dk of key tile j from the queries j0..Tp-1 (longest strips first; queries
-    // past T have lse = +inf, so P^T = 0 there).
-#pragma omp for collapse(2) schedule(dynamic)
-    for (int64_t jt = 0; jt < tiles; ++jt)
-      for (int64_t bh = 0; bh < BH; ++bh) {
-        const int64_t b = bh / H, h = bh % H, at = bh * head, j0 = jt * kTile, n = Tp - j0;
-        for (int64_t n0 = 0; n0 < n; n0 += kTile) {
-          Eng::block(S + n0, n, k + at + j0 * Dp, Dp, qT + at, Dp, Tp, 0, j0 + n0, Dp);    // S^T = k_j q^T
-          Eng::block(dP + n0, n, v + at + j0 * Dp, Dp, doT + at, Dp, Tp, 0, j0 + n0, Dp);  // dP^T = v_j do^T
+    // As in the forward, an item packs its head into the thread's scratch (L2), then runs the key
+    // pass and the query pass over its tiles.
+#pragma omp for schedule(dynamic)
+    for (int64_t item = 0; item < BH * splits; ++item) {
+      const int64_t bh = item / splits, split = item % splits, b = bh / H, h = bh % H;
+      if (bh != packed) {
+        gather_head<Eng>(q, qkv, b, h, T_, D, Tp, Dp, 3 * C, 0);
+        gather_head<Eng>(k, qkv, b, h, T_, D, Tp, Dp, 3 * C, C);
+        gather_head<Eng>(v, qkv, b, h, T_, D, Tp, Dp, 3 * C, 2 * C);
+        gather_head<Eng>(dO, dout, b, h, T_, D, Tp, Dp, C, 0);
+        Eng::pack_transposed(qT, q, Tp, Dp);
+        Eng::pack_transposed(kT, k, Tp, Dp);
+        Eng::pack_transposed(vT, v, Tp, Dp);
+        Eng::pack_transposed(doT, dO, Tp, Dp);
+        Eng::pack_normal(qN, q, Tp, Dp);
+        Eng::pack_normal(kN, k, Tp, Dp);
+        Eng::pack_normal(doN, dO, Tp, Dp);
+        for (int64_t i = 0; i < Tp; ++i) {  // delta_i = do_i . o_i in FP32 from the stored values
+          float dl = 0.0f;
+          if (i < T_) {
+            const T* g = dout + (b * T_ + i) * C + h * D;
+            const T* o = out + (b * T_ + i) * C + h * D;
+            for (int64_t x = 0; x < D; ++x) dl += to_f32(g[x]) * to_f32(o[x]);
+          }
+          delta[i] = dl;
+          lse_p[i] = i < T_ ? lse[bh * T_ + i] : INFINITY;  // exp(s S - inf) = 0 on padding
         }
-        const float* l = lse_p + bh * Tp + j0;
-        const float* dl = delta + bh * Tp + j0;
+        packed = bh;
+      }
+      // Key pass: dv and dk of key tile j from the queries j0..Tp-1 (queries past T have lse = +inf,
+      // so P^T = 0 there).
+      for (int64_t jt = 0; jt < tiles; ++jt) {
+        if (split_of(jt, splits) != split) continue;
+        const int64_t j0 = jt * kTile, n = Tp - j0;
+        for (int64_t n0 = 0; n0 < n; n0 += kTile) {
+          Eng::block(S + n0, n, k + j0 * Dp, Dp, qT, Dp, Tp, 0, j0 + n0, Dp);    // S^T = k_j q^T
+          Eng::block(dP + n0, n, v + j0 * Dp, Dp, doT, Dp, Tp, 0, j0 + n0, Dp);  // dP^T = v_j do^T
+        }
+        const float* l = lse_p + j0;
+        const float* dl = delta + j0;
         // P^T and dS^T are formed in FP32 in place of S^T and dP^T, then rounded a row at a time.
         for (int64_t r = 0; r < kTile; ++r) {  // key j = j0 + r sees queries j..: columns c >= r
           float* s = S + r * n;
@@ -303,19 +328,18 @@ void backward_impl(T* dqkv, const T* dout, const T* qkv, const T* out, const flo
           for (int64_t c = first; c < n; ++c) dp[c] = Eng::value(p[c]) * (dp[c] - dl[c]) * scale;
           Eng::template strip_row<T>(dp + first, ds + first, n - first);
         }
-        for (int64_t d0 = 0; d0 < Dp; d0 += kTile) Eng::block(O + d0, Dp, P, n, doN + at, Tp, Dp, j0, d0, n);  // dv_j
+        for (int64_t d0 = 0; d0 < Dp; d0 += kTile) Eng::block(O + d0, Dp, P, n, doN, Tp, Dp, j0, d0, n);  // dv_j
         scatter_block(dqkv, O, b, h, j0, T_, D, Dp, 3 * C, 2 * C);
-        for (int64_t d0 = 0; d0 < Dp; d0 += kTile) Eng::block(O + d0, Dp, dS, n, qN + at, Tp, Dp, j0, d0, n);  // dk_j
+        for (int64_t d0 = 0; d0 < Dp; d0 += kTile) Eng::block(O + d0, Dp, dS, n, qN, Tp, Dp, j0, d0, n);  // dk_j
         scatter_block(dqkv, O, b, h, j0, T_, D, Dp, 3 * C, C);
       }
-    // Query pass: dq of query tile i from the keys 0..e-1.
-#pragma omp for collapse(2) schedule(dynamic)
-    for (int64_t it = 0; it < tiles; ++it)
-      for (int64_t bh = 0; bh < BH; ++bh) {
-        const int64_t b = bh / H, h = bh % H, at = bh * head, i0 = (tiles - 1 - it) * kTile, e = i0 + kTile;
+      // Query pass: dq of query tile i from the keys 0..e-1.
+      for (int64_t it = 0; it < tiles; ++it) {
+        if (split_of(it, splits) != split) continue;
+        const int64_t i0 = it * kTile, e = i0 + kTile;
         for (int64_t n0 = 0; n0 < e; n0 += kTile) {
-          Eng::block(S + n0, e, q + at + i0 * Dp, Dp, kT + at, Dp, Tp, 0, n0, Dp);    // S = q_i k^T
-          Eng::block(dP + n0, e, dO + at + i0 * Dp, Dp, vT + at, Dp, Tp, 0, n0, Dp);  // dP = do_i v^T
+          Eng::block(S + n0, e, q + i0 * Dp, Dp, kT, Dp, Tp, 0, n0, Dp);    // S = q_i k^T
+          Eng::block(dP + n0, e, dO + i0 * Dp, Dp, vT, Dp, Tp, 0, n0, Dp);  // dP = do_i v^T
         }
         // As in the key pass: P (rounded into P's buffer, which this pass does not otherwise use)
         // and dS in FP32 in place of S and dP, rounded a row at a time.
@@ -326,7 +350,7 @@ void backward_impl(T* dqkv, const T* dout, const T* qkv, const T* out, const flo
           E* p = P + r * e;
           E* ds = dS + r * e;
           const int64_t count = i < T_ ? i + 1 : 0;  // padding rows: all zero
-          const float l = lse_p[bh * Tp + i], dl = delta[bh * Tp + i];
+          const float l = lse_p[i], dl = delta[i];
 #pragma omp simd
           for (int64_t j = 0; j < count; ++j) s[j] = exp_f32(scale * s[j] - l);
           Eng::template strip_row<T>(s, p, count);
@@ -335,9 +359,10 @@ void backward_impl(T* dqkv, const T* dout, const T* qkv, const T* out, const flo
           Eng::template strip_row<T>(dp, ds, count);
           for (int64_t j = count; j < e; ++j) ds[j] = E{};
         }
-        for (int64_t d0 = 0; d0 < Dp; d0 += kTile) Eng::block(O + d0, Dp, dS, e, kN + at, Tp, Dp, 0, d0, e);  // dq_i
+        for (int64_t d0 = 0; d0 < Dp; d0 += kTile) Eng::block(O + d0, Dp, dS, e, kN, Tp, Dp, 0, d0, e);  // dq_i
         scatter_block(dqkv, O, b, h, i0, T_, D, Dp, 3 * C, 0);
       }
+    }
     Eng::end();
   }
 }

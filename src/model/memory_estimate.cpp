@@ -50,13 +50,10 @@ int64_t cpu_backend_scratch_bytes(const ModelConfig& m, int64_t B, int64_t T, DT
   // Workspace slots hold the largest request made to each; the sum of the slots is the scratch.
   std::map<int, int64_t> slot;  // floats per slot (-1: the int32 buffer)
   auto need = [&](int s, int64_t floats) { slot[s] = std::max(slot[s], floats); };
-  const int64_t C = m.hidden_size, H = m.num_attention_heads, D = m.head_dim(), BT = B * T;
-  {  // kernels/cpu/attention.cpp: operands per head (forward 1/1/1, backward 4/4/3), stats, strips
-    const auto a = cpu::attention_scratch(B, T, H, D, act == DType::BF16 && cpu::amx_usable());
-    using S = cpu::AttentionScratch;
-    need(S::kRows, 4 * a.operand_floats), need(S::kTransposed, 4 * a.operand_floats);
-    need(S::kNormal, 3 * a.operand_floats), need(S::kStats, a.stats_floats);
-    need(S::kThread, std::max(a.forward_thread_floats(), a.backward_thread_floats()) * std::max(threads, 1));
+  const int64_t C = m.hidden_size, D = m.head_dim(), BT = B * T;
+  {  // kernels/cpu/attention.cpp: per thread, one head's operands and statistics and the strips
+    const auto a = cpu::attention_scratch(T, D, act == DType::BF16 && cpu::amx_usable());
+    need(cpu::AttentionScratch::kThread, std::max(a.forward_thread_floats(), a.backward_thread_floats()) * std::max(threads, 1));
   }
   need(0, (BT + 31) / 32 * C);            // kernels/cpu/rmsnorm.cpp: partial column sums per 32 rows
   need(-1, 2 * BT);                       // kernels/cpu/embedding.cpp: order and run starts (int32)
