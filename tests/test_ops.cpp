@@ -200,6 +200,63 @@ TEST_P(Ops, CrossEntropyWithMaskAndScale) {
   be->release(m);
 }
 
+// The loss head, logits = x w^T then the cross-entropy: against the FP64 reference of the same BF16
+// x and w, and bit for bit the backend's GEMM followed by its cross_entropy (the default the CPU
+// backend's fused AMX path replaces: 32 rows of logits at a time, never stored). Shapes: nothing a
+// multiple of 32 (x packed, the last strip short), then whole tiles (x read in place), then one row;
+// masked rows; with and without the gradient.
+TEST_P(Ops, LossHeadIsTheGemmThenCrossEntropy) {
+  struct Case {
+    int64_t N, V, C;
+  };
+  for (const Case c : {Case{45, 100, 40}, Case{64, 96, 64}, Case{1, 33, 32}}) {
+    const int64_t N = c.N, V = c.V, C = c.C;
+    const float scale = 0.29f;
+    const Vec x = random_vec(N * C, 17, 2.0), w = random_vec(V * C, 18, 0.5);
+    std::vector<int32_t> targets(N);
+    std::vector<uint8_t> mask(N);
+    for (int64_t i = 0; i < N; ++i) targets[i] = static_cast<int32_t>((7 * i + 3) % V), mask[i] = i % 5 != 2;
+    DeviceBuffer X(*be, x, DType::BF16), W(*be, w, DType::BF16), LOGITS(*be, N * V, f32);
+    DeviceBuffer LOSS(*be, N, f32), LOSS0(*be, N, f32), DL(*be, N * V, DType::BF16), DL0(*be, N * V, DType::BF16);
+    int32_t* t = static_cast<int32_t*>(be->allocate(N * 4));
+    uint8_t* m = static_cast<uint8_t*>(be->allocate(N));
+    be->to_device(t, targets.data(), N * 4);
+    be->to_device(m, mask.data(), N);
+    const std::string where = "N " + std::to_string(N) + " V " + std::to_string(V) + " C " + std::to_string(C);
+    be->linear_cross_entropy(LOSS.f32(), DL.buf(), LOGITS.buf(), X.buf(), W.buf(), t, m, N, V, C, scale);
+    be->Backend::linear_cross_entropy(LOSS0.f32(), DL0.buf(), LOGITS.buf(), X.buf(), W.buf(), t, m, N, V, C, scale);
+    EXPECT_EQ(LOSS.get(), LOSS0.get()) << where;
+    EXPECT_EQ(DL.get(), DL0.get()) << where;
+    // FP64 reference on the stored (BF16) x and w.
+    const Vec xs = X.get(), ws = W.get(), loss = LOSS.get(), dl = DL.get();
+    Vec logits(N * V), want_loss(N, 0.0), want_dl(N * V, 0.0);
+    for (int64_t i = 0; i < N; ++i) {
+      for (int64_t v = 0; v < V; ++v) {
+        double z = 0;
+        for (int64_t k = 0; k < C; ++k) z += xs[i * C + k] * ws[v * C + k];
+        logits[i * V + v] = z;
+      }
+      if (!mask[i]) continue;
+      want_loss[i] = ref::cross_entropy(&logits[i * V], V, targets[i]);
+      double mx = -1e300, sum = 0;
+      for (int64_t v = 0; v < V; ++v) mx = std::max(mx, logits[i * V + v]);
+      for (int64_t v = 0; v < V; ++v) sum += std::exp(logits[i * V + v] - mx);
+      for (int64_t v = 0; v < V; ++v)
+        want_dl[i * V + v] = scale * (std::exp(logits[i * V + v] - mx) / sum - (v == targets[i] ? 1.0 : 0.0));
+    }
+    // FP32 logits of C BF16 products, the loss in FP32 (measured 4e-8 to 9e-8 relative); dlogits
+    // rounded to BF16 once (measured 3.3e-3; 2^-9 relative, as in CrossEntropyWithMaskAndScale).
+    EXPECT_TRUE(close(loss, want_loss, 4e-7)) << where;
+    EXPECT_TRUE(close(dl, want_dl, 4e-3)) << where;
+    // Without the gradient: the same losses.
+    be->linear_cross_entropy(LOSS0.f32(), Buf{nullptr, DType::BF16}, LOGITS.buf(), X.buf(), W.buf(), t, m, N, V, C,
+                             scale);
+    EXPECT_EQ(LOSS0.get(), loss) << where;
+    be->release(t);
+    be->release(m);
+  }
+}
+
 TEST_P(Ops, EmbeddingForwardBackwardWithRepeatedTokens) {
   const int64_t V = 9, C = 6, BT = 10;
   const std::vector<int32_t> tokens = {4, 1, 4, 4, 0, 8, 1, 2, 4, 8};

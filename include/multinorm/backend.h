@@ -143,6 +143,15 @@ class Backend {
   // dlogits may alias logits when both are FP32.
   virtual void cross_entropy(float* losses, Buf dlogits, const float* logits, const int32_t* targets,
                              const uint8_t* mask, int64_t N, int64_t V, float grad_scale) = 0;
+  // The loss head: cross_entropy (as above) of logits[N,V] = x[N,C] w[V,C]^T, FP32. `logits` is FP32
+  // scratch of N V the caller provides; a backend may fuse the two and never write it (the CPU's AMX
+  // path computes 32 rows of logits at a time and runs the cross-entropy on them while they are in
+  // cache: the same bits). The default is the GEMM, then cross_entropy.
+  virtual void linear_cross_entropy(float* losses, Buf dlogits, Buf logits, Buf x, Buf w, const int32_t* targets,
+                                    const uint8_t* mask, int64_t N, int64_t V, int64_t C, float grad_scale) {
+    matmul(logits, x, w, N, V, C, false, true, false);
+    cross_entropy(losses, dlogits, logits.f32(), targets, mask, N, V, grad_scale);
+  }
 
   // ---- optimizer ops: one tensor per call (the _many ops: a list). w in the parameter dtype; g the
   // same, or FP32 gradients of BF16 weights (precision.grads = fp32) ------------------------------

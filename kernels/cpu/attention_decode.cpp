@@ -14,7 +14,7 @@
 namespace multinorm::cpu {
 
 namespace {
-constexpr size_t kDecodeScoresSlot = 13;  // Workspace slot (attention uses 1-10, embedding 12)
+constexpr size_t kDecodeScoresSlot = 13;  // Workspace slot (attention uses 1, embedding 12)
 }  // namespace
 
 template <class T>

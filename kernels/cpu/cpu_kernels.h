@@ -126,6 +126,18 @@ template <class T> void swiglu_backward(T* dgate_up, T* out, const T* dout, cons
 constexpr size_t kCrossEntropyRowSlot = 14;  // (attention uses 1, embedding 12, decode 13)
 template <class T> void cross_entropy(float* losses, T* dlogits, const float* logits, const int32_t* targets,
                                       const uint8_t* mask, int64_t N, int64_t V, float grad_scale, Workspace& ws);
+// The loss head fused (AMX tiles only, BF16 x [N, C] and w [V, C]): cross_entropy of logits = x w^T,
+// each 32-row strip of logits computed into a per-thread FP32 buffer (Workspace slot
+// kLossHeadStripSlot) and consumed there; the same bits as amx_matmul then cross_entropy.
+struct AmxScratch;
+constexpr size_t kLossHeadStripSlot = 15;
+inline int64_t linear_cross_entropy_strip_floats(int64_t V) { return 32 * ((V + 31) / 32 * 32); }  // per thread
+// Whether the CPU backend fuses the loss head: BF16 x, w and dlogits, on a CPU with AMX tiles (asked
+// by the backend and by the memory estimate alike).
+bool linear_cross_entropy_fuses(bool bf16_operands);
+void linear_cross_entropy_amx(float* losses, bf16* dlogits, const bf16* x, const bf16* w, const int32_t* targets,
+                              const uint8_t* mask, int64_t N, int64_t V, int64_t C, float grad_scale, AmxScratch& amx,
+                              Workspace& ws);
 
 template <class TO, class TI> void convert(TO* dst, const TI* src, int64_t n);
 

@@ -7,6 +7,11 @@
 // exponential is evaluated once (the exponential is most of the kernel's work: ~20 vector operations
 // per element against a handful for the rest). Bytes: logits read once from memory (the row then
 // stays in cache), dlogits written once.
+//
+// The loss head (linear_cross_entropy_amx) runs the same rows on logits = x w^T as the AMX GEMM
+// computes them, 32 rows at a time into a per-thread strip (32 x V FP32: 1 MB at V = 8192), so the
+// [N, V] FP32 logits are never written to memory and read back (2 x 4 N V bytes; llama_tiny at
+// 16 x 256: 268 MB a step). Same bits as the GEMM followed by cross_entropy.
 #include <omp.h>
 
 #include <cmath>
@@ -15,8 +20,51 @@
 #include "../common/fast_math.h"
 #include "bf16_rows.h"
 #include "cpu_kernels.h"
+#include "matmul_amx.h"
 
 namespace multinorm::cpu {
+
+namespace {
+
+// One row x[V] with target t: the loss and, with d, the gradient row. e: V FP32 of scratch for the
+// exponentials (may be x itself, when x is scratch), or null without d. d may alias x (FP32).
+template <class T>
+void cross_entropy_row(float* loss, T* d, const float* x, int32_t t, bool masked, int64_t V, float grad_scale, float* e) {
+  if (masked) {
+    *loss = 0.0f;
+    if (d)
+      for (int64_t v = 0; v < V; ++v) d[v] = from_f32<T>(0.0f);
+    return;
+  }
+  const float m = max_f32(x, V);
+  const float xt = x[t];  // read before the row is overwritten (dlogits or e may alias logits)
+  float sum = 0.0f;
+  if (d) {
+#pragma omp simd reduction(+ : sum)
+    for (int64_t v = 0; v < V; ++v) {
+      e[v] = exp_f32(x[v] - m);
+      sum += e[v];
+    }
+  } else {
+#pragma omp simd reduction(+ : sum)
+    for (int64_t v = 0; v < V; ++v) sum += exp_f32(x[v] - m);
+  }
+  *loss = std::log(sum) + m - xt;
+  if (!d) return;
+  const float scale = grad_scale / sum, et = e[t];
+  if constexpr (std::is_same_v<T, bf16>) {  // formed in e, then rounded 32 values per instruction
+#pragma omp simd
+    for (int64_t v = 0; v < V; ++v) e[v] *= scale;
+    e[t] = (et / sum - 1.0f) * grad_scale;
+    round_row_to_bf16(e, d, V);
+  } else {
+#pragma omp simd
+    for (int64_t v = 0; v < V; ++v) d[v] = e[v] * scale;
+    d[t] = (et / sum - 1.0f) * grad_scale;
+  }
+}
+
+}  // namespace
 
 template <class T>
 void cross_entropy(float* losses, T* dlogits, const float* logits, const int32_t* targets, const uint8_t* mask,
@@ -26,45 +74,27 @@ void cross_entropy(float* losses, T* dlogits, const float* logits, const int32_t
   {
     float* e = rows ? rows + static_cast<size_t>(omp_get_thread_num()) * V : nullptr;
 #pragma omp for schedule(static)
-    for (int64_t i = 0; i < N; ++i) {
-      const float* x = logits + i * V;
-      T* d = dlogits ? dlogits + i * V : nullptr;
-      if (mask && !mask[i]) {
-        losses[i] = 0.0f;
-        if (d)
-          for (int64_t v = 0; v < V; ++v) d[v] = from_f32<T>(0.0f);
-        continue;
-      }
-      const float m = max_f32(x, V);
-      const int32_t t = targets[i];
-      const float xt = x[t];  // read before the row is overwritten (dlogits may alias logits)
-      float sum = 0.0f;
-      if (e) {
-#pragma omp simd reduction(+ : sum)
-        for (int64_t v = 0; v < V; ++v) {
-          e[v] = exp_f32(x[v] - m);
-          sum += e[v];
-        }
-      } else {
-#pragma omp simd reduction(+ : sum)
-        for (int64_t v = 0; v < V; ++v) sum += exp_f32(x[v] - m);
-      }
-      losses[i] = std::log(sum) + m - xt;
-      if (d) {
-        const float scale = grad_scale / sum, et = e[t];
-        if constexpr (std::is_same_v<T, bf16>) {  // formed in e, then rounded 32 values per instruction
-#pragma omp simd
-          for (int64_t v = 0; v < V; ++v) e[v] *= scale;
-          e[t] = (et / sum - 1.0f) * grad_scale;
-          round_row_to_bf16(e, d, V);
-        } else {
-#pragma omp simd
-          for (int64_t v = 0; v < V; ++v) d[v] = e[v] * scale;
-          d[t] = (et / sum - 1.0f) * grad_scale;
-        }
-      }
-    }
+    for (int64_t i = 0; i < N; ++i)
+      cross_entropy_row(losses + i, dlogits ? dlogits + i * V : nullptr, logits + i * V, targets[i], mask && !mask[i], V,
+                        grad_scale, e);
   }
+}
+
+bool linear_cross_entropy_fuses(bool bf16_operands) { return bf16_operands && amx_usable(); }
+
+void linear_cross_entropy_amx(float* losses, bf16* dlogits, const bf16* x, const bf16* w, const int32_t* targets,
+                              const uint8_t* mask, int64_t N, int64_t V, int64_t C, float grad_scale, AmxScratch& amx,
+                              Workspace& ws) {
+  float* strips = ws.floats(static_cast<size_t>(linear_cross_entropy_strip_floats(V)) * omp_get_max_threads(),
+                            kLossHeadStripSlot);
+  amx_matmul_row_strips(x, w, N, V, C, true, amx, strips, [&](float* strip, int64_t ld, int64_t m0, int64_t rows) {
+    for (int64_t r = 0; r < rows; ++r) {  // the exponentials overwrite the strip's row
+      const int64_t i = m0 + r;
+      float* row = strip + r * ld;
+      cross_entropy_row(losses + i, dlogits ? dlogits + i * V : nullptr, row, targets[i], mask && !mask[i], V,
+                        grad_scale, row);
+    }
+  });
 }
 
 template void cross_entropy<float>(float*, float*, const float*, const int32_t*, const uint8_t*, int64_t, int64_t, float,

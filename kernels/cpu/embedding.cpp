@@ -13,7 +13,7 @@
 namespace multinorm::cpu {
 
 namespace {
-constexpr size_t kEmbeddingAccumulatorSlot = 12;  // Workspace slot (attention uses 1-10)
+constexpr size_t kEmbeddingAccumulatorSlot = 12;  // Workspace slot (attention uses 1)
 }  // namespace
 
 template <class T>

@@ -91,8 +91,18 @@ AmxPacked amx_packed_elements(int64_t M, int64_t N, int64_t K, bool trans_a) {
   return {direct ? 0 : Mp * Kp, Np * Kp};
 }
 
-void amx_matmul(Buf out, const bf16* a_bf16, const bf16* b_bf16, int64_t M, int64_t N, int64_t K, bool trans_a,
-                bool trans_b, bool accumulate, AmxScratch& scratch) {
+namespace {
+
+// The operands of one GEMM as the tiles read them: a's rows (in place when they already are whole
+// tiles) and the packed b, in the scratch.
+struct TileOperands {
+  const uint16_t* A;
+  const uint16_t* B;
+  int64_t Mp, Np, Kp;
+};
+
+TileOperands pack_operands(const bf16* a_bf16, const bf16* b_bf16, int64_t M, int64_t N, int64_t K, bool trans_a,
+                           bool trans_b, AmxScratch& scratch) {
   const auto* a = reinterpret_cast<const uint16_t*>(a_bf16);
   const auto* b = reinterpret_cast<const uint16_t*>(b_bf16);
   const int64_t Mp = round_up(M, kBlock), Np = round_up(N, kBlock), Kp = round_up(K, kTileK);
@@ -103,14 +113,22 @@ void amx_matmul(Buf out, const bf16* a_bf16, const bf16* b_bf16, int64_t M, int6
   };
   hold(scratch.b, packed.b);
   pack_b(scratch.b.data(), b, N, K, Np, Kp, trans_b);
-  const bool direct = packed.a == 0;  // row-major a whose rows are whole tiles is read in place
-  const uint16_t* A = a;
-  if (!direct) {
+  const uint16_t* A = a;  // row-major a whose rows are whole tiles is read in place
+  if (packed.a != 0) {
     hold(scratch.a, packed.a);
     pack_a(scratch.a.data(), a, M, K, Mp, Kp, trans_a);
     A = scratch.a.data();
   }
-  const uint16_t* B = scratch.b.data();
+  return {A, scratch.b.data(), Mp, Np, Kp};
+}
+
+}  // namespace
+
+void amx_matmul(Buf out, const bf16* a_bf16, const bf16* b_bf16, int64_t M, int64_t N, int64_t K, bool trans_a,
+                bool trans_b, bool accumulate, AmxScratch& scratch) {
+  const TileOperands op = pack_operands(a_bf16, b_bf16, M, N, K, trans_a, trans_b, scratch);
+  const uint16_t *A = op.A, *B = op.B;
+  const int64_t Mp = op.Mp, Np = op.Np, Kp = op.Kp;
   const int64_t lda = Kp, kpairs = Kp / 2;
   const bool f32 = out.dtype == DType::F32;
   float* out_f = static_cast<float*>(out.ptr);
@@ -144,6 +162,25 @@ void amx_matmul(Buf out, const bf16* a_bf16, const bf16* b_bf16, int64_t M, int6
           }
         }
       }
+    amx::release_tiles();
+  }
+}
+
+void amx_matmul_row_strips(const bf16* a, const bf16* b, int64_t M, int64_t N, int64_t K, bool trans_b,
+                           AmxScratch& scratch, float* strips, const RowStripConsumer& consume) {
+  const TileOperands op = pack_operands(a, b, M, N, K, false, trans_b, scratch);
+  const int64_t lda = op.Kp, kpairs = op.Kp / 2, ld = op.Np;
+#pragma omp parallel
+  {
+    amx::configure_tiles();
+    float* strip = strips + static_cast<int64_t>(omp_get_thread_num()) * kBlock * ld;
+#pragma omp for schedule(static)
+    for (int64_t m0 = 0; m0 < op.Mp; m0 += kBlock) {
+      // The same blocks, in the same order of K, as amx_matmul: the same FP32 values.
+      for (int64_t n0 = 0; n0 < op.Np; n0 += kBlock)
+        amx::block_32x32(strip + n0, ld, false, op.A + m0 * lda, lda, op.B + (n0 / 16) * kpairs * 32, kpairs * 32, op.Kp);
+      consume(strip, ld, m0, std::min(kBlock, M - m0));
+    }
     amx::release_tiles();
   }
 }

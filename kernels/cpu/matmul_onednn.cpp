@@ -43,6 +43,7 @@ OneDnnMatmul::OneDnnMatmul() : impl_((cap_onednn_isa(), std::make_unique<Impl>()
 OneDnnMatmul::~OneDnnMatmul() = default;
 size_t OneDnnMatmul::cached_primitives() const { return impl_->cache.size(); }
 int64_t OneDnnMatmul::scratch_bytes() const { return impl_->amx.bytes(); }
+AmxScratch& OneDnnMatmul::amx_scratch() { return impl_->amx; }
 
 void OneDnnMatmul::run_batched(Buf out, Buf a, Buf b, int64_t batch, int64_t M, int64_t N, int64_t K, bool trans_a,
                                bool trans_b, bool accumulate) {

@@ -12,6 +12,8 @@
 
 namespace multinorm::cpu {
 
+struct AmxScratch;
+
 class OneDnnMatmul {
  public:
   OneDnnMatmul();
@@ -25,6 +27,7 @@ class OneDnnMatmul {
                    bool accumulate);
   size_t cached_primitives() const;
   int64_t scratch_bytes() const;  // the AMX path's packed operands (oneDNN's own scratch is not counted)
+  AmxScratch& amx_scratch();      // the AMX path's packing buffers, for a fused op that drives the tiles
 
  private:
   struct Impl;

@@ -147,6 +147,16 @@ class CpuBackend final : public Backend {
       cpu::cross_entropy(losses, as<T>(dlogits), logits, targets, mask, N, V, grad_scale, ws_);
     });
   }
+  void linear_cross_entropy(float* losses, Buf dlogits, Buf logits, Buf x, Buf w, const int32_t* targets,
+                            const uint8_t* mask, int64_t N, int64_t V, int64_t C, float grad_scale) override {
+    const bool bf16_operands = x.dtype == DType::BF16 && w.dtype == DType::BF16 && dlogits.dtype == DType::BF16;
+    if (cpu::linear_cross_entropy_fuses(bf16_operands)) {
+      cpu::linear_cross_entropy_amx(losses, as<bf16>(dlogits), as<bf16>(x), as<bf16>(w), targets, mask, N, V, C,
+                                    grad_scale, gemm_.amx_scratch(), ws_);
+      return;
+    }
+    Backend::linear_cross_entropy(losses, dlogits, logits, x, w, targets, mask, N, V, C, grad_scale);
+  }
 
   double sum_squares(Buf x, int64_t n) override {
     double r = 0;

@@ -22,7 +22,7 @@
 namespace multinorm {
 
 const char* op_name(Op op) {
-  static const char* names[] = {"embedding", "rmsnorm", "matmul", "rope", "attention", "swiglu", "cross_entropy", "copy"};
+  static const char* names[] = {"embedding", "rmsnorm", "matmul", "rope", "attention", "swiglu", "loss_head", "copy"};
   return names[static_cast<size_t>(op)];
 }
 
@@ -272,15 +272,15 @@ LossSum LlamaModel::head(int64_t BT, bool backward, float grad_scale, float* hos
   float* d_lnf = act_f32("d_x");
   for (int64_t r0 = 0; r0 < BT; r0 += kHeadChunkRows) {
     const int64_t R = std::min(kHeadChunkRows, BT - r0);
-    { auto t = time(Op::Matmul); be_.matmul(logits, lnf.at(r0 * C), wlm_, R, V, C, false, true, false); }  // [R,V] f32
     if (host_logits) {
+      { auto t = time(Op::Matmul); be_.matmul(logits, lnf.at(r0 * C), wlm_, R, V, C, false, true, false); }  // [R,V] f32
       be_.to_host(host_logits + r0 * V, logits.ptr, R * V * 4);
       continue;
     }
-    {
-      auto t = time(Op::CrossEntropy);
-      be_.cross_entropy(losses + r0, backward ? dlogits : Buf{nullptr, dlogits.dtype}, logits.f32(), targets_ + r0,
-                        mask_ + r0, R, V, grad_scale);
+    {  // logits = lnf Wlm^T [R,V] f32 and the loss (fused on the CPU's AMX path: logits never stored)
+      auto t = time(Op::LossHead);
+      be_.linear_cross_entropy(losses + r0, backward ? dlogits : Buf{nullptr, dlogits.dtype}, logits, lnf.at(r0 * C),
+                               wlm_, targets_ + r0, mask_ + r0, R, V, C, grad_scale);
     }
     if (backward) {
       auto t = time(Op::Matmul);
