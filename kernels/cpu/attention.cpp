@@ -11,10 +11,14 @@
 //       S^T = k_j q^T, dP^T = v_j do^T     [32, T-j]
 //       P^T = exp(s S^T - lse), dS^T = P^T (dP^T - delta) s
 //       dv_j = P^T do,  dk_j = dS^T q      [32, D]
-//     query pass, per query tile i (keys 0..e-1):
-//       S = q_i k^T, dP = do_i v^T, P, dS as above;  dq_i = dS k   [32, D]
-//   The two passes recompute S and dP (2 of the 7 products) so that every output row is summed by
-//   one thread, in a fixed order, with its accumulators in the tiles (no atomics, deterministic).
+//       dq^T[:, j:] += k_j^T dS^T          [D, T-j]  FP32, the tile's 32 keys as K
+//     then dq = (dq^T)^T.
+//   A head is owned by one thread, which adds the key tiles' dq^T in ascending order: every output
+//   row is summed by one thread in a fixed order (no atomics, deterministic), and S and dP are formed
+//   once (5 products). With fewer than two heads per thread a head's tiles are split over threads
+//   (attention_splits_per_head); dq is then summed by a query pass instead, per query tile i (keys
+//   0..e-1): S = q_i k^T, dP = do_i v^T, P, dS as above; dq_i = dS k (7 products). Both sum the same
+//   products over keys in the same order: the same bits (the thread-count test checks it).
 //
 // Softmax: each query tile holds its whole key strip (32 x e FP32, 128 KB at T = 1024: L2), so the
 // softmax is exact in two passes over the strip instead of online. The online form exists for GPUs,
@@ -22,7 +26,8 @@
 // accumulator (a store and reload of the tiles) per key block. Memory is linear in T either way.
 //
 // FLOPs per head (causal, T = 32 n): forward 2 x 2 D (32^2) n(n+1)/2 ~ 2 D T^2 (1/2 + 1/(2n)) x 2,
-// i.e. the full-matrix 4 D T^2 times (n+1)/(2n); backward 7 such products instead of 5 full ones.
+// i.e. the full-matrix 4 D T^2 times (n+1)/(2n); backward 5 such products (7 with split heads)
+// instead of 5 full ones.
 //
 // Block products run on one of two engines with the same operand plan:
 //   AMX:      BF16 operands in the tiles' layouts (amx_tiles.h), FP32 accumulation; T = bf16 only.
@@ -34,8 +39,10 @@
 //   rows(x)        x as [Tp][Dp] rows                        A operand
 //   transposed(x)  B operand "x^T" (K = Dp, N = Tp)          AMX: packed panels; portable: [Dp][Tp]
 //   normal(x)      B operand "x"   (K = Tp, N = Dp)          AMX: packed panels; portable: [Tp][Dp]
+//   k^T as rows    [Dp][Tp], the A operand of dq^T; a key tile's dS^T strip is packed as normal(x)
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
@@ -76,10 +83,14 @@ struct AmxEngine {
   static void pack_normal(E* dst, const E* rows, int64_t Tp, int64_t Dp) {
     for (int64_t nb = 0; nb < Dp / 16; ++nb) amx::pack_b_panel(dst + nb * Tp * 16, rows, Dp, nb, Dp, Tp, Tp, false);
   }
-  // c[32 x 32] = a[32 x K] b[k0:k0+K, n0:n0+32] of a packed B whose full extent is bK x bN.
+  static void transpose_rows(E* dst, const E* rows, int64_t Tp, int64_t Dp) {  // [Tp][Dp] -> [Dp][Tp]
+    for (int64_t t0 = 0; t0 < Tp; t0 += kTile)
+      for (int64_t d0 = 0; d0 < Dp; d0 += 16) amx::transpose_block_32x16(dst + d0 * Tp + t0, Tp, rows + t0 * Dp + d0, Dp);
+  }
+  // c[32 x 32] (+)= a[32 x K] b[k0:k0+K, n0:n0+32] of a packed B whose full extent is bK x bN.
   static void block(float* c, int64_t ldc, const E* a, int64_t lda, const E* b, int64_t bK, int64_t /*bN*/, int64_t k0,
-                    int64_t n0, int64_t K) {
-    amx::block_32x32(c, ldc, false, a, lda, b + (n0 / 16) * bK * 16 + (k0 / 2) * 32, bK * 16, K);
+                    int64_t n0, int64_t K, bool accumulate = false) {
+    amx::block_32x32(c, ldc, accumulate, a, lda, b + (n0 / 16) * bK * 16 + (k0 / 2) * 32, bK * 16, K);
   }
 };
 
@@ -109,13 +120,19 @@ struct PortableEngine {
   static void pack_normal(E* dst, const E* rows, int64_t Tp, int64_t Dp) {
     std::memcpy(dst, rows, Tp * Dp * sizeof(E));
   }
+  static void transpose_rows(E* dst, const E* rows, int64_t Tp, int64_t Dp) {  // [Tp][Dp] -> [Dp][Tp]
+    for (int64_t t = 0; t < Tp; ++t)
+      for (int64_t d = 0; d < Dp; ++d) dst[d * Tp + t] = rows[t * Dp + d];
+  }
   // c[32 x 32] = a[32 x K] b[k0:k0+K, n0:n0+32], b row-major bK x bN. Four rows of c stay in
   // registers (8 vectors) while K streams: 2 loads of b and 4 broadcasts per 8 FMAs.
   static void block(float* c, int64_t ldc, const E* a, int64_t lda, const E* b, int64_t /*bK*/, int64_t bN, int64_t k0,
-                    int64_t n0, int64_t K) {
+                    int64_t n0, int64_t K, bool accumulate = false) {
     const float* bp = b + k0 * bN + n0;
     for (int64_t r0 = 0; r0 < kTile; r0 += 4) {
       float acc[4][kTile] = {};
+      if (accumulate)
+        for (int64_t r = 0; r < 4; ++r) std::memcpy(acc[r], c + (r0 + r) * ldc, sizeof(acc[r]));
       const float* a0 = a + r0 * lda;
       for (int64_t k = 0; k < K; ++k) {
         const float* brow = bp + k * bN;
@@ -159,12 +176,10 @@ void scatter_block(T* x, const float* blk, int64_t b, int64_t h, int64_t i0, int
   }
 }
 
-// The parallel loops' items are (head, split) pairs: one item per head when there are at least two
-// heads per thread (B H = 64 in both bench models), else each head's tiles dealt to `splits` items,
-// each of which packs the head's operands for itself, so that every thread gets work.
+// The parallel loops' items are (head, split) pairs: see attention_splits_per_head (B H = 64 in both
+// bench models: whole heads).
 int64_t splits_per_head(int64_t BH, int64_t tiles) {
-  const int64_t want = (2 * static_cast<int64_t>(omp_get_max_threads()) + BH - 1) / BH;
-  return std::max<int64_t>(1, std::min(want, tiles));
+  return attention_splits_per_head(BH, tiles * kTile, omp_get_max_threads());
 }
 
 // The split that owns tile t: tiles are dealt in a snake (0, 1, .., s-1, s-1, .., 0, 0, 1, ..), so
@@ -271,6 +286,9 @@ void backward_impl(T* dqkv, const T* dout, const T* qkv, const T* out, const flo
     E *q = operands, *k = q + op, *v = k + op, *dO = v + op;
     E *qT = dO + op, *kT = qT + op, *vT = kT + op, *doT = vT + op;
     E *qN = doT + op, *kN = qN + op, *doN = kN + op;
+    E* kR = doN + op;                                                // k^T as rows [Dp][Tp]
+    E* dsT = kR + op;                                                // a key tile's dS^T as a B operand
+    float* dqT = reinterpret_cast<float*>(dsT + plan.strip_floats * 4 / static_cast<int64_t>(sizeof(E)));  // [Dp][Tp]
     int64_t packed = -1;  // the head whose operands and statistics the scratch holds
     Eng::begin();
     // As in the forward, an item packs its head into the thread's scratch (L2), then runs the key
@@ -283,13 +301,18 @@ void backward_impl(T* dqkv, const T* dout, const T* qkv, const T* out, const flo
         gather_head<Eng>(k, qkv, b, h, T_, D, Tp, Dp, 3 * C, C);
         gather_head<Eng>(v, qkv, b, h, T_, D, Tp, Dp, 3 * C, 2 * C);
         gather_head<Eng>(dO, dout, b, h, T_, D, Tp, Dp, C, 0);
-        Eng::pack_transposed(qT, q, Tp, Dp);
-        Eng::pack_transposed(kT, k, Tp, Dp);
-        Eng::pack_transposed(vT, v, Tp, Dp);
+        Eng::pack_transposed(qT, q, Tp, Dp);  // the key pass's B operands
         Eng::pack_transposed(doT, dO, Tp, Dp);
         Eng::pack_normal(qN, q, Tp, Dp);
-        Eng::pack_normal(kN, k, Tp, Dp);
         Eng::pack_normal(doN, dO, Tp, Dp);
+        if (splits == 1) {  // whole head: dq^T accumulates in the key pass
+          Eng::transpose_rows(kR, k, Tp, Dp);
+          std::fill(dqT, dqT + Dp * Tp, 0.0f);
+        } else {  // split head: the query pass's operands
+          Eng::pack_transposed(kT, k, Tp, Dp);
+          Eng::pack_transposed(vT, v, Tp, Dp);
+          Eng::pack_normal(kN, k, Tp, Dp);
+        }
         for (int64_t i = 0; i < Tp; ++i) {  // delta_i = do_i . o_i in FP32 from the stored values
           float dl = 0.0f;
           if (i < T_) {
@@ -332,6 +355,20 @@ void backward_impl(T* dqkv, const T* dout, const T* qkv, const T* out, const flo
         scatter_block(dqkv, O, b, h, j0, T_, D, Dp, 3 * C, 2 * C);
         for (int64_t d0 = 0; d0 < Dp; d0 += kTile) Eng::block(O + d0, Dp, dS, n, qN, Tp, Dp, j0, d0, n);  // dk_j
         scatter_block(dqkv, O, b, h, j0, T_, D, Dp, 3 * C, C);
+        if (splits == 1) {  // dq^T[:, j0:] += k_j^T dS^T_j, the tile's 32 keys as K (see the header)
+          Eng::pack_normal(dsT, dS, kTile, n);
+          for (int64_t n0 = 0; n0 < n; n0 += kTile)
+            for (int64_t d0 = 0; d0 < Dp; d0 += kTile)
+              Eng::block(dqT + d0 * Tp + j0 + n0, Tp, kR + d0 * Tp + j0, Tp, dsT, kTile, n, 0, n0, kTile, true);
+        }
+      }
+      if (splits == 1) {  // dq = (dq^T)^T, a query tile at a time
+        for (int64_t i0 = 0; i0 < Tp; i0 += kTile) {
+          for (int64_t d = 0; d < Dp; ++d)  // rows of dq^T read whole, columns of O written
+            for (int64_t r = 0; r < kTile; ++r) O[r * Dp + d] = dqT[d * Tp + i0 + r];
+          scatter_block(dqkv, O, b, h, i0, T_, D, Dp, 3 * C, 0);
+        }
+        continue;
       }
       // Query pass: dq of query tile i from the keys 0..e-1.
       for (int64_t it = 0; it < tiles; ++it) {

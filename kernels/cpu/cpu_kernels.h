@@ -81,10 +81,10 @@ template <class T> void attention_backward(T* dqkv, const T* dout, const T* qkv,
 // Attention's scratch plan, shared by the kernel and the memory estimate: all of it per thread, in
 // one Workspace slot. A thread packs one head's operands at a time, padded to Tp x Dp (multiples of
 // the 32 tile) in the block engine's element type (BF16 on the AMX path, FP32 otherwise): the forward
-// q rows, k transposed, v normal and a gather row buffer (4), the backward 4 rows, 4 transposed and 3
-// normal (11) plus the head's per-row statistics; and one set of strips: 32 query (or key) rows
-// against every key (or query) they reach. At T = 1024, D = 64, BF16: 0.7 MB a thread forward, 1.9 MB
-// backward, whatever B and H.
+// q rows, k transposed, v normal and a gather row buffer (4), the backward 4 rows, 4 transposed, 3
+// normal and k^T as rows (12) plus the head's per-row statistics and its FP32 dq^T; and one set of
+// strips: 32 query (or key) rows against every key (or query) they reach. At T = 1024, D = 64, BF16:
+// 0.7 MB a thread forward, 2.3 MB backward, whatever B and H.
 struct AttentionScratch {
   static constexpr size_t kThread = 1;  // the Workspace slot
   int64_t Tp, Dp, elem_bytes;
@@ -94,15 +94,24 @@ struct AttentionScratch {
   int64_t head_floats;     // one head's Tp x Dp operand in the element type, rounded to 64 bytes
   int64_t forward_thread_floats() const { return fstrip_floats + strip_floats + block_floats + 4 * head_floats; }
   int64_t backward_thread_floats() const {
-    return 2 * fstrip_floats + 2 * strip_floats + block_floats + 2 * Tp + 11 * head_floats;
+    return 2 * fstrip_floats + 3 * strip_floats + block_floats + 2 * Tp + 12 * head_floats + Dp * Tp;
   }
 };
+// The attention's work items: one per head when there are at least two heads per thread, else each
+// head's 32-row tiles dealt to this many items (each packs the head for itself) so that every thread
+// gets work. Whole heads let the backward accumulate dq in its key pass; split heads add a query
+// pass that recomputes S and dP (attention.cpp). The same bits either way.
+inline int64_t attention_splits_per_head(int64_t BH, int64_t T, int64_t threads) {
+  const int64_t tiles = (T + 31) / 32, want = (2 * threads + BH - 1) / BH;
+  return std::max<int64_t>(1, std::min(want, tiles));
+}
 // The share of the usual attention FLOP count (full T x T products: 2 forward, 4 backward) that the
-// blocked kernel computes: 9 products (2 forward, 7 backward: S and dP are recomputed in the key and
-// the query pass) over the 32-blocks on and below the diagonal, (n + 1) / (2 n) of the square.
-inline double attention_blocked_flops_share(int64_t T) {
+// blocked kernel computes: over the 32-blocks on and below the diagonal, (n + 1) / (2 n) of the
+// square, 7 products (2 forward; S^T, dP^T, dv, dk, dq backward) with whole heads, 9 with split
+// heads (S and dP again in the query pass).
+inline double attention_blocked_flops_share(int64_t T, bool split_heads) {
   const double n = static_cast<double>((T + 31) / 32);
-  return 9.0 / 6.0 * (n + 1) / (2 * n);
+  return (split_heads ? 9.0 : 7.0) / 6.0 * (n + 1) / (2 * n);
 }
 inline AttentionScratch attention_scratch(int64_t T, int64_t D, bool amx) {
   auto up = [](int64_t x, int64_t m) { return (x + m - 1) / m * m; };

@@ -135,6 +135,8 @@ void bench_model(const ModelBenchOptions& o) {
     }
   }
 
+  // The CPU attention's heads are whole (one thread each) or split over threads (attention.cpp).
+  const bool split_heads = cpu::attention_splits_per_head(B * cfg.num_attention_heads, T, be->threads()) > 1;
   // What the GEMM figure was measured on: the backend's own GEMM path.
   const std::string engine = !be->host_memory() ? "cuBLASLt" : o.precision == "bf16" ? cpu_bf16_gemm_engine() : "oneDNN";
   if (o.json) {
@@ -144,7 +146,7 @@ void bench_model(const ModelBenchOptions& o) {
               {"ratio_to_gemm_peak_rounds", ratios},
               {"torch_tokens_per_s", torch_tps}, {"torch_mode", torch_mode},
               {"ratio_to_torch", torch_tps > 0 ? train_tps / torch_tps : 0.0}};
-    if (be->host_memory()) j["attention_flops_share"] = cpu::attention_blocked_flops_share(T);
+    if (be->host_memory()) j["attention_flops_share"] = cpu::attention_blocked_flops_share(T, split_heads);
     for (size_t i = 0; i < train_profile.seconds.size(); ++i)
       j["profile_s"][op_name(static_cast<Op>(i))] = train_profile.seconds[i] / o.steps;
     std::printf("%s\n", j.dump(2).c_str());
@@ -169,8 +171,10 @@ void bench_model(const ModelBenchOptions& o) {
   if (be->host_memory()) {  // the CPU attention's blocks (kernels/cpu/attention.cpp)
     const double n = static_cast<double>((T + 31) / 32), causal = (n + 1) / (2 * n);
     std::printf("  attention computes %.0f%% of the 12 x L x T x C counted above: blocks up to the diagonal skip %.0f%%,\n"
-                "    recomputing S and dP in the backward's two passes adds %.0f%%\n",
-                100.0 * cpu::attention_blocked_flops_share(T), 100.0 * (1 - causal), 100.0 * 3 * causal / 6);
+                "    recomputing S in the backward adds %.0f%%%s\n",
+                100.0 * cpu::attention_blocked_flops_share(T, split_heads), 100.0 * (1 - causal),
+                100.0 * (split_heads ? 3 : 1) * causal / 6,
+                split_heads ? " (heads split over threads: S and dP again in a query pass)" : "");
   }
   std::printf("  where a training step's time goes:\n");
   double total = 0;
