@@ -209,8 +209,9 @@ TEST(BlockedAttention, PaddingStaleScratchAndNeighboursDoNotLeak) {
 }
 
 // Each output row is summed by one thread in a fixed order, so the thread count cannot change a bit.
-// B H = 6 heads: up to 3 threads take whole heads; 4 and 8 threads split each head's 4 tiles into 2
-// and 3 items (the snake deal, and a head packed by more than one thread).
+// B H = 6 heads: up to 3 threads take whole heads (dq summed in the key pass); 4 and 8 threads split
+// each head's 4 tiles into 2 and 3 items (the snake deal, a head packed by more than one thread, and
+// dq summed by the query pass): the two ways of summing dq must agree bit for bit.
 TEST(BlockedAttention, IsBitIdenticalForAnyThreadCount) {
   const Shape s{2, 100, 3, 64};
   const int64_t N = s.B * s.T, C = s.H * s.D;

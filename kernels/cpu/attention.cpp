@@ -124,7 +124,7 @@ struct PortableEngine {
     for (int64_t t = 0; t < Tp; ++t)
       for (int64_t d = 0; d < Dp; ++d) dst[d * Tp + t] = rows[t * Dp + d];
   }
-  // c[32 x 32] = a[32 x K] b[k0:k0+K, n0:n0+32], b row-major bK x bN. Four rows of c stay in
+  // c[32 x 32] (+)= a[32 x K] b[k0:k0+K, n0:n0+32], b row-major bK x bN. Four rows of c stay in
   // registers (8 vectors) while K streams: 2 loads of b and 4 broadcasts per 8 FMAs.
   static void block(float* c, int64_t ldc, const E* a, int64_t lda, const E* b, int64_t /*bK*/, int64_t bN, int64_t k0,
                     int64_t n0, int64_t K, bool accumulate = false) {
@@ -292,7 +292,7 @@ void backward_impl(T* dqkv, const T* dout, const T* qkv, const T* out, const flo
     int64_t packed = -1;  // the head whose operands and statistics the scratch holds
     Eng::begin();
     // As in the forward, an item packs its head into the thread's scratch (L2), then runs the key
-    // pass and the query pass over its tiles.
+    // pass over its tiles (and, for a head split over threads, the query pass).
 #pragma omp for schedule(dynamic)
     for (int64_t item = 0; item < BH * splits; ++item) {
       const int64_t bh = item / splits, split = item % splits, b = bh / H, h = bh % H;
@@ -325,8 +325,8 @@ void backward_impl(T* dqkv, const T* dout, const T* qkv, const T* out, const flo
         }
         packed = bh;
       }
-      // Key pass: dv and dk of key tile j from the queries j0..Tp-1 (queries past T have lse = +inf,
-      // so P^T = 0 there).
+      // Key pass: dv, dk (and a whole head's dq^T) of key tile j from the queries j0..Tp-1 (queries
+      // past T have lse = +inf, so P^T = 0 there).
       for (int64_t jt = 0; jt < tiles; ++jt) {
         if (split_of(jt, splits) != split) continue;
         const int64_t j0 = jt * kTile, n = Tp - j0;
@@ -370,7 +370,7 @@ void backward_impl(T* dqkv, const T* dout, const T* qkv, const T* out, const flo
         }
         continue;
       }
-      // Query pass: dq of query tile i from the keys 0..e-1.
+      // Query pass (a head split over threads): dq of query tile i from the keys 0..e-1.
       for (int64_t it = 0; it < tiles; ++it) {
         if (split_of(it, splits) != split) continue;
         const int64_t i0 = it * kTile, e = i0 + kTile;
