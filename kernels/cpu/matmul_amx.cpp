@@ -30,36 +30,47 @@ void pack_b(uint16_t* bp, const uint16_t* b, int64_t N, int64_t K, int64_t Np, i
   for (int64_t nb = 0; nb < Np / 16; ++nb) amx::pack_b_panel(bp + nb * Kp * 16, b, ldb, nb, N, K, Kp, trans_b);
 }
 
-// Rows m0..m0+15 of the transposed a ([K, M] stored) into ap [Mp][Kp]: whole 32 x 16 blocks by the
-// vector transpose, the edges and the padding element by element.
-MULTINORM_AVX512_TARGET void pack_a_transposed_rows(uint16_t* ap, const uint16_t* a, int64_t m0, int64_t M, int64_t K,
-                                                    int64_t Kp) {
+// Rows m0..m0+15 of the transposed a ([K, M] stored) into dst (16 rows of stride ldd, Kp columns):
+// whole 32 x 16 blocks by the vector transpose, the edges and the padding element by element.
+MULTINORM_AVX512_TARGET void pack_a_transposed_rows(uint16_t* dst, int64_t ldd, const uint16_t* a, int64_t m0,
+                                                    int64_t M, int64_t K, int64_t Kp) {
   int64_t k0 = 0;
   if (m0 + 16 <= M)
-    for (; k0 + 32 <= K; k0 += 32) amx::transpose_block_32x16(ap + m0 * Kp + k0, Kp, a + k0 * M + m0, M);
-  for (int64_t m = m0; m < m0 + 16; ++m) {
-    uint16_t* dst = ap + m * Kp;
-    for (int64_t k = k0; k < Kp; ++k) dst[k] = (m < M && k < K) ? a[k * M + m] : 0;
+    for (; k0 + 32 <= K; k0 += 32) amx::transpose_block_32x16(dst + k0, ldd, a + k0 * M + m0, M);
+  for (int64_t r = 0; r < 16; ++r) {
+    const int64_t m = m0 + r;
+    uint16_t* d = dst + r * ldd;
+    for (int64_t k = k0; k < Kp; ++k) d[k] = (m < M && k < K) ? a[k * M + m] : 0;
   }
 }
 
-// a as [Mp][Kp] rows, zero padded (transposed from [K, M] when trans_a).
-void pack_a(uint16_t* ap, const uint16_t* a, int64_t M, int64_t K, int64_t Mp, int64_t Kp, bool trans_a) {
-  if (!trans_a) {
-#pragma omp parallel for schedule(static)
-    for (int64_t m = 0; m < Mp; ++m) {
-      uint16_t* dst = ap + m * Kp;
-      if (m < M) {
-        std::memcpy(dst, a + m * K, K * sizeof(uint16_t));
-        std::fill(dst + K, dst + Kp, 0);
-      } else {
-        std::fill(dst, dst + Kp, 0);
+// Rows m0..m0+rows-1 of op(a) into dst (row stride ldd, Kp columns, zero padded past K and M).
+void pack_a_rows(uint16_t* dst, int64_t ldd, const uint16_t* a, int64_t m0, int64_t rows, int64_t M, int64_t K,
+                 int64_t Kp, bool trans_a) {
+  if (trans_a) {
+    int64_t r = 0;
+    if (rows == 32 && m0 + 32 <= M) {  // both halves of each 32 x 32 block while its 32 lines are in L1
+      int64_t k0 = 0;
+      for (; k0 + 32 <= K; k0 += 32) {
+        amx::transpose_block_32x16(dst + k0, ldd, a + k0 * M + m0, M);
+        amx::transpose_block_32x16(dst + 16 * ldd + k0, ldd, a + k0 * M + m0 + 16, M);
       }
+      for (; r < 32; ++r)
+        for (int64_t k = k0; k < Kp; ++k) dst[r * ldd + k] = k < K ? a[k * M + m0 + r] : 0;
+      return;
     }
+    for (; r < rows; r += 16) pack_a_transposed_rows(dst + r * ldd, ldd, a, m0 + r, M, K, Kp);
     return;
   }
-#pragma omp parallel for schedule(static)
-  for (int64_t m0 = 0; m0 < Mp; m0 += 16) pack_a_transposed_rows(ap, a, m0, M, K, Kp);
+  for (int64_t r = 0; r < rows; ++r) {
+    uint16_t* d = dst + r * ldd;
+    if (m0 + r < M) {
+      std::memcpy(d, a + (m0 + r) * K, K * sizeof(uint16_t));
+      std::fill(d + K, d + Kp, 0);
+    } else {
+      std::fill(d, d + Kp, 0);
+    }
+  }
 }
 
 }  // namespace
@@ -85,91 +96,126 @@ bool amx_usable() {
   return ok;
 }
 
-AmxPacked amx_packed_elements(int64_t M, int64_t N, int64_t K, bool trans_a) {
-  const int64_t Mp = round_up(M, kBlock), Np = round_up(N, kBlock), Kp = round_up(K, kTileK);
-  const bool direct = !trans_a && K == Kp && M == Mp;
-  return {direct ? 0 : Mp * Kp, Np * Kp};
+namespace {
+
+// a is read in place when it is row-major and its rows are whole tiles; else it is packed.
+bool a_needs_packing(int64_t M, int64_t K, bool trans_a) {
+  return trans_a || K != round_up(K, kTileK) || M != round_up(M, kBlock);
+}
+
+// A packed strip's row stride: Kp and one cache line more, so that the 16 rows one tile load reads
+// do not all fall in one L1 set when Kp is a multiple of 2,048 (the weight gradients' K = B*T).
+int64_t strip_lda(int64_t Kp) { return Kp + 32; }
+
+}  // namespace
+
+AmxPacked amx_packed_elements(int64_t M, int64_t N, int64_t K, bool trans_a, int threads) {
+  const int64_t Np = round_up(N, kBlock), Kp = round_up(K, kTileK);
+  const int64_t a = a_needs_packing(M, K, trans_a) ? std::max(threads, 1) * kBlock * strip_lda(Kp) : 0;
+  return {a, Np * Kp};
 }
 
 namespace {
 
-// The operands of one GEMM as the tiles read them: a's rows (in place when they already are whole
-// tiles) and the packed b, in the scratch.
+// Grown to the exact size (resize may reserve up to twice), so the scratch is what the estimate says.
+void hold(std::vector<uint16_t>& v, int64_t n) {
+  if (static_cast<int64_t>(v.size()) < n) v = std::vector<uint16_t>(static_cast<size_t>(n));
+}
+
+// One GEMM's operands as the tiles read them. b is packed whole (every thread reads all of it). a is
+// read in place when its rows are whole tiles; else each thread packs the 32-row strip it is about to
+// run into its own buffer (`strip`), so the packed rows are written to, and read back from, its L2
+// rather than memory (llama_tiny's weight gradients at 16 x 256: 150 MB a step).
 struct TileOperands {
-  const uint16_t* A;
-  const uint16_t* B;
-  int64_t Mp, Np, Kp;
+  TileOperands(const bf16* a_bf16, const bf16* b, int64_t M_, int64_t N, int64_t K_, bool trans_a_, bool trans_b,
+               AmxScratch& scratch)
+      : a(reinterpret_cast<const uint16_t*>(a_bf16)), M(M_), K(K_), trans_a(trans_a_), Mp(round_up(M_, kBlock)),
+        Np(round_up(N, kBlock)), Kp(round_up(K_, kTileK)), packs_a(a_needs_packing(M_, K_, trans_a_)),
+        lda(packs_a ? strip_lda(Kp) : Kp) {
+    hold(scratch.b, Np * Kp);
+    pack_b(scratch.b.data(), reinterpret_cast<const uint16_t*>(b), N, K, Np, Kp, trans_b);
+    B = scratch.b.data();
+    if (packs_a) {
+      hold(scratch.a, omp_get_max_threads() * kBlock * lda);
+      strips = scratch.a.data();
+    }
+  }
+  // Rows m0..m0+31 of op(a) as the tiles read them (row stride lda): in place, or packed by the
+  // calling thread into its own strip.
+  const uint16_t* rows(int64_t m0) const {
+    if (!packs_a) return a + m0 * Kp;
+    uint16_t* strip = strips + static_cast<int64_t>(omp_get_thread_num()) * kBlock * lda;
+    pack_a_rows(strip, lda, a, m0, kBlock, M, K, Kp, trans_a);
+    return strip;
+  }
+  // b's packed panels for columns n0..n0+31.
+  const uint16_t* panels(int64_t n0) const { return B + n0 * Kp; }
+
+  const uint16_t* a;
+  const int64_t M, K;
+  const bool trans_a;
+  const int64_t Mp, Np, Kp;
+  const bool packs_a;
+  const int64_t lda;
+  const uint16_t* B = nullptr;
+  uint16_t* strips = nullptr;  // one 32-row strip per thread
 };
 
-TileOperands pack_operands(const bf16* a_bf16, const bf16* b_bf16, int64_t M, int64_t N, int64_t K, bool trans_a,
-                           bool trans_b, AmxScratch& scratch) {
-  const auto* a = reinterpret_cast<const uint16_t*>(a_bf16);
-  const auto* b = reinterpret_cast<const uint16_t*>(b_bf16);
-  const int64_t Mp = round_up(M, kBlock), Np = round_up(N, kBlock), Kp = round_up(K, kTileK);
-  const AmxPacked packed = amx_packed_elements(M, N, K, trans_a);
-  // Grown to the exact size (resize may reserve up to twice), so the scratch is what the estimate says.
-  auto hold = [](std::vector<uint16_t>& v, int64_t n) {
-    if (static_cast<int64_t>(v.size()) < n) v = std::vector<uint16_t>(static_cast<size_t>(n));
-  };
-  hold(scratch.b, packed.b);
-  pack_b(scratch.b.data(), b, N, K, Np, Kp, trans_b);
-  const uint16_t* A = a;  // row-major a whose rows are whole tiles is read in place
-  if (packed.a != 0) {
-    hold(scratch.a, packed.a);
-    pack_a(scratch.a.data(), a, M, K, Mp, Kp, trans_a);
-    A = scratch.a.data();
+// out's 32 x 32 block at (m0, n0) = (or +=) a's rows a0 (stride lda) times b's panels b0. FP32
+// blocks inside the matrix are accumulated in place; the rest go through `tile` (32 x 32 floats).
+void out_block(Buf out, int64_t M, int64_t N, bool accumulate, int64_t m0, int64_t n0, const uint16_t* a0,
+               int64_t lda, const uint16_t* b0, int64_t Kp, float* tile) {
+  const bool f32 = out.dtype == DType::F32;
+  float* out_f = static_cast<float*>(out.ptr);
+  bf16* out_h = static_cast<bf16*>(out.ptr);
+  if (f32 && m0 + kBlock <= M && n0 + kBlock <= N) {
+    amx::block_32x32(out_f + m0 * N + n0, N, accumulate, a0, lda, b0, Kp * 16, Kp);
+    return;
   }
-  return {A, scratch.b.data(), Mp, Np, Kp};
+  amx::block_32x32(tile, kBlock, false, a0, lda, b0, Kp * 16, Kp);
+  const int64_t rows = std::min(kBlock, M - m0), cols = std::min(kBlock, N - n0);
+  for (int64_t r = 0; r < rows; ++r) {
+    float* t = tile + r * kBlock;
+    const int64_t at = (m0 + r) * N + n0;
+    if (f32) {
+      for (int64_t j = 0; j < cols; ++j) out_f[at + j] = accumulate ? out_f[at + j] + t[j] : t[j];
+    } else {
+      if (accumulate)
+        for (int64_t j = 0; j < cols; ++j) t[j] += to_f32(out_h[at + j]);
+      round_row_to_bf16(t, out_h + at, cols);
+    }
+  }
 }
 
 }  // namespace
 
-void amx_matmul(Buf out, const bf16* a_bf16, const bf16* b_bf16, int64_t M, int64_t N, int64_t K, bool trans_a,
-                bool trans_b, bool accumulate, AmxScratch& scratch) {
-  const TileOperands op = pack_operands(a_bf16, b_bf16, M, N, K, trans_a, trans_b, scratch);
-  const uint16_t *A = op.A, *B = op.B;
-  const int64_t Mp = op.Mp, Np = op.Np, Kp = op.Kp;
-  const int64_t lda = Kp, kpairs = Kp / 2;
-  const bool f32 = out.dtype == DType::F32;
-  float* out_f = static_cast<float*>(out.ptr);
-  bf16* out_h = static_cast<bf16*>(out.ptr);
+void amx_matmul(Buf out, const bf16* a, const bf16* b, int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b,
+                bool accumulate, AmxScratch& scratch) {
+  const TileOperands op(a, b, M, N, K, trans_a, trans_b, scratch);
+  const int64_t row_blocks = op.Np / kBlock, blocks = op.Mp / kBlock * row_blocks;
 #pragma omp parallel
   {
     amx::configure_tiles();
     alignas(64) float tile[kBlock * kBlock];
-#pragma omp for collapse(2) schedule(static)
-    for (int64_t m0 = 0; m0 < Mp; m0 += kBlock)
-      for (int64_t n0 = 0; n0 < Np; n0 += kBlock) {
-        // FP32 output blocks inside the matrix are accumulated in place; the rest go through `tile`.
-        const bool in_place = f32 && m0 + kBlock <= M && n0 + kBlock <= N;
-        const uint16_t* a0 = A + m0 * lda;
-        const uint16_t* b0 = B + (n0 / 16) * kpairs * 32;
-        if (in_place) {
-          amx::block_32x32(out_f + m0 * N + n0, N, accumulate, a0, lda, b0, kpairs * 32, Kp);
-          continue;
-        }
-        amx::block_32x32(tile, kBlock, false, a0, lda, b0, kpairs * 32, Kp);
-        const int64_t rows = std::min(kBlock, M - m0), cols = std::min(kBlock, N - n0);
-        for (int64_t r = 0; r < rows; ++r) {
-          float* t = tile + r * kBlock;
-          const int64_t at = (m0 + r) * N + n0;
-          if (f32) {
-            for (int64_t j = 0; j < cols; ++j) out_f[at + j] = accumulate ? out_f[at + j] + t[j] : t[j];
-          } else {
-            if (accumulate)
-              for (int64_t j = 0; j < cols; ++j) t[j] += to_f32(out_h[at + j]);
-            round_row_to_bf16(t, out_h + at, cols);
-          }
-        }
-      }
+    // Each thread runs an equal, contiguous run of the blocks in row order (so the split is even
+    // whatever M is), getting a's rows anew where its run enters a strip: a strip split between two
+    // threads is packed by both.
+    const int64_t t = omp_get_thread_num(), threads = omp_get_num_threads();
+    const int64_t begin = blocks * t / threads, end = blocks * (t + 1) / threads;
+    const uint16_t* a0 = nullptr;
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t m0 = i / row_blocks * kBlock, n0 = i % row_blocks * kBlock;
+      if (a0 == nullptr || n0 == 0) a0 = op.rows(m0);
+      out_block(out, M, N, accumulate, m0, n0, a0, op.lda, op.panels(n0), op.Kp, tile);
+    }
     amx::release_tiles();
   }
 }
 
 void amx_matmul_row_strips(const bf16* a, const bf16* b, int64_t M, int64_t N, int64_t K, bool trans_b,
                            AmxScratch& scratch, float* strips, const RowStripConsumer& consume) {
-  const TileOperands op = pack_operands(a, b, M, N, K, false, trans_b, scratch);
-  const int64_t lda = op.Kp, kpairs = op.Kp / 2, ld = op.Np;
+  const TileOperands op(a, b, M, N, K, false, trans_b, scratch);
+  const int64_t ld = op.Np;
 #pragma omp parallel
   {
     amx::configure_tiles();
@@ -177,8 +223,9 @@ void amx_matmul_row_strips(const bf16* a, const bf16* b, int64_t M, int64_t N, i
 #pragma omp for schedule(static)
     for (int64_t m0 = 0; m0 < op.Mp; m0 += kBlock) {
       // The same blocks, in the same order of K, as amx_matmul: the same FP32 values.
+      const uint16_t* a0 = op.rows(m0);
       for (int64_t n0 = 0; n0 < op.Np; n0 += kBlock)
-        amx::block_32x32(strip + n0, ld, false, op.A + m0 * lda, lda, op.B + (n0 / 16) * kpairs * 32, kpairs * 32, op.Kp);
+        amx::block_32x32(strip + n0, ld, false, a0, op.lda, op.panels(n0), op.Kp * 16, op.Kp);
       consume(strip, ld, m0, std::min(kBlock, M - m0));
     }
     amx::release_tiles();

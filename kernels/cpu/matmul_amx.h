@@ -6,7 +6,9 @@
 //
 // Cost per GEMM out[M,N] (+)= op(a)[M,K] op(b)[K,N]: 2 M N K FLOPs on the tiles; b is repacked once
 // into the tiles' pair-interleaved ("VNNI") layout (K N elements read and written), and a is repacked
-// into padded rows only when it is transposed or its shape is not a multiple of the tile (M K).
+// into padded rows only when it is transposed or its shape is not a multiple of the tile (M K read and
+// written; 32 rows at a time into each thread's own buffer, so those writes stay in its L2, when M
+// has at least two 32-row strips per thread: the weight gradients, whose a is transposed).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -29,12 +31,13 @@ struct AmxScratch {
   int64_t bytes() const { return static_cast<int64_t>((a.capacity() + b.capacity()) * sizeof(uint16_t)); }
 };
 
-// The elements amx_matmul packs for one GEMM: b always (Np x Kp), a when it is transposed or its
-// shape is not a multiple of the tile (Mp x Kp; else 0). Shared with the memory estimate.
+// The elements amx_matmul packs for one GEMM on `threads` threads: b always (Np x Kp); a when it is
+// transposed or its shape is not a multiple of the tile (32 rows of Kp + 32 per thread, or Mp x Kp when
+// M has too few strips to share out; else 0). Shared with the memory estimate.
 struct AmxPacked {
   int64_t a, b;
 };
-AmxPacked amx_packed_elements(int64_t M, int64_t N, int64_t K, bool trans_a);
+AmxPacked amx_packed_elements(int64_t M, int64_t N, int64_t K, bool trans_a, int threads);
 
 // out[M,N] (+)= op(a)[M,K] op(b)[K,N] for BF16 a and b, FP32 or BF16 out, row-major storage (a
 // transposed operand is stored [K,M] / [N,K]). Deterministic: each output tile is summed by one

@@ -96,7 +96,7 @@ int64_t cpu_backend_scratch_bytes(const ModelConfig& m, int64_t B, int64_t T, DT
   if (act == DType::BF16 && cpu::amx_usable()) {
     int64_t a = 0, b = 0;
     for (const GemmShape& g : training_step_gemms(m, BT)) {
-      const cpu::AmxPacked p = cpu::amx_packed_elements(g.M, g.N, g.K, g.trans_a);
+      const cpu::AmxPacked p = cpu::amx_packed_elements(g.M, g.N, g.K, g.trans_a, threads);
       a = std::max(a, p.a), b = std::max(b, p.b);
     }
     amx_elements = a + b;
