@@ -138,6 +138,21 @@ class Backend {
   // dgate_up[N,2F] from dout[N,F]; with out.ptr set, also out[N,F] = the forward's output (the same
   // bits as swiglu_forward), for a backward that recomputes it: one pass over gate_up instead of two.
   virtual void swiglu_backward(Buf dgate_up, Buf out, Buf dout, Buf gate_up, int64_t N, int64_t F) = 0;
+  // The MLP's up projection and activation: gate_up[N,2F] = x[N,C] w[2F,C]^T, then out[N,F] =
+  // swiglu(gate_up). A backend may fuse them (the CPU's AMX path applies SwiGLU to 32 rows of gate_up
+  // while they are in its cache: the same bits). The default is the GEMM, then swiglu_forward.
+  virtual void matmul_swiglu(Buf out, Buf gate_up, Buf x, Buf w, int64_t N, int64_t F, int64_t C) {
+    matmul(gate_up, x, w, N, 2 * F, C, false, true, false);
+    swiglu_forward(out, gate_up, N, F);
+  }
+  // Its backward from the down projection's output gradient dy[N,C]: ds[N,F] = dy w_down[C,F], then
+  // swiglu_backward(dgate_up, out, ds, gate_up). ds is scratch the caller provides; a backend may fuse
+  // the two and never write it (the same bits). The default is the GEMM, then swiglu_backward.
+  virtual void matmul_swiglu_backward(Buf dgate_up, Buf out, Buf ds, Buf dy, Buf w_down, Buf gate_up, int64_t N,
+                                      int64_t F, int64_t C) {
+    matmul(ds, dy, w_down, N, F, C, false, false, false);
+    swiglu_backward(dgate_up, out, ds, gate_up, N, F);
+  }
   // Row-wise softmax cross-entropy of logits[N,V] (FP32). losses[i] = lse - logit[target] (0 where
   // masked). With dlogits non-null: dlogits = (softmax - onehot) * grad_scale (0 where masked);
   // dlogits may alias logits when both are FP32.

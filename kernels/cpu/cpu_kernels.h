@@ -128,22 +128,32 @@ inline AttentionScratch attention_scratch(int64_t T, int64_t D, bool amx) {
 template <class T> void attention_decode(T* out, const T* qkv, T* k_cache, T* v_cache, int64_t pos, int64_t H, int64_t D,
                                          Workspace& ws);
 
+// GEMMs with a fused epilogue (AMX tiles only, BF16 operands): the GEMM's rows are formed 32 at a
+// time into a per-thread FP32 strip (Workspace slot kGemmStripSlot, gemm_strip_floats(N) per thread)
+// and consumed there, never stored in FP32: the same bits as amx_matmul and then the op. Whether the
+// CPU backend fuses them (asked by the backend and by the memory estimate alike): BF16 operands on a
+// CPU with AMX tiles.
+struct AmxScratch;
+constexpr size_t kGemmStripSlot = 15;
+inline int64_t gemm_strip_floats(int64_t N) { return 32 * ((N + 31) / 32 * 32); }
+// SwiGLU's backward strip holds a BF16 row of ds after it.
+inline int64_t swiglu_backward_strip_floats(int64_t F) { return gemm_strip_floats(F) + (F + 31) / 32 * 16; }
+bool fuses_gemm_epilogues(bool bf16_operands);
+
 template <class T> void swiglu_forward(T* out, const T* gate_up, int64_t N, int64_t F);
 template <class T> void swiglu_backward(T* dgate_up, T* out, const T* dout, const T* gate_up, int64_t N, int64_t F);
+// Fused (see above): gate_up = x w^T (x [N, C], w [2F, C]) then swiglu_forward; and ds = dy w_down (dy
+// [N, C], w_down [C, F]) then swiglu_backward(dgate_up, out, ds, gate_up), ds never stored.
+void matmul_swiglu_amx(bf16* out, bf16* gate_up, const bf16* x, const bf16* w, int64_t N, int64_t F, int64_t C,
+                       AmxScratch& amx, Workspace& ws);
+void matmul_swiglu_backward_amx(bf16* dgate_up, bf16* out, const bf16* dy, const bf16* w_down, const bf16* gate_up,
+                                int64_t N, int64_t F, int64_t C, AmxScratch& amx, Workspace& ws);
 
 // With dlogits, one FP32 row of exponentials per thread in Workspace slot kCrossEntropyRowSlot.
 constexpr size_t kCrossEntropyRowSlot = 14;  // (attention uses 1, embedding 12, decode 13)
 template <class T> void cross_entropy(float* losses, T* dlogits, const float* logits, const int32_t* targets,
                                       const uint8_t* mask, int64_t N, int64_t V, float grad_scale, Workspace& ws);
-// The loss head fused (AMX tiles only, BF16 x [N, C] and w [V, C]): cross_entropy of logits = x w^T,
-// each 32-row strip of logits computed into a per-thread FP32 buffer (Workspace slot
-// kLossHeadStripSlot) and consumed there; the same bits as amx_matmul then cross_entropy.
-struct AmxScratch;
-constexpr size_t kLossHeadStripSlot = 15;
-inline int64_t linear_cross_entropy_strip_floats(int64_t V) { return 32 * ((V + 31) / 32 * 32); }  // per thread
-// Whether the CPU backend fuses the loss head: BF16 x, w and dlogits, on a CPU with AMX tiles (asked
-// by the backend and by the memory estimate alike).
-bool linear_cross_entropy_fuses(bool bf16_operands);
+// The loss head fused (see above): cross_entropy of logits = x w^T (x [N, C], w [V, C]).
 void linear_cross_entropy_amx(float* losses, bf16* dlogits, const bf16* x, const bf16* w, const int32_t* targets,
                               const uint8_t* mask, int64_t N, int64_t V, int64_t C, float grad_scale, AmxScratch& amx,
                               Workspace& ws);

@@ -80,14 +80,12 @@ void cross_entropy(float* losses, T* dlogits, const float* logits, const int32_t
   }
 }
 
-bool linear_cross_entropy_fuses(bool bf16_operands) { return bf16_operands && amx_usable(); }
-
 void linear_cross_entropy_amx(float* losses, bf16* dlogits, const bf16* x, const bf16* w, const int32_t* targets,
                               const uint8_t* mask, int64_t N, int64_t V, int64_t C, float grad_scale, AmxScratch& amx,
                               Workspace& ws) {
-  float* strips = ws.floats(static_cast<size_t>(linear_cross_entropy_strip_floats(V)) * omp_get_max_threads(),
-                            kLossHeadStripSlot);
-  amx_matmul_row_strips(x, w, N, V, C, true, amx, strips, [&](float* strip, int64_t ld, int64_t m0, int64_t rows) {
+  const int64_t per_thread = gemm_strip_floats(V);
+  float* strips = ws.floats(static_cast<size_t>(per_thread) * omp_get_max_threads(), kGemmStripSlot);
+  amx_matmul_row_strips(x, w, N, V, C, true, amx, strips, per_thread, [&](float* strip, int64_t ld, int64_t m0, int64_t rows) {
     for (int64_t r = 0; r < rows; ++r) {  // the exponentials overwrite the strip's row
       const int64_t i = m0 + r;
       float* row = strip + r * ld;

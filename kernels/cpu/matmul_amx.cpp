@@ -96,6 +96,8 @@ bool amx_usable() {
   return ok;
 }
 
+bool fuses_gemm_epilogues(bool bf16_operands) { return bf16_operands && amx_usable(); }
+
 namespace {
 
 // a is read in place when it is row-major and its rows are whole tiles; else it is packed.
@@ -213,13 +215,13 @@ void amx_matmul(Buf out, const bf16* a, const bf16* b, int64_t M, int64_t N, int
 }
 
 void amx_matmul_row_strips(const bf16* a, const bf16* b, int64_t M, int64_t N, int64_t K, bool trans_b,
-                           AmxScratch& scratch, float* strips, const RowStripConsumer& consume) {
+                           AmxScratch& scratch, float* strips, int64_t strip_stride, const RowStripConsumer& consume) {
   const TileOperands op(a, b, M, N, K, false, trans_b, scratch);
   const int64_t ld = op.Np;
 #pragma omp parallel
   {
     amx::configure_tiles();
-    float* strip = strips + static_cast<int64_t>(omp_get_thread_num()) * kBlock * ld;
+    float* strip = strips + static_cast<int64_t>(omp_get_thread_num()) * strip_stride;
 #pragma omp for schedule(static)
     for (int64_t m0 = 0; m0 < op.Mp; m0 += kBlock) {
       // The same blocks, in the same order of K, as amx_matmul: the same FP32 values.

@@ -46,12 +46,13 @@ void amx_matmul(Buf out, const bf16* a, const bf16* b, int64_t M, int64_t N, int
                 bool accumulate, AmxScratch& scratch);
 
 // out[M,N] = a[M,K] op(b)[K,N] (FP32) 32 rows at a time, for an epilogue that needs whole rows (the
-// loss head's cross-entropy): each thread computes a strip of rows m0..m0+rows-1 into its own
-// 32 x Np buffer in `strips` (32 round_up(N, 32) floats per thread; row r at strip + r * ld) and
-// hands it to consume(strip, ld, m0, rows) while the strip is in its cache. The strip holds the
-// same FP32 values as amx_matmul's out; the consumer may overwrite it.
+// loss head's cross-entropy, SwiGLU): each thread computes a strip of rows m0..m0+rows-1 into its own
+// 32 x round_up(N, 32) floats at strips + thread * strip_stride (row r at strip + r * ld) and hands it
+// to consume(strip, ld, m0, rows) while the strip is in its cache. The strip holds the same FP32
+// values as amx_matmul's out; the consumer may overwrite it, and use the floats past it up to
+// strip_stride.
 using RowStripConsumer = std::function<void(float* strip, int64_t ld, int64_t m0, int64_t rows)>;
 void amx_matmul_row_strips(const bf16* a, const bf16* b, int64_t M, int64_t N, int64_t K, bool trans_b,
-                           AmxScratch& scratch, float* strips, const RowStripConsumer& consume);
+                           AmxScratch& scratch, float* strips, int64_t strip_stride, const RowStripConsumer& consume);
 
 }  // namespace multinorm::cpu

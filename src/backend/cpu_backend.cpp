@@ -28,6 +28,12 @@ void with_types(DType t, DType g, const char* op, Fn&& fn) {
 using dispatch::as;
 using dispatch::same_dtype;
 
+bool all_bf16(std::initializer_list<Buf> bufs) {
+  for (const Buf& b : bufs)
+    if (b.dtype != DType::BF16) return false;
+  return true;
+}
+
 // BF16 attention runs its block products on the AMX tiles where the CPU has them.
 template <class T>
 bool attention_on_amx() {
@@ -147,10 +153,25 @@ class CpuBackend final : public Backend {
       cpu::cross_entropy(losses, as<T>(dlogits), logits, targets, mask, N, V, grad_scale, ws_);
     });
   }
+  void matmul_swiglu(Buf out, Buf gate_up, Buf x, Buf w, int64_t N, int64_t F, int64_t C) override {
+    if (cpu::fuses_gemm_epilogues(all_bf16({out, gate_up, x, w}))) {
+      cpu::matmul_swiglu_amx(as<bf16>(out), as<bf16>(gate_up), as<bf16>(x), as<bf16>(w), N, F, C, gemm_.amx_scratch(), ws_);
+      return;
+    }
+    Backend::matmul_swiglu(out, gate_up, x, w, N, F, C);
+  }
+  void matmul_swiglu_backward(Buf dgate_up, Buf out, Buf ds, Buf dy, Buf w_down, Buf gate_up, int64_t N, int64_t F,
+                              int64_t C) override {
+    if (cpu::fuses_gemm_epilogues(all_bf16({dgate_up, ds, dy, w_down, gate_up}) && (!out.ptr || out.dtype == DType::BF16))) {
+      cpu::matmul_swiglu_backward_amx(as<bf16>(dgate_up), out.ptr ? as<bf16>(out) : nullptr, as<bf16>(dy), as<bf16>(w_down),
+                                      as<bf16>(gate_up), N, F, C, gemm_.amx_scratch(), ws_);
+      return;
+    }
+    Backend::matmul_swiglu_backward(dgate_up, out, ds, dy, w_down, gate_up, N, F, C);
+  }
   void linear_cross_entropy(float* losses, Buf dlogits, Buf logits, Buf x, Buf w, const int32_t* targets,
                             const uint8_t* mask, int64_t N, int64_t V, int64_t C, float grad_scale) override {
-    const bool bf16_operands = x.dtype == DType::BF16 && w.dtype == DType::BF16 && dlogits.dtype == DType::BF16;
-    if (cpu::linear_cross_entropy_fuses(bf16_operands)) {
+    if (cpu::fuses_gemm_epilogues(all_bf16({x, w, dlogits}))) {
       cpu::linear_cross_entropy_amx(losses, as<bf16>(dlogits), as<bf16>(x), as<bf16>(w), targets, mask, N, V, C,
                                     grad_scale, gemm_.amx_scratch(), ws_);
       return;

@@ -22,7 +22,7 @@
 namespace multinorm {
 
 const char* op_name(Op op) {
-  static const char* names[] = {"embedding", "rmsnorm", "matmul", "rope", "attention", "swiglu", "loss_head", "copy"};
+  static const char* names[] = {"embedding", "rmsnorm", "matmul", "rope", "attention", "matmul_swiglu", "loss_head", "copy"};
   return names[static_cast<size_t>(op)];
 }
 
@@ -253,8 +253,7 @@ void LlamaModel::forward_layers(int64_t B, int64_t T) {
     { auto t = time(Op::Copy);      be_.convert(A.mid, A.input, BT * C); }
     { auto t = time(Op::Matmul);    be_.matmul(A.mid, A.attn_out, W.o, BT, C, C, false, true, true); }  // mid = x + attn Wo^T
     { auto t = time(Op::RmsNorm);   be_.rmsnorm_forward(A.ln2, A.ln2_rstd, A.mid, W.post_norm, BT, C, eps); }
-    { auto t = time(Op::Matmul);    be_.matmul(A.gate_up, A.ln2, W.gate_up, BT, 2 * F, C, false, true, false); }  // [BT,2F]
-    { auto t = time(Op::SwiGLU);    be_.swiglu_forward(swiglu, A.gate_up, BT, F); }  // [BT,F]
+    { auto t = time(Op::MatmulSwiGLU); be_.matmul_swiglu(swiglu, A.gate_up, A.ln2, W.gate_up, BT, F, C); }  // gate_up [BT,2F], s [BT,F]
     { auto t = time(Op::Copy);      be_.convert(out, A.mid, BT * C); }
     { auto t = time(Op::Matmul);    be_.matmul(out, swiglu, W.down, BT, C, F, false, true, true); }  // out = mid + s Wdown^T
   }
@@ -373,9 +372,11 @@ void LlamaModel::backward_layers(int64_t B, int64_t T) {
     const LayerWeights& dW = dw_[l];
     // MLP branch: out = mid + swiglu(ln2 Wgu^T) Wdown^T
     { auto t = time(Op::Copy);    be_.convert(d_ln, d_resid_buf, BT * C); }  // d_out in the GEMM dtype
-    { auto t = time(Op::Matmul);  be_.matmul(d_swiglu, d_ln, W.down, BT, F, C, false, false, false); }  // d_s[BT,F] = d_out Wdown
-    // d_gate_up, and s = swiglu(gate_up) recomputed (not stored) in the same pass
-    { auto t = time(Op::SwiGLU);  be_.swiglu_backward(d_gate_up, swiglu, d_swiglu, A.gate_up, BT, F); }
+    // d_s[BT,F] = d_out Wdown, then d_gate_up and s = swiglu(gate_up), recomputed (not stored), in one pass
+    {
+      auto t = time(Op::MatmulSwiGLU);
+      be_.matmul_swiglu_backward(d_gate_up, swiglu, d_swiglu, d_ln, W.down, A.gate_up, BT, F, C);
+    }
     { auto t = time(Op::Matmul);  be_.matmul(dW.down, d_ln, swiglu, C, F, BT, true, false, true); }  // dWdown[C,F] += d_out^T s
     progress();
     {

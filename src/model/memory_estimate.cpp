@@ -58,10 +58,14 @@ int64_t cpu_backend_scratch_bytes(const ModelConfig& m, int64_t B, int64_t T, DT
   need(0, (BT + 31) / 32 * C);            // kernels/cpu/rmsnorm.cpp: partial column sums per 32 rows
   need(-1, 2 * BT);                       // kernels/cpu/embedding.cpp: order and run starts (int32)
   need(12, C * std::max(threads, 1));     // ... and one FP32 row per thread
-  if (cpu::linear_cross_entropy_fuses(act == DType::BF16))  // cross_entropy.cpp: the loss head's strips per thread
-    need(cpu::kLossHeadStripSlot, cpu::linear_cross_entropy_strip_floats(m.vocab_size) * std::max(threads, 1));
-  else  // ... or a row of exponentials per thread
+  if (cpu::fuses_gemm_epilogues(act == DType::BF16)) {  // the fused GEMM epilogues' strips per thread
+    const int64_t F = m.intermediate_size;
+    need(cpu::kGemmStripSlot, std::max({cpu::gemm_strip_floats(m.vocab_size), cpu::gemm_strip_floats(2 * F),
+                                        cpu::swiglu_backward_strip_floats(F)}) *
+                                  std::max(threads, 1));
+  } else {  // cross_entropy.cpp: a row of exponentials per thread
     need(cpu::kCrossEntropyRowSlot, m.vocab_size * std::max(threads, 1));
+  }
   const auto specs = llama_parameters(m);
   int64_t sinkgd_tensors = 0;
   for (const auto& a : assign_optimizers(specs, matrix_optimizer, "adam", matrix_params)) {
