@@ -52,11 +52,9 @@ void cross_entropy_row(float* loss, T* d, const float* x, int32_t t, bool masked
   *loss = std::log(sum) + m - xt;
   if (!d) return;
   const float scale = grad_scale / sum, et = e[t];
-  if constexpr (std::is_same_v<T, bf16>) {  // formed in e, then rounded 32 values per instruction
-#pragma omp simd
-    for (int64_t v = 0; v < V; ++v) e[v] *= scale;
-    e[t] = (et / sum - 1.0f) * grad_scale;
-    round_row_to_bf16(e, d, V);
+  if constexpr (std::is_same_v<T, bf16>) {  // scaled and rounded 32 values at a time, in one pass
+    round_scaled_row_to_bf16(e, scale, d, V);
+    d[t] = to_bf16((et / sum - 1.0f) * grad_scale);
   } else {
 #pragma omp simd
     for (int64_t v = 0; v < V; ++v) d[v] = e[v] * scale;
