@@ -19,39 +19,32 @@
 
 namespace multinorm::cpu {
 
-// dst[j] = to_bf16(src[j]) for j < n.
-inline void round_row_to_bf16(const float* src, bf16* dst, int64_t n) {
+// dst[j] = to_bf16(src[j]), or to_bf16(src[j] * scale) with kScaled (a scaling pass and the
+// rounding in one), for j < n.
+template <bool kScaled>
+inline void round_row_to_bf16_scaled_if(const float* src, float scale, bf16* dst, int64_t n) {
+  auto value = [&](int64_t k) { return kScaled ? src[k] * scale : src[k]; };
   int64_t j = 0;
 #if defined(__AVX512BF16__)
   constexpr int kDenormal = 0x20;  // VFPCLASSPS: denormal inputs
+  const __m512 s = _mm512_set1_ps(scale);
   for (; j + 32 <= n; j += 32) {
-    const __m512 lo = _mm512_loadu_ps(src + j), hi = _mm512_loadu_ps(src + j + 16);
+    __m512 lo = _mm512_loadu_ps(src + j), hi = _mm512_loadu_ps(src + j + 16);
+    if constexpr (kScaled) lo = _mm512_mul_ps(lo, s), hi = _mm512_mul_ps(hi, s);
     if (_mm512_fpclass_ps_mask(lo, kDenormal) | _mm512_fpclass_ps_mask(hi, kDenormal)) {
-      for (int64_t k = j; k < j + 32; ++k) dst[k] = to_bf16(src[k]);
+      for (int64_t k = j; k < j + 32; ++k) dst[k] = to_bf16(value(k));
       continue;
     }
     _mm512_storeu_si512(dst + j, __builtin_bit_cast(__m512i, _mm512_cvtne2ps_pbh(hi, lo)));  // lo in the low half
   }
 #endif
-  for (; j < n; ++j) dst[j] = to_bf16(src[j]);
+  for (; j < n; ++j) dst[j] = to_bf16(value(j));
 }
-
-// dst[j] = to_bf16(src[j] * scale) for j < n: a scaling pass and the rounding in one.
+inline void round_row_to_bf16(const float* src, bf16* dst, int64_t n) {
+  round_row_to_bf16_scaled_if<false>(src, 1.0f, dst, n);
+}
 inline void round_scaled_row_to_bf16(const float* src, float scale, bf16* dst, int64_t n) {
-  int64_t j = 0;
-#if defined(__AVX512BF16__)
-  constexpr int kDenormal = 0x20;
-  const __m512 s = _mm512_set1_ps(scale);
-  for (; j + 32 <= n; j += 32) {
-    const __m512 lo = _mm512_mul_ps(_mm512_loadu_ps(src + j), s), hi = _mm512_mul_ps(_mm512_loadu_ps(src + j + 16), s);
-    if (_mm512_fpclass_ps_mask(lo, kDenormal) | _mm512_fpclass_ps_mask(hi, kDenormal)) {
-      for (int64_t k = j; k < j + 32; ++k) dst[k] = to_bf16(src[k] * scale);
-      continue;
-    }
-    _mm512_storeu_si512(dst + j, __builtin_bit_cast(__m512i, _mm512_cvtne2ps_pbh(hi, lo)));
-  }
-#endif
-  for (; j < n; ++j) dst[j] = to_bf16(src[j] * scale);
+  round_row_to_bf16_scaled_if<true>(src, scale, dst, n);
 }
 
 // A row formed in FP32, stored as the kernel's storage type: copied, or rounded as above.
