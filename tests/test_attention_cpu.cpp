@@ -1,5 +1,5 @@
 // The CPU backend's blocked causal attention (kernels/cpu/attention.cpp) on each block engine: FP32
-// and BF16 on the portable vector path, BF16 on the AMX tiles where the CPU has them. Against an FP64
+// and BF16 on the portable vector path, BF16 on AVX512_BF16 and on the AMX tiles where the CPU has them. Against an FP64
 // reference of the forward, the log-sum-exp and the analytic backward, on shapes that cross the 32-row
 // tile (T = 1, 31, 32, 33, 100; head sizes 64, as every model has, and 5 or 40, padded to the tile);
 // then the padding: rows past T in the last tile, stale scratch from a larger call and a NaN-filled
@@ -27,13 +27,16 @@ struct Shape {
 
 struct Engine {
   const char* name;
-  bool bf16_storage, amx;
+  bool bf16_storage;
+  cpu::AttentionEngine engine;
 };
 
 // The engines this CPU can run.
 std::vector<Engine> engines() {
-  std::vector<Engine> e = {{"portable FP32", false, false}, {"portable BF16", true, false}};
-  if (cpu::amx_usable()) e.push_back({"AMX BF16", true, true});
+  using E = cpu::AttentionEngine;
+  std::vector<Engine> e = {{"portable FP32", false, E::Portable}, {"portable BF16", true, E::Portable}};
+  if (cpu::avx512_bf16_usable()) e.push_back({"AVX512_BF16", true, E::Avx512Bf16});
+  if (cpu::amx_usable()) e.push_back({"AMX BF16", true, E::Amx});
   return e;
 }
 
@@ -56,18 +59,18 @@ std::vector<double> load(const std::vector<T>& s) {
 }
 
 template <class T>
-Result run_typed(const Vec& qkv_in, const Vec& dout_in, Shape s, bool amx, cpu::Workspace& ws) {
+Result run_typed(const Vec& qkv_in, const Vec& dout_in, Shape s, cpu::AttentionEngine engine, cpu::Workspace& ws) {
   const int64_t N = s.B * s.T, C = s.H * s.D;
   const std::vector<T> qkv = store<T>(qkv_in), dout = store<T>(dout_in);
   std::vector<T> out(N * C), dqkv(N * 3 * C);
   std::vector<float> lse(s.B * s.H * s.T);
-  cpu::attention_forward(out.data(), lse.data(), qkv.data(), s.B, s.T, s.H, s.D, amx, ws);
-  cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), s.B, s.T, s.H, s.D, amx, ws);
+  cpu::attention_forward(out.data(), lse.data(), qkv.data(), s.B, s.T, s.H, s.D, engine, ws);
+  cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), s.B, s.T, s.H, s.D, engine, ws);
   return {load(out), std::vector<double>(lse.begin(), lse.end()), load(dqkv)};
 }
 
 Result run(const Engine& e, const Vec& qkv, const Vec& dout, Shape s, cpu::Workspace& ws) {
-  return e.bf16_storage ? run_typed<bf16>(qkv, dout, s, e.amx, ws) : run_typed<float>(qkv, dout, s, e.amx, ws);
+  return e.bf16_storage ? run_typed<bf16>(qkv, dout, s, e.engine, ws) : run_typed<float>(qkv, dout, s, e.engine, ws);
 }
 
 // Inputs as the kernel sees them (rounded to its storage type).
@@ -233,10 +236,11 @@ TEST(BlockedAttention, IsBitIdenticalForAnyThreadCount) {
   omp_set_num_threads(saved);
 }
 
-TEST(BlockedAttention, RefusesAmxForFp32Storage) {
+TEST(BlockedAttention, RefusesBf16EnginesForFp32Storage) {
   cpu::Workspace ws;
   float x[3] = {}, lse[1] = {}, out[1] = {};
-  EXPECT_THROW(cpu::attention_forward(out, lse, x, 1, 1, 1, 1, true, ws), std::invalid_argument);
+  for (auto engine : {cpu::AttentionEngine::Amx, cpu::AttentionEngine::Avx512Bf16})
+    EXPECT_THROW(cpu::attention_forward(out, lse, x, 1, 1, 1, 1, engine, ws), std::invalid_argument);
 }
 
 }  // namespace

@@ -52,6 +52,8 @@
 #include "amx_tiles.h"
 #include "bf16_rows.h"
 #include "cpu_kernels.h"
+#include "dpbf16_block.h"
+#include "matmul_amx.h"
 
 namespace multinorm::cpu {
 
@@ -59,15 +61,17 @@ namespace {
 
 constexpr int64_t kTile = 32;
 
-struct AmxEngine {
+// BF16 operands in the tiles' layouts (amx_tiles.h): rows for A, packed panels for B. Shared by
+// the two engines that multiply them, which differ only in their block product.
+struct PackedBf16Operands {
   using E = uint16_t;  // BF16 bits
   template <class T>
   static E in(T x) {
-    static_assert(std::is_same_v<T, bf16>, "the AMX path takes BF16 operands");
+    static_assert(std::is_same_v<T, bf16>, "the BF16 engines take BF16 operands");
     return x.bits;
   }
   template <class T>
-  static E strip(float x) {  // P and dS: BF16 (the tiles' input)
+  static E strip(float x) {  // P and dS: BF16 (the block product's input)
     return to_bf16(x).bits;
   }
   template <class T>
@@ -75,8 +79,6 @@ struct AmxEngine {
     round_row_to_bf16(x, reinterpret_cast<bf16*>(dst), n);
   }
   static float value(E x) { return to_f32(bf16{x}); }
-  static void begin() { amx::configure_tiles(); }
-  static void end() { amx::release_tiles(); }
   static void pack_transposed(E* dst, const E* rows, int64_t Tp, int64_t Dp) {
     for (int64_t nb = 0; nb < Tp / 16; ++nb) amx::pack_b_panel(dst + nb * Dp * 16, rows, Dp, nb, Tp, Dp, Dp, true);
   }
@@ -87,10 +89,25 @@ struct AmxEngine {
     for (int64_t t0 = 0; t0 < Tp; t0 += kTile)
       for (int64_t d0 = 0; d0 < Dp; d0 += 16) amx::transpose_block_32x16(dst + d0 * Tp + t0, Tp, rows + t0 * Dp + d0, Dp);
   }
+};
+
+struct AmxEngine : PackedBf16Operands {
+  static void begin() { amx::configure_tiles(); }
+  static void end() { amx::release_tiles(); }
   // c[32 x 32] (+)= a[32 x K] b[k0:k0+K, n0:n0+32] of a packed B whose full extent is bK x bN.
   static void block(float* c, int64_t ldc, const E* a, int64_t lda, const E* b, int64_t bK, int64_t /*bN*/, int64_t k0,
                     int64_t n0, int64_t K, bool accumulate = false) {
     amx::block_32x32(c, ldc, accumulate, a, lda, b + (n0 / 16) * bK * 16 + (k0 / 2) * 32, bK * 16, K);
+  }
+};
+
+struct Avx512Bf16Engine : PackedBf16Operands {
+  static void begin() {}
+  static void end() {}
+  // As AmxEngine::block, on VDPBF16PS (dpbf16_block.h).
+  static void block(float* c, int64_t ldc, const E* a, int64_t lda, const E* b, int64_t bK, int64_t /*bN*/, int64_t k0,
+                    int64_t n0, int64_t K, bool accumulate = false) {
+    dpbf16::block_32x32(c, ldc, accumulate, a, lda, b + (n0 / 16) * bK * 16 + (k0 / 2) * 32, bK * 16, K);
   }
 };
 
@@ -193,7 +210,7 @@ int64_t split_of(int64_t t, int64_t splits) {
 template <class T, class Eng>
 void forward_impl(T* out, float* lse, const T* qkv, int64_t B, int64_t T_, int64_t H, int64_t D, Workspace& ws) {
   using E = typename Eng::E;
-  const AttentionScratch plan = attention_scratch(T_, D, std::is_same_v<Eng, AmxEngine>);
+  const AttentionScratch plan = attention_scratch(T_, D, std::is_base_of_v<PackedBf16Operands, Eng>);
   const int64_t C = H * D, BH = B * H, Tp = plan.Tp, Dp = plan.Dp, tiles = Tp / kTile;
   const int64_t splits = splits_per_head(BH, tiles);
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
@@ -266,7 +283,7 @@ template <class T, class Eng>
 void backward_impl(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse, int64_t B, int64_t T_, int64_t H,
                    int64_t D, Workspace& ws) {
   using E = typename Eng::E;
-  const AttentionScratch plan = attention_scratch(T_, D, std::is_same_v<Eng, AmxEngine>);
+  const AttentionScratch plan = attention_scratch(T_, D, std::is_base_of_v<PackedBf16Operands, Eng>);
   const int64_t C = H * D, BH = B * H, Tp = plan.Tp, Dp = plan.Dp, tiles = Tp / kTile;
   const int64_t splits = splits_per_head(BH, tiles);
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
@@ -406,33 +423,48 @@ void backward_impl(T* dqkv, const T* dout, const T* qkv, const T* out, const flo
 
 }  // namespace
 
+bool avx512_bf16_usable() {
+  // libgcc's check covers the OS's saving of the AVX-512 state as well as CPUID.
+  static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16");
+  return ok;
+}
+
+AttentionEngine attention_engine(bool bf16_operands) {
+  if (!bf16_operands) return AttentionEngine::Portable;
+  if (amx_usable()) return AttentionEngine::Amx;
+  return avx512_bf16_usable() ? AttentionEngine::Avx512Bf16 : AttentionEngine::Portable;
+}
+
 template <class T>
-void attention_forward(T* out, float* lse, const T* qkv, int64_t B, int64_t T_, int64_t H, int64_t D, bool amx,
-                       Workspace& ws) {
+void attention_forward(T* out, float* lse, const T* qkv, int64_t B, int64_t T_, int64_t H, int64_t D,
+                       AttentionEngine engine, Workspace& ws) {
   if constexpr (std::is_same_v<T, bf16>) {
-    if (amx) return forward_impl<T, AmxEngine>(out, lse, qkv, B, T_, H, D, ws);
-  } else if (amx) {
-    throw std::invalid_argument("attention_forward: the AMX path takes BF16 tensors");
+    if (engine == AttentionEngine::Amx) return forward_impl<T, AmxEngine>(out, lse, qkv, B, T_, H, D, ws);
+    if (engine == AttentionEngine::Avx512Bf16) return forward_impl<T, Avx512Bf16Engine>(out, lse, qkv, B, T_, H, D, ws);
+  } else if (engine != AttentionEngine::Portable) {
+    throw std::invalid_argument("attention_forward: the AMX and AVX512_BF16 engines take BF16 tensors");
   }
   forward_impl<T, PortableEngine>(out, lse, qkv, B, T_, H, D, ws);
 }
 
 template <class T>
 void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse, int64_t B, int64_t T_,
-                        int64_t H, int64_t D, bool amx, Workspace& ws) {
+                        int64_t H, int64_t D, AttentionEngine engine, Workspace& ws) {
   if constexpr (std::is_same_v<T, bf16>) {
-    if (amx) return backward_impl<T, AmxEngine>(dqkv, dout, qkv, out, lse, B, T_, H, D, ws);
-  } else if (amx) {
-    throw std::invalid_argument("attention_backward: the AMX path takes BF16 tensors");
+    if (engine == AttentionEngine::Amx) return backward_impl<T, AmxEngine>(dqkv, dout, qkv, out, lse, B, T_, H, D, ws);
+    if (engine == AttentionEngine::Avx512Bf16)
+      return backward_impl<T, Avx512Bf16Engine>(dqkv, dout, qkv, out, lse, B, T_, H, D, ws);
+  } else if (engine != AttentionEngine::Portable) {
+    throw std::invalid_argument("attention_backward: the AMX and AVX512_BF16 engines take BF16 tensors");
   }
   backward_impl<T, PortableEngine>(dqkv, dout, qkv, out, lse, B, T_, H, D, ws);
 }
 
-template void attention_forward<float>(float*, float*, const float*, int64_t, int64_t, int64_t, int64_t, bool, Workspace&);
-template void attention_forward<bf16>(bf16*, float*, const bf16*, int64_t, int64_t, int64_t, int64_t, bool, Workspace&);
+template void attention_forward<float>(float*, float*, const float*, int64_t, int64_t, int64_t, int64_t, AttentionEngine, Workspace&);
+template void attention_forward<bf16>(bf16*, float*, const bf16*, int64_t, int64_t, int64_t, int64_t, AttentionEngine, Workspace&);
 template void attention_backward<float>(float*, const float*, const float*, const float*, const float*, int64_t, int64_t,
-                                        int64_t, int64_t, bool, Workspace&);
+                                        int64_t, int64_t, AttentionEngine, Workspace&);
 template void attention_backward<bf16>(bf16*, const bf16*, const bf16*, const bf16*, const float*, int64_t, int64_t,
-                                       int64_t, int64_t, bool, Workspace&);
+                                       int64_t, int64_t, AttentionEngine, Workspace&);
 
 }  // namespace multinorm::cpu

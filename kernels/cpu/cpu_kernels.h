@@ -91,16 +91,23 @@ template <class T, class G> void rmsnorm_backward(float* dx, G* dw, const float*
 
 template <class T> void rope_forward(T* qkv, const float* cos_sin, int64_t B, int64_t T_, int64_t H, int64_t D, bool inverse);
 
-// Blocked causal attention (attention.cpp). amx: BF16 operands on the AMX tiles (T = bf16 and
-// amx_usable() only); otherwise FP32 block products on the vector units.
+// Blocked causal attention (attention.cpp) on one of three block-product engines: FP32 products on
+// the vector units (any CPU, any T); BF16 operands (T = bf16 only) on AVX512_BF16's VDPBF16PS or on
+// the AMX tiles, both in the tiles' operand layouts.
+enum class AttentionEngine { Portable, Avx512Bf16, Amx };
+bool avx512_bf16_usable();  // this CPU and OS run AVX-512 with BF16 dot products
+// The fastest engine this CPU runs: AMX where amx_usable(), else AVX512_BF16, for BF16 operands.
+AttentionEngine attention_engine(bool bf16_operands);
 template <class T> void attention_forward(T* out, float* lse, const T* qkv, int64_t B, int64_t T_, int64_t H, int64_t D,
-                                          bool amx, Workspace& ws);
+                                          AttentionEngine engine, Workspace& ws);
 template <class T> void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse,
-                                           int64_t B, int64_t T_, int64_t H, int64_t D, bool amx, Workspace& ws);
+                                           int64_t B, int64_t T_, int64_t H, int64_t D, AttentionEngine engine,
+                                           Workspace& ws);
 
 // Attention's scratch plan, shared by the kernel and the memory estimate: all of it per thread, in
 // one Workspace slot. A thread packs one head's operands at a time, padded to Tp x Dp (multiples of
-// the 32 tile) in the block engine's element type (BF16 on the AMX path, FP32 otherwise): the forward
+// the 32 tile) in the block engine's element type (BF16 on the AMX and AVX512_BF16 engines, FP32 on
+// the portable one): the forward
 // q rows, k transposed, v normal and a gather row buffer (4), the backward 4 rows, 4 transposed, 3
 // normal and k^T as rows (12) plus the head's per-row statistics and its FP32 dq^T; and one set of
 // strips: 32 query (or key) rows against every key (or query) they reach. At T = 1024, D = 64, BF16:
@@ -133,10 +140,10 @@ inline double attention_blocked_flops_share(int64_t T, bool split_heads) {
   const double n = static_cast<double>((T + 31) / 32);
   return (split_heads ? 9.0 : 7.0) / 6.0 * (n + 1) / (2 * n);
 }
-inline AttentionScratch attention_scratch(int64_t T, int64_t D, bool amx) {
+inline AttentionScratch attention_scratch(int64_t T, int64_t D, bool bf16_operands) {
   auto up = [](int64_t x, int64_t m) { return (x + m - 1) / m * m; };
   AttentionScratch s{};
-  s.Tp = up(T, 32), s.Dp = up(D, 32), s.elem_bytes = amx ? 2 : 4;
+  s.Tp = up(T, 32), s.Dp = up(D, 32), s.elem_bytes = bf16_operands ? 2 : 4;
   auto floats = [&](int64_t elements) { return up(elements * s.elem_bytes, 64) / 4; };
   s.strip_floats = floats(32 * s.Tp);
   s.fstrip_floats = 32 * s.Tp;

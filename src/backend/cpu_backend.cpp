@@ -34,10 +34,10 @@ bool all_bf16(std::initializer_list<Buf> bufs) {
   return true;
 }
 
-// BF16 attention runs its block products on the AMX tiles where the CPU has them.
+// BF16 attention runs its block products on the AMX tiles or AVX512_BF16 where the CPU has them.
 template <class T>
-bool attention_on_amx() {
-  return std::is_same_v<T, bf16> && cpu::amx_usable();
+cpu::AttentionEngine attention_engine_for() {
+  return cpu::attention_engine(std::is_same_v<T, bf16>);
 }
 
 class CpuBackend final : public Backend {
@@ -113,7 +113,7 @@ class CpuBackend final : public Backend {
     same_dtype({out, qkv}, "attention_forward");
     with_type(out.dtype, [&](auto* t) {
       using T = std::remove_pointer_t<decltype(t)>;
-      cpu::attention_forward(as<T>(out), lse, as<T>(qkv), B, T_, H, D, attention_on_amx<T>(), ws_);
+      cpu::attention_forward(as<T>(out), lse, as<T>(qkv), B, T_, H, D, attention_engine_for<T>(), ws_);
     });
   }
   void attention_backward(Buf dqkv, Buf dout, Buf qkv, Buf out, const float* lse, int64_t B, int64_t T_, int64_t H,
@@ -121,7 +121,7 @@ class CpuBackend final : public Backend {
     same_dtype({dqkv, dout, qkv, out}, "attention_backward");
     with_type(dqkv.dtype, [&](auto* t) {
       using T = std::remove_pointer_t<decltype(t)>;
-      cpu::attention_backward(as<T>(dqkv), as<T>(dout), as<T>(qkv), as<T>(out), lse, B, T_, H, D, attention_on_amx<T>(), ws_);
+      cpu::attention_backward(as<T>(dqkv), as<T>(dout), as<T>(qkv), as<T>(out), lse, B, T_, H, D, attention_engine_for<T>(), ws_);
     });
   }
   void attention_decode(Buf out, Buf qkv, Buf k_cache, Buf v_cache, int64_t pos, int64_t H, int64_t D) override {

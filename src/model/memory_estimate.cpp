@@ -52,7 +52,7 @@ int64_t cpu_backend_scratch_bytes(const ModelConfig& m, int64_t B, int64_t T, DT
   auto need = [&](int s, int64_t floats) { slot[s] = std::max(slot[s], floats); };
   const int64_t C = m.hidden_size, D = m.head_dim(), BT = B * T;
   {  // kernels/cpu/attention.cpp: per thread, one head's operands and statistics and the strips
-    const auto a = cpu::attention_scratch(T, D, act == DType::BF16 && cpu::amx_usable());
+    const auto a = cpu::attention_scratch(T, D, cpu::attention_engine(act == DType::BF16) != cpu::AttentionEngine::Portable);
     need(cpu::AttentionScratch::kThread, std::max(a.forward_thread_floats(), a.backward_thread_floats()) * std::max(threads, 1));
   }
   need(0, (BT + 31) / 32 * C);            // kernels/cpu/rmsnorm.cpp: partial column sums per 32 rows
