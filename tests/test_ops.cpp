@@ -494,11 +494,13 @@ INSTANTIATE_TEST_SUITE_P(Backends, OpsBf16, ::testing::Values("cpu", "cuda"), ba
 // 32-element K tile, the in-place path (row-major a with M, K multiples of 32), all four layouts,
 // FP32 and BF16 outputs, with and without accumulation. Skipped on CPUs without AMX.
 TEST(AmxGemm, MatchesTheFp64ReferenceOnTileEdges) {
-  if (!cpu::amx_usable()) GTEST_SKIP() << "this CPU (or MULTINORM_AMX=0) has no usable AMX tiles";
+  if (!cpu::packed_bf16_gemm_usable()) GTEST_SKIP() << "this CPU has neither AMX nor AVX512_BF16 (or MULTINORM_PACKED_GEMM=0)";
   struct Shape {
     int64_t M, N, K;
   };
-  const Shape shapes[] = {{1, 1, 1}, {7, 5, 11}, {32, 32, 32}, {33, 17, 45}, {64, 96, 64}, {96, 48, 688}, {31, 64, 256}, {128, 40, 33}};
+  // {64, 130, 2048}: b's panels split into column groups of 2 blocks (kGroupBytes), the last one partial.
+  const Shape shapes[] = {{1, 1, 1},     {7, 5, 11},    {32, 32, 32},  {33, 17, 45},    {64, 96, 64},
+                          {96, 48, 688}, {31, 64, 256}, {128, 40, 33}, {64, 130, 2048}};
   cpu::AmxScratch scratch;
   double worst_f32 = 0, worst_bf16 = 0;  // error / bound, measured below
   for (const Shape& s : shapes)

@@ -423,12 +423,6 @@ void backward_impl(T* dqkv, const T* dout, const T* qkv, const T* out, const flo
 
 }  // namespace
 
-bool avx512_bf16_usable() {
-  // libgcc's check covers the OS's saving of the AVX-512 state as well as CPUID.
-  static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16");
-  return ok;
-}
-
 AttentionEngine attention_engine(bool bf16_operands) {
   if (!bf16_operands) return AttentionEngine::Portable;
   if (amx_usable()) return AttentionEngine::Amx;

@@ -95,7 +95,6 @@ template <class T> void rope_forward(T* qkv, const float* cos_sin, int64_t B, in
 // the vector units (any CPU, any T); BF16 operands (T = bf16 only) on AVX512_BF16's VDPBF16PS or on
 // the AMX tiles, both in the tiles' operand layouts.
 enum class AttentionEngine { Portable, Avx512Bf16, Amx };
-bool avx512_bf16_usable();  // this CPU and OS run AVX-512 with BF16 dot products
 // The fastest engine this CPU runs: AMX where amx_usable(), else AVX512_BF16, for BF16 operands.
 AttentionEngine attention_engine(bool bf16_operands);
 template <class T> void attention_forward(T* out, float* lse, const T* qkv, int64_t B, int64_t T_, int64_t H, int64_t D,

@@ -12,6 +12,7 @@
 
 #include "../common/bf16.h"
 #include "amx_tiles.h"
+#include "dpbf16_block.h"
 #include "bf16_rows.h"
 
 namespace multinorm::cpu {
@@ -22,6 +23,8 @@ using amx::kBlock;
 using amx::kTileK;
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+constexpr int64_t kGroupBytes = 256 * 1024;  // packed b panels one column group holds (a quarter of an L2)
 
 // b in the packed B layout of amx_tiles.h, zero padded to Np columns and Kp.
 void pack_b(uint16_t* bp, const uint16_t* b, int64_t N, int64_t K, int64_t Np, int64_t Kp, bool trans_b) {
@@ -96,9 +99,44 @@ bool amx_usable() {
   return ok;
 }
 
-bool fuses_gemm_epilogues(bool bf16_operands) { return bf16_operands && amx_usable(); }
+bool avx512_bf16_usable() {
+  // libgcc's check covers the OS's saving of the AVX-512 state as well as CPUID.
+  static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16");
+  return ok;
+}
+
+bool packed_bf16_gemm_usable() {
+  static const bool ok = [] {
+    const char* env = std::getenv("MULTINORM_PACKED_GEMM");
+    if (env && std::strcmp(env, "0") == 0) return false;
+    return amx_usable() || avx512_bf16_usable();
+  }();
+  return ok;
+}
+
+bool fuses_gemm_epilogues(bool bf16_operands) { return bf16_operands && packed_bf16_gemm_usable(); }
 
 namespace {
+
+// The 32 x 32 block product on this CPU's engine: the AMX tiles, else VDPBF16PS on the same operands
+// (dpbf16_block.h). Each thread of a parallel region begins before its first block and ends after
+// its last (AMX tile configuration is per-thread state).
+struct BlockEngine {
+  const bool tiles = amx_usable();
+  void begin() const {
+    if (tiles) amx::configure_tiles();
+  }
+  void end() const {
+    if (tiles) amx::release_tiles();
+  }
+  void block(float* c, int64_t ldc, bool accumulate, const uint16_t* a, int64_t lda, const uint16_t* b,
+             int64_t panel_stride, int64_t K) const {
+    if (tiles)
+      amx::block_32x32(c, ldc, accumulate, a, lda, b, panel_stride, K);
+    else
+      dpbf16::block_32x32(c, ldc, accumulate, a, lda, b, panel_stride, K);
+  }
+};
 
 // a is read in place when it is row-major and its rows are whole tiles; else it is packed.
 bool a_needs_packing(int64_t M, int64_t K, bool trans_a) {
@@ -165,16 +203,16 @@ struct TileOperands {
 
 // out's 32 x 32 block at (m0, n0) = (or +=) a's rows a0 (stride lda) times b's panels b0. FP32
 // blocks inside the matrix are accumulated in place; the rest go through `tile` (32 x 32 floats).
-void out_block(Buf out, int64_t M, int64_t N, bool accumulate, int64_t m0, int64_t n0, const uint16_t* a0,
-               int64_t lda, const uint16_t* b0, int64_t Kp, float* tile) {
+void out_block(const BlockEngine& engine, Buf out, int64_t M, int64_t N, bool accumulate, int64_t m0, int64_t n0,
+               const uint16_t* a0, int64_t lda, const uint16_t* b0, int64_t Kp, float* tile) {
   const bool f32 = out.dtype == DType::F32;
   float* out_f = static_cast<float*>(out.ptr);
   bf16* out_h = static_cast<bf16*>(out.ptr);
   if (f32 && m0 + kBlock <= M && n0 + kBlock <= N) {
-    amx::block_32x32(out_f + m0 * N + n0, N, accumulate, a0, lda, b0, Kp * 16, Kp);
+    engine.block(out_f + m0 * N + n0, N, accumulate, a0, lda, b0, Kp * 16, Kp);
     return;
   }
-  amx::block_32x32(tile, kBlock, false, a0, lda, b0, Kp * 16, Kp);
+  engine.block(tile, kBlock, false, a0, lda, b0, Kp * 16, Kp);
   const int64_t rows = std::min(kBlock, M - m0), cols = std::min(kBlock, N - n0);
   for (int64_t r = 0; r < rows; ++r) {
     float* t = tile + r * kBlock;
@@ -194,23 +232,31 @@ void out_block(Buf out, int64_t M, int64_t N, bool accumulate, int64_t m0, int64
 void amx_matmul(Buf out, const bf16* a, const bf16* b, int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b,
                 bool accumulate, AmxScratch& scratch) {
   const TileOperands op(a, b, M, N, K, trans_a, trans_b, scratch);
-  const int64_t row_blocks = op.Np / kBlock, blocks = op.Mp / kBlock * row_blocks;
+  // Blocks go in column groups of `group` columns, and row order inside a group: a group's panels
+  // (at most kGroupBytes) stay in L2 while every strip of a passes them, where a wide b (the loss
+  // head's [V, C]: 32 MB for llama_60m) read whole for each strip would come from memory M/32 times.
+  // A packed a is never split into groups (each group would pack its strips again); its GEMMs (the
+  // weight gradients) have small N.
+  const int64_t row_blocks = op.Np / kBlock, strips = op.Mp / kBlock, blocks = strips * row_blocks;
+  const int64_t group = op.packs_a ? row_blocks : std::max<int64_t>(1, kGroupBytes / (op.Kp * 2 * kBlock));
+  const BlockEngine engine;
 #pragma omp parallel
   {
-    amx::configure_tiles();
+    engine.begin();
     alignas(64) float tile[kBlock * kBlock];
-    // Each thread runs an equal, contiguous run of the blocks in row order (so the split is even
+    // Each thread runs an equal, contiguous run of the blocks in that order (so the split is even
     // whatever M is), getting a's rows anew where its run enters a strip: a strip split between two
     // threads is packed by both.
     const int64_t t = omp_get_thread_num(), threads = omp_get_num_threads();
     const int64_t begin = blocks * t / threads, end = blocks * (t + 1) / threads;
     const uint16_t* a0 = nullptr;
     for (int64_t i = begin; i < end; ++i) {
-      const int64_t m0 = i / row_blocks * kBlock, n0 = i % row_blocks * kBlock;
-      if (a0 == nullptr || n0 == 0) a0 = op.rows(m0);
-      out_block(out, M, N, accumulate, m0, n0, a0, op.lda, op.panels(n0), op.Kp, tile);
+      const int64_t g0 = i / (strips * group) * group, width = std::min(group, row_blocks - g0);  // the group's blocks
+      const int64_t in_group = i - g0 * strips, m0 = in_group / width * kBlock, n0 = (g0 + in_group % width) * kBlock;
+      if (a0 == nullptr || n0 == g0 * kBlock) a0 = op.rows(m0);
+      out_block(engine, out, M, N, accumulate, m0, n0, a0, op.lda, op.panels(n0), op.Kp, tile);
     }
-    amx::release_tiles();
+    engine.end();
   }
 }
 
@@ -218,19 +264,20 @@ void amx_matmul_row_strips(const bf16* a, const bf16* b, int64_t M, int64_t N, i
                            AmxScratch& scratch, float* strips, int64_t strip_stride, const RowStripConsumer& consume) {
   const TileOperands op(a, b, M, N, K, false, trans_b, scratch);
   const int64_t ld = op.Np;
+  const BlockEngine engine;
 #pragma omp parallel
   {
-    amx::configure_tiles();
+    engine.begin();
     float* strip = strips + static_cast<int64_t>(omp_get_thread_num()) * strip_stride;
 #pragma omp for schedule(static)
     for (int64_t m0 = 0; m0 < op.Mp; m0 += kBlock) {
       // The same blocks, in the same order of K, as amx_matmul: the same FP32 values.
       const uint16_t* a0 = op.rows(m0);
       for (int64_t n0 = 0; n0 < op.Np; n0 += kBlock)
-        amx::block_32x32(strip + n0, ld, false, a0, op.lda, op.panels(n0), op.Kp * 16, op.Kp);
+        engine.block(strip + n0, ld, false, a0, op.lda, op.panels(n0), op.Kp * 16, op.Kp);
       consume(strip, ld, m0, std::min(kBlock, M - m0));
     }
-    amx::release_tiles();
+    engine.end();
   }
 }
 

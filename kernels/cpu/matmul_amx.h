@@ -22,6 +22,12 @@ namespace multinorm::cpu {
 // True when the CPU has AMX-TILE and AMX-BF16, the OS enabled the tile state and granted this
 // process its use (Linux arch_prctl), and MULTINORM_AMX is not "0". Decided once.
 bool amx_usable();
+// True when the CPU and OS run AVX-512 with BF16 dot products (VDPBF16PS; AMD Zen 4 and later,
+// Intel Cooper Lake and every CPU with AMX). Decided once.
+bool avx512_bf16_usable();
+// The packed BF16 GEMM below runs here: on the AMX tiles where amx_usable(), else on VDPBF16PS;
+// MULTINORM_PACKED_GEMM=0 hands BF16 GEMMs to oneDNN instead. Decided once.
+bool packed_bf16_gemm_usable();
 
 // Packed operands, reused from call to call (no allocation once the largest shape was seen); each
 // grows to exactly the largest request, so bytes() is what it holds (the memory estimate predicts it:

@@ -49,7 +49,7 @@ void OneDnnMatmul::run_batched(Buf out, Buf a, Buf b, int64_t batch, int64_t M, 
                                bool trans_b, bool accumulate) {
   if (a.dtype != b.dtype) throw Error("matmul: operands must share a dtype");
   // BF16 GEMMs go to the AMX tiles where the CPU has them (matmul_amx.h: 4-8x oneDNN's AVX512_BF16).
-  if (batch == 1 && a.dtype == DType::BF16 && amx_usable()) {
+  if (batch == 1 && a.dtype == DType::BF16 && packed_bf16_gemm_usable()) {
     amx_matmul(out, static_cast<const bf16*>(a.ptr), static_cast<const bf16*>(b.ptr), M, N, K, trans_a, trans_b,
                accumulate, impl_->amx);
     return;

@@ -254,6 +254,9 @@ class CpuBackend final : public Backend {
 
 std::unique_ptr<Backend> make_cpu_backend(int threads) { return std::make_unique<CpuBackend>(threads); }
 
-std::string cpu_bf16_gemm_engine() { return cpu::amx_usable() ? "AMX tiles" : "oneDNN AVX512_BF16"; }
+std::string cpu_bf16_gemm_engine() {
+  if (!cpu::packed_bf16_gemm_usable()) return "oneDNN";
+  return cpu::amx_usable() ? "AMX tiles" : "AVX512_BF16 VDPBF16PS";
+}
 
 }  // namespace multinorm

@@ -97,7 +97,7 @@ int64_t cpu_backend_scratch_bytes(const ModelConfig& m, int64_t B, int64_t T, DT
   for (const auto& [s, n] : slot) floats += n;
   // kernels/cpu/matmul_amx.cpp: BF16 GEMMs on AMX tiles hold the packed operands of the largest one.
   int64_t amx_elements = 0;
-  if (act == DType::BF16 && cpu::amx_usable()) {
+  if (act == DType::BF16 && cpu::packed_bf16_gemm_usable()) {
     int64_t a = 0, b = 0;
     for (const GemmShape& g : training_step_gemms(m, BT)) {
       const cpu::AmxPacked p = cpu::amx_packed_elements(g.M, g.N, g.K, g.trans_a, threads);
