@@ -1,9 +1,10 @@
-// The CPU backend's blocked causal attention (kernels/cpu/attention.cpp) on each block engine: FP32
-// and BF16 on the portable vector path, BF16 on AVX512_BF16 and on the AMX tiles where the CPU has them. Against an FP64
-// reference of the forward, the log-sum-exp and the analytic backward, on shapes that cross the 32-row
-// tile (T = 1, 31, 32, 33, 100; head sizes 64, as every model has, and 5 or 40, padded to the tile);
-// then the padding: rows past T in the last tile, stale scratch from a larger call and a NaN-filled
-// neighbouring sequence must not reach any output; and bit-identical results for any thread count.
+// The CPU backend's blocked causal attention (kernels/cpu/attention.cpp) on each block engine the CPU
+// has: FP32 and BF16 on the portable vector path, BF16 on AVX512_BF16 and on the AMX tiles. Against an
+// FP64 reference of the forward, the log-sum-exp and the analytic backward, on shapes that cross the
+// 32-row tile (T = 1, 31, 32, 33, 100; head sizes 64, as every model has, and 5 or 40, padded to the
+// tile); then the padding: rows past T in the last tile, stale scratch from a larger call and a
+// NaN-filled neighbouring sequence must not reach any output; and bit-identical results for any
+// thread count.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -13,7 +14,7 @@
 #include <vector>
 
 #include "../kernels/cpu/cpu_kernels.h"
-#include "../kernels/cpu/matmul_amx.h"
+#include "../kernels/cpu/matmul_packed.h"
 #include "test_support.h"
 
 using namespace multinorm;

@@ -67,8 +67,8 @@ TEST(Memory, ActivationPlanSizes) {
   EXPECT_EQ(plan_activations(m, B, T, DType::F32).bytes() > p.bytes(), true);
 }
 
-// The CPU backend's scratch after a training step and an optimizer update (the AMX packing buffers
-// included, on CPUs with AMX) equals the estimate
+// The CPU backend's scratch after a training step and an optimizer update (the packed GEMM's buffers
+// included, on CPUs with AMX or AVX512_BF16) equals the estimate
 // `multinorm info` prints, for SinkGD and SWAN (both paths), BF16 and FP32.
 // The same on the CUDA backend (the emulated build): its device scratch after a training step and
 // an optimizer update is the plan `multinorm info` and the run log print, for SinkGD, SWAN and Adam.

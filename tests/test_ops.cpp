@@ -10,7 +10,7 @@
 #include <random>
 
 #include "../kernels/common/fast_math.h"
-#include "../kernels/cpu/matmul_amx.h"
+#include "../kernels/cpu/matmul_packed.h"
 #include "multinorm/backend.h"
 #include "reference_llama.h"
 #include "test_backends.h"
@@ -202,7 +202,7 @@ TEST_P(Ops, CrossEntropyWithMaskAndScale) {
 
 // The loss head, logits = x w^T then the cross-entropy: against the FP64 reference of the same BF16
 // x and w, and bit for bit the backend's GEMM followed by its cross_entropy (the default the CPU
-// backend's fused AMX path replaces: 32 rows of logits at a time, never stored). Shapes: nothing a
+// backend's fused path replaces: 32 rows of logits at a time, never stored). Shapes: nothing a
 // multiple of 32 (x packed, the last strip short), then whole tiles (x read in place), then one row;
 // masked rows; with and without the gradient.
 TEST_P(Ops, LossHeadIsTheGemmThenCrossEntropy) {
@@ -259,7 +259,7 @@ TEST_P(Ops, LossHeadIsTheGemmThenCrossEntropy) {
 
 // The MLP's fused GEMM + SwiGLU pair: gate_up = x w^T and s = swiglu(gate_up); ds = dy w_down and
 // swiglu_backward on it. Bit for bit the backend's GEMM followed by its swiglu op (the default the
-// CPU's AMX path replaces: 32 rows at a time, ds never stored), and against FP64 references of the
+// CPU's fused path replaces: 32 rows at a time, ds never stored), and against FP64 references of the
 // same BF16 operands. Shapes as in the loss head's test: nothing a multiple of 32, whole tiles, one row.
 TEST_P(Ops, MatmulSwiGLUIsTheGemmThenSwiGLU) {
   const DType bf = DType::BF16;
@@ -489,11 +489,11 @@ TEST_P(OpsBf16, SwiGLU) {
 INSTANTIATE_TEST_SUITE_P(Backends, Ops, ::testing::Values("cpu", "cuda"), backend_param_name);
 INSTANTIATE_TEST_SUITE_P(Backends, OpsBf16, ::testing::Values("cpu", "cuda"), backend_param_name);
 
-// The AMX GEMM (kernels/cpu/matmul_amx.cpp) against an FP64 reference on BF16-rounded operands,
-// on shapes that hit every edge: M, N, K below, at and past the 32 x 32 output block and the
+// The packed GEMM (kernels/cpu/matmul_packed.cpp), on this CPU's block engine (AMX or AVX512_BF16),
+// against an FP64 reference on BF16-rounded operands, on shapes that hit every edge: M, N, K below, at and past the 32 x 32 output block and the
 // 32-element K tile, the in-place path (row-major a with M, K multiples of 32), all four layouts,
-// FP32 and BF16 outputs, with and without accumulation. Skipped on CPUs without AMX.
-TEST(AmxGemm, MatchesTheFp64ReferenceOnTileEdges) {
+// FP32 and BF16 outputs, with and without accumulation. Skipped on CPUs with neither.
+TEST(PackedGemm, MatchesTheFp64ReferenceOnTileEdges) {
   if (!cpu::packed_bf16_gemm_usable()) GTEST_SKIP() << "this CPU has neither AMX nor AVX512_BF16 (or MULTINORM_PACKED_GEMM=0)";
   struct Shape {
     int64_t M, N, K;
@@ -501,7 +501,7 @@ TEST(AmxGemm, MatchesTheFp64ReferenceOnTileEdges) {
   // {64, 130, 2048}: b's panels split into column groups of 2 blocks (kGroupBytes), the last one partial.
   const Shape shapes[] = {{1, 1, 1},     {7, 5, 11},    {32, 32, 32},  {33, 17, 45},    {64, 96, 64},
                           {96, 48, 688}, {31, 64, 256}, {128, 40, 33}, {64, 130, 2048}};
-  cpu::AmxScratch scratch;
+  cpu::PackedScratch scratch;
   double worst_f32 = 0, worst_bf16 = 0;  // error / bound, measured below
   for (const Shape& s : shapes)
     for (int ta = 0; ta < 2; ++ta)
@@ -515,7 +515,7 @@ TEST(AmxGemm, MatchesTheFp64ReferenceOnTileEdges) {
             for (size_t i = 0; i < b.size(); ++i) b[i] = to_bf16(static_cast<float>(bv[i]));
             for (size_t i = 0; i < c.size(); ++i) c[i] = to_bf16(static_cast<float>(cv[i])), cf[i] = to_f32(c[i]);
             Buf out = out_t == DType::F32 ? Buf{cf.data(), DType::F32} : Buf{c.data(), DType::BF16};
-            cpu::amx_matmul(out, a.data(), b.data(), s.M, s.N, s.K, ta, tb, acc, scratch);
+            cpu::packed_matmul(out, a.data(), b.data(), s.M, s.N, s.K, ta, tb, acc, scratch);
             double worst = 0;
             for (int64_t i = 0; i < s.M; ++i)
               for (int64_t j = 0; j < s.N; ++j) {
@@ -539,5 +539,5 @@ TEST(AmxGemm, MatchesTheFp64ReferenceOnTileEdges) {
                                   << " out " << dtype_name(out_t);
           }
   if (std::getenv("MULTINORM_TEST_ERRORS"))
-    std::printf("[ measured ] AMX GEMM: worst error / bound %.3g (FP32 out), %.3g (BF16 out)\n", worst_f32, worst_bf16);
+    std::printf("[ measured ] packed GEMM: worst error / bound %.3g (FP32 out), %.3g (BF16 out)\n", worst_f32, worst_bf16);
 }

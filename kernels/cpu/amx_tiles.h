@@ -1,6 +1,7 @@
-// The AMX tile building blocks shared by the BF16 GEMM (matmul_amx.cpp) and blocked attention
-// (attention.cpp). Include only from files compiled with -mamx-tile -mamx-bf16, and run only where
-// amx_usable() (matmul_amx.h) says so.
+// The AMX tile building blocks shared by the packed BF16 GEMM (matmul_packed.cpp) and blocked
+// attention (attention.cpp). Include only from files compiled with -mamx-tile -mamx-bf16. The tile
+// functions run only where amx_usable() (matmul_packed.h) says so; the packing (AVX-512 F and BW) also
+// feeds the AVX512_BF16 block engine (dpbf16_block.h), which reads the same layouts.
 //
 // Tiles: C 0-3 (FP32 16 x 16 accumulators of a 32 x 32 output block), A 4-5 (16 rows x 32 BF16 of
 // K), B 6-7 (16 K-pairs x 16 columns x 2). A 32 x 32 block costs 4 TDPBF16PS per 4 tile loads per 32

@@ -53,7 +53,7 @@
 #include "bf16_rows.h"
 #include "cpu_kernels.h"
 #include "dpbf16_block.h"
-#include "matmul_amx.h"
+#include "matmul_packed.h"
 
 namespace multinorm::cpu {
 

@@ -8,7 +8,7 @@
 // per element against a handful for the rest). Bytes: logits read once from memory (the row then
 // stays in cache), dlogits written once.
 //
-// The loss head (linear_cross_entropy_amx) runs the same rows on logits = x w^T as the AMX GEMM
+// The loss head (linear_cross_entropy_packed) runs the same rows on logits = x w^T as the packed GEMM
 // computes them, 32 rows at a time into a per-thread strip (32 x V FP32: 1 MB at V = 8192), so the
 // [N, V] FP32 logits are never written to memory and read back (2 x 4 N V bytes; llama_tiny at
 // 16 x 256: 268 MB a step). Same bits as the GEMM followed by cross_entropy.
@@ -20,7 +20,7 @@
 #include "../common/fast_math.h"
 #include "bf16_rows.h"
 #include "cpu_kernels.h"
-#include "matmul_amx.h"
+#include "matmul_packed.h"
 
 namespace multinorm::cpu {
 
@@ -78,12 +78,12 @@ void cross_entropy(float* losses, T* dlogits, const float* logits, const int32_t
   }
 }
 
-void linear_cross_entropy_amx(float* losses, bf16* dlogits, const bf16* x, const bf16* w, const int32_t* targets,
-                              const uint8_t* mask, int64_t N, int64_t V, int64_t C, float grad_scale, AmxScratch& amx,
+void linear_cross_entropy_packed(float* losses, bf16* dlogits, const bf16* x, const bf16* w, const int32_t* targets,
+                              const uint8_t* mask, int64_t N, int64_t V, int64_t C, float grad_scale, PackedScratch& packed,
                               Workspace& ws) {
   const int64_t per_thread = gemm_strip_floats(V);
   float* strips = ws.floats(static_cast<size_t>(per_thread) * omp_get_max_threads(), kGemmStripSlot);
-  amx_matmul_row_strips(x, w, N, V, C, true, amx, strips, per_thread, [&](float* strip, int64_t ld, int64_t m0, int64_t rows) {
+  packed_matmul_row_strips(x, w, N, V, C, true, packed, strips, per_thread, [&](float* strip, int64_t ld, int64_t m0, int64_t rows) {
     for (int64_t r = 0; r < rows; ++r) {  // the exponentials overwrite the strip's row
       const int64_t i = m0 + r;
       float* row = strip + r * ld;

@@ -1,6 +1,6 @@
 #include "matmul_onednn.h"
 
-#include "matmul_amx.h"
+#include "matmul_packed.h"
 
 #include <cstdlib>
 #include <mutex>
@@ -36,22 +36,23 @@ struct OneDnnMatmul::Impl {
     dnnl::memory::desc a, b, out;
   };
   std::unordered_map<std::string, Entry> cache;
-  AmxScratch amx;
+  PackedScratch packed;
 };
 
 OneDnnMatmul::OneDnnMatmul() : impl_((cap_onednn_isa(), std::make_unique<Impl>())) {}
 OneDnnMatmul::~OneDnnMatmul() = default;
 size_t OneDnnMatmul::cached_primitives() const { return impl_->cache.size(); }
-int64_t OneDnnMatmul::scratch_bytes() const { return impl_->amx.bytes(); }
-AmxScratch& OneDnnMatmul::amx_scratch() { return impl_->amx; }
+int64_t OneDnnMatmul::scratch_bytes() const { return impl_->packed.bytes(); }
+PackedScratch& OneDnnMatmul::packed_scratch() { return impl_->packed; }
 
 void OneDnnMatmul::run_batched(Buf out, Buf a, Buf b, int64_t batch, int64_t M, int64_t N, int64_t K, bool trans_a,
                                bool trans_b, bool accumulate) {
   if (a.dtype != b.dtype) throw Error("matmul: operands must share a dtype");
-  // BF16 GEMMs go to the AMX tiles where the CPU has them (matmul_amx.h: 4-8x oneDNN's AVX512_BF16).
+  // BF16 GEMMs go to the packed GEMM where the CPU has AMX tiles (matmul_packed.h: 4-8x oneDNN's
+  // AVX512_BF16) or AVX512_BF16 (as fast as oneDNN, and its fused epilogues run).
   if (batch == 1 && a.dtype == DType::BF16 && packed_bf16_gemm_usable()) {
-    amx_matmul(out, static_cast<const bf16*>(a.ptr), static_cast<const bf16*>(b.ptr), M, N, K, trans_a, trans_b,
-               accumulate, impl_->amx);
+    packed_matmul(out, static_cast<const bf16*>(a.ptr), static_cast<const bf16*>(b.ptr), M, N, K, trans_a, trans_b,
+               accumulate, impl_->packed);
     return;
   }
   const std::string key = std::to_string(batch) + "x" + std::to_string(M) + "," + std::to_string(N) + "," + std::to_string(K) + "," +

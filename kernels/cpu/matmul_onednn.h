@@ -1,7 +1,7 @@
 // GEMMs on the CPU through oneDNN's matmul primitive (brgemm: AVX512_BF16 for bf16 inputs with FP32
 // accumulation, AVX-512 for fp32). One primitive per shape/layout/dtype, created on first use and
-// cached, so a training step creates none after the first. Single BF16 GEMMs go to the AMX tiles
-// instead where the CPU has them (matmul_amx.h).
+// cached, so a training step creates none after the first. Single BF16 GEMMs go to the packed GEMM
+// instead where the CPU has AMX or AVX512_BF16 (matmul_packed.h).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -12,7 +12,7 @@
 
 namespace multinorm::cpu {
 
-struct AmxScratch;
+struct PackedScratch;
 
 class OneDnnMatmul {
  public:
@@ -26,8 +26,8 @@ class OneDnnMatmul {
   void run_batched(Buf out, Buf a, Buf b, int64_t batch, int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b,
                    bool accumulate);
   size_t cached_primitives() const;
-  int64_t scratch_bytes() const;  // the AMX path's packed operands (oneDNN's own scratch is not counted)
-  AmxScratch& amx_scratch();      // the AMX path's packing buffers, for a fused op that drives the tiles
+  int64_t scratch_bytes() const;  // the packed GEMM's operands (oneDNN's own scratch is not counted)
+  PackedScratch& packed_scratch();  // the packed GEMM's buffers, for a fused op that drives its blocks
 
  private:
   struct Impl;

@@ -1,7 +1,7 @@
 // SwiGLU: out = silu(g) * u with gate_up[N, 2F] = [g | u], silu(g) = g * sigmoid(g).
 // Backward: dg = dout * u * sigmoid(g) * (1 + g * (1 - sigmoid(g))),  du = dout * silu(g); optionally
 // the forward's output as well (the model's backward recomputes it rather than storing it). Each is
-// also fused with the GEMM before it (AMX tiles): gate_up = x Wgu^T and ds = dy Wdown.
+// also fused with the GEMM before it (the packed GEMM): gate_up = x Wgu^T and ds = dy Wdown.
 #include <omp.h>
 
 #include <algorithm>
@@ -11,7 +11,7 @@
 #include "../common/op_math.h"
 #include "bf16_rows.h"
 #include "cpu_kernels.h"
-#include "matmul_amx.h"
+#include "matmul_packed.h"
 
 namespace multinorm::cpu {
 
@@ -84,15 +84,15 @@ void swiglu_backward(T* dgate_up, T* out, const T* dout, const T* gate_up, int64
     swiglu_backward_rows<T, false>(dgate_up, out, dout, gate_up, N, F);
 }
 
-// The fused forms: the GEMM's 32-row strips of gate_up (or ds) are rounded to BF16 as amx_matmul
+// The fused forms: the GEMM's 32-row strips of gate_up (or ds) are rounded to BF16 as packed_matmul
 // stores them, then run through the row functions above while they are in the thread's cache. What
 // they save is a pass over gate_up (2F values a row) read back from memory: llama_tiny 16 x 256, 11 MB
 // a layer each way.
-void matmul_swiglu_amx(bf16* out, bf16* gate_up, const bf16* x, const bf16* w, int64_t N, int64_t F, int64_t C,
-                       AmxScratch& amx, Workspace& ws) {
+void matmul_swiglu_packed(bf16* out, bf16* gate_up, const bf16* x, const bf16* w, int64_t N, int64_t F, int64_t C,
+                          PackedScratch& packed, Workspace& ws) {
   const int64_t per_thread = gemm_strip_floats(2 * F);
   float* strips = ws.floats(static_cast<size_t>(per_thread) * omp_get_max_threads(), kGemmStripSlot);
-  amx_matmul_row_strips(x, w, N, 2 * F, C, true, amx, strips, per_thread, [&](float* strip, int64_t ld, int64_t m0, int64_t rows) {
+  packed_matmul_row_strips(x, w, N, 2 * F, C, true, packed, strips, per_thread, [&](float* strip, int64_t ld, int64_t m0, int64_t rows) {
     for (int64_t i = m0; i < m0 + rows; ++i) {
       round_row_to_bf16(strip + (i - m0) * ld, gate_up + i * 2 * F, 2 * F);
       swiglu_forward_row(out + i * F, gate_up + i * 2 * F, F);
@@ -100,12 +100,12 @@ void matmul_swiglu_amx(bf16* out, bf16* gate_up, const bf16* x, const bf16* w, i
   });
 }
 
-void matmul_swiglu_backward_amx(bf16* dgate_up, bf16* out, const bf16* dy, const bf16* w_down, const bf16* gate_up,
-                                int64_t N, int64_t F, int64_t C, AmxScratch& amx, Workspace& ws) {
+void matmul_swiglu_backward_packed(bf16* dgate_up, bf16* out, const bf16* dy, const bf16* w_down, const bf16* gate_up,
+                                   int64_t N, int64_t F, int64_t C, PackedScratch& packed, Workspace& ws) {
   const int64_t per_thread = swiglu_backward_strip_floats(F), strip_floats = gemm_strip_floats(F);
   float* strips = ws.floats(static_cast<size_t>(per_thread) * omp_get_max_threads(), kGemmStripSlot);
-  amx_matmul_row_strips(dy, w_down, N, F, C, false, amx, strips, per_thread, [&](float* strip, int64_t ld, int64_t m0, int64_t rows) {
-    // ds's row rounded to BF16 (as amx_matmul would store it) into the BF16 row after the strip.
+  packed_matmul_row_strips(dy, w_down, N, F, C, false, packed, strips, per_thread, [&](float* strip, int64_t ld, int64_t m0, int64_t rows) {
+    // ds's row rounded to BF16 (as packed_matmul would store it) into the BF16 row after the strip.
     bf16* ds = reinterpret_cast<bf16*>(strip + strip_floats);
     for (int64_t i = m0; i < m0 + rows; ++i) {
       round_row_to_bf16(strip + (i - m0) * ld, ds, F);

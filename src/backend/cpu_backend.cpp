@@ -8,7 +8,7 @@
 
 #include "../../kernels/common/dtype_dispatch.h"
 #include "../../kernels/cpu/cpu_kernels.h"
-#include "../../kernels/cpu/matmul_amx.h"
+#include "../../kernels/cpu/matmul_packed.h"
 #include "../../kernels/cpu/matmul_onednn.h"
 #include "multinorm/backend.h"
 #include "multinorm/error.h"
@@ -50,7 +50,7 @@ class CpuBackend final : public Backend {
   int threads() const override { return threads_; }
   bool host_memory() const override { return true; }
   void synchronize() override {}
-  int64_t workspace_bytes() const override { return ws_.bytes() + gemm_.scratch_bytes(); }  // + AMX packing
+  int64_t workspace_bytes() const override { return ws_.bytes() + gemm_.scratch_bytes(); }  // + the packed GEMM's operands
 
   void* allocate(int64_t bytes) override {
     const size_t size = (static_cast<size_t>(bytes) + 63) / 64 * 64;
@@ -155,7 +155,8 @@ class CpuBackend final : public Backend {
   }
   void matmul_swiglu(Buf out, Buf gate_up, Buf x, Buf w, int64_t N, int64_t F, int64_t C) override {
     if (cpu::fuses_gemm_epilogues(all_bf16({out, gate_up, x, w}))) {
-      cpu::matmul_swiglu_amx(as<bf16>(out), as<bf16>(gate_up), as<bf16>(x), as<bf16>(w), N, F, C, gemm_.amx_scratch(), ws_);
+      cpu::matmul_swiglu_packed(as<bf16>(out), as<bf16>(gate_up), as<bf16>(x), as<bf16>(w), N, F, C, gemm_.packed_scratch(),
+                                ws_);
       return;
     }
     Backend::matmul_swiglu(out, gate_up, x, w, N, F, C);
@@ -163,8 +164,8 @@ class CpuBackend final : public Backend {
   void matmul_swiglu_backward(Buf dgate_up, Buf out, Buf ds, Buf dy, Buf w_down, Buf gate_up, int64_t N, int64_t F,
                               int64_t C) override {
     if (cpu::fuses_gemm_epilogues(all_bf16({dgate_up, ds, dy, w_down, gate_up}) && (!out.ptr || out.dtype == DType::BF16))) {
-      cpu::matmul_swiglu_backward_amx(as<bf16>(dgate_up), out.ptr ? as<bf16>(out) : nullptr, as<bf16>(dy), as<bf16>(w_down),
-                                      as<bf16>(gate_up), N, F, C, gemm_.amx_scratch(), ws_);
+      cpu::matmul_swiglu_backward_packed(as<bf16>(dgate_up), out.ptr ? as<bf16>(out) : nullptr, as<bf16>(dy),
+                                         as<bf16>(w_down), as<bf16>(gate_up), N, F, C, gemm_.packed_scratch(), ws_);
       return;
     }
     Backend::matmul_swiglu_backward(dgate_up, out, ds, dy, w_down, gate_up, N, F, C);
@@ -172,8 +173,8 @@ class CpuBackend final : public Backend {
   void linear_cross_entropy(float* losses, Buf dlogits, Buf logits, Buf x, Buf w, const int32_t* targets,
                             const uint8_t* mask, int64_t N, int64_t V, int64_t C, float grad_scale) override {
     if (cpu::fuses_gemm_epilogues(all_bf16({x, w, dlogits}))) {
-      cpu::linear_cross_entropy_amx(losses, as<bf16>(dlogits), as<bf16>(x), as<bf16>(w), targets, mask, N, V, C,
-                                    grad_scale, gemm_.amx_scratch(), ws_);
+      cpu::linear_cross_entropy_packed(losses, as<bf16>(dlogits), as<bf16>(x), as<bf16>(w), targets, mask, N, V, C,
+                                       grad_scale, gemm_.packed_scratch(), ws_);
       return;
     }
     Backend::linear_cross_entropy(losses, dlogits, logits, x, w, targets, mask, N, V, C, grad_scale);

@@ -6,7 +6,7 @@
 #include <map>
 
 #include "../../kernels/cpu/cpu_kernels.h"
-#include "../../kernels/cpu/matmul_amx.h"
+#include "../../kernels/cpu/matmul_packed.h"
 #include "../../kernels/cuda/scratch_sizes.h"
 #include "multinorm/llama_model.h"
 #include "multinorm/param_groups.h"
@@ -95,17 +95,17 @@ int64_t cpu_backend_scratch_bytes(const ModelConfig& m, int64_t B, int64_t T, DT
   need(-1, sinkgd_tensors);  // sinkgd_update_many's order of the tensors (int32)
   int64_t floats = 0;
   for (const auto& [s, n] : slot) floats += n;
-  // kernels/cpu/matmul_amx.cpp: BF16 GEMMs on AMX tiles hold the packed operands of the largest one.
-  int64_t amx_elements = 0;
+  // kernels/cpu/matmul_packed.cpp: the packed BF16 GEMM holds the packed operands of the largest one.
+  int64_t packed_elements = 0;
   if (act == DType::BF16 && cpu::packed_bf16_gemm_usable()) {
     int64_t a = 0, b = 0;
     for (const GemmShape& g : training_step_gemms(m, BT)) {
-      const cpu::AmxPacked p = cpu::amx_packed_elements(g.M, g.N, g.K, g.trans_a, threads);
+      const cpu::PackedElements p = cpu::packed_gemm_elements(g.M, g.N, g.K, g.trans_a, threads);
       a = std::max(a, p.a), b = std::max(b, p.b);
     }
-    amx_elements = a + b;
+    packed_elements = a + b;
   }
-  return floats * 4 + amx_elements * 2;
+  return floats * 4 + packed_elements * 2;
 }
 
 int64_t cuda_backend_scratch_bytes(const ModelConfig& m, int64_t B, int64_t T, const std::string& matrix_optimizer,

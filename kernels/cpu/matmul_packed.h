@@ -1,10 +1,15 @@
-// BF16 GEMMs on Intel AMX tiles (Sapphire Rapids and later): 16x16 FP32 accumulator tiles fed by
-// 16x32 BF16 tiles, TDPBF16PS (1,024 multiply-adds per instruction). Debian 12's oneDNN (2.6)
-// cannot use these tiles on the machines we run on (it reads the tile palette from CPUID leaf 0x1D,
-// which hypervisors such as KVM leave empty, configures zero-row tiles and dies with SIGILL), so the
-// CPU backend drives them itself and keeps oneDNN (AVX512_BF16) for everything else.
+// The packed BF16 GEMM: operands packed into the AMX tiles' layouts (amx_tiles.h), 32 x 32 FP32
+// output blocks, on one of two block engines with the same operands:
+//   - Intel AMX tiles (Sapphire Rapids and later): 16x16 FP32 accumulator tiles fed by 16x32 BF16
+//     tiles, TDPBF16PS (1,024 multiply-adds per instruction). Debian 12's oneDNN (2.6) cannot use
+//     these tiles on the machines we run on (it reads the tile palette from CPUID leaf 0x1D, which
+//     hypervisors such as KVM leave empty, configures zero-row tiles and dies with SIGILL), so the
+//     CPU backend drives them itself;
+//   - AVX512_BF16 without AMX (AMD Zen 4 and later): VDPBF16PS (dpbf16_block.h), as fast as oneDNN's
+//     brgemm on the models' shapes (0.98-1.07x) and what lets the fused epilogues run there too.
+// oneDNN serves every other GEMM (FP32, batched, CPUs with neither).
 //
-// Cost per GEMM out[M,N] (+)= op(a)[M,K] op(b)[K,N]: 2 M N K FLOPs on the tiles; b is repacked once
+// Cost per GEMM out[M,N] (+)= op(a)[M,K] op(b)[K,N]: 2 M N K FLOPs on the engine; b is repacked once
 // into the tiles' pair-interleaved ("VNNI") layout (K N elements read and written), and a is repacked
 // into padded rows only when it is transposed or its shape is not a multiple of the tile (M K read and
 // written; 32 rows at a time into each thread's own buffer, so those writes stay in its L2, when M
@@ -31,34 +36,34 @@ bool packed_bf16_gemm_usable();
 
 // Packed operands, reused from call to call (no allocation once the largest shape was seen); each
 // grows to exactly the largest request, so bytes() is what it holds (the memory estimate predicts it:
-// amx_packed_elements).
-struct AmxScratch {
+// packed_gemm_elements).
+struct PackedScratch {
   std::vector<uint16_t> a, b;
   int64_t bytes() const { return static_cast<int64_t>((a.capacity() + b.capacity()) * sizeof(uint16_t)); }
 };
 
-// The elements amx_matmul packs for one GEMM on `threads` threads: b always (Np x Kp); a when it is
+// The elements packed_matmul packs for one GEMM on `threads` threads: b always (Np x Kp); a when it is
 // transposed or its shape is not a multiple of the tile (32 rows of Kp + 32 per thread, or Mp x Kp when
 // M has too few strips to share out; else 0). Shared with the memory estimate.
-struct AmxPacked {
+struct PackedElements {
   int64_t a, b;
 };
-AmxPacked amx_packed_elements(int64_t M, int64_t N, int64_t K, bool trans_a, int threads);
+PackedElements packed_gemm_elements(int64_t M, int64_t N, int64_t K, bool trans_a, int threads);
 
 // out[M,N] (+)= op(a)[M,K] op(b)[K,N] for BF16 a and b, FP32 or BF16 out, row-major storage (a
 // transposed operand is stored [K,M] / [N,K]). Deterministic: each output tile is summed by one
 // thread in a fixed order of K.
-void amx_matmul(Buf out, const bf16* a, const bf16* b, int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b,
-                bool accumulate, AmxScratch& scratch);
+void packed_matmul(Buf out, const bf16* a, const bf16* b, int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b,
+                   bool accumulate, PackedScratch& scratch);
 
 // out[M,N] = a[M,K] op(b)[K,N] (FP32) 32 rows at a time, for an epilogue that needs whole rows (the
 // loss head's cross-entropy, SwiGLU): each thread computes a strip of rows m0..m0+rows-1 into its own
 // 32 x round_up(N, 32) floats at strips + thread * strip_stride (row r at strip + r * ld) and hands it
 // to consume(strip, ld, m0, rows) while the strip is in its cache. The strip holds the same FP32
-// values as amx_matmul's out; the consumer may overwrite it, and use the floats past it up to
+// values as packed_matmul's out; the consumer may overwrite it, and use the floats past it up to
 // strip_stride.
 using RowStripConsumer = std::function<void(float* strip, int64_t ld, int64_t m0, int64_t rows)>;
-void amx_matmul_row_strips(const bf16* a, const bf16* b, int64_t M, int64_t N, int64_t K, bool trans_b,
-                           AmxScratch& scratch, float* strips, int64_t strip_stride, const RowStripConsumer& consume);
+void packed_matmul_row_strips(const bf16* a, const bf16* b, int64_t M, int64_t N, int64_t K, bool trans_b,
+                              PackedScratch& scratch, float* strips, int64_t strip_stride, const RowStripConsumer& consume);
 
 }  // namespace multinorm::cpu

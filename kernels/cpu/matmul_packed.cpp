@@ -1,4 +1,4 @@
-#include "matmul_amx.h"
+#include "matmul_packed.h"
 
 #include <cpuid.h>
 #include <immintrin.h>
@@ -149,7 +149,7 @@ int64_t strip_lda(int64_t Kp) { return Kp + 32; }
 
 }  // namespace
 
-AmxPacked amx_packed_elements(int64_t M, int64_t N, int64_t K, bool trans_a, int threads) {
+PackedElements packed_gemm_elements(int64_t M, int64_t N, int64_t K, bool trans_a, int threads) {
   const int64_t Np = round_up(N, kBlock), Kp = round_up(K, kTileK);
   const int64_t a = a_needs_packing(M, K, trans_a) ? std::max(threads, 1) * kBlock * strip_lda(Kp) : 0;
   return {a, Np * Kp};
@@ -168,7 +168,7 @@ void hold(std::vector<uint16_t>& v, int64_t n) {
 // rather than memory (llama_tiny's weight gradients at 16 x 256: 150 MB a step).
 struct TileOperands {
   TileOperands(const bf16* a_bf16, const bf16* b, int64_t M_, int64_t N, int64_t K_, bool trans_a_, bool trans_b,
-               AmxScratch& scratch)
+               PackedScratch& scratch)
       : a(reinterpret_cast<const uint16_t*>(a_bf16)), M(M_), K(K_), trans_a(trans_a_), Mp(round_up(M_, kBlock)),
         Np(round_up(N, kBlock)), Kp(round_up(K_, kTileK)), packs_a(a_needs_packing(M_, K_, trans_a_)),
         lda(packs_a ? strip_lda(Kp) : Kp) {
@@ -229,8 +229,8 @@ void out_block(const BlockEngine& engine, Buf out, int64_t M, int64_t N, bool ac
 
 }  // namespace
 
-void amx_matmul(Buf out, const bf16* a, const bf16* b, int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b,
-                bool accumulate, AmxScratch& scratch) {
+void packed_matmul(Buf out, const bf16* a, const bf16* b, int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b,
+                   bool accumulate, PackedScratch& scratch) {
   const TileOperands op(a, b, M, N, K, trans_a, trans_b, scratch);
   // Blocks go in column groups of `group` columns, and row order inside a group: a group's panels
   // (at most kGroupBytes) stay in L2 while every strip of a passes them, where a wide b (the loss
@@ -260,8 +260,8 @@ void amx_matmul(Buf out, const bf16* a, const bf16* b, int64_t M, int64_t N, int
   }
 }
 
-void amx_matmul_row_strips(const bf16* a, const bf16* b, int64_t M, int64_t N, int64_t K, bool trans_b,
-                           AmxScratch& scratch, float* strips, int64_t strip_stride, const RowStripConsumer& consume) {
+void packed_matmul_row_strips(const bf16* a, const bf16* b, int64_t M, int64_t N, int64_t K, bool trans_b,
+                              PackedScratch& scratch, float* strips, int64_t strip_stride, const RowStripConsumer& consume) {
   const TileOperands op(a, b, M, N, K, false, trans_b, scratch);
   const int64_t ld = op.Np;
   const BlockEngine engine;
@@ -271,7 +271,7 @@ void amx_matmul_row_strips(const bf16* a, const bf16* b, int64_t M, int64_t N, i
     float* strip = strips + static_cast<int64_t>(omp_get_thread_num()) * strip_stride;
 #pragma omp for schedule(static)
     for (int64_t m0 = 0; m0 < op.Mp; m0 += kBlock) {
-      // The same blocks, in the same order of K, as amx_matmul: the same FP32 values.
+      // The same blocks, in the same order of K, as packed_matmul: the same FP32 values.
       const uint16_t* a0 = op.rows(m0);
       for (int64_t n0 = 0; n0 < op.Np; n0 += kBlock)
         engine.block(strip + n0, ld, false, a0, op.lda, op.panels(n0), op.Kp * 16, op.Kp);
