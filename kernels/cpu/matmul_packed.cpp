@@ -12,8 +12,8 @@
 
 #include "../common/bf16.h"
 #include "amx_tiles.h"
-#include "dpbf16_block.h"
 #include "bf16_rows.h"
+#include "dpbf16_block.h"
 
 namespace multinorm::cpu {
 
@@ -100,8 +100,10 @@ bool amx_usable() {
 }
 
 bool avx512_bf16_usable() {
-  // libgcc's check covers the OS's saving of the AVX-512 state as well as CPUID.
-  static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16");
+  // libgcc's check covers the OS's saving of the AVX-512 state as well as CPUID. BW: the packing
+  // (amx_tiles.h) uses it.
+  static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                         __builtin_cpu_supports("avx512bf16");
   return ok;
 }
 
