@@ -159,7 +159,7 @@ TEST(BlockedAttention, MatchesTheFp64ReferenceOnTileEdges) {
       worst_out = std::max(worst_out, eo), worst_lse = std::max(worst_lse, el), worst_grad = std::max(worst_grad, eg);
       // FP32: a few ulps of FP32 over sums of up to 100 terms (measured out 8.8e-7, dqkv 8.0e-7, lse
       // 2.8e-7). BF16: P and dS are rounded to BF16 (2^-9 relative) before their products and the
-      // outputs once more (measured out 3.5e-3, dqkv 4.9e-3 on both engines; lse 8e-8: it is FP32
+      // outputs once more (measured out 3.5e-3, dqkv 4.9e-3 on each BF16 engine; lse 8e-8: it is FP32
       // arithmetic on the BF16 inputs).
       const double tol_out = e.bf16_storage ? 1e-2 : 4e-6, tol_grad = e.bf16_storage ? 1.5e-2 : 4e-6, tol_lse = 1.5e-6;
       const std::string where = std::string(e.name) + " B" + std::to_string(s.B) + " T" + std::to_string(s.T) + " H" +

@@ -29,16 +29,18 @@
 // i.e. the full-matrix 4 D T^2 times (n+1)/(2n); backward 5 such products (7 with split heads)
 // instead of 5 full ones.
 //
-// Block products run on one of two engines with the same operand plan:
-//   AMX:      BF16 operands in the tiles' layouts (amx_tiles.h), FP32 accumulation; T = bf16 only.
-//   Portable: FP32 operands, 4 x 32 register blocks the compiler vectorises; any T. P and dS are
-//             rounded to T before their products, as the AMX path (and PyTorch's bf16 attention) does.
+// Block products run on one of three engines (AttentionEngine) with the same operand plan:
+//   AMX:         BF16 operands in the tiles' layouts (amx_tiles.h), FP32 accumulation; T = bf16 only.
+//   AVX512_BF16: the same BF16 operands, VDPBF16PS register blocks (dpbf16_block.h); T = bf16 only.
+//   Portable:    FP32 operands, 4 x 32 register blocks the compiler vectorises; any T. P and dS are
+//                rounded to T before their products, as the BF16 engines (and PyTorch's bf16
+//                attention) do.
 // Parallel over heads: a thread packs one head's operands into its own scratch (L2) and runs all of
 // that head's tiles (see splits_per_head for fewer heads than threads). Operands of a head, padded
 // with zeros to Tp x Dp (Tp, Dp multiples of 32):
 //   rows(x)        x as [Tp][Dp] rows                        A operand
-//   transposed(x)  B operand "x^T" (K = Dp, N = Tp)          AMX: packed panels; portable: [Dp][Tp]
-//   normal(x)      B operand "x"   (K = Tp, N = Dp)          AMX: packed panels; portable: [Tp][Dp]
+//   transposed(x)  B operand "x^T" (K = Dp, N = Tp)          BF16: packed panels; portable: [Dp][Tp]
+//   normal(x)      B operand "x"   (K = Tp, N = Dp)          BF16: packed panels; portable: [Tp][Dp]
 //   k^T as rows    [Dp][Tp], the A operand of dq^T; a key tile's dS^T strip is packed as normal(x)
 #include <omp.h>
 
@@ -89,6 +91,8 @@ struct PackedBf16Operands {
     for (int64_t t0 = 0; t0 < Tp; t0 += kTile)
       for (int64_t d0 = 0; d0 < Dp; d0 += 16) amx::transpose_block_32x16(dst + d0 * Tp + t0, Tp, rows + t0 * Dp + d0, Dp);
   }
+  // Element (k0, n0) of a packed B whose K extent is bK: the first of the block's two panels.
+  static const E* panels_at(const E* b, int64_t bK, int64_t k0, int64_t n0) { return b + (n0 / 16) * bK * 16 + (k0 / 2) * 32; }
 };
 
 struct AmxEngine : PackedBf16Operands {
@@ -97,7 +101,7 @@ struct AmxEngine : PackedBf16Operands {
   // c[32 x 32] (+)= a[32 x K] b[k0:k0+K, n0:n0+32] of a packed B whose full extent is bK x bN.
   static void block(float* c, int64_t ldc, const E* a, int64_t lda, const E* b, int64_t bK, int64_t /*bN*/, int64_t k0,
                     int64_t n0, int64_t K, bool accumulate = false) {
-    amx::block_32x32(c, ldc, accumulate, a, lda, b + (n0 / 16) * bK * 16 + (k0 / 2) * 32, bK * 16, K);
+    amx::block_32x32(c, ldc, accumulate, a, lda, panels_at(b, bK, k0, n0), bK * 16, K);
   }
 };
 
@@ -107,7 +111,7 @@ struct Avx512Bf16Engine : PackedBf16Operands {
   // As AmxEngine::block, on VDPBF16PS (dpbf16_block.h).
   static void block(float* c, int64_t ldc, const E* a, int64_t lda, const E* b, int64_t bK, int64_t /*bN*/, int64_t k0,
                     int64_t n0, int64_t K, bool accumulate = false) {
-    dpbf16::block_32x32(c, ldc, accumulate, a, lda, b + (n0 / 16) * bK * 16 + (k0 / 2) * 32, bK * 16, K);
+    dpbf16::block_32x32(c, ldc, accumulate, a, lda, panels_at(b, bK, k0, n0), bK * 16, K);
   }
 };
 

@@ -106,11 +106,10 @@ template <class T> void attention_backward(T* dqkv, const T* dout, const T* qkv,
 // Attention's scratch plan, shared by the kernel and the memory estimate: all of it per thread, in
 // one Workspace slot. A thread packs one head's operands at a time, padded to Tp x Dp (multiples of
 // the 32 tile) in the block engine's element type (BF16 on the AMX and AVX512_BF16 engines, FP32 on
-// the portable one): the forward
-// q rows, k transposed, v normal and a gather row buffer (4), the backward 4 rows, 4 transposed, 3
-// normal and k^T as rows (12) plus the head's per-row statistics and its FP32 dq^T; and one set of
-// strips: 32 query (or key) rows against every key (or query) they reach. At T = 1024, D = 64, BF16:
-// 0.7 MB a thread forward, 2.3 MB backward, whatever B and H.
+// the portable one): the forward q rows, k transposed, v normal and a gather row buffer (4), the
+// backward 4 rows, 4 transposed, 3 normal and k^T as rows (12) plus the head's per-row statistics and
+// its FP32 dq^T; and one set of strips: 32 query (or key) rows against every key (or query) they
+// reach. At T = 1024, D = 64, BF16: 0.7 MB a thread forward, 2.3 MB backward, whatever B and H.
 struct AttentionScratch {
   static constexpr size_t kThread = 1;  // the Workspace slot
   int64_t Tp, Dp, elem_bytes;
