@@ -232,12 +232,17 @@ TEST(SinkGD, Bf16WeightsAndThreadIndependence) {
 
 // A BF16 gradient is widened to FP32 either once into a cache that the L passes and the W write read
 // (where it fits L2) or afresh each pass into a row buffer; the two must agree to the bit, on shapes
-// with partial row groups (m mod 4), partial chunks and partial 64-lane blocks (n mod 64), and with
-// a zero row and column. Both must also be the FP64 reference's update within one BF16 rounding.
-// (Mutation check: squaring in another order in one of the two row-sum loops fails the FP32 compare.)
+// with partial row groups (m mod 4), partial chunks and partial 64-lane blocks (n mod 64) or none
+// (the AVX-512 row group then adds its trees in registers), and with a zero row and column. Both must
+// also be the FP64 reference's update within one BF16 rounding. The streamed rows' sums come from
+// row_group_sum_store on every pass, the cached ones' from row_sums after the first: where AVX-512 is
+// compiled in, that compares its row groups with the portable loops. (Mutation checks: squaring in
+// another order in one of the two row-sum loops, or adding the register tree as (0 + 1) + (2 + 3),
+// fails the FP32 compare.)
 TEST(SinkGD, CachedAndStreamedBf16RowsGiveTheSameBits) {
   struct Shape { int64_t m, n; };
-  for (Shape s : {Shape{1, 1}, Shape{3, 70}, Shape{37, 129}, Shape{130, 65}, Shape{261, 200}, Shape{29, 100}, Shape{33, 32}}) {
+  for (Shape s : {Shape{1, 1}, Shape{3, 70}, Shape{37, 129}, Shape{130, 65}, Shape{261, 200}, Shape{29, 100}, Shape{33, 32},
+                  Shape{66, 128}, Shape{9, 64}}) {
     Vec g = random_vec(s.m * s.n, 31, 1e-3), w0 = random_vec(s.m * s.n, 32, 0.05);
     if (s.m > 2 && s.n > 2) {
       for (int64_t j = 0; j < s.n; ++j) g[1 * s.n + j] = 0;
@@ -266,20 +271,35 @@ TEST(SinkGD, CachedAndStreamedBf16RowsGiveTheSameBits) {
   }
 }
 
-// sinkgd_update_many runs each tensor whose gradient fits one core's L2 whole on one core, and the
-// others row-split over all cores; either way each tensor's update must equal sinkgd_update's to
-// the bit: FP32 weights (every bit of the update shows), BF16 weights and gradients, BF16 weights
-// with FP32 gradients; stochastic rounding (each tensor's own id); one and two threads; partial row
-// groups (m mod 4), chunks and 64-lane blocks (n mod 64), a zero row, and one tensor too large for a
-// core. (Mutation check: adding every chunk's column sums straight into v in the one-core kernel,
-// instead of a chunk at a time, fails the FP32 compare.)
+// Which tensors sinkgd_update_many runs whole on one core: within the byte budget, and either within
+// a core's L2 or no more than a fair share of the call's elements, so a lone large tensor keeps every
+// core busy. A 64 MB BF16 G (past any core's L2), budget 1 TB: one core only with company.
+TEST(SinkGD, OneCoreTensorsFitTheBudgetAndAFairShare) {
+  constexpr int64_t m = 4096, n = 8192, kTiB = int64_t{1} << 40;
+  EXPECT_FALSE(cpu::sinkgd_runs_one_core(m, n, 2, m * n, 2, kTiB));     // alone, two threads
+  EXPECT_TRUE(cpu::sinkgd_runs_one_core(m, n, 2, m * n, 1, kTiB));      // alone, one thread
+  EXPECT_TRUE(cpu::sinkgd_runs_one_core(m, n, 2, 2 * m * n, 2, kTiB));  // half of the work
+  EXPECT_FALSE(cpu::sinkgd_runs_one_core(m, n, 2, 2 * m * n, 3, kTiB));
+  EXPECT_FALSE(cpu::sinkgd_runs_one_core(m, n, 2, 8 * m * n, 2, m * n));  // over the byte budget
+  EXPECT_TRUE(cpu::sinkgd_runs_one_core(8, 8, 2, 1 << 30, 64, kTiB));     // within L2: always
+}
+
+// sinkgd_update_many runs each tensor whose gradient fits a core's cache budget whole on one core,
+// and the others row-split over all cores; either way each tensor's update must equal
+// sinkgd_update's to the bit: FP32 weights (every bit of the update shows), BF16 weights and
+// gradients, BF16 weights with FP32 gradients; stochastic rounding (each tensor's own id); one and
+// two threads; partial row groups (m mod 4), chunks and 64-lane blocks (n mod 64), a zero row, and
+// one tensor over the budget (given small here: the default is megabytes). (Mutation check: adding
+// every chunk's column sums straight into v in the one-core kernel, instead of a chunk at a time,
+// fails the FP32 compare.)
 TEST(SinkGD, ManyTensorsEqualOneByOne) {
   struct Shape { int64_t m, n; };
-  int64_t wide = 512;  // a tensor whose BF16 gradient does not fit one core's L2: the row-split path
-  while (cpu::sinkgd_fits_one_core(300, wide, 2)) wide *= 2;
-  const std::vector<Shape> shapes = {{1, 1}, {3, 70}, {37, 129}, {130, 65}, {300, wide}, {261, 200}, {64, 64}, {29, 100}, {33, 32}};
+  constexpr int64_t kOneCoreBytes = 256 << 10;  // 300 x 512 BF16 (300 KB) goes row-split
+  const std::vector<Shape> shapes = {{1, 1}, {3, 70}, {37, 129}, {130, 65}, {300, 512}, {261, 200}, {64, 64}, {29, 100}, {33, 32}};
+  int64_t total = 0;
+  for (Shape s : shapes) total += s.m * s.n;
   int fitting = 0;
-  for (Shape s : shapes) fitting += cpu::sinkgd_fits_one_core(s.m, s.n, 2);
+  for (Shape s : shapes) fitting += cpu::sinkgd_runs_one_core(s.m, s.n, 2, total, 2, kOneCoreBytes);
   ASSERT_EQ(fitting, static_cast<int>(shapes.size()) - 1) << "both paths must be exercised";
   struct Types { DType w, g; };
   for (int threads : {1, 2})
@@ -309,7 +329,8 @@ TEST(SinkGD, ManyTensorsEqualOneByOne) {
           be->sinkgd_update(one.back()->buf(), grads.back()->buf(), s.m, s.n, ak);
           tensors.push_back({many.back()->buf(), grads.back()->buf(), s.m, s.n, 100 + k});
         }
-        be->sinkgd_update_many(tensors.data(), static_cast<int64_t>(tensors.size()), a);
+        cpu::Workspace ws;  // the backend's kernel, with the small budget (the backend set the threads)
+        cpu::sinkgd_update_many(tensors.data(), static_cast<int64_t>(tensors.size()), a, ws, kOneCoreBytes);
         for (size_t k = 0; k < shapes.size(); ++k) {
           const Vec x = many[k]->get(), y = one[k]->get();
           EXPECT_EQ(std::memcmp(x.data(), y.data(), x.size() * sizeof(double)), 0)

@@ -18,10 +18,10 @@
 // Cost: G read from memory once, W read and written once (Adam's order of traffic, and no state);
 // per element and iteration about four FP32 operations (square, scale, two adds), from L1/L2.
 //
-// sinkgd_update_many (the optimizer's call: every matrix at once) runs each tensor whose G fits one
-// core's L2 whole on one core (sinkgd_update_one_core below), the cores taking tensors largest first:
-// no barrier per pass, and one core's memory-bound first pass and W write overlap the other core's
-// passes out of L2. llama_60m's 56 matrices: 0.65-0.77x the time of one sinkgd_update per tensor
+// sinkgd_update_many (the optimizer's call: every matrix at once) runs each tensor whose G fits a
+// core's cache budget (its L2 or its share of the L3: sinkgd_one_core_bytes) whole on one core
+// (sinkgd_update_one_core below), the cores taking tensors largest first: no barrier per pass, and
+// one core's memory-bound first pass and W write overlap the other core's passes out of cache. llama_60m's 56 matrices: 0.65-0.77x the time of one sinkgd_update per tensor
 // (bench optim, same rounds, at 4cbd931 and 21472fb).
 #include <omp.h>
 #include <unistd.h>
@@ -118,9 +118,10 @@ inline void widen_pair_block(const bf16* g, float* out) {
 // 2 KB ahead: about two rows of 512 columns.
 // Integer arithmetic: the address may lie past the tensor, and a prefetch never faults.
 constexpr uintptr_t kPrefetchBytes = 2048;
-inline void prefetch_ahead(const void* p) {
-  __builtin_prefetch(reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(p) + kPrefetchBytes));
+inline void prefetch_bytes_ahead(const void* p, uintptr_t bytes) {
+  __builtin_prefetch(reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(p) + bytes));
 }
+inline void prefetch_ahead(const void* p) { prefetch_bytes_ahead(p, kPrefetchBytes); }
 
 // The one-core W write reads W from memory, a row after another: the hardware prefetchers alone
 // kept too few lines in flight for one core (llama_60m's 56 matrices through sinkgd_update_many,
@@ -161,6 +162,27 @@ inline float row_sum_store(const float* g, const float* v2, int64_t n, float* ou
   }
   return tree_sum(acc);
 }
+// From position j (a multiple of 64) to the row's end: at most one pair block, then the last
+// columns in place; lanes and tree as below.
+template <bool kSquares>
+inline float row_sum_store_tail(const bf16* g, const float* v2, int64_t n, int64_t j, float* out, float* acc) {
+  if (j + kPairBlock <= n) {
+    float y[kPairBlock];
+    widen_pair_block(g + j, y);
+#pragma omp simd
+    for (int64_t k = 0; k < kPairBlock; ++k) {
+      out[j + k] = kSquares ? y[k] * y[k] : y[k];
+      acc[k] += (y[k] * y[k]) * v2[j + k];
+    }
+    j += kPairBlock;
+  }
+  for (; j < n; ++j) {
+    const float y = to_f32(g[j]);
+    out[j] = kSquares ? y * y : y;
+    acc[j % kLanes] += (y * y) * v2[j];
+  }
+  return tree_sum(acc);
+}
 template <bool kSquares>
 inline float row_sum_store(const bf16* g, const float* v2, int64_t n, float* out) {
   float acc[kLanes] = {};
@@ -179,23 +201,81 @@ inline float row_sum_store(const bf16* g, const float* v2, int64_t n, float* out
       acc[k] += (y[k] * y[k]) * v2[j + k];
     }
   }
-  if (j + kPairBlock <= n) {
-    float y[kPairBlock];
-    widen_pair_block(g + j, y);
-#pragma omp simd
-    for (int64_t k = 0; k < kPairBlock; ++k) {
-      out[j + k] = kSquares ? y[k] * y[k] : y[k];
-      acc[k] += (y[k] * y[k]) * v2[j + k];
-    }
-    j += kPairBlock;
-  }
-  for (; j < n; ++j) {
-    const float y = to_f32(g[j]);
-    out[j] = kSquares ? y * y : y;
-    acc[j % kLanes] += (y * y) * v2[j];
-  }
-  return tree_sum(acc);
+  return row_sum_store_tail<kSquares>(g, v2, n, j, out, acc);
 }
+
+// row_sum_store for the kRowGroup rows g + q n (q < kRowGroup), row q stored at out + q n and its sum
+// in sums[q]. Where AVX-512 is compiled in, a BF16 group goes through its 64-column blocks four rows
+// at a time: v^2 loaded once for the four rows, the 16 accumulators (4 rows x 64 lanes) in
+// registers, and the sums' trees added in registers. The portable loop, a row after another, reloads
+// v^2 per row, and GCC 12 spills its tree through memory. One Zen 4 core, one pass (row sums, squares
+// stored, column adds) over a 512 x 512 BF16 G in L2: 0.105 ns per element the portable way, 0.073
+// this way (microbenchmark, with the squares on cache lines). The same lanes, products and tree as
+// the portable loop: the same bits (tests: SinkGD.CachedAndStreamedBf16RowsGiveTheSameBits).
+template <bool kSquares, class G>
+inline void row_group_sum_store(const G* g, const float* v2, int64_t n, float* out, float* sums) {
+  for (int64_t q = 0; q < kRowGroup; ++q) sums[q] = row_sum_store<kSquares>(g + q * n, v2, n, out + q * n);
+}
+#if defined(__AVX512F__)
+// GCC 12 reports the intrinsics' own _mm512_undefined_* placeholders as uninitialised (bug 105593).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+template <bool kSquares>
+inline void row_group_sum_store(const bf16* g, const float* v2, int64_t n, float* out, float* sums) {
+  static_assert(kRowGroup == 4 && kLanes == 64, "written out for four rows of 64 lanes");
+  const __m512i high_halves = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+  __m512 acc[kRowGroup][4];
+  for (auto& row : acc)
+    for (auto& a : row) a = _mm512_setzero_ps();
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+    const __m512 v2_0 = _mm512_loadu_ps(v2 + j), v2_1 = _mm512_loadu_ps(v2 + j + 16);
+    const __m512 v2_2 = _mm512_loadu_ps(v2 + j + 32), v2_3 = _mm512_loadu_ps(v2 + j + 48);
+    for (int64_t q = 0; q < kRowGroup; ++q) {
+      const bf16* gq = g + q * n + j;
+      prefetch_bytes_ahead(gq, kRowGroup * n * sizeof(bf16));  // the next group's columns j..j+63
+      prefetch_bytes_ahead(gq + kPairBlock, kRowGroup * n * sizeof(bf16));
+      // Pair order: a 32-column block's even columns (each word's low half, shifted up), then its odd
+      // ones (each word's high half), as widen_pair_block.
+      const __m512i w0 = _mm512_loadu_si512(gq), w1 = _mm512_loadu_si512(gq + kPairBlock);
+      const __m512 y0 = _mm512_castsi512_ps(_mm512_slli_epi32(w0, 16));
+      const __m512 y1 = _mm512_castsi512_ps(_mm512_and_si512(w0, high_halves));
+      const __m512 y2 = _mm512_castsi512_ps(_mm512_slli_epi32(w1, 16));
+      const __m512 y3 = _mm512_castsi512_ps(_mm512_and_si512(w1, high_halves));
+      const __m512 s0 = _mm512_mul_ps(y0, y0), s1 = _mm512_mul_ps(y1, y1);
+      const __m512 s2 = _mm512_mul_ps(y2, y2), s3 = _mm512_mul_ps(y3, y3);
+      float* o = out + q * n + j;
+      _mm512_storeu_ps(o, kSquares ? s0 : y0);
+      _mm512_storeu_ps(o + 16, kSquares ? s1 : y1);
+      _mm512_storeu_ps(o + 32, kSquares ? s2 : y2);
+      _mm512_storeu_ps(o + 48, kSquares ? s3 : y3);
+      acc[q][0] = _mm512_fmadd_ps(s0, v2_0, acc[q][0]);
+      acc[q][1] = _mm512_fmadd_ps(s1, v2_1, acc[q][1]);
+      acc[q][2] = _mm512_fmadd_ps(s2, v2_2, acc[q][2]);
+      acc[q][3] = _mm512_fmadd_ps(s3, v2_3, acc[q][3]);
+    }
+  }
+  for (int64_t q = 0; q < kRowGroup; ++q) {
+    if (j < n) {  // the tail's lanes in memory, then tree_sum
+      alignas(64) float lanes[kLanes];
+      for (int p = 0; p < 4; ++p) _mm512_store_ps(lanes + 16 * p, acc[q][p]);
+      sums[q] = row_sum_store_tail<kSquares>(g + q * n, v2, n, j, out + q * n, lanes);
+      continue;
+    }
+    // tree_sum's adds in registers (through memory, each narrower reload of the lanes just stored
+    // waits on the store): lanes k and k + 32, then k + 16, k + 8, k + 4, then (0 + 2) + (1 + 3).
+    const __m512 t16 = _mm512_add_ps(_mm512_add_ps(acc[q][0], acc[q][2]), _mm512_add_ps(acc[q][1], acc[q][3]));
+    const __m256 t8 = _mm256_add_ps(_mm512_castps512_ps256(t16),
+                                    _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(t16), 1)));
+    const __m128 t4 = _mm_add_ps(_mm256_castps256_ps128(t8), _mm256_extractf128_ps(t8, 1));
+    alignas(16) float t[4];
+    _mm_store_ps(t, t4);
+    sums[q] = (t[0] + t[2]) + (t[1] + t[3]);
+  }
+}
+#pragma GCC diagnostic pop
+#endif
 
 // A column's sum plus four rows' contributions u2_q s_q (s_q = x_qj^2), added in row order: four
 // dependent multiply-adds per column (the columns are independent, so their latency overlaps),
@@ -234,12 +314,17 @@ inline void write_row(T* wi, const X* x, const float* v, int64_t i, int64_t n, f
 }  // namespace
 
 namespace {
+int64_t cache_bytes(int name, int64_t fallback) {
+  const long b = sysconf(name);
+  return b > 0 ? static_cast<int64_t>(b) : fallback;
+}
 int64_t l2_bytes() {  // one core's
-  static const int64_t l2 = [] {
-    const long b = sysconf(_SC_LEVEL2_CACHE_SIZE);
-    return b > 0 ? static_cast<int64_t>(b) : int64_t{1} << 20;
-  }();
+  static const int64_t l2 = cache_bytes(_SC_LEVEL2_CACHE_SIZE, int64_t{1} << 20);
   return l2;
+}
+int64_t l3_bytes() {  // shared by the cores
+  static const int64_t l3 = cache_bytes(_SC_LEVEL3_CACHE_SIZE, 0);
+  return l3;
 }
 }  // namespace
 
@@ -248,7 +333,22 @@ bool sinkgd_caches_rows(int64_t m, int64_t n, int threads) {
   return m * n * static_cast<int64_t>(sizeof(float)) <= static_cast<int64_t>(std::max(threads, 1)) * l2_bytes() * 3 / 4;
 }
 
-bool sinkgd_fits_one_core(int64_t m, int64_t n, int64_t g_bytes) { return m * n * g_bytes <= l2_bytes() * 3 / 4; }
+// Three quarters of the larger of a core's L2 and its share of the L3. The passes after the first
+// read G from L3 nearly as fast as from L2 (Zen 4, one core, one pass over a 1376 x 512 BF16 G: 0.079
+// ns per element from L3, 0.073 for 512 x 512 from L2), and on one core they need no barrier; with
+// all cores on one G that fits none of their L2s, each pass ended on a barrier and read G from L3
+// anyway. On the 2-core Zen 4 (1 MB L2, 32 MB L3), sinkgd_update_many with every matrix one-core
+// against the L2 rule, same process, alternating, best of 15: llama_60m's 56 matrices 12.7 vs 14.4
+// ms, llama_130m's 84 (768 x 2048 MLPs, 3 MB) 45.6 vs 66.5 ms.
+// The fair-share rule: one 1376 x 512 BF16 G alone on two threads took 0.46 ms on one core, 0.29 ms
+// row-split.
+int64_t sinkgd_one_core_bytes(int threads) { return std::max(l2_bytes(), l3_bytes() / std::max(threads, 1)) * 3 / 4; }
+
+bool sinkgd_runs_one_core(int64_t m, int64_t n, int64_t g_bytes, int64_t total, int threads, int64_t one_core_bytes) {
+  const int64_t bytes = m * n * g_bytes;
+  if (bytes > (one_core_bytes > 0 ? one_core_bytes : sinkgd_one_core_bytes(threads))) return false;
+  return bytes <= l2_bytes() * 3 / 4 || m * n * std::max(threads, 1) <= total;
+}
 
 template <class T, class G>
 void sinkgd_update(T* w, const G* g, int64_t m, int64_t n, const SinkGDArgs& a, Workspace& ws, SinkgdRows mode) {
@@ -300,11 +400,9 @@ void sinkgd_update(T* w, const G* g, int64_t m, int64_t n, const SinkGDArgs& a, 
         for (; i + kRowGroup <= end; i += kRowGroup) {
           const float* x[kRowGroup];
           float r[kRowGroup], u2[kRowGroup];
-          for (int64_t q = 0; q < kRowGroup; ++q) {
-            if (fill) r[q] = row_sum_store<false>(g + (i + q) * n, v2, n, widened(i + q, q));
-            x[q] = row(i + q, q);
-          }
-          if (!fill) row_sums<kRowGroup>(x, v2, n, r);
+          for (int64_t q = 0; q < kRowGroup; ++q) x[q] = row(i + q, q);
+          if (fill) row_group_sum_store<false>(g + i * n, v2, n, widened(i, 0), r);
+          else row_sums<kRowGroup>(x, v2, n, r);
           for (int64_t q = 0; q < kRowGroup; ++q) {
             u[i + q] = sqrt_n / std::max(std::sqrt(r[q]), a.eps);
             u2[q] = u[i + q] * u[i + q];
@@ -376,22 +474,25 @@ template void sinkgd_update<float, bf16>(float*, const bf16*, int64_t, int64_t, 
 // sinkgd_update's arithmetic in its order, on one thread: a chunk's column sums are added into v as
 // the chunk completes, in chunk order (0 + p0 + p1 + ...), and each row's sum uses the same lanes
 // and tree, so the bits equal the row-split kernel's (tests: SinkGD.ManyTensorsEqualOneByOne).
-// G fits three quarters of the core's L2 (sinkgd_fits_one_core): the first pass reads it from
-// memory, the later passes and the W write from L2, with no widened copy. A row group's squares go
-// into `squares` (in L1) for the column adds. No barrier and no partial sums shared between cores;
+// G fits the core's cache budget (sinkgd_one_core_bytes): the first pass reads it from memory, the
+// later passes and the W write from L2 (or L3), with no widened copy. A row group's squares go into
+// `squares` (in L1) for the column adds. No barrier and no partial sums shared between cores;
 // and while one core runs a tensor's passes out of its L2, the other streams another tensor's G and
 // W from memory, so the step is no longer the sum of a memory-bound and a cache-bound part.
-// Scratch: u (m), v (n), v^2 (n), a chunk's column sums (n), kRowGroup rows of squares (n each).
+// Scratch: u (m), v (n), v^2 (n), a chunk's column sums (n), two groups of kRowGroup rows of squares
+// (n each), each region on a cache line.
 namespace {
 // Not inlined into the parallel loop: inlined there, GCC kept the column adds' row pointers on the
 // stack and reloaded them every vector (perf annotate).
 template <class T, class G>
 [[gnu::noinline]] void sinkgd_update_one_core(T* w, const G* g, int64_t m, int64_t n, const SinkGDArgs& a, float* scratch) {
+  // Each region on a cache line (cache_line_floats), so the squares' vector stores never straddle two.
   float* u = scratch;
-  float* v = u + m;
-  float* v2 = v + n;
-  float* col = v2 + n;
-  float* squares = col + n;
+  float* v = u + cache_line_floats(m);
+  float* v2 = v + cache_line_floats(n);
+  float* col = v2 + cache_line_floats(n);
+  float* squares = col + cache_line_floats(n);  // two groups' rows (one pending, see below)
+  const int64_t group_floats = cache_line_floats(kRowGroup * n);
   const int64_t chunks = sinkgd_chunks(m), rows_per_chunk = (m + chunks - 1) / chunks;
   const float sqrt_n = std::sqrt(static_cast<float>(n)), sqrt_m = std::sqrt(static_cast<float>(m));
   const float keep = 1.0f - a.lr * a.decoupled_decay;
@@ -403,18 +504,31 @@ template <class T, class G>
       std::fill(sums, sums + n, 0.0f);
       const int64_t end = std::min(m, (c + 1) * rows_per_chunk);
       int64_t i = c * rows_per_chunk;
+      // A group's column adds wait on its u (a tree of adds, a square root and a division), and made
+      // at once they held the next group's loads behind them; so they are made one group late, after
+      // the next group's row sums: the same adds in the same order. `pending` holds the last group's
+      // squares and u^2 until then.
+      const float* pending = nullptr;
+      float pending_u2[kRowGroup];
+      auto add_pending = [&] {
+        const float *s0 = pending, *s1 = pending + n, *s2 = pending + 2 * n, *s3 = pending + 3 * n;
+#pragma omp simd
+        for (int64_t j = 0; j < n; ++j) sums[j] = add_rows4(sums[j], pending_u2, s0[j], s1[j], s2[j], s3[j]);
+      };
       for (; i + kRowGroup <= end; i += kRowGroup) {
+        float* group = squares + ((i / kRowGroup) & 1) * group_floats;  // not the pending group's
         float r[kRowGroup], u2[kRowGroup];
-        for (int64_t q = 0; q < kRowGroup; ++q) r[q] = row_sum_store<true>(g + (i + q) * n, v2, n, squares + q * n);
+        row_group_sum_store<true>(g + i * n, v2, n, group, r);
 #pragma omp simd
         for (int64_t q = 0; q < kRowGroup; ++q) {
           u[i + q] = sqrt_n / std::max(std::sqrt(r[q]), a.eps);
           u2[q] = u[i + q] * u[i + q];
         }
-        const float *s0 = squares, *s1 = squares + n, *s2 = squares + 2 * n, *s3 = squares + 3 * n;
-#pragma omp simd
-        for (int64_t j = 0; j < n; ++j) sums[j] = add_rows4(sums[j], u2, s0[j], s1[j], s2[j], s3[j]);
+        if (pending) add_pending();
+        pending = group;
+        std::copy(u2, u2 + kRowGroup, pending_u2);
       }
+      if (pending) add_pending();
       for (; i < end; ++i) {
         const float r = row_sum_store<true>(g + i * n, v2, n, squares);
         u[i] = sqrt_n / std::max(std::sqrt(r), a.eps);
@@ -449,11 +563,19 @@ template <class T, class G>
 }
 }  // namespace
 
-int64_t sinkgd_one_core_floats(int64_t m, int64_t n) { return m + (3 + kRowGroup) * n; }
+int64_t sinkgd_one_core_floats(int64_t m, int64_t n) {
+  return cache_line_floats(m) + 3 * cache_line_floats(n) + 2 * cache_line_floats(kRowGroup * n);
+}
 
-void sinkgd_update_many(const SinkGDTensor* tensors, int64_t count, const SinkGDArgs& args, Workspace& ws) {
+void sinkgd_update_many(const SinkGDTensor* tensors, int64_t count, const SinkGDArgs& args, Workspace& ws,
+                        int64_t one_core_bytes) {
   auto with_types = [](const SinkGDTensor& t, auto&& fn) { dispatch::with_types<bf16>(t.w.dtype, t.g.dtype, "sinkgd_update_many", fn); };
-  auto fits = [](const SinkGDTensor& t) { return sinkgd_fits_one_core(t.m, t.n, dtype_bytes(t.g.dtype)); };
+  const int threads = omp_get_max_threads();
+  int64_t total = 0;
+  for (int64_t i = 0; i < count; ++i) total += tensors[i].m * tensors[i].n;
+  auto fits = [&](const SinkGDTensor& t) {
+    return sinkgd_runs_one_core(t.m, t.n, dtype_bytes(t.g.dtype), total, threads, one_core_bytes);
+  };
   auto args_of = [&](const SinkGDTensor& t) {
     SinkGDArgs a = args;
     a.write.tensor = t.tensor;
@@ -473,7 +595,7 @@ void sinkgd_update_many(const SinkGDTensor* tensors, int64_t count, const SinkGD
     return na != nb ? na > nb : a < b;
   });
   if (one_core > 0) {
-    float* scratch = ws.floats(static_cast<size_t>(omp_get_max_threads()) * per_thread, kSinkgdOneCoreSlot);
+    float* scratch = ws.floats(static_cast<size_t>(threads) * per_thread, kSinkgdOneCoreSlot);
 #pragma omp parallel
     {
       float* mine = scratch + static_cast<size_t>(omp_get_thread_num()) * per_thread;

@@ -67,14 +67,16 @@ int64_t cpu_backend_scratch_bytes(const ModelConfig& m, int64_t B, int64_t T, DT
     need(cpu::kCrossEntropyRowSlot, m.vocab_size * std::max(threads, 1));
   }
   const auto specs = llama_parameters(m);
-  int64_t sinkgd_tensors = 0;
+  int64_t sinkgd_tensors = 0, sinkgd_elements = 0;  // the matrices, all in one sinkgd_update_many
+  for (const auto& a : assign_optimizers(specs, matrix_optimizer, "adam", matrix_params))
+    if (a.matrix) sinkgd_elements += a.tensor->rows() * a.tensor->cols();
   for (const auto& a : assign_optimizers(specs, matrix_optimizer, "adam", matrix_params)) {
     if (!a.matrix) continue;
     const int64_t r = a.tensor->rows(), c = a.tensor->cols(), k = std::min(r, c);
     if (matrix_optimizer == "sinkgd") {  // kernels/cpu/sinkgd.cpp, every matrix through sinkgd_update_many
       const int64_t t = std::max(threads, 1);
       ++sinkgd_tensors;
-      if (cpu::sinkgd_fits_one_core(r, c, dtype_bytes(grad))) {  // whole on one core: scratch per thread
+      if (cpu::sinkgd_runs_one_core(r, c, dtype_bytes(grad), sinkgd_elements, static_cast<int>(t))) {  // scratch per thread
         need(cpu::kSinkgdOneCoreSlot, t * cpu::sinkgd_one_core_floats(r, c));
       } else {  // row-split: u, v and v^2 per thread, partial column sums (two sets), a row group per
                 // thread, and BF16 G's widened rows where they fit the cores' L2
