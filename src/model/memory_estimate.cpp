@@ -67,7 +67,9 @@ int64_t cpu_backend_scratch_bytes(const ModelConfig& m, int64_t B, int64_t T, DT
     need(cpu::kCrossEntropyRowSlot, m.vocab_size * std::max(threads, 1));
   }
   const auto specs = llama_parameters(m);
-  int64_t sinkgd_tensors = 0, sinkgd_elements = 0;  // the matrices, all in one sinkgd_update_many
+  // The matrices, all in one sinkgd_update_many (a data-parallel rank that updates a share of them
+  // passes its share, as this estimate's other terms assume one process).
+  int64_t sinkgd_tensors = 0, sinkgd_elements = 0;
   for (const auto& a : assign_optimizers(specs, matrix_optimizer, "adam", matrix_params))
     if (a.matrix) sinkgd_elements += a.tensor->rows() * a.tensor->cols();
   for (const auto& a : assign_optimizers(specs, matrix_optimizer, "adam", matrix_params)) {
