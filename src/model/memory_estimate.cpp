@@ -69,10 +69,11 @@ int64_t cpu_backend_scratch_bytes(const ModelConfig& m, int64_t B, int64_t T, DT
   const auto specs = llama_parameters(m);
   // The matrices, all in one sinkgd_update_many (a data-parallel rank that updates a share of them
   // passes its share, as this estimate's other terms assume one process).
+  const auto assigned = assign_optimizers(specs, matrix_optimizer, "adam", matrix_params);
   int64_t sinkgd_tensors = 0, sinkgd_elements = 0;
-  for (const auto& a : assign_optimizers(specs, matrix_optimizer, "adam", matrix_params))
+  for (const auto& a : assigned)
     if (a.matrix) sinkgd_elements += a.tensor->rows() * a.tensor->cols();
-  for (const auto& a : assign_optimizers(specs, matrix_optimizer, "adam", matrix_params)) {
+  for (const auto& a : assigned) {
     if (!a.matrix) continue;
     const int64_t r = a.tensor->rows(), c = a.tensor->cols(), k = std::min(r, c);
     if (matrix_optimizer == "sinkgd") {  // kernels/cpu/sinkgd.cpp, every matrix through sinkgd_update_many
