@@ -65,6 +65,15 @@ TEST(Memory, ActivationPlanSizes) {
   // The head is chunked: the logits buffer does not grow with the micro-batch past kHeadChunkRows.
   EXPECT_EQ(plan_activations(m, 64, 256, DType::BF16).find("logits").elements, kHeadChunkRows * V);
   EXPECT_EQ(plan_activations(m, B, T, DType::F32).bytes() > p.bytes(), true);
+  // A backend that fuses the loss head and SwiGLU's backward: logits keeps kFusedLogitsRows rows and
+  // d_swiglu goes; with FP32 activations logits is d_logits too and keeps its rows.
+  const ActivationFusions both{true, true};
+  const ActivationPlan big = plan_activations(m, 64, 256, DType::BF16), fused = plan_activations(m, 64, 256, DType::BF16, both);
+  EXPECT_EQ(fused.find("logits").elements, kFusedLogitsRows * V);
+  EXPECT_FALSE(fused.has("d_swiglu"));
+  EXPECT_TRUE(big.has("d_swiglu"));
+  EXPECT_EQ(big.bytes() - fused.bytes(), al(4 * kHeadChunkRows * V) - al(4 * kFusedLogitsRows * V) + al(2 * 64 * 256 * F));
+  EXPECT_EQ(plan_activations(m, B, T, DType::F32, both).find("logits").elements, BT * V);
 }
 
 // The CPU backend's scratch after a training step and an optimizer update (the packed GEMM's buffers
@@ -117,6 +126,8 @@ TEST(Memory, BackendScratchEstimateIsTheWorkspace) {
       model.forward_backward({tokens.data(), targets.data(), nullptr, 3, 7}, 1.0f / 21);
       optimizer.step(1, 1);
       EXPECT_EQ(be->workspace_bytes(), training_memory(run).backend_scratch) << opt << " " << dtype_name(dt);
+      // The model's arena is the estimate's plan: the same fused kernels leave the same scratch out.
+      EXPECT_EQ(model.activation_bytes(), training_memory(run).activations) << opt << " " << dtype_name(dt);
     }
   }
 }

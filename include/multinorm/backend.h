@@ -14,6 +14,7 @@
 
 #include <vector>
 
+#include "multinorm/activation_plan.h"
 #include "multinorm/communicator.h"
 #include "multinorm/dtype.h"
 #include "multinorm/error.h"
@@ -93,6 +94,12 @@ class Backend {
   // Bytes of scratch the backend holds now (grown on first use, reused after; counted by
   // multinorm info as backend_scratch_bytes).
   virtual int64_t workspace_bytes() const = 0;
+  // The activation scratch this backend's fused kernels never write for activations of dtype `act`
+  // (matmul_swiglu_backward's ds, linear_cross_entropy's logits): the model's plan leaves it out.
+  virtual ActivationFusions activation_fusions(DType act) const {
+    (void)act;
+    return {};
+  }
 
   // ---- memory ---------------------------------------------------------------------------------
   virtual void* allocate(int64_t bytes) = 0;  // zero-filled, 64-byte aligned
@@ -215,6 +222,8 @@ class Backend {
 
 // The CPU backend with `threads` OpenMP threads (0: all cores).
 std::unique_ptr<Backend> make_cpu_backend(int threads = 0);
+// The CPU backend's activation_fusions on this machine (the memory estimate asks it without a backend).
+ActivationFusions cpu_activation_fusions(DType act);
 // What runs the CPU backend's BF16 GEMMs here: "AMX tiles" or "oneDNN AVX512_BF16".
 std::string cpu_bf16_gemm_engine();
 

@@ -7,7 +7,7 @@
 #pragma once
 #include <stddef.h>
 
-#define MULTINORM_CUDA_PLUGIN_ABI 4
+#define MULTINORM_CUDA_PLUGIN_ABI 5
 
 #ifdef __cplusplus
 extern "C" {

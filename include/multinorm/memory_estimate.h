@@ -51,8 +51,11 @@ struct TrainingMemory {
   int64_t weights = 0, grads = 0, states = 0, activations = 0, backend_scratch = 0;
   int64_t total() const { return weights + grads + states + activations + backend_scratch; }
 };
+// The activation plan the model allocates for this run on the CPU backend here, or (cuda) on the CUDA
+// backend: the same buffers but for the scratch a backend's fused kernels never write.
+ActivationPlan training_activation_plan(const RunConfig& run, bool cuda = false);
 // Memory of one rank on the CPU backend, or (cuda) the device memory plan of the CUDA backend: the
-// arenas are the same, the backend's scratch differs.
+// arenas are the same but for that scratch; the backend's own scratch differs.
 TrainingMemory training_memory(const RunConfig& run, bool cuda = false);
 
 }  // namespace multinorm

@@ -51,6 +51,7 @@ class CpuBackend final : public Backend {
   bool host_memory() const override { return true; }
   void synchronize() override {}
   int64_t workspace_bytes() const override { return ws_.bytes() + gemm_.scratch_bytes(); }  // + the packed GEMM's operands
+  ActivationFusions activation_fusions(DType act) const override { return cpu_activation_fusions(act); }
 
   void* allocate(int64_t bytes) override {
     const size_t size = (static_cast<size_t>(bytes) + 63) / 64 * 64;
@@ -254,6 +255,13 @@ class CpuBackend final : public Backend {
 }  // namespace
 
 std::unique_ptr<Backend> make_cpu_backend(int threads) { return std::make_unique<CpuBackend>(threads); }
+
+// The packed BF16 GEMM's epilogues (matmul_swiglu_backward, linear_cross_entropy below) run whenever
+// the activations are BF16 and the GEMM is usable.
+ActivationFusions cpu_activation_fusions(DType act) {
+  const bool fused = cpu::fuses_gemm_epilogues(act == DType::BF16);
+  return {fused, fused};
+}
 
 std::string cpu_bf16_gemm_engine() {
   if (!cpu::packed_bf16_gemm_usable()) return "oneDNN";

@@ -66,7 +66,7 @@ void run_info(const InfoOptions& o) {
   // GPU), or when auto would pick it here.
   const bool cuda_plan = run.backend == "cuda" || (run.backend == "auto" && choose_backend("auto").kind == BackendKind::Cuda);
   const TrainingMemory tm = training_memory(run, cuda_plan);
-  const ActivationPlan plan = plan_activations(m, run.batch.micro_batch, run.batch.seq_len, run.precision.params);
+  const ActivationPlan plan = training_activation_plan(run, cuda_plan);
   // Data parallelism over o.ranks: the optimizer state each rank keeps, replicated and sharded by
   // tensor (the same plan the trainer makes), and the FP32 staging BF16 gradients are reduced in.
   const auto assign = assign_optimizers(specs, run.optimizer);

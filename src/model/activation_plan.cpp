@@ -16,6 +16,12 @@ int64_t ActivationPlan::bytes() const {
   return n;
 }
 
+bool ActivationPlan::has(const std::string& name) const {
+  for (const auto& b : buffers)
+    if (b.name == name) return true;
+  return false;
+}
+
 const BufferSpec& ActivationPlan::find(const std::string& name) const {
   for (const auto& b : buffers)
     if (b.name == name) return b;
@@ -37,7 +43,7 @@ int64_t ActivationPlan::saved_bytes() const {
 }
 int64_t ActivationPlan::scratch_bytes() const { return bytes() - saved_bytes(); }
 
-ActivationPlan plan_activations(const ModelConfig& m, int64_t B, int64_t T, DType act) {
+ActivationPlan plan_activations(const ModelConfig& m, int64_t B, int64_t T, DType act, const ActivationFusions& fused) {
   const int64_t BT = B * T, C = m.hidden_size, F = m.intermediate_size, H = m.num_attention_heads, V = m.vocab_size;
   const DType f32 = DType::F32;
   ActivationPlan p;
@@ -62,7 +68,8 @@ ActivationPlan plan_activations(const ModelConfig& m, int64_t B, int64_t T, DTyp
   saved("final.ln", BT * C, act);
   saved("final.rstd", BT, f32);
   const int64_t R = std::min(BT, kHeadChunkRows);
-  saved("logits", R * V, f32);
+  // With FP32 activations d_logits is the logits buffer itself: it keeps every row.
+  saved("logits", (fused.loss_head && act != f32 ? std::min(R, kFusedLogitsRows) : R) * V, f32);
   if (act != f32) saved("d_logits", R * V, act);
   saved("losses", BT, f32);
   scratch("d_resid", BT * C, f32);
@@ -71,7 +78,7 @@ ActivationPlan plan_activations(const ModelConfig& m, int64_t B, int64_t T, DTyp
   scratch("d_attn_out", BT * C, act);
   scratch("d_qkv", BT * 3 * C, act);
   scratch("swiglu", BT * F, act);
-  scratch("d_swiglu", BT * F, act);
+  if (!fused.swiglu_backward) scratch("d_swiglu", BT * F, act);
   scratch("d_gate_up", BT * 2 * F, act);
   return p;
 }

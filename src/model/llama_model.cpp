@@ -67,7 +67,7 @@ LlamaModel::LlamaModel(Backend& backend, const ModelConfig& config, DType dtype,
                 std::to_string(cfg_.max_position_embeddings));
   specs_ = llama_parameters(cfg_);
   nparams_ = count_parameters(specs_);
-  plan_ = plan_activations(cfg_, max_batch, max_seq, dtype);
+  plan_ = plan_activations(cfg_, max_batch, max_seq, dtype, be_.activation_fusions(dtype));
   params_ = be_.allocate(nparams_ * dtype_bytes(dtype));
   grads_ = be_.allocate(nparams_ * dtype_bytes(grad_dtype_));
   acts_ = be_.allocate(plan_.bytes());
@@ -269,13 +269,17 @@ LossSum LlamaModel::head(int64_t BT, bool backward, float grad_scale, float* hos
   Buf dlogits = dtype_ == DType::F32 ? logits : act("d_logits");
   float* losses = act_f32("losses");
   float* d_lnf = act_f32("d_x");
-  for (int64_t r0 = 0; r0 < BT; r0 += kHeadChunkRows) {
-    const int64_t R = std::min(kHeadChunkRows, BT - r0);
-    if (host_logits) {
+  if (host_logits) {  // logits holds fewer rows than a chunk when the backend fuses the loss head
+    const int64_t rows = plan_.find("logits").elements / V;
+    for (int64_t r0 = 0; r0 < BT; r0 += rows) {
+      const int64_t R = std::min(rows, BT - r0);
       { auto t = time(Op::Matmul); be_.matmul(logits, lnf.at(r0 * C), wlm_, R, V, C, false, true, false); }  // [R,V] f32
       be_.to_host(host_logits + r0 * V, logits.ptr, R * V * 4);
-      continue;
     }
+    return {};
+  }
+  for (int64_t r0 = 0; r0 < BT; r0 += kHeadChunkRows) {
+    const int64_t R = std::min(kHeadChunkRows, BT - r0);
     {  // logits = lnf Wlm^T [R,V] f32 and the loss (fused on the CPU's AMX path: logits never stored)
       auto t = time(Op::LossHead);
       be_.linear_cross_entropy(losses + r0, backward ? dlogits : Buf{nullptr, dlogits.dtype}, logits, lnf.at(r0 * C),
@@ -288,7 +292,6 @@ LossSum LlamaModel::head(int64_t BT, bool backward, float grad_scale, float* hos
     }
   }
   LossSum loss;
-  if (host_logits) return loss;
   be_.to_host(host_losses_.data(), losses, BT * 4);
   std::vector<uint8_t> mask(BT);
   be_.to_host(mask.data(), mask_, BT);
@@ -349,7 +352,9 @@ void LlamaModel::backward_layers(int64_t B, int64_t T) {
   float* d_resid = act_f32("d_resid");  // dL/d(residual stream), FP32
   float* d_x = act_f32("d_x");          // FP32 output of the dX GEMMs
   Buf d_ln = act("d_ln"), d_attn_out = act("d_attn_out"), d_qkv = act("d_qkv"), swiglu = act("swiglu"),
-      d_swiglu = act("d_swiglu"), d_gate_up = act("d_gate_up");
+      d_gate_up = act("d_gate_up");
+  // SwiGLU's ds[BT,F]: not in the plan when the backend's fused backward never stores it.
+  const Buf d_swiglu = plan_.has("d_swiglu") ? act("d_swiglu") : Buf{nullptr, dtype_};
   const Buf d_resid_buf{d_resid, DType::F32};
   {
     auto t = time(Op::RmsNorm);  // final norm: d_x holds d_lnf from the head

@@ -8,6 +8,7 @@
 #include "../../kernels/cpu/cpu_kernels.h"
 #include "../../kernels/cpu/matmul_packed.h"
 #include "../../kernels/cuda/scratch_sizes.h"
+#include "multinorm/backend.h"
 #include "multinorm/llama_model.h"
 #include "multinorm/param_groups.h"
 
@@ -131,6 +132,12 @@ int64_t cuda_backend_scratch_bytes(const ModelConfig& m, int64_t B, int64_t T, c
          cs::embedding_backward_bytes(BT) + cs::sum_squares_bytes() + optimizer + many;
 }
 
+ActivationPlan training_activation_plan(const RunConfig& run, bool cuda) {
+  const DType act = run.precision.params;
+  return plan_activations(run.model, run.batch.micro_batch, run.batch.seq_len, act,
+                          cuda ? ActivationFusions{} : cpu_activation_fusions(act));
+}
+
 TrainingMemory training_memory(const RunConfig& run, bool cuda) {
   const auto specs = llama_parameters(run.model);
   const OptimizerMemory om = optimizer_memory(specs, run.optimizer.name, run.optimizer.fallback,
@@ -140,7 +147,7 @@ TrainingMemory training_memory(const RunConfig& run, bool cuda) {
   t.weights = om.weight_bytes;
   t.grads = count_parameters(specs) * dtype_bytes(run.precision.grads);
   t.states = om.state_bytes;
-  t.activations = plan_activations(run.model, run.batch.micro_batch, run.batch.seq_len, run.precision.params).bytes();
+  t.activations = training_activation_plan(run, cuda).bytes();
   t.cuda = cuda;
   t.backend_scratch = cuda ? cuda_backend_scratch_bytes(run.model, run.batch.micro_batch, run.batch.seq_len, run.optimizer.name,
                                                         run.optimizer.matrix_params)
