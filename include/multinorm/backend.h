@@ -224,7 +224,7 @@ class Backend {
 std::unique_ptr<Backend> make_cpu_backend(int threads = 0);
 // The CPU backend's activation_fusions on this machine (the memory estimate asks it without a backend).
 ActivationFusions cpu_activation_fusions(DType act);
-// What runs the CPU backend's BF16 GEMMs here: "AMX tiles" or "oneDNN AVX512_BF16".
+// What runs the CPU backend's BF16 GEMMs here: "AMX tiles", "AVX512_BF16 VDPBF16PS" (the packed GEMM) or "oneDNN".
 std::string cpu_bf16_gemm_engine();
 
 }  // namespace multinorm
