@@ -56,12 +56,13 @@ struct AdamArgs {
   int64_t step = 1;           // t of the bias correction, from 1
   WriteBack write;
 };
-// One tensor of a multi-tensor Adam update: its buffers, length and stochastic-rounding tensor id.
+// One tensor of a multi-tensor SinkGD update: its buffers, shape and stochastic-rounding tensor id.
 struct SinkGDTensor {
   Buf w, g;
   int64_t m = 0, n = 0;  // rows, columns
   uint64_t tensor = 0;
 };
+// One tensor of a multi-tensor Adam update: its buffers, length and stochastic-rounding tensor id.
 struct AdamTensor {
   Buf w, g, m, v;
   int64_t n = 0;
