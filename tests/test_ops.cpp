@@ -285,6 +285,11 @@ TEST_P(Ops, MatmulSwiGLUIsTheGemmThenSwiGLU) {
     // Without the recomputed forward: the same gradient.
     be->matmul_swiglu_backward(DGU0.buf(), Buf{nullptr, bf}, DS0.buf(), DY.buf(), WD.buf(), GU.buf(), N, F, C);
     EXPECT_EQ(DGU0.get(), DGU.get()) << where;
+    // Where the backend fuses it, ds is never written, and the activation plan leaves it out.
+    if (be->activation_fusions(bf).swiglu_backward) {
+      be->matmul_swiglu_backward(DGU0.buf(), Buf{nullptr, bf}, Buf{nullptr, bf}, DY.buf(), WD.buf(), GU.buf(), N, F, C);
+      EXPECT_EQ(DGU0.get(), DGU.get()) << where;
+    }
     // FP64 references on the stored BF16 operands.
     const Vec x = X.get(), w = W.get(), dy = DY.get(), wd = WD.get(), gu = GU.get();
     Vec want_gu(N * 2 * F, 0.0), ds(N * F, 0.0), want_dgu(N * 2 * F);
@@ -392,6 +397,21 @@ TEST(FastMath, ExpMatchesLibmToAFewUlps) {
 
 // The embedding backward's per-thread FP32 accumulators with more threads than the 256 rows an
 // earlier version shared by thread id modulo 256: every token's row must be the exact sum.
+// The CPU backend's SwiGLU backward in FP32 is the unfused GEMM then SwiGLU, which needs ds: without
+// it (scratch the activation plan leaves out only where the fused path runs) it is an error, never a
+// write through a null pointer.
+TEST(OpsCpu, UnfusedSwiGLUBackwardWithoutDsIsAnError) {
+  auto be = make_cpu_backend(2);
+  const DType f32 = DType::F32;
+  EXPECT_FALSE(be->activation_fusions(f32).swiglu_backward);
+  const int64_t N = 4, F = 8, C = 8;
+  DeviceBuffer DGU(*be, N * 2 * F, f32), DY(*be, random_vec(N * C, 31), f32), WD(*be, random_vec(C * F, 32), f32),
+      GU(*be, random_vec(N * 2 * F, 33), f32), DS(*be, N * F, f32);
+  EXPECT_THROW(be->matmul_swiglu_backward(DGU.buf(), Buf{nullptr, f32}, Buf{nullptr, f32}, DY.buf(), WD.buf(), GU.buf(), N, F, C),
+               Error);
+  EXPECT_NO_THROW(be->matmul_swiglu_backward(DGU.buf(), Buf{nullptr, f32}, DS.buf(), DY.buf(), WD.buf(), GU.buf(), N, F, C));
+}
+
 TEST(OpsThreads, EmbeddingBackwardWithMoreThreadsThanAccumulatorSlots) {
   auto be = make_cpu_backend(300);
   const int64_t V = 1200, C = 96, BT = 6000;

@@ -169,6 +169,8 @@ class CpuBackend final : public Backend {
                                          as<bf16>(w_down), as<bf16>(gate_up), N, F, C, gemm_.packed_scratch(), ws_);
       return;
     }
+    // The plan omits ds where the fused path runs (activation_fusions); here it must exist.
+    if (!ds.ptr) throw Error("cpu backend: matmul_swiglu_backward's unfused path needs the ds scratch, which the caller did not plan");
     Backend::matmul_swiglu_backward(dgate_up, out, ds, dy, w_down, gate_up, N, F, C);
   }
   void linear_cross_entropy(float* losses, Buf dlogits, Buf logits, Buf x, Buf w, const int32_t* targets,
