@@ -79,8 +79,8 @@ void cross_entropy(float* losses, T* dlogits, const float* logits, const int32_t
 }
 
 void linear_cross_entropy_packed(float* losses, bf16* dlogits, const bf16* x, const bf16* w, const int32_t* targets,
-                              const uint8_t* mask, int64_t N, int64_t V, int64_t C, float grad_scale, PackedScratch& packed,
-                              Workspace& ws) {
+                                 const uint8_t* mask, int64_t N, int64_t V, int64_t C, float grad_scale,
+                                 PackedScratch& packed, Workspace& ws) {
   const int64_t per_thread = gemm_strip_floats(V);
   float* strips = ws.floats(static_cast<size_t>(per_thread) * omp_get_max_threads(), kGemmStripSlot);
   packed_matmul_row_strips(x, w, N, V, C, true, packed, strips, per_thread, [&](float* strip, int64_t ld, int64_t m0, int64_t rows) {

@@ -52,7 +52,7 @@ void OneDnnMatmul::run_batched(Buf out, Buf a, Buf b, int64_t batch, int64_t M, 
   // AVX512_BF16) or AVX512_BF16 (as fast as oneDNN, and its fused epilogues run).
   if (batch == 1 && a.dtype == DType::BF16 && packed_bf16_gemm_usable()) {
     packed_matmul(out, static_cast<const bf16*>(a.ptr), static_cast<const bf16*>(b.ptr), M, N, K, trans_a, trans_b,
-               accumulate, impl_->packed);
+                  accumulate, impl_->packed);
     return;
   }
   const std::string key = std::to_string(batch) + "x" + std::to_string(M) + "," + std::to_string(N) + "," + std::to_string(K) + "," +

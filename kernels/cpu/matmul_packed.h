@@ -12,8 +12,8 @@
 // Cost per GEMM out[M,N] (+)= op(a)[M,K] op(b)[K,N]: 2 M N K FLOPs on the engine; b is repacked once
 // into the tiles' pair-interleaved ("VNNI") layout (K N elements read and written), and a is repacked
 // into padded rows only when it is transposed or its shape is not a multiple of the tile (M K read and
-// written; 32 rows at a time into each thread's own buffer, so those writes stay in its L2, when M
-// has at least two 32-row strips per thread: the weight gradients, whose a is transposed).
+// written, 32 rows at a time into each thread's own buffer, so those writes stay in its L2: the
+// weight gradients, whose a is transposed).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -43,8 +43,8 @@ struct PackedScratch {
 };
 
 // The elements packed_matmul packs for one GEMM on `threads` threads: b always (Np x Kp); a when it is
-// transposed or its shape is not a multiple of the tile (32 rows of Kp + 32 per thread, or Mp x Kp when
-// M has too few strips to share out; else 0). Shared with the memory estimate.
+// transposed or its shape is not a multiple of the tile (32 rows of Kp + 32 per thread; else 0).
+// Shared with the memory estimate.
 struct PackedElements {
   int64_t a, b;
 };
