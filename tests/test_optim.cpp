@@ -3,6 +3,7 @@
 // training run per optimizer.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <random>
 
@@ -338,6 +339,48 @@ TEST(SinkGD, ManyTensorsEqualOneByOne) {
               << threads << (stochastic ? " stochastic" : "");
           EXPECT_NE(x, stored[k]) << shapes[k].m << "x" << shapes[k].n;  // an update was applied
         }
+      }
+}
+
+// A BF16 weight's update is computed in registers and rounded there (write_bf16_row, where the build
+// has AVX512-BF16); it must be to_bf16 of the FP32 weight that the same kernel writes from the same
+// stored weights: round to nearest even, and denormal results rounded, not flushed to zero
+// (VCVTNE2PS2BF16 flushes them). Row 1 of G is zero, so its weights become keep w, and those are
+// given denormal values. Both kernels (one-core, row-split), BF16 and FP32 gradients, widths with
+// and without a tail after the last 32 columns. (Mutation checks: rounding by truncation, or dropping
+// the denormal fallback, fails the compare.)
+TEST(SinkGD, Bf16WeightsAreTheFp32UpdateRoundedOnce) {
+  struct Shape { int64_t m, n; };
+  for (Shape s : {Shape{37, 129}, Shape{64, 64}, Shape{33, 32}, Shape{9, 1376}, Shape{130, 65}})
+    for (DType gt : {DType::BF16, DType::F32})
+      for (int64_t one_core_bytes : {int64_t{1} << 30, int64_t{1}}) {  // one core; row-split
+        Vec g = random_vec(s.m * s.n, 70, 1e-3), w0 = random_vec(s.m * s.n, 71, 0.05);
+        for (int64_t j = 0; j < s.n; ++j) g[1 * s.n + j] = 0, w0[1 * s.n + j] = (j % 2 ? -1 : 1) * 1e-39 * (1 + j % 7);
+        std::vector<bf16> wb(w0.size()), gb(g.size());
+        std::vector<float> wf(w0.size()), gf(g.size());
+        for (size_t i = 0; i < g.size(); ++i) {
+          wb[i] = to_bf16(float(w0[i])), gb[i] = to_bf16(float(g[i]));
+          wf[i] = to_f32(wb[i]), gf[i] = to_f32(gb[i]);  // the same values, stored in FP32
+        }
+        ASSERT_EQ(std::fpclassify(wf[s.n]), FP_SUBNORMAL);
+        void* grad = gt == DType::BF16 ? static_cast<void*>(gb.data()) : gf.data();
+        SinkGDArgs a;
+        a.lr = 0.125f;
+        a.decoupled_decay = 0.5f;
+        a.iterations = 5;
+        cpu::Workspace ws;
+        SinkGDTensor t16{{wb.data(), DType::BF16}, {grad, gt}, s.m, s.n, 0};
+        cpu::sinkgd_update_many(&t16, 1, a, ws, one_core_bytes);
+        std::vector<float> wide = wf;  // the FP32 update, row-split (the same bits as one core: above)
+        if (gt == DType::BF16) cpu::sinkgd_update(wide.data(), gb.data(), s.m, s.n, a, ws);
+        else cpu::sinkgd_update(wide.data(), gf.data(), s.m, s.n, a, ws);
+        int64_t differ = 0, denormal = 0;
+        for (size_t i = 0; i < wide.size(); ++i) {
+          differ += wb[i].bits != to_bf16(wide[i]).bits;
+          denormal += std::fpclassify(to_f32(wb[i])) == FP_SUBNORMAL;
+        }
+        EXPECT_EQ(differ, 0) << s.m << "x" << s.n << " " << dtype_name(gt) << (one_core_bytes > 1 ? " one core" : " row-split");
+        EXPECT_GT(denormal, s.n / 2) << "the zero row's weights stay denormal (keep w)";
       }
 }
 

@@ -123,10 +123,22 @@ inline void prefetch_bytes_ahead(const void* p, uintptr_t bytes) {
 }
 inline void prefetch_ahead(const void* p) { prefetch_bytes_ahead(p, kPrefetchBytes); }
 
+// The same, into L2 only (PREFETCHT1): the streams from memory (the first pass's G, the W write's W)
+// are asked for 8-16 KB ahead. Asked into L1 (PREFETCHT0, or PREFETCHW for W), each line in flight
+// holds one of the core's few L1 miss buffers, and one core's stream stalled on them: llama_60m's
+// 56 matrices (sinkgd_update_many, phases timed per core, same process, alternating, best of 12):
+// the first pass 3.7 -> 2.2 ms per core with G asked for 16 KB ahead into L2 rather than one row
+// group ahead into L1 (16 KB into L1: 3.7 ms again), the W write 2.7-3.0 -> 2.2 ms; the whole call
+// 12.3-13.9 -> 9.8-11.5 ms; llama_130m's 84 matrices 41.3 -> 33.5 ms.
+inline void prefetch_to_l2(const void* p, uintptr_t bytes) {
+  __builtin_prefetch(reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(p) + bytes), 0, 2);  // PREFETCHT1
+}
+constexpr uintptr_t kStreamPrefetchBytes = 16384;
+
 // The one-core W write reads W from memory, a row after another: the hardware prefetchers alone
 // kept too few lines in flight for one core (llama_60m's 56 matrices through sinkgd_update_many,
 // two sets of 8 interleaved runs: median 12.6-13.0 ms without, 11.8-11.9 ms with the lines asked
-// for 8 KB ahead).
+// for 8 KB ahead; then into L2 rather than L1 for writing, as prefetch_to_l2 says).
 constexpr uintptr_t kWritePrefetchBytes = 8192;
 
 // x (n values in pair order) into column order.
@@ -141,10 +153,19 @@ inline void column_order(const float* x, int64_t n, float* out) {
   for (; j < n; ++j) out[j] = x[j];
 }
 
+// What a row-sum pass keeps of the row it reads, in the passes' order (pair order for BF16): g_j in
+// FP32 (a widened row, read again by the later passes), g_j^2 (all a column add needs), or nothing
+// (the one-core kernel's row groups, whose column adds square the BF16 rows again: add_group_columns).
+enum class Keep { kValues, kSquares, kNothing };
+template <Keep K>
+inline void keep_value(float* out, int64_t j, float y) {
+  if constexpr (K == Keep::kValues) out[j] = y;
+  if constexpr (K == Keep::kSquares) out[j] = y * y;
+}
+
 // The sum of row_sums for one row g of either type (the same lanes and tree: the same bits),
-// storing the row on the way, in the passes' order (pair order for BF16): g_j in FP32 (a widened
-// row, read again by the later passes) or, with kSquares, g_j^2 (all a column pass needs).
-template <bool kSquares>
+// keeping the row on the way as K says.
+template <Keep K>
 inline float row_sum_store(const float* g, const float* v2, int64_t n, float* out) {
   float acc[kLanes] = {};
   int64_t j = 0;
@@ -152,38 +173,38 @@ inline float row_sum_store(const float* g, const float* v2, int64_t n, float* ou
 #pragma omp simd
     for (int64_t k = 0; k < kLanes; ++k) {
       const float y = g[j + k];
-      out[j + k] = kSquares ? y * y : y;
+      keep_value<K>(out, j + k, y);
       acc[k] += (y * y) * v2[j + k];
     }
   for (int64_t k = 0; j < n; ++j, ++k) {
     const float y = g[j];
-    out[j] = kSquares ? y * y : y;
+    keep_value<K>(out, j, y);
     acc[k] += (y * y) * v2[j];
   }
   return tree_sum(acc);
 }
 // From position j (a multiple of 64) to the row's end: at most one pair block, then the last
 // columns in place; lanes and tree as below.
-template <bool kSquares>
+template <Keep K>
 inline float row_sum_store_tail(const bf16* g, const float* v2, int64_t n, int64_t j, float* out, float* acc) {
   if (j + kPairBlock <= n) {
     float y[kPairBlock];
     widen_pair_block(g + j, y);
 #pragma omp simd
     for (int64_t k = 0; k < kPairBlock; ++k) {
-      out[j + k] = kSquares ? y[k] * y[k] : y[k];
+      keep_value<K>(out, j + k, y[k]);
       acc[k] += (y[k] * y[k]) * v2[j + k];
     }
     j += kPairBlock;
   }
   for (; j < n; ++j) {
     const float y = to_f32(g[j]);
-    out[j] = kSquares ? y * y : y;
+    keep_value<K>(out, j, y);
     acc[j % kLanes] += (y * y) * v2[j];
   }
   return tree_sum(acc);
 }
-template <bool kSquares>
+template <Keep K>
 inline float row_sum_store(const bf16* g, const float* v2, int64_t n, float* out) {
   float acc[kLanes] = {};
   int64_t j = 0;
@@ -197,31 +218,33 @@ inline float row_sum_store(const bf16* g, const float* v2, int64_t n, float* out
     widen_pair_block(g + j + kPairBlock, y + kPairBlock);
 #pragma omp simd
     for (int64_t k = 0; k < kLanes; ++k) {
-      out[j + k] = kSquares ? y[k] * y[k] : y[k];
+      keep_value<K>(out, j + k, y[k]);
       acc[k] += (y[k] * y[k]) * v2[j + k];
     }
   }
-  return row_sum_store_tail<kSquares>(g, v2, n, j, out, acc);
+  return row_sum_store_tail<K>(g, v2, n, j, out, acc);
 }
 
-// row_sum_store for the kRowGroup rows g + q n (q < kRowGroup), row q stored at out + q n and its sum
-// in sums[q]. Where AVX-512 is compiled in, a BF16 group goes through its 64-column blocks four rows
-// at a time: v^2 loaded once for the four rows, the 16 accumulators (4 rows x 64 lanes) in
-// registers, and the sums' trees added in registers. The portable loop, a row after another, reloads
-// v^2 per row, and GCC 12 spills its tree through memory. One Zen 4 core, one pass (row sums, squares
-// stored, column adds) over a 512 x 512 BF16 G in L2: 0.105 ns per element the portable way, 0.073
-// this way (microbenchmark, with the squares on cache lines). The same lanes, products and tree as
-// the portable loop: the same bits (tests: SinkGD.CachedAndStreamedBf16RowsGiveTheSameBits).
-template <bool kSquares, class G>
+// row_sum_store for the kRowGroup rows g + q n (q < kRowGroup), row q kept (as K says) at out + q n
+// and its sum in sums[q]. Where AVX-512 is compiled in, a BF16 group goes through its 64-column
+// blocks four rows at a time: v^2 loaded once for the four rows, the 16 accumulators (4 rows x 64
+// lanes) in registers, and the sums' trees added in registers. The portable loop, a row after
+// another, reloads v^2 per row, and GCC 12 spills its tree through memory. One Zen 4 core, one pass
+// (row sums, squares stored, column adds) over a 512 x 512 BF16 G in L2: 0.105 ns per element the
+// portable way, 0.073 this way (microbenchmark, with the squares on cache lines). The same lanes,
+// products and tree as the portable loop: the same bits (tests:
+// SinkGD.CachedAndStreamedBf16RowsGiveTheSameBits).
+template <Keep K, class G>
 inline void row_group_sum_store(const G* g, const float* v2, int64_t n, float* out, float* sums) {
-  for (int64_t q = 0; q < kRowGroup; ++q) sums[q] = row_sum_store<kSquares>(g + q * n, v2, n, out + q * n);
+  for (int64_t q = 0; q < kRowGroup; ++q)
+    sums[q] = row_sum_store<K>(g + q * n, v2, n, K == Keep::kNothing ? nullptr : out + q * n);
 }
 #if defined(__AVX512F__)
 // GCC 12 reports the intrinsics' own _mm512_undefined_* placeholders as uninitialised (bug 105593).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-template <bool kSquares>
+template <Keep K>
 inline void row_group_sum_store(const bf16* g, const float* v2, int64_t n, float* out, float* sums) {
   static_assert(kRowGroup == 4 && kLanes == 64, "written out for four rows of 64 lanes");
   const __m512i high_halves = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
@@ -234,8 +257,8 @@ inline void row_group_sum_store(const bf16* g, const float* v2, int64_t n, float
     const __m512 v2_2 = _mm512_loadu_ps(v2 + j + 32), v2_3 = _mm512_loadu_ps(v2 + j + 48);
     for (int64_t q = 0; q < kRowGroup; ++q) {
       const bf16* gq = g + q * n + j;
-      prefetch_bytes_ahead(gq, kRowGroup * n * sizeof(bf16));  // the next group's columns j..j+63
-      prefetch_bytes_ahead(gq + kPairBlock, kRowGroup * n * sizeof(bf16));
+      prefetch_to_l2(gq, kStreamPrefetchBytes);
+      prefetch_to_l2(gq + kPairBlock, kStreamPrefetchBytes);
       // Pair order: a 32-column block's even columns (each word's low half, shifted up), then its odd
       // ones (each word's high half), as widen_pair_block.
       const __m512i w0 = _mm512_loadu_si512(gq), w1 = _mm512_loadu_si512(gq + kPairBlock);
@@ -245,11 +268,14 @@ inline void row_group_sum_store(const bf16* g, const float* v2, int64_t n, float
       const __m512 y3 = _mm512_castsi512_ps(_mm512_and_si512(w1, high_halves));
       const __m512 s0 = _mm512_mul_ps(y0, y0), s1 = _mm512_mul_ps(y1, y1);
       const __m512 s2 = _mm512_mul_ps(y2, y2), s3 = _mm512_mul_ps(y3, y3);
-      float* o = out + q * n + j;
-      _mm512_storeu_ps(o, kSquares ? s0 : y0);
-      _mm512_storeu_ps(o + 16, kSquares ? s1 : y1);
-      _mm512_storeu_ps(o + 32, kSquares ? s2 : y2);
-      _mm512_storeu_ps(o + 48, kSquares ? s3 : y3);
+      if constexpr (K != Keep::kNothing) {
+        constexpr bool sq = K == Keep::kSquares;
+        float* o = out + q * n + j;
+        _mm512_storeu_ps(o, sq ? s0 : y0);
+        _mm512_storeu_ps(o + 16, sq ? s1 : y1);
+        _mm512_storeu_ps(o + 32, sq ? s2 : y2);
+        _mm512_storeu_ps(o + 48, sq ? s3 : y3);
+      }
       acc[q][0] = _mm512_fmadd_ps(s0, v2_0, acc[q][0]);
       acc[q][1] = _mm512_fmadd_ps(s1, v2_1, acc[q][1]);
       acc[q][2] = _mm512_fmadd_ps(s2, v2_2, acc[q][2]);
@@ -260,7 +286,7 @@ inline void row_group_sum_store(const bf16* g, const float* v2, int64_t n, float
     if (j < n) {  // the tail's lanes in memory, then tree_sum
       alignas(64) float lanes[kLanes];
       for (int p = 0; p < 4; ++p) _mm512_store_ps(lanes + 16 * p, acc[q][p]);
-      sums[q] = row_sum_store_tail<kSquares>(g + q * n, v2, n, j, out + q * n, lanes);
+      sums[q] = row_sum_store_tail<K>(g + q * n, v2, n, j, K == Keep::kNothing ? nullptr : out + q * n, lanes);
       continue;
     }
     // tree_sum's adds in registers (through memory, each narrower reload of the lanes just stored
@@ -277,12 +303,71 @@ inline void row_group_sum_store(const bf16* g, const float* v2, int64_t n, float
 #pragma GCC diagnostic pop
 #endif
 
+// a b + c, rounded once where the target has FMA (as GCC contracted the plain expression there, and
+// as the vector code below computes it), twice where it has not.
+inline float mul_add(float a, float b, float c) {
+#if defined(__FMA__)
+  return std::fma(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
+
 // A column's sum plus four rows' contributions u2_q s_q (s_q = x_qj^2), added in row order: four
 // dependent multiply-adds per column (the columns are independent, so their latency overlaps),
 // two operations fewer per four rows than a tree of products. Both kernels add columns through it.
 inline float add_rows4(float col, const float* u2, float s0, float s1, float s2, float s3) {
-  return u2[3] * s3 + (u2[2] * s2 + (u2[1] * s1 + (u2[0] * s0 + col)));
+  return mul_add(u2[3], s3, mul_add(u2[2], s2, mul_add(u2[1], s1, mul_add(u2[0], s0, col))));
 }
+
+// sums[j] = add_rows4(sums[j], u2, x_0j^2, ..., x_3j^2) for a group of four rows x of G (g + q n), in
+// the passes' order (pair order for BF16). The one-core kernel squares the group's rows again here
+// (they are in L1, just read by row_group_sum_store) rather than storing their squares: a stored
+// FP32 square is a 64-byte store per 16 values, and a 512-bit store takes two cycles on Zen 4; for
+// rows of 1,376 columns the squares of two groups did not fit in L1 either. llama_60m's 56 matrices
+// (sinkgd_update_many, same process, alternating, 6 runs of 12 rounds): the median ratio to Adam
+// on the same matrices 1.08-1.22 -> 1.05-1.15, lower in 5 runs of 6; llama_130m's 84: 1.33 -> 1.07.
+inline void add_group_columns(float* sums, const float* g, int64_t n, const float* u2) {
+  const float *x0 = g, *x1 = g + n, *x2 = g + 2 * n, *x3 = g + 3 * n;
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) sums[j] = add_rows4(sums[j], u2, x0[j] * x0[j], x1[j] * x1[j], x2[j] * x2[j], x3[j] * x3[j]);
+}
+#pragma GCC diagnostic push  // GCC bug 105593, as above
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+inline void add_group_columns(float* sums, const bf16* g, int64_t n, const float* u2) {
+  int64_t j = 0;
+#if defined(__AVX512F__)
+  const __m512i high_halves = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+  const __m512 u[kRowGroup] = {_mm512_set1_ps(u2[0]), _mm512_set1_ps(u2[1]), _mm512_set1_ps(u2[2]), _mm512_set1_ps(u2[3])};
+  for (; j + kPairBlock <= n; j += kPairBlock) {  // a block's even columns into sums[j..j+16), odd ones after
+    __m512 even = _mm512_loadu_ps(sums + j), odd = _mm512_loadu_ps(sums + j + 16);
+    for (int64_t q = 0; q < kRowGroup; ++q) {
+      const __m512i w = _mm512_loadu_si512(g + q * n + j);
+      const __m512 e = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+      const __m512 o = _mm512_castsi512_ps(_mm512_and_si512(w, high_halves));
+      even = _mm512_fmadd_ps(u[q], _mm512_mul_ps(e, e), even);
+      odd = _mm512_fmadd_ps(u[q], _mm512_mul_ps(o, o), odd);
+    }
+    _mm512_storeu_ps(sums + j, even);
+    _mm512_storeu_ps(sums + j + 16, odd);
+  }
+#else
+  for (; j + kPairBlock <= n; j += kPairBlock) {
+    float x[kRowGroup][kPairBlock];
+    for (int64_t q = 0; q < kRowGroup; ++q) widen_pair_block(g + q * n + j, x[q]);
+#pragma omp simd
+    for (int64_t k = 0; k < kPairBlock; ++k)
+      sums[j + k] = add_rows4(sums[j + k], u2, x[0][k] * x[0][k], x[1][k] * x[1][k], x[2][k] * x[2][k], x[3][k] * x[3][k]);
+  }
+#endif
+  for (; j < n; ++j) {  // the columns after the last whole pair block keep their place
+    float x[kRowGroup];
+    for (int64_t q = 0; q < kRowGroup; ++q) x[q] = to_f32(g[q * n + j]);
+    sums[j] = add_rows4(sums[j], u2, x[0] * x[0], x[1] * x[1], x[2] * x[2], x[3] * x[3]);
+  }
+}
+#pragma GCC diagnostic pop
 
 // Row g in FP32 (widened into `row` when BF16).
 inline const float* row_f32(const bf16* g, int64_t n, float* row) {
@@ -292,23 +377,70 @@ inline const float* row_f32(const bf16* g, int64_t n, float* row) {
 }
 inline const float* row_f32(const float* g, int64_t, float*) { return g; }
 
+// The new W value before rounding: keep w - (lu x) v, the subtraction fused with keep w where the
+// target has FMA (mul_add), as write_bf16_row's vectors compute it.
+inline float new_weight(float w, float x, float v, float keep, float lu) { return mul_add(w, keep, -((lu * x) * v)); }
+
+#if defined(__AVX512BF16__)
+// GCC 12 reports the intrinsics' own _mm512_undefined_* placeholders as uninitialised (bug 105593).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+// 16 values of a row (BF16 or FP32) as FP32.
+inline __m512 load16_f32(const bf16* x) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x))), 16));
+}
+inline __m512 load16_f32(const float* x) { return _mm512_loadu_ps(x); }
+
+// A BF16 row of W <- new_weight(...), 32 values at a time in registers, rounded by VCVTNE2PS2BF16 as
+// round_row_to_bf16 does (a block holding a denormal value rounded element by element, as there):
+// the same bits as computing the row in FP32 and rounding it, without storing and reloading the
+// FP32 row (two 64-byte stores and loads per 32 values; a 512-bit store takes two cycles on Zen 4).
+template <class X>
+inline void write_bf16_row(bf16* wi, const X* x, const float* v, int64_t n, float keep, float lu) {
+  constexpr int kDenormal = 0x20;  // VFPCLASSPS: denormal values
+  const __m512 keep_v = _mm512_set1_ps(keep), lu_v = _mm512_set1_ps(lu);
+  int64_t j = 0;
+  for (; j + 32 <= n; j += 32) {
+    const __m512 t_lo = _mm512_mul_ps(_mm512_mul_ps(lu_v, load16_f32(x + j)), _mm512_loadu_ps(v + j));
+    const __m512 t_hi = _mm512_mul_ps(_mm512_mul_ps(lu_v, load16_f32(x + j + 16)), _mm512_loadu_ps(v + j + 16));
+    const __m512 lo = _mm512_fmsub_ps(load16_f32(wi + j), keep_v, t_lo);
+    const __m512 hi = _mm512_fmsub_ps(load16_f32(wi + j + 16), keep_v, t_hi);
+    if (_mm512_fpclass_ps_mask(lo, kDenormal) | _mm512_fpclass_ps_mask(hi, kDenormal)) {
+      alignas(64) float f[32];
+      _mm512_store_ps(f, lo);
+      _mm512_store_ps(f + 16, hi);
+      for (int k = 0; k < 32; ++k) wi[j + k] = to_bf16(f[k]);
+      continue;
+    }
+    _mm512_storeu_si512(wi + j, __builtin_bit_cast(__m512i, _mm512_cvtne2ps_pbh(hi, lo)));  // lo in the low half
+  }
+  for (; j < n; ++j) wi[j] = to_bf16(new_weight(to_f32(wi[j]), to_f32(x[j]), v[j], keep, lu));
+}
+#pragma GCC diagnostic pop
+#endif
+
 // Row i of W <- keep W - lu x v (lu = lr u_i; x the row of G, FP32 or BF16), rounded per a.write;
 // both kernels' W write, so they round alike. A BF16 row is computed into `row` (n floats, in L1)
-// and rounded by round_row_to_bf16: the W write's instructions fell by a quarter (llama_60m's
-// 1376 x 512 tensor, first pass and write on one core: 0.25 -> 0.19 ms).
+// and rounded by round_row_to_bf16 where the build has no AVX512-BF16 (write_bf16_row otherwise).
 template <class T, class X>
 inline void write_row(T* wi, const X* x, const float* v, int64_t i, int64_t n, float keep, float lu, const SinkGDArgs& a,
                       float* row) {
   if (a.write.stochastic) {  // hashes per element
     for (int64_t j = 0; j < n; ++j)
-      wi[j] = write_weight<T>(to_f32(wi[j]) * keep - lu * to_f32(x[j]) * v[j], a.write, static_cast<uint64_t>(i * n + j));
+      wi[j] = write_weight<T>(new_weight(to_f32(wi[j]), to_f32(x[j]), v[j], keep, lu), a.write, static_cast<uint64_t>(i * n + j));
   } else if constexpr (std::is_same_v<T, float>) {
 #pragma omp simd
-    for (int64_t j = 0; j < n; ++j) wi[j] = wi[j] * keep - lu * to_f32(x[j]) * v[j];
+    for (int64_t j = 0; j < n; ++j) wi[j] = new_weight(wi[j], to_f32(x[j]), v[j], keep, lu);
   } else {
+#if defined(__AVX512BF16__)
+    (void)row;
+    write_bf16_row(wi, x, v, n, keep, lu);
+#else
 #pragma omp simd
-    for (int64_t j = 0; j < n; ++j) row[j] = to_f32(wi[j]) * keep - lu * to_f32(x[j]) * v[j];
+    for (int64_t j = 0; j < n; ++j) row[j] = new_weight(to_f32(wi[j]), to_f32(x[j]), v[j], keep, lu);
     round_row_to_bf16(row, wi, n);
+#endif
   }
 }
 }  // namespace
@@ -401,28 +533,23 @@ void sinkgd_update(T* w, const G* g, int64_t m, int64_t n, const SinkGDArgs& a, 
           const float* x[kRowGroup];
           float r[kRowGroup], u2[kRowGroup];
           for (int64_t q = 0; q < kRowGroup; ++q) x[q] = row(i + q, q);
-          if (fill) row_group_sum_store<false>(g + i * n, v2, n, widened(i, 0), r);
+          if (fill) row_group_sum_store<Keep::kValues>(g + i * n, v2, n, widened(i, 0), r);
           else row_sums<kRowGroup>(x, v2, n, r);
           for (int64_t q = 0; q < kRowGroup; ++q) {
             u[i + q] = sqrt_n / std::max(std::sqrt(r[q]), a.eps);
             u2[q] = u[i + q] * u[i + q];
           }
-          static_assert(kRowGroup == 4, "the column update is written out for four rows");
-          const float *x0 = x[0], *x1 = x[1], *x2 = x[2], *x3 = x[3];
-#pragma omp simd
-          for (int64_t j = 0; j < n; ++j) {
-            col[j] = add_rows4(col[j], u2, x0[j] * x0[j], x1[j] * x1[j], x2[j] * x2[j], x3[j] * x3[j]);
-          }
+          add_group_columns(col, x[0], n, u2);  // the group's rows lie n floats apart (row(i + q, q))
         }
         for (; i < end; ++i) {  // the chunk's last rows, one at a time (the same per-row arithmetic)
           const float* x = row(i, 0);
           float r;
-          if (fill) r = row_sum_store<false>(g + i * n, v2, n, widened(i, 0));
+          if (fill) r = row_sum_store<Keep::kValues>(g + i * n, v2, n, widened(i, 0));
           else row_sums<1>(&x, v2, n, &r);
           u[i] = sqrt_n / std::max(std::sqrt(r), a.eps);
           const float u2 = u[i] * u[i];
 #pragma omp simd
-          for (int64_t j = 0; j < n; ++j) col[j] += u2 * (x[j] * x[j]);
+          for (int64_t j = 0; j < n; ++j) col[j] = mul_add(u2, x[j] * x[j], col[j]);
         }
       }  // the iteration's one barrier: every chunk's sums are in `partial`
       // v_j from the chunks' column sums, added in chunk order (0 + p0 + p1 + ...: deterministic).
@@ -475,24 +602,23 @@ template void sinkgd_update<float, bf16>(float*, const bf16*, int64_t, int64_t, 
 // the chunk completes, in chunk order (0 + p0 + p1 + ...), and each row's sum uses the same lanes
 // and tree, so the bits equal the row-split kernel's (tests: SinkGD.ManyTensorsEqualOneByOne).
 // G fits the core's cache budget (sinkgd_one_core_bytes): the first pass reads it from memory, the
-// later passes and the W write from L2 (or L3), with no widened copy. A row group's squares go into
-// `squares` (in L1) for the column adds. No barrier and no partial sums shared between cores;
+// later passes and the W write from L2 (or L3), with no widened copy. A row group's column adds
+// square its rows again (add_group_columns). No barrier and no partial sums shared between cores;
 // and while one core runs a tensor's passes out of its L2, the other streams another tensor's G and
 // W from memory, so the step is no longer the sum of a memory-bound and a cache-bound part.
-// Scratch: u (m), v (n), v^2 (n), a chunk's column sums (n), two groups of kRowGroup rows of squares
-// (n each), each region on a cache line.
+// Scratch: u (m), v (n), v^2 (n), a chunk's column sums (n), one row (n: a chunk's last rows'
+// squares, and the W write's FP32 row), each region on a cache line.
 namespace {
 // Not inlined into the parallel loop: inlined there, GCC kept the column adds' row pointers on the
 // stack and reloaded them every vector (perf annotate).
 template <class T, class G>
 [[gnu::noinline]] void sinkgd_update_one_core(T* w, const G* g, int64_t m, int64_t n, const SinkGDArgs& a, float* scratch) {
-  // Each region on a cache line (cache_line_floats), so the squares' vector stores never straddle two.
+  // Each region on a cache line (cache_line_floats), so their vector loads and stores never straddle two.
   float* u = scratch;
   float* v = u + cache_line_floats(m);
   float* v2 = v + cache_line_floats(n);
   float* col = v2 + cache_line_floats(n);
-  float* squares = col + cache_line_floats(n);  // two groups' rows (one pending, see below)
-  const int64_t group_floats = cache_line_floats(kRowGroup * n);
+  float* row = col + cache_line_floats(n);
   const int64_t chunks = sinkgd_chunks(m), rows_per_chunk = (m + chunks - 1) / chunks;
   const float sqrt_n = std::sqrt(static_cast<float>(n)), sqrt_m = std::sqrt(static_cast<float>(m));
   const float keep = 1.0f - a.lr * a.decoupled_decay;
@@ -504,37 +630,22 @@ template <class T, class G>
       std::fill(sums, sums + n, 0.0f);
       const int64_t end = std::min(m, (c + 1) * rows_per_chunk);
       int64_t i = c * rows_per_chunk;
-      // A group's column adds wait on its u (a tree of adds, a square root and a division), and made
-      // at once they held the next group's loads behind them; so they are made one group late, after
-      // the next group's row sums: the same adds in the same order. `pending` holds the last group's
-      // squares and u^2 until then.
-      const float* pending = nullptr;
-      float pending_u2[kRowGroup];
-      auto add_pending = [&] {
-        const float *s0 = pending, *s1 = pending + n, *s2 = pending + 2 * n, *s3 = pending + 3 * n;
-#pragma omp simd
-        for (int64_t j = 0; j < n; ++j) sums[j] = add_rows4(sums[j], pending_u2, s0[j], s1[j], s2[j], s3[j]);
-      };
       for (; i + kRowGroup <= end; i += kRowGroup) {
-        float* group = squares + ((i / kRowGroup) & 1) * group_floats;  // not the pending group's
         float r[kRowGroup], u2[kRowGroup];
-        row_group_sum_store<true>(g + i * n, v2, n, group, r);
+        row_group_sum_store<Keep::kNothing>(g + i * n, v2, n, nullptr, r);
 #pragma omp simd
         for (int64_t q = 0; q < kRowGroup; ++q) {
           u[i + q] = sqrt_n / std::max(std::sqrt(r[q]), a.eps);
           u2[q] = u[i + q] * u[i + q];
         }
-        if (pending) add_pending();
-        pending = group;
-        std::copy(u2, u2 + kRowGroup, pending_u2);
+        add_group_columns(sums, g + i * n, n, u2);
       }
-      if (pending) add_pending();
       for (; i < end; ++i) {
-        const float r = row_sum_store<true>(g + i * n, v2, n, squares);
+        const float r = row_sum_store<Keep::kSquares>(g + i * n, v2, n, row);
         u[i] = sqrt_n / std::max(std::sqrt(r), a.eps);
         const float u2 = u[i] * u[i];
 #pragma omp simd
-        for (int64_t j = 0; j < n; ++j) sums[j] += u2 * squares[j];
+        for (int64_t j = 0; j < n; ++j) sums[j] = mul_add(u2, row[j], sums[j]);
       }
       if (c > 0) {
 #pragma omp simd
@@ -552,20 +663,18 @@ template <class T, class G>
     column_order(v, n, col);
     v_columns = col;
   }
-  // G from L2; W from memory, each row's lines asked for (for writing) kWritePrefetchBytes ahead.
+  // G from L2; W from memory, each row's lines asked for (into L2) kWritePrefetchBytes ahead.
   const uintptr_t w_end = reinterpret_cast<uintptr_t>(w + m * n);
   for (int64_t i = 0; i < m; ++i) {
     const uintptr_t row_end = std::min(reinterpret_cast<uintptr_t>(w + (i + 1) * n) + kWritePrefetchBytes, w_end);
-    for (uintptr_t p = reinterpret_cast<uintptr_t>(w + i * n) + kWritePrefetchBytes; p < row_end; p += 64)
-      __builtin_prefetch(reinterpret_cast<const void*>(p), 1);
-    write_row(w + i * n, g + i * n, v_columns, i, n, keep, a.lr * u[i], a, squares);
+    for (uintptr_t p = reinterpret_cast<uintptr_t>(w + i * n); p + kWritePrefetchBytes < row_end; p += 64)
+      prefetch_to_l2(reinterpret_cast<const void*>(p), kWritePrefetchBytes);
+    write_row(w + i * n, g + i * n, v_columns, i, n, keep, a.lr * u[i], a, row);
   }
 }
 }  // namespace
 
-int64_t sinkgd_one_core_floats(int64_t m, int64_t n) {
-  return cache_line_floats(m) + 3 * cache_line_floats(n) + 2 * cache_line_floats(kRowGroup * n);
-}
+int64_t sinkgd_one_core_floats(int64_t m, int64_t n) { return cache_line_floats(m) + 4 * cache_line_floats(n); }
 
 void sinkgd_update_many(const SinkGDTensor* tensors, int64_t count, const SinkGDArgs& args, Workspace& ws,
                         int64_t one_core_bytes) {
