@@ -3,6 +3,7 @@
 // reference (FP32 kernels: tolerances a few FP32 ulps of the data's scale).
 // Odd shapes on purpose: nothing is a multiple of a block or vector width.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -560,4 +561,41 @@ TEST(PackedGemm, MatchesTheFp64ReferenceOnTileEdges) {
           }
   if (std::getenv("MULTINORM_TEST_ERRORS"))
     std::printf("[ measured ] packed GEMM: worst error / bound %.3g (FP32 out), %.3g (BF16 out)\n", worst_f32, worst_bf16);
+}
+
+// The threads run their own runs of output blocks and then take the others' remaining blocks from
+// the back (BlockRuns in matmul_packed.cpp). Every block must be computed exactly once, whoever
+// takes it: accumulated onto C, a block taken twice adds its product twice, one never taken keeps C.
+// Eight threads on this machine's cores (oversubscribed, so threads are descheduled mid-run and the
+// others take their blocks), 30 calls each: the bits equal one thread's, as each block's sum runs in
+// one fixed order of K whichever thread computes it. Shapes with a packed a (transposed: a thread
+// that takes a block from another strip packs it) and in place, in one and several column groups.
+TEST(PackedGemm, EveryBlockOnceWhenThreadsTakeEachOthersBlocks) {
+  if (!cpu::packed_bf16_gemm_usable()) GTEST_SKIP() << "this CPU has neither AMX nor AVX512_BF16 (or MULTINORM_PACKED_GEMM=0)";
+  struct Shape {
+    int64_t M, N, K;
+    bool trans_a;
+  };
+  struct RestoreThreads {
+    const int threads = omp_get_max_threads();
+    ~RestoreThreads() { omp_set_num_threads(threads); }
+  } restore;
+  for (const Shape& s : {Shape{256, 320, 64, false}, Shape{96, 160, 2048, false}, Shape{200, 96, 100, true}}) {
+    std::vector<bf16> a(s.M * s.K), b(s.K * s.N);
+    const Vec av = random_vec(a.size(), 21), bv = random_vec(b.size(), 22), cv = random_vec(s.M * s.N, 23);
+    for (size_t i = 0; i < a.size(); ++i) a[i] = to_bf16(static_cast<float>(av[i]));
+    for (size_t i = 0; i < b.size(); ++i) b[i] = to_bf16(static_cast<float>(bv[i]));
+    std::vector<float> c0(cv.begin(), cv.end());
+    cpu::PackedScratch scratch;
+    omp_set_num_threads(1);
+    std::vector<float> expect = c0;
+    cpu::packed_matmul(Buf{expect.data(), DType::F32}, a.data(), b.data(), s.M, s.N, s.K, s.trans_a, false, true, scratch);
+    omp_set_num_threads(8);
+    for (int call = 0; call < 30; ++call) {
+      std::vector<float> got = c0;
+      cpu::packed_matmul(Buf{got.data(), DType::F32}, a.data(), b.data(), s.M, s.N, s.K, s.trans_a, false, true, scratch);
+      ASSERT_EQ(std::memcmp(got.data(), expect.data(), got.size() * sizeof(float)), 0)
+          << s.M << "x" << s.N << "x" << s.K << " trans_a " << s.trans_a << ", call " << call;
+    }
+  }
 }

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -164,6 +165,37 @@ void hold(std::vector<uint16_t>& v, int64_t n) {
   if (static_cast<int64_t>(v.size()) < n) v = std::vector<uint16_t>(static_cast<size_t>(n));
 }
 
+// Blocks 0..count-1 in one contiguous run per thread, held in `runs` (grown to the thread count once).
+// take(t) hands thread t the front block of its own run while one is left, then the back block of
+// another thread's run (the next thread's first), and -1 when every run is empty. An owner and a
+// thief change a run's (front, end) word by compare-and-swap, so they never take the same block.
+class BlockRuns {
+ public:
+  BlockRuns(std::vector<BlockRun>& runs, int64_t count, int threads) : runs_(runs), n_(std::max(threads, 1)) {
+    if (static_cast<int64_t>(runs_.size()) < n_) runs_ = std::vector<BlockRun>(static_cast<size_t>(n_));
+    for (int64_t t = 0; t < n_; ++t) runs_[t].word.store(pack(count * t / n_, count * (t + 1) / n_), std::memory_order_relaxed);
+  }
+  int64_t take(int thread) {
+    for (int64_t k = 0; k < n_; ++k) {
+      std::atomic<uint64_t>& word = runs_[(thread + k) % n_].word;
+      const bool own = k == 0;
+      uint64_t w = word.load(std::memory_order_relaxed);
+      while (front(w) < end(w)) {
+        const uint64_t taken = own ? pack(front(w) + 1, end(w)) : pack(front(w), end(w) - 1);
+        if (word.compare_exchange_weak(w, taken, std::memory_order_relaxed)) return own ? front(w) : end(w) - 1;
+      }
+    }
+    return -1;
+  }
+
+ private:
+  static uint64_t pack(int64_t front, int64_t end) { return static_cast<uint64_t>(front) << 32 | static_cast<uint64_t>(end); }
+  static int64_t front(uint64_t w) { return static_cast<int64_t>(w >> 32); }
+  static int64_t end(uint64_t w) { return static_cast<int64_t>(w & 0xffffffffu); }
+  std::vector<BlockRun>& runs_;
+  const int64_t n_;
+};
+
 // One GEMM's operands as the tiles read them. b is packed whole (every thread reads all of it). a is
 // read in place when its rows are whole tiles; else each thread packs the 32-row strip it is about to
 // run into its own buffer (`strip`), so the packed rows are written to, and read back from, its L2
@@ -239,23 +271,29 @@ void packed_matmul(Buf out, const bf16* a, const bf16* b, int64_t M, int64_t N, 
   // head's [V, C]: 32 MB for llama_60m) read whole for each strip would come from memory M/32 times.
   // A packed a is never split into groups (each group would pack its strips again); its GEMMs (the
   // weight gradients) have small N.
-  const int64_t row_blocks = op.Np / kBlock, strips = op.Mp / kBlock, blocks = strips * row_blocks;
+  const int64_t row_blocks = op.Np / kBlock, strips = op.Mp / kBlock;
   const int64_t group = op.packs_a ? row_blocks : std::max<int64_t>(1, kGroupBytes / (op.Kp * 2 * kBlock));
+  const int64_t blocks = strips * row_blocks;
+  // Each thread owns an equal, contiguous run of the blocks in that order, and runs it from the
+  // front; a thread that finishes its own run takes the other threads' remaining blocks from the
+  // back of their runs (BlockRuns). With the runs alone, one of this VM's two cores idled 5-30% of
+  // many GEMMs' time, as the cores run at unequal, shifting speeds; blocks handed out one at a time
+  // to whichever thread asked (a dynamic schedule) lost the runs' locality and was slower where the
+  // cores ran alike. A thread gets a's rows anew when its next block lies in another strip than its
+  // last: a strip split between two threads is packed by both.
+  const int threads = omp_get_max_threads();
+  BlockRuns runs(scratch.runs, blocks, threads);
   const BlockEngine engine;
-#pragma omp parallel
+#pragma omp parallel num_threads(threads)
   {
     engine.begin();
     alignas(64) float tile[kBlock * kBlock];
-    // Each thread runs an equal, contiguous run of the blocks in that order (so the split is even
-    // whatever M is), getting a's rows anew where its run enters a strip: a strip split between two
-    // threads is packed by both.
-    const int64_t t = omp_get_thread_num(), threads = omp_get_num_threads();
-    const int64_t begin = blocks * t / threads, end = blocks * (t + 1) / threads;
     const uint16_t* a0 = nullptr;
-    for (int64_t i = begin; i < end; ++i) {
+    int64_t a0_m0 = -1;
+    for (int64_t i; (i = runs.take(omp_get_thread_num())) >= 0;) {
       const int64_t g0 = i / (strips * group) * group, width = std::min(group, row_blocks - g0);  // the group's blocks
       const int64_t in_group = i - g0 * strips, m0 = in_group / width * kBlock, n0 = (g0 + in_group % width) * kBlock;
-      if (a0 == nullptr || n0 == g0 * kBlock) a0 = op.rows(m0);
+      if (m0 != a0_m0) a0 = op.rows(m0), a0_m0 = m0;
       out_block(engine, out, M, N, accumulate, m0, n0, a0, op.lda, op.panels(n0), op.Kp, tile);
     }
     engine.end();
@@ -271,7 +309,7 @@ void packed_matmul_row_strips(const bf16* a, const bf16* b, int64_t M, int64_t N
   {
     engine.begin();
     float* strip = strips + static_cast<int64_t>(omp_get_thread_num()) * strip_stride;
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 1)  // taken as the threads finish (see packed_matmul)
     for (int64_t m0 = 0; m0 < op.Mp; m0 += kBlock) {
       // The same blocks, in the same order of K, as packed_matmul: the same FP32 values.
       const uint16_t* a0 = op.rows(m0);

@@ -15,6 +15,7 @@
 // written, 32 rows at a time into each thread's own buffer, so those writes stay in its L2: the
 // weight gradients, whose a is transposed).
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <vector>
@@ -37,8 +38,13 @@ bool packed_bf16_gemm_usable();
 // Packed operands, reused from call to call (no allocation once the largest shape was seen); each
 // grows to exactly the largest request, so bytes() is what it holds (the memory estimate predicts it:
 // packed_gemm_elements).
+// packed_matmul's run of output blocks for one thread: (front << 32 | end), changed by compare-and-swap.
+struct alignas(64) BlockRun {  // one per cache line
+  std::atomic<uint64_t> word{0};
+};
 struct PackedScratch {
   std::vector<uint16_t> a, b;
+  std::vector<BlockRun> runs;  // one per thread (a few cache lines; not counted in bytes())
   int64_t bytes() const { return static_cast<int64_t>((a.capacity() + b.capacity()) * sizeof(uint16_t)); }
 };
 
