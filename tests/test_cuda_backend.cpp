@@ -446,6 +446,46 @@ TEST_P(CudaVsCpu, MultiTensorAdamEqualsPerTensorUpdates) {
   }
 }
 
+// Multi-tensor SinkGD: each pass one launch over the call's tensors, 70 of six shapes (more than the
+// 64 one launch holds; a chunk owning several rows; 1 x n and m x 1; two column blocks; three blocks
+// of the W write), the first 40 BF16/BF16 and the
+// rest FP32/FP32 (a launch holds one dtype pair: the call splits there), stochastic rounding with each
+// tensor's id, L = 5 and L = 0 (W scaled by u = v = 1). Each tensor's W must equal the one-tensor
+// update's to the bit (the same chunks, sums and rounding per tensor), and the CPU's within
+// SinkGDUpdateOnTallWideSquareAndVectorShapes' bounds.
+TEST_P(CudaVsCpu, MultiTensorSinkGDEqualsPerTensorUpdates) {
+  struct Shape {
+    int64_t m, n;
+  };
+  const Shape shapes[] = {{7, 13}, {300, 40}, {1, 37}, {37, 1}, {16, 16}, {3, 300}};
+  for (int iterations : {5, 0}) {
+    std::vector<std::unique_ptr<Pair>> many, one, grads;
+    std::vector<SinkGDTensor> tensors;
+    for (int64_t i = 0; i < 70; ++i) {
+      const Shape s = shapes[i % 6];
+      const DType t = i < 40 ? DType::BF16 : DType::F32;
+      const uint32_t seed = static_cast<uint32_t>(3 * i);
+      many.push_back(std::make_unique<Pair>(*cpu, *cuda, random_vec(s.m * s.n, seed, 0.1), t));
+      one.push_back(std::make_unique<Pair>(*cpu, *cuda, random_vec(s.m * s.n, seed, 0.1), t));
+      grads.push_back(std::make_unique<Pair>(*cpu, *cuda, random_vec(s.m * s.n, seed + 1, 0.01), t));
+      tensors.push_back({many.back()->g.buf(), grads.back()->g.buf(), s.m, s.n, static_cast<uint64_t>(100 + i)});
+    }
+    SinkGDArgs a;
+    a.lr = 0.01f, a.decoupled_decay = 0.1f, a.iterations = iterations;
+    a.write = WriteBack{true, 7, 3, 0};
+    cuda->sinkgd_update_many(tensors.data(), static_cast<int64_t>(tensors.size()), a);
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      SinkGDArgs ai = a;
+      ai.write.tensor = tensors[i].tensor;
+      cuda->sinkgd_update(one[i]->g.buf(), grads[i]->g.buf(), tensors[i].m, tensors[i].n, ai);
+      cpu->sinkgd_update(many[i]->c.buf(), grads[i]->c.buf(), tensors[i].m, tensors[i].n, ai);
+      const std::string what = "tensor " + std::to_string(i) + ", L = " + std::to_string(iterations);
+      EXPECT_EQ(many[i]->g.get(), one[i]->g.get()) << what;
+      EXPECT_TRUE(many[i]->same(i < 40 ? kBf16 : 1e-6)) << what;
+    }
+  }
+}
+
 // Stochastic rounding: for the same FP32 value both backends make the same decision (the same
 // counter-based hash, kernels/common/rounding.h). SGD with w = 0, lr = 1 writes exactly -g, so the
 // stored BF16 bits must be identical, element by element; and about half the values round up.

@@ -486,9 +486,11 @@ template <class T, class G>
 void sinkgd_update(T* w, const G* g, int64_t m, int64_t n, const SinkGDArgs& a, Workspace& ws, SinkgdRows mode) {
   constexpr bool widen = !std::is_same_v<G, float>;
   const int threads = omp_get_max_threads();
-  const bool cached = widen && (mode == SinkgdRows::kCached ||
-                                (mode == SinkgdRows::kAuto && sinkgd_caches_rows(m, n, threads)));
+  // (With no pass, L = 0, nothing fills the cache: the W write reads G, with u = v = 1.)
+  const bool cached = widen && a.iterations > 0 &&
+                      (mode == SinkgdRows::kCached || (mode == SinkgdRows::kAuto && sinkgd_caches_rows(m, n, threads)));
   float* u = ws.floats(m, kU);
+  if (a.iterations == 0) std::fill(u, u + m, 1.0f);
   // Each thread keeps its own v and v^2 and adds the chunks' column sums itself (the same adds in
   // the same order, so the same bits everywhere): one barrier per iteration instead of two. The
   // partial sums are double-buffered, so a thread may start the next iteration's rows while another
@@ -624,6 +626,7 @@ template <class T, class G>
   const float keep = 1.0f - a.lr * a.decoupled_decay;
   std::fill(v, v + n, 1.0f);
   std::fill(v2, v2 + n, 1.0f);
+  if (a.iterations == 0) std::fill(u, u + m, 1.0f);  // no pass: W <- keep W - lr G
   for (int it = 0; it < a.iterations; ++it) {
     for (int64_t c = 0; c < chunks; ++c) {
       float* sums = c == 0 ? v : col;  // chunk 0's sums start v; the others are added to it below

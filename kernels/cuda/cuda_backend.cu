@@ -258,12 +258,39 @@ class CudaBackend final : public Backend {
     with_type(x.dtype, [&](auto* t) { cuda::scale(as<std::remove_pointer_t<decltype(t)>>(x), n, factor, stream_); });
   }
   void sinkgd_update(Buf w, Buf g, int64_t m, int64_t n, const SinkGDArgs& a) override {
-    auto* scratch = static_cast<float*>(opt_scratch_.get(static_cast<size_t>(sinkgd_scratch(m, n)) * 4, "sinkgd_update"));
-    with_types(w.dtype, g.dtype, "sinkgd_update", [&](auto* t, auto* gt) {
-      using T = std::remove_pointer_t<decltype(t)>;
-      using G = std::remove_pointer_t<decltype(gt)>;
-      cuda::sinkgd(as<T>(w), as<G>(g), m, n, a.iterations, a.eps, a.lr, 1.0f - a.lr * a.decoupled_decay, a.write, scratch, stream_);
-    });
+    const SinkGDTensor t{w, g, m, n, a.write.tensor};
+    sinkgd_update_many(&t, 1, a);
+  }
+  // The tensors in launches of cuda_scratch::sinkgd_many_launch_end's making (one launch per pass for
+  // all of a launch's tensors), each tensor with its own scratch; one dtype pair per launch.
+  void sinkgd_update_many(const SinkGDTensor* tensors, int64_t count, const SinkGDArgs& a) override {
+    auto* dev = static_cast<cuda::SinkgdManyItem*>(many_scratch_.get(cuda_scratch::sinkgd_many_bytes(), "sinkgd_update_many"));
+    auto shape = [&](int64_t i) { return std::pair<int64_t, int64_t>{tensors[i].m, tensors[i].n}; };
+    for (int64_t begin = 0; begin < count;) {
+      int64_t floats = 0;
+      int64_t end = cuda_scratch::sinkgd_many_launch_end(begin, count, shape, &floats);
+      for (int64_t i = begin + 1; i < end; ++i)  // a launch holds one dtype pair
+        if (tensors[i].w.dtype != tensors[begin].w.dtype || tensors[i].g.dtype != tensors[begin].g.dtype) end = i;
+      auto* scratch = static_cast<float*>(opt_scratch_.get(static_cast<size_t>(floats) * 4, "sinkgd_update_many"));
+      sinkgd_items_.clear();
+      for (int64_t i = begin; i < end; ++i) {
+        const SinkGDTensor& t = tensors[i];
+        sinkgd_items_.push_back(cuda::sinkgd_item(t.w.ptr, t.g.ptr, t.m, t.n, scratch, t.tensor));
+        scratch += sinkgd_scratch(t.m, t.n);
+      }
+      const cuda::SinkgdLayout layout = cuda::sinkgd_layout(sinkgd_items_.data(), end - begin);
+      // Rewriting the descriptors is stream-ordered after the previous launches, and a pageable
+      // source is staged before cudaMemcpyAsync returns: no synchronisation needed.
+      MN_CUDA_CHECK(cudaMemcpyAsync(dev, sinkgd_items_.data(), sinkgd_items_.size() * sizeof(cuda::SinkgdManyItem),
+                                    cudaMemcpyHostToDevice, stream_),
+                    "sinkgd_update_many (descriptors)");
+      with_types(tensors[begin].w.dtype, tensors[begin].g.dtype, "sinkgd_update_many", [&](auto* t, auto* gt) {
+        using T = std::remove_pointer_t<decltype(t)>;
+        using G = std::remove_pointer_t<decltype(gt)>;
+        cuda::sinkgd_many<T, G>(dev, end - begin, layout, a.iterations, a.eps, a.lr, 1.0f - a.lr * a.decoupled_decay, a.write, stream_);
+      });
+      begin = end;
+    }
   }
   void swan_update(Buf w, Buf g, int64_t m, int64_t n, const SwanArgs& a) override {
     void* scratch = opt_scratch_.get(static_cast<size_t>(swan_scratch_bytes(m, n)), "swan_update");
@@ -349,6 +376,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<LtGemm> gemm_;
   Scratch rms_scratch_, attn_scratch_, reduce_scratch_, bucket_scratch_, opt_scratch_, many_scratch_;
   std::vector<AdamManyItem> many_items_;
+  std::vector<cuda::SinkgdManyItem> sinkgd_items_;
   SwanStats swan_;
   std::vector<int32_t> host_tokens_, order_, host_buckets_;
 };

@@ -92,12 +92,31 @@ void adam_many(const AdamManyItem* items, int64_t count, int64_t blocks, const A
 template <class T, class G, class S>
 void sgd(T* w, const G* g, S* buf, int64_t n, float lr, float momentum, float keep, const WriteBack& wb, cudaStream_t stream);
 
-// SinkGD on W[m,n], fused: L passes over G (row scales u, column scales v in FP32), then one pass
-// writing W. scratch: sinkgd_scratch(m, n) floats.
+// SinkGD on many W[m,n] at once, fused: L passes over each G (row scales u, column scales v in FP32),
+// then one pass writing W; each pass is one launch for every tensor of the call. `items` (device
+// memory) describes up to kSinkgdManyPerLaunch tensors sharing dtypes and arguments, made by
+// sinkgd_item and laid out by sinkgd_layout; each has its own scratch of sinkgd_scratch(m, n) floats.
 int64_t sinkgd_scratch(int64_t m, int64_t n);
+struct SinkgdManyItem {
+  void* w;
+  const void* g;
+  float* scratch;                  // u (m), v (n), the row chunks' column partials (chunks x n)
+  int64_t m, n;
+  int64_t rows_per_chunk, chunks;  // a pass's row chunks: fixed by m (the same sums on every GPU)
+  uint64_t tensor;                 // stochastic-rounding tensor id
+  int64_t first_row_block, first_col_block, first_apply_block;  // this tensor's first block of each launch
+  float sqrt_n, sqrt_m;
+};
+static_assert(sizeof(SinkgdManyItem) == cuda_scratch::kSinkgdManyItemBytes, "the memory plan counts this size");
+SinkgdManyItem sinkgd_item(void* w, const void* g, int64_t m, int64_t n, float* scratch, uint64_t tensor);
+// The blocks of the three launches for items[0..count) (each item's first blocks set here).
+struct SinkgdLayout {
+  int64_t row_blocks = 0, col_blocks = 0, apply_blocks = 0, max_n = 0;
+};
+SinkgdLayout sinkgd_layout(SinkgdManyItem* items, int64_t count);
 template <class T, class G>
-void sinkgd(T* w, const G* g, int64_t m, int64_t n, int iterations, float eps, float lr, float keep, const WriteBack& wb, float* scratch,
-            cudaStream_t stream);
+void sinkgd_many(const SinkgdManyItem* items, int64_t count, const SinkgdLayout& layout, int iterations, float eps, float lr, float keep,
+                 const WriteBack& wb, cudaStream_t stream);
 
 // SWAN on W[m,n] (swan.cu): row normalisation, Newton-Schulz through cuBLASLt in FP32, or the exact
 // FP64 path on the host. scratch: swan_scratch_bytes(m, n) bytes.

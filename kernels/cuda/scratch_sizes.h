@@ -24,6 +24,27 @@ inline int64_t embedding_backward_bytes(int64_t BT) { return (3 * BT + 1) * 4; }
 inline int64_t sum_squares_bytes() { return (kSumSquaresBlocks + 1) * 8; }
 // SinkGD on [m, n]: u (m), v (n), column partials per row chunk, floats
 inline int64_t sinkgd_floats(int64_t m, int64_t n) { return m + n + std::min(m, kSinkgdChunks) * n; }
+// multi-tensor SinkGD: the tensors go, in the call's order, in launches of at most
+// kSinkgdManyPerLaunch tensors whose scratch (their sinkgd_floats, side by side) stays within
+// kSinkgdManyFloats, or one tensor alone that needs more. The descriptors of one launch:
+constexpr int64_t kSinkgdManyPerLaunch = 64;
+constexpr int64_t kSinkgdManyFloats = 16ll << 20;  // 64 MB
+constexpr int64_t kSinkgdManyItemBytes = 96;       // 3 pointers, 8 integers, 2 floats
+inline int64_t sinkgd_many_bytes() { return kSinkgdManyPerLaunch * kSinkgdManyItemBytes; }
+// The end of the launch that starts at tensor `begin` of `count`, shape(i) giving tensor i's
+// (m, n); *floats is set to the launch's scratch.
+template <class Shape>
+int64_t sinkgd_many_launch_end(int64_t begin, int64_t count, const Shape& shape, int64_t* floats) {
+  int64_t end = begin, sum = 0;
+  while (end < count && end - begin < kSinkgdManyPerLaunch) {
+    const auto [m, n] = shape(end);
+    const int64_t f = sinkgd_floats(m, n);
+    if (end > begin && sum + f > kSinkgdManyFloats) break;
+    sum += f, ++end;
+  }
+  *floats = sum;
+  return end;
+}
 // SWAN on [m, n], k = min(m, n): X and U (m n), A Y Z P T and a ping-pong spare (k k), FP32; the power
 // iteration (2k), reduction partials and scalars, FP64
 inline int64_t swan_bytes(int64_t m, int64_t n) {

@@ -1,13 +1,17 @@
-// SinkGD on W, G [m, n], fused (the algorithm and its CPU twin: kernels/cpu/sinkgd.cpp):
-//   X = diag(u) G diag(v) is never materialised; each of the L iterations is one kernel over G:
-//   a block owns a fixed chunk of rows (kChunks chunks: the same reduction tree on every GPU); for each
-//   row it block-reduces ||G_i o v||, sets u_i = sqrt(n) / max(norm, eps), and adds u_i^2 G_ij^2 to
-//   its column partial in shared memory (thread t owns columns t, t + blockDim, ...: no races, no
-//   atomics); a second small kernel sums the partials in chunk order into v_j = sqrt(m) / max(., eps).
-//   The last kernel reads G and W once and writes W.
-// Bytes: L x (|G| + kChunks n 4 x 2) + |G| + 2 |W|; with BF16 G and W that is 2L + 6 bytes per element
+// SinkGD on W, G [m, n], fused (the algorithm and its CPU twin: kernels/cpu/sinkgd.cpp), for many
+// tensors at once: each pass is one launch over every tensor of the call (2 L + 1 launches in all,
+// where one tensor at a time took 2 L + 2 per tensor: llama_60m's 56 matrices, L = 5, 672 -> 11).
+//   X = diag(u) G diag(v) is never materialised; each of the L iterations is one rows launch over G:
+//   a block owns a fixed chunk of one tensor's rows (chunks_for(m) chunks: the same reduction tree on
+//   every GPU); for each row it block-reduces ||G_i o v||, sets u_i = sqrt(n) / max(norm, eps), and
+//   adds u_i^2 G_ij^2 to its column partial in shared memory (thread t owns columns t, t + blockDim,
+//   ...: no races, no atomics); a columns launch sums each tensor's partials in chunk order into
+//   v_j = sqrt(m) / max(., eps). The first pass takes v = 1 without reading it. The last launch reads
+//   G and W once and writes W.
+// Bytes: L x (|G| + chunks n 4 x 2) + |G| + 2 |W|; with BF16 G and W that is 2L + 6 bytes per element
 // (L = 5: 16 B/element) against Adam's 12 (BF16 w, g, m, v read; w, m, v written) — and no state.
 // The row's second read (for the column partial) hits L1: a BF16 row of 5461 is 11 KB.
+// A block finds its tensor by scanning the launch's descriptors (at most kSinkgdManyPerLaunch, in L2).
 #include <cmath>
 
 #include "device_utils.cuh"
@@ -20,31 +24,41 @@ namespace {
 
 constexpr int64_t kChunks = cuda_scratch::kSinkgdChunks;  // row chunks (blocks) of each pass: fixed for determinism
 constexpr int kThreads = 256;
+constexpr int64_t kApplyElementsPerBlock = 4096;
 
 int64_t chunks_for(int64_t m) { return std::min<int64_t>(m, kChunks); }
 
-__global__ void fill_kernel(float* x, int64_t n, float value) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) x[i] = value;
+// The item whose range of one launch's blocks (starting at first(item)) holds this block.
+template <class First>
+__device__ int64_t item_of_block(const SinkgdManyItem* items, int64_t count, First first) {
+  int64_t i = 0;
+  while (i + 1 < count && first(items[i + 1]) <= int64_t(blockIdx.x)) ++i;
+  return i;
 }
 
-// One row pass: u from v, and each chunk's column partial of u^2 G^2.
+// One row pass of one tensor's chunk: u from v, and the chunk's column partial of u^2 G^2.
 template <class G>
-__global__ void sinkgd_rows_kernel(float* u, float* partials, const G* g, const float* v, int64_t m, int64_t n, int64_t rows_per_chunk,
-                                   float sqrt_n, float eps) {
+__global__ void sinkgd_rows_kernel(const SinkgdManyItem* items, int64_t count, bool first_pass, float eps) {
   MN_DYNAMIC_SHARED(float, col);
   __shared__ float scratch[32];
+  const SinkgdManyItem& it = items[item_of_block(items, count, [](const SinkgdManyItem& x) { return x.first_row_block; })];
+  const G* g = static_cast<const G*>(it.g);
+  const int64_t m = it.m, n = it.n, chunk = int64_t(blockIdx.x) - it.first_row_block;
+  float* u = it.scratch;
+  const float* v = u + m;
+  float* partials = u + m + n;
   for (int64_t j = threadIdx.x; j < n; j += blockDim.x) col[j] = 0.0f;
-  const int64_t begin = int64_t(blockIdx.x) * rows_per_chunk;
-  const int64_t end = begin + rows_per_chunk < m ? begin + rows_per_chunk : m;
+  const int64_t begin = chunk * it.rows_per_chunk;
+  const int64_t end = begin + it.rows_per_chunk < m ? begin + it.rows_per_chunk : m;
   for (int64_t i = begin; i < end; ++i) {
     const G* gi = g + i * n;
     float r = 0.0f;
     for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
-      const float x = to_float(gi[j]) * v[j];
+      const float x = first_pass ? to_float(gi[j]) : to_float(gi[j]) * v[j];  // v = 1 before the first pass
       r += x * x;
     }
     r = block_sum(r, scratch);
-    const float ui = sqrt_n / fmaxf(sqrtf(r), eps);
+    const float ui = it.sqrt_n / fmaxf(sqrtf(r), eps);
     if (threadIdx.x == 0) u[i] = ui;
     const float u2 = ui * ui;
     for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
@@ -52,23 +66,36 @@ __global__ void sinkgd_rows_kernel(float* u, float* partials, const G* g, const 
       col[j] += u2 * x * x;
     }
   }
-  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) partials[int64_t(blockIdx.x) * n + j] = col[j];
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) partials[chunk * n + j] = col[j];
 }
 
-__global__ void sinkgd_cols_kernel(float* v, const float* partials, int64_t chunks, int64_t n, float sqrt_m, float eps) {
-  const int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+__global__ void sinkgd_cols_kernel(const SinkgdManyItem* items, int64_t count, float eps) {
+  const SinkgdManyItem& it = items[item_of_block(items, count, [](const SinkgdManyItem& x) { return x.first_col_block; })];
+  const int64_t n = it.n, j = (int64_t(blockIdx.x) - it.first_col_block) * blockDim.x + threadIdx.x;
   if (j >= n) return;
+  float* v = it.scratch + it.m;
+  const float* partials = v + n;
   float s = 0.0f;
-  for (int64_t c = 0; c < chunks; ++c) s += partials[c * n + j];  // chunk order: deterministic
-  v[j] = sqrt_m / fmaxf(sqrtf(s), eps);
+  for (int64_t c = 0; c < it.chunks; ++c) s += partials[c * n + j];  // chunk order: deterministic
+  v[j] = it.sqrt_m / fmaxf(sqrtf(s), eps);
 }
 
+// W <- W keep - lr u_i G_ij v_j over one tensor's block of kApplyElementsPerBlock elements (u = v = 1
+// when there were no passes).
 template <class T, class G>
-__global__ void sinkgd_apply_kernel(T* w, const G* g, const float* u, const float* v, int64_t m, int64_t n, float lr, float keep, WriteBack wb) {
-  const int64_t total = m * n;
-  for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < total; k += int64_t(gridDim.x) * blockDim.x) {
+__global__ void sinkgd_apply_kernel(const SinkgdManyItem* items, int64_t count, bool scaled, float lr, float keep, WriteBack wb) {
+  const SinkgdManyItem& it = items[item_of_block(items, count, [](const SinkgdManyItem& x) { return x.first_apply_block; })];
+  T* w = static_cast<T*>(it.w);
+  const G* g = static_cast<const G*>(it.g);
+  const float* u = it.scratch;
+  const float* v = u + it.m;
+  wb.tensor = it.tensor;
+  const int64_t n = it.n, total = it.m * n, begin = (int64_t(blockIdx.x) - it.first_apply_block) * kApplyElementsPerBlock;
+  const int64_t end = begin + kApplyElementsPerBlock < total ? begin + kApplyElementsPerBlock : total;
+  for (int64_t k = begin + threadIdx.x; k < end; k += blockDim.x) {
     const int64_t i = k / n, j = k % n;
-    w[k] = store_weight<T>(to_float(w[k]) * keep - lr * u[i] * to_float(g[k]) * v[j], wb, static_cast<uint64_t>(k));
+    const float ui = scaled ? u[i] : 1.0f, vj = scaled ? v[j] : 1.0f;
+    w[k] = store_weight<T>(to_float(w[k]) * keep - lr * ui * to_float(g[k]) * vj, wb, static_cast<uint64_t>(k));
   }
 }
 
@@ -76,31 +103,51 @@ __global__ void sinkgd_apply_kernel(T* w, const G* g, const float* u, const floa
 
 int64_t sinkgd_scratch(int64_t m, int64_t n) { return cuda_scratch::sinkgd_floats(m, n); }
 
-template <class T, class G>
-void sinkgd(T* w, const G* g, int64_t m, int64_t n, int iterations, float eps, float lr, float keep, const WriteBack& wb, float* scratch,
-            cudaStream_t stream) {
-  if (m * n == 0) return;
-  if (n * 4 > 48 * 1024)
-    throw_launch_error("sinkgd_rows", dim3(), dim3(), n * 4, "a row of " + std::to_string(n) + " columns exceeds the 12,288 of one block's shared column partial");
-  float* u = scratch;
-  float* v = u + m;
-  float* partials = v + n;
+SinkgdManyItem sinkgd_item(void* w, const void* g, int64_t m, int64_t n, float* scratch, uint64_t tensor) {
   const int64_t chunks = chunks_for(m), rows_per_chunk = (m + chunks - 1) / chunks;
-  const int64_t used = (m + rows_per_chunk - 1) / rows_per_chunk;
-  const float sqrt_n = std::sqrt(static_cast<float>(n)), sqrt_m = std::sqrt(static_cast<float>(m));
-  launch("sinkgd_init", fill_kernel, dim3(ceil_div(n, 256)), dim3(256), 0, stream, v, n, 1.0f);
-  for (int it = 0; it < iterations; ++it) {
-    launch("sinkgd_rows", sinkgd_rows_kernel<G>, dim3(static_cast<unsigned>(used)), dim3(kThreads), n * sizeof(float), stream, u, partials, g, v,
-           m, n, rows_per_chunk, sqrt_n, eps);
-    launch("sinkgd_cols", sinkgd_cols_kernel, dim3(ceil_div(n, 256)), dim3(256), 0, stream, v, partials, used, n, sqrt_m, eps);
-  }
-  if (iterations == 0) launch("sinkgd_init", fill_kernel, dim3(ceil_div(m, 256)), dim3(256), 0, stream, u, m, 1.0f);
-  launch("sinkgd_apply", sinkgd_apply_kernel<T, G>, dim3(static_cast<unsigned>(std::min<int64_t>(ceil_div(m * n, 256), 8192))), dim3(256), 0, stream,
-         w, g, u, v, m, n, lr, keep, wb);
+  SinkgdManyItem it{};
+  it.w = w, it.g = g, it.scratch = scratch, it.m = m, it.n = n;
+  it.rows_per_chunk = rows_per_chunk;
+  it.chunks = (m + rows_per_chunk - 1) / rows_per_chunk;  // the chunks that hold rows
+  it.tensor = tensor;
+  it.sqrt_n = std::sqrt(static_cast<float>(n)), it.sqrt_m = std::sqrt(static_cast<float>(m));
+  return it;
 }
 
-template void sinkgd<float, float>(float*, const float*, int64_t, int64_t, int, float, float, float, const WriteBack&, float*, cudaStream_t);
-template void sinkgd<bf16, bf16>(bf16*, const bf16*, int64_t, int64_t, int, float, float, float, const WriteBack&, float*, cudaStream_t);
-template void sinkgd<bf16, float>(bf16*, const float*, int64_t, int64_t, int, float, float, float, const WriteBack&, float*, cudaStream_t);
+SinkgdLayout sinkgd_layout(SinkgdManyItem* items, int64_t count) {
+  SinkgdLayout l;
+  for (int64_t i = 0; i < count; ++i) {
+    SinkgdManyItem& it = items[i];
+    if (it.n * 4 > 48 * 1024)
+      throw_launch_error("sinkgd_rows", dim3(), dim3(), it.n * 4,
+                         "a row of " + std::to_string(it.n) + " columns exceeds the 12,288 of one block's shared column partial");
+    it.first_row_block = l.row_blocks, it.first_col_block = l.col_blocks, it.first_apply_block = l.apply_blocks;
+    l.row_blocks += it.m * it.n > 0 ? it.chunks : 0;
+    l.col_blocks += ceil_div(it.n, kThreads);
+    l.apply_blocks += ceil_div(it.m * it.n, kApplyElementsPerBlock);
+    l.max_n = std::max(l.max_n, it.n);
+  }
+  return l;
+}
+
+template <class T, class G>
+void sinkgd_many(const SinkgdManyItem* items, int64_t count, const SinkgdLayout& l, int iterations, float eps, float lr, float keep,
+                 const WriteBack& wb, cudaStream_t stream) {
+  if (count == 0 || l.apply_blocks == 0) return;
+  for (int it = 0; it < iterations; ++it) {
+    launch("sinkgd_rows", sinkgd_rows_kernel<G>, dim3(static_cast<unsigned>(l.row_blocks)), dim3(kThreads), l.max_n * sizeof(float), stream,
+           items, count, it == 0, eps);
+    launch("sinkgd_cols", sinkgd_cols_kernel, dim3(static_cast<unsigned>(l.col_blocks)), dim3(kThreads), 0, stream, items, count, eps);
+  }
+  launch("sinkgd_apply", sinkgd_apply_kernel<T, G>, dim3(static_cast<unsigned>(l.apply_blocks)), dim3(kThreads), 0, stream, items, count,
+         iterations > 0, lr, keep, wb);
+}
+
+template void sinkgd_many<float, float>(const SinkgdManyItem*, int64_t, const SinkgdLayout&, int, float, float, float, const WriteBack&,
+                                        cudaStream_t);
+template void sinkgd_many<bf16, bf16>(const SinkgdManyItem*, int64_t, const SinkgdLayout&, int, float, float, float, const WriteBack&,
+                                      cudaStream_t);
+template void sinkgd_many<bf16, float>(const SinkgdManyItem*, int64_t, const SinkgdLayout&, int, float, float, float, const WriteBack&,
+                                       cudaStream_t);
 
 }  // namespace multinorm::cuda
