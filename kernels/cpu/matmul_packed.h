@@ -35,13 +35,13 @@ bool avx512_bf16_usable();
 // MULTINORM_PACKED_GEMM=0 hands BF16 GEMMs to oneDNN instead. Decided once.
 bool packed_bf16_gemm_usable();
 
-// Packed operands, reused from call to call (no allocation once the largest shape was seen); each
-// grows to exactly the largest request, so bytes() is what it holds (the memory estimate predicts it:
-// packed_gemm_elements).
 // packed_matmul's run of output blocks for one thread: (front << 32 | end), changed by compare-and-swap.
 struct alignas(64) BlockRun {  // one per cache line
   std::atomic<uint64_t> word{0};
 };
+// Packed operands, reused from call to call (no allocation once the largest shape was seen); each
+// grows to exactly the largest request, so bytes() is what it holds (the memory estimate predicts it:
+// packed_gemm_elements).
 struct PackedScratch {
   std::vector<uint16_t> a, b;
   std::vector<BlockRun> runs;  // one per thread (a few cache lines; not counted in bytes())

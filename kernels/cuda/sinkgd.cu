@@ -10,7 +10,9 @@
 //   G and W once and writes W.
 // Bytes: L x (|G| + chunks n 4 x 2) + |G| + 2 |W|; with BF16 G and W that is 2L + 6 bytes per element
 // (L = 5: 16 B/element) against Adam's 12 (BF16 w, g, m, v read; w, m, v written) — and no state.
-// The row's second read (for the column partial) hits L1: a BF16 row of 5461 is 11 KB.
+// The row's second read (for the column partial) hits L1: a BF16 row of 5461 is 11 KB. Rows whose
+// base is 16-byte aligned and whose width is a multiple of 8 (BF16) or 4 (FP32) values are read 16
+// bytes per thread (LDG.128); others (llama_1b's 5461-wide down projection) element by element.
 // A block finds its tensor by scanning the launch's descriptors (at most kSinkgdManyPerLaunch, in L2).
 #include <cmath>
 
@@ -36,7 +38,61 @@ __device__ int64_t item_of_block(const SinkgdManyItem* items, int64_t count, Fir
   return i;
 }
 
-// One row pass of one tensor's chunk: u from v, and the chunk's column partial of u^2 G^2.
+// P values of G from gi + j as FP32: one 16-byte pack (P = Pack<G>::kSize) or one element (P = 1).
+template <class G, int P>
+__device__ __forceinline__ void load_values(const G* gi, int64_t j, float (&x)[P]) {
+  if constexpr (P == 1) {
+    x[0] = to_float(gi[j]);
+  } else {
+    const Pack<G> pk = *reinterpret_cast<const Pack<G>*>(gi + j);
+#pragma unroll
+    for (int p = 0; p < P; ++p) x[p] = to_float(pk.v[p]);
+  }
+}
+
+// One row pass over rows begin..end-1 of one tensor: u from v, and the chunk's column partial of
+// u^2 G^2 in shared memory (col). Thread t owns columns P t + P blockDim k .. + P - 1: with P > 1 it
+// reads G 16 bytes at a time (a warp 512 bytes of BF16 per load) and its partials as 16-byte packs
+// (a quarter-warp's 128 bytes per shared-memory phase: no bank conflicts).
+template <class G, int P>
+__device__ void sinkgd_rows(const G* g, float* u, const float* v, float* col, float* scratch, int64_t begin, int64_t end, int64_t n,
+                            bool first_pass, float sqrt_n, float eps) {
+  const int64_t stride = int64_t(P) * blockDim.x;
+  for (int64_t i = begin; i < end; ++i) {
+    const G* gi = g + i * n;
+    float r = 0.0f;
+    for (int64_t j = int64_t(P) * threadIdx.x; j < n; j += stride) {
+      float x[P];
+      load_values<G, P>(gi, j, x);
+#pragma unroll
+      for (int p = 0; p < P; ++p) {
+        const float y = first_pass ? x[p] : x[p] * v[j + p];  // v = 1 before the first pass
+        r += y * y;
+      }
+    }
+    r = block_sum(r, scratch);
+    const float ui = sqrt_n / fmaxf(sqrtf(r), eps);
+    if (threadIdx.x == 0) u[i] = ui;
+    const float u2 = ui * ui;
+    for (int64_t j = int64_t(P) * threadIdx.x; j < n; j += stride) {
+      float x[P];
+      load_values<G, P>(gi, j, x);
+      if constexpr (P == 1) {
+        col[j] += u2 * x[0] * x[0];
+      } else {
+#pragma unroll
+        for (int q = 0; q < P; q += 4) {
+          Pack<float>& c = *reinterpret_cast<Pack<float>*>(col + j + q);
+#pragma unroll
+          for (int p = 0; p < 4; ++p) c.v[p] += u2 * x[q + p] * x[q + p];
+        }
+      }
+    }
+  }
+}
+
+// One row pass of one tensor's chunk (a block): u from v, and the chunk's column partial of u^2 G^2,
+// 16 bytes at a time where the rows allow (packable: base aligned, n a multiple of the pack).
 template <class G>
 __global__ void sinkgd_rows_kernel(const SinkgdManyItem* items, int64_t count, bool first_pass, float eps) {
   MN_DYNAMIC_SHARED(float, col);
@@ -48,24 +104,14 @@ __global__ void sinkgd_rows_kernel(const SinkgdManyItem* items, int64_t count, b
   const float* v = u + m;
   float* partials = u + m + n;
   for (int64_t j = threadIdx.x; j < n; j += blockDim.x) col[j] = 0.0f;
+  __syncthreads();  // a thread's columns differ between this loop and the packed passes below
   const int64_t begin = chunk * it.rows_per_chunk;
   const int64_t end = begin + it.rows_per_chunk < m ? begin + it.rows_per_chunk : m;
-  for (int64_t i = begin; i < end; ++i) {
-    const G* gi = g + i * n;
-    float r = 0.0f;
-    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
-      const float x = first_pass ? to_float(gi[j]) : to_float(gi[j]) * v[j];  // v = 1 before the first pass
-      r += x * x;
-    }
-    r = block_sum(r, scratch);
-    const float ui = it.sqrt_n / fmaxf(sqrtf(r), eps);
-    if (threadIdx.x == 0) u[i] = ui;
-    const float u2 = ui * ui;
-    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
-      const float x = to_float(gi[j]);
-      col[j] += u2 * x * x;
-    }
-  }
+  if (packable<G>(g, n))
+    sinkgd_rows<G, Pack<G>::kSize>(g, u, v, col, scratch, begin, end, n, first_pass, it.sqrt_n, eps);
+  else
+    sinkgd_rows<G, 1>(g, u, v, col, scratch, begin, end, n, first_pass, it.sqrt_n, eps);
+  __syncthreads();
   for (int64_t j = threadIdx.x; j < n; j += blockDim.x) partials[chunk * n + j] = col[j];
 }
 
