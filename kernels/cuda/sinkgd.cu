@@ -5,7 +5,8 @@
 //   a block owns a fixed chunk of one tensor's rows (chunks_for(m) chunks: the same reduction tree on
 //   every GPU); for each row it block-reduces ||G_i o v||, sets u_i = sqrt(n) / max(norm, eps), and
 //   adds u_i^2 G_ij^2 to its column partial in shared memory (thread t owns columns t, t + blockDim,
-//   ...: no races, no atomics); a columns launch sums each tensor's partials in chunk order into
+//   ..., or P at a time, sinkgd_rows: no races, no atomics); a columns launch sums each tensor's
+//   partials in chunk order into
 //   v_j = sqrt(m) / max(., eps). The first pass takes v = 1 without reading it. The last launch reads
 //   G and W once and writes W.
 // Bytes: L x (|G| + chunks n 4 x 2) + |G| + 2 |W|; with BF16 G and W that is 2L + 6 bytes per element
