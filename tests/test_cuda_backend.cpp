@@ -486,6 +486,24 @@ TEST_P(CudaVsCpu, MultiTensorSinkGDEqualsPerTensorUpdates) {
   }
 }
 
+// SinkGD's W write rounds stochastically by each element's index. With no pass (L = 0: u = v = 1),
+// w = 0 and lr = 1 it writes exactly -g, so the stored BF16 bits must be the CPU's, element by element:
+// on a width the write moves in 16-byte packs (40) and on one it does not (13), FP32 gradients
+// (below BF16 precision, so every value is rounded). (Mutation check: hashing a pack's first index
+// for all its elements fails it.)
+TEST_P(CudaVsCpu, SinkGDStochasticDecisionsAreTheCpus) {
+  for (const int64_t n : {40, 13}) {
+    const int64_t m = 16;
+    Pair w(*cpu, *cuda, Vec(m * n, 0.0), DType::BF16), g(*cpu, *cuda, random_vec(m * n, 9, 0.3), DType::F32);
+    SinkGDArgs a;
+    a.lr = 1.0f, a.iterations = 0;
+    a.write = WriteBack{true, 1234, 56, 7};
+    cpu->sinkgd_update(w.c.buf(), g.c.buf(), m, n, a);
+    cuda->sinkgd_update(w.g.buf(), g.g.buf(), m, n, a);
+    EXPECT_EQ(w.c.get(), w.g.get()) << "n = " << n;
+  }
+}
+
 // Stochastic rounding: for the same FP32 value both backends make the same decision (the same
 // counter-based hash, kernels/common/rounding.h). SGD with w = 0, lr = 1 writes exactly -g, so the
 // stored BF16 bits must be identical, element by element; and about half the values round up.

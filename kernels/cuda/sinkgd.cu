@@ -13,7 +13,8 @@
 // (L = 5: 16 B/element) against Adam's 12 (BF16 w, g, m, v read; w, m, v written) — and no state.
 // The row's second read (for the column partial) hits L1: a BF16 row of 5461 is 11 KB. Rows whose
 // base is 16-byte aligned and whose width is a multiple of 8 (BF16) or 4 (FP32) values are read 16
-// bytes per thread (LDG.128); others (llama_1b's 5461-wide down projection) element by element.
+// bytes per thread (LDG.128), and the W write moves W and G in 16-byte packs on the same condition;
+// others (llama_1b's 5461-wide down projection) element by element.
 // A block finds its tensor by scanning the launch's descriptors (at most kSinkgdManyPerLaunch, in L2).
 #include <cmath>
 
@@ -39,15 +40,20 @@ __device__ int64_t item_of_block(const SinkgdManyItem* items, int64_t count, Fir
   return i;
 }
 
-// P values of G from gi + j as FP32: one 16-byte pack (P = Pack<G>::kSize) or one element (P = 1).
-template <class G, int P>
-__device__ __forceinline__ void load_values(const G* gi, int64_t j, float (&x)[P]) {
+// P values from x + j as FP32: 16-byte packs (P a multiple of Pack<X>::kSize) or one element (P = 1).
+template <class X, int P>
+__device__ __forceinline__ void load_values(const X* x, int64_t j, float (&out)[P]) {
   if constexpr (P == 1) {
-    x[0] = to_float(gi[j]);
+    out[0] = to_float(x[j]);
   } else {
-    const Pack<G> pk = *reinterpret_cast<const Pack<G>*>(gi + j);
+    constexpr int S = Pack<X>::kSize;
+    static_assert(P % S == 0, "whole packs");
 #pragma unroll
-    for (int p = 0; p < P; ++p) x[p] = to_float(pk.v[p]);
+    for (int q = 0; q < P; q += S) {
+      const Pack<X> pk = *reinterpret_cast<const Pack<X>*>(x + j + q);
+#pragma unroll
+      for (int p = 0; p < S; ++p) out[q + p] = to_float(pk.v[p]);
+    }
   }
 }
 
@@ -127,8 +133,41 @@ __global__ void sinkgd_cols_kernel(const SinkgdManyItem* items, int64_t count, f
   v[j] = it.sqrt_m / fmaxf(sqrtf(s), eps);
 }
 
-// W <- W keep - lr u_i G_ij v_j over one tensor's block of kApplyElementsPerBlock elements (u = v = 1
-// when there were no passes).
+// W <- W keep - lr u_i G_ij v_j for elements begin..end-1 of one tensor (u = v = 1 when there were no
+// passes), P consecutive elements of one row per thread and step: with P > 1 (P divides n, the rows
+// start on 16 bytes) W and G move as 16-byte packs and the row index costs one division per P
+// elements; with P = 1, one per element.
+template <class T, class G, int P>
+__device__ void sinkgd_apply(T* w, const G* g, const float* u, const float* v, bool scaled, int64_t n, int64_t begin, int64_t end, float lr,
+                             float keep, const WriteBack& wb) {
+  for (int64_t k = begin + int64_t(P) * threadIdx.x; k < end; k += int64_t(P) * blockDim.x) {
+    const int64_t i = k / n, j = k - i * n;
+    const float ui = scaled ? u[i] : 1.0f;
+    float wk[P], gk[P];
+    load_values<T, P>(w, k, wk);
+    load_values<G, P>(g, k, gk);
+    T out[P];
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      const float vj = scaled ? v[j + p] : 1.0f;
+      out[p] = store_weight<T>(wk[p] * keep - lr * ui * gk[p] * vj, wb, static_cast<uint64_t>(k + p));
+    }
+    if constexpr (P == 1) {
+      w[k] = out[0];
+    } else {
+      constexpr int S = Pack<T>::kSize;
+#pragma unroll
+      for (int q = 0; q < P; q += S) {
+        Pack<T> pk;
+#pragma unroll
+        for (int p = 0; p < S; ++p) pk.v[p] = out[q + p];
+        *reinterpret_cast<Pack<T>*>(w + k + q) = pk;
+      }
+    }
+  }
+}
+
+// The W write over one tensor's block of kApplyElementsPerBlock elements (a multiple of every P).
 template <class T, class G>
 __global__ void sinkgd_apply_kernel(const SinkgdManyItem* items, int64_t count, bool scaled, float lr, float keep, WriteBack wb) {
   const SinkgdManyItem& it = items[item_of_block(items, count, [](const SinkgdManyItem& x) { return x.first_apply_block; })];
@@ -139,11 +178,11 @@ __global__ void sinkgd_apply_kernel(const SinkgdManyItem* items, int64_t count, 
   wb.tensor = it.tensor;
   const int64_t n = it.n, total = it.m * n, begin = (int64_t(blockIdx.x) - it.first_apply_block) * kApplyElementsPerBlock;
   const int64_t end = begin + kApplyElementsPerBlock < total ? begin + kApplyElementsPerBlock : total;
-  for (int64_t k = begin + threadIdx.x; k < end; k += blockDim.x) {
-    const int64_t i = k / n, j = k % n;
-    const float ui = scaled ? u[i] : 1.0f, vj = scaled ? v[j] : 1.0f;
-    w[k] = store_weight<T>(to_float(w[k]) * keep - lr * ui * to_float(g[k]) * vj, wb, static_cast<uint64_t>(k));
-  }
+  constexpr int P = Pack<T>::kSize > Pack<G>::kSize ? Pack<T>::kSize : Pack<G>::kSize;
+  if (packable<T>(w, n) && packable<G>(g, n) && n % P == 0)
+    sinkgd_apply<T, G, P>(w, g, u, v, scaled, n, begin, end, lr, keep, wb);
+  else
+    sinkgd_apply<T, G, 1>(w, g, u, v, scaled, n, begin, end, lr, keep, wb);
 }
 
 }  // namespace
