@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job on a fresh machine, end to end:
 #   dependencies -> build -> the default corpus (Debian packages, C4 format) -> a SentencePiece
-#   tokenizer -> token shards -> training configs/quickstart.json (a 20M LLaMA, SinkGD, 6.5-15 minutes
+#   tokenizer -> token shards -> training configs/quickstart.json (a 20M LLaMA, SinkGD, 6.5-17 minutes
 #   on 2 cores) -> validation perplexity -> loss curves -> a generated sample.
 # Re-running continues where it stopped (every step is resumable or skipped when done).
 set -euo pipefail
