@@ -19,6 +19,22 @@
 
 namespace multinorm::cpu {
 
+#if defined(__AVX512BF16__)
+// dst[0..32) = to_bf16 of the 32 values lo (the first 16) and hi: one VCVTNE2PS2BF16, or element by
+// element where a value is denormal (the instruction flushes those).
+inline void store_bf16x32(__m512 lo, __m512 hi, bf16* dst) {
+  constexpr int kDenormal = 0x20;  // VFPCLASSPS: denormal inputs
+  if (_mm512_fpclass_ps_mask(lo, kDenormal) | _mm512_fpclass_ps_mask(hi, kDenormal)) {
+    alignas(64) float f[32];
+    _mm512_store_ps(f, lo);
+    _mm512_store_ps(f + 16, hi);
+    for (int k = 0; k < 32; ++k) dst[k] = to_bf16(f[k]);
+    return;
+  }
+  _mm512_storeu_si512(dst, __builtin_bit_cast(__m512i, _mm512_cvtne2ps_pbh(hi, lo)));  // lo in the low half
+}
+#endif
+
 // dst[j] = to_bf16(src[j]), or to_bf16(src[j] * scale) with kScaled (a scaling pass and the
 // rounding in one), for j < n.
 template <bool kScaled>
@@ -26,16 +42,11 @@ inline void round_row_to_bf16_scaled_if(const float* src, float scale, bf16* dst
   auto value = [&](int64_t k) { return kScaled ? src[k] * scale : src[k]; };
   int64_t j = 0;
 #if defined(__AVX512BF16__)
-  constexpr int kDenormal = 0x20;  // VFPCLASSPS: denormal inputs
   const __m512 s = _mm512_set1_ps(scale);
   for (; j + 32 <= n; j += 32) {
     __m512 lo = _mm512_loadu_ps(src + j), hi = _mm512_loadu_ps(src + j + 16);
     if constexpr (kScaled) lo = _mm512_mul_ps(lo, s), hi = _mm512_mul_ps(hi, s);
-    if (_mm512_fpclass_ps_mask(lo, kDenormal) | _mm512_fpclass_ps_mask(hi, kDenormal)) {
-      for (int64_t k = j; k < j + 32; ++k) dst[k] = to_bf16(value(k));
-      continue;
-    }
-    _mm512_storeu_si512(dst + j, __builtin_bit_cast(__m512i, _mm512_cvtne2ps_pbh(hi, lo)));  // lo in the low half
+    store_bf16x32(lo, hi, dst + j);
   }
 #endif
   for (; j < n; ++j) dst[j] = to_bf16(value(j));

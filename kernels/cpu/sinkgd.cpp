@@ -393,12 +393,11 @@ inline __m512 load16_f32(const bf16* x) {
 inline __m512 load16_f32(const float* x) { return _mm512_loadu_ps(x); }
 
 // A BF16 row of W <- new_weight(...), 32 values at a time in registers, rounded by VCVTNE2PS2BF16 as
-// round_row_to_bf16 does (a block holding a denormal value rounded element by element, as there):
+// round_row_to_bf16 does (store_bf16x32: a block holding a denormal value rounded element by element):
 // the same bits as computing the row in FP32 and rounding it, without storing and reloading the
 // FP32 row (two 64-byte stores and loads per 32 values; a 512-bit store takes two cycles on Zen 4).
 template <class X>
 inline void write_bf16_row(bf16* wi, const X* x, const float* v, int64_t n, float keep, float lu) {
-  constexpr int kDenormal = 0x20;  // VFPCLASSPS: denormal values
   const __m512 keep_v = _mm512_set1_ps(keep), lu_v = _mm512_set1_ps(lu);
   int64_t j = 0;
   for (; j + 32 <= n; j += 32) {
@@ -406,14 +405,7 @@ inline void write_bf16_row(bf16* wi, const X* x, const float* v, int64_t n, floa
     const __m512 t_hi = _mm512_mul_ps(_mm512_mul_ps(lu_v, load16_f32(x + j + 16)), _mm512_loadu_ps(v + j + 16));
     const __m512 lo = _mm512_fmsub_ps(load16_f32(wi + j), keep_v, t_lo);
     const __m512 hi = _mm512_fmsub_ps(load16_f32(wi + j + 16), keep_v, t_hi);
-    if (_mm512_fpclass_ps_mask(lo, kDenormal) | _mm512_fpclass_ps_mask(hi, kDenormal)) {
-      alignas(64) float f[32];
-      _mm512_store_ps(f, lo);
-      _mm512_store_ps(f + 16, hi);
-      for (int k = 0; k < 32; ++k) wi[j + k] = to_bf16(f[k]);
-      continue;
-    }
-    _mm512_storeu_si512(wi + j, __builtin_bit_cast(__m512i, _mm512_cvtne2ps_pbh(hi, lo)));  // lo in the low half
+    store_bf16x32(lo, hi, wi + j);
   }
   for (; j < n; ++j) wi[j] = to_bf16(new_weight(to_f32(wi[j]), to_f32(x[j]), v[j], keep, lu));
 }
