@@ -11,6 +11,7 @@
 #include <random>
 
 #include "../kernels/common/fast_math.h"
+#include "../kernels/cpu/cpu_kernels.h"
 #include "../kernels/cpu/matmul_packed.h"
 #include "multinorm/backend.h"
 #include "reference_llama.h"
@@ -561,6 +562,54 @@ TEST(PackedGemm, MatchesTheFp64ReferenceOnTileEdges) {
           }
   if (std::getenv("MULTINORM_TEST_ERRORS"))
     std::printf("[ measured ] packed GEMM: worst error / bound %.3g (FP32 out), %.3g (BF16 out)\n", worst_f32, worst_bf16);
+}
+
+// The fused epilogues' row strips (packed_matmul_row_strips): a thread forms 1 to 4 strips per pass
+// over b's column groups (row_strips_per_pass picks 4 for the loss head of llama_60m on a 2-core Zen
+// 4). Every count gives the bits of the GEMM followed by the op: the loss head against packed_matmul
+// and cross_entropy, SwiGLU's forward and backward pair against a pass of one strip. Shapes: x packed
+// (200 rows: 7 strips, the last short; passes of 3 leave one strip over) and read in place (256 rows),
+// K = 2048 so that b's panels form several column groups of 2 blocks (the last one partial).
+TEST(PackedGemm, RowStripsGiveTheSameBitsWhateverTheStripsPerPass) {
+  if (!cpu::packed_bf16_gemm_usable()) GTEST_SKIP() << "this CPU has neither AMX nor AVX512_BF16 (or MULTINORM_PACKED_GEMM=0)";
+  auto bf16_vec = [](int64_t n, uint64_t seed, double scale) {
+    const Vec v = random_vec(n, seed, scale);
+    std::vector<bf16> out(n);
+    for (int64_t i = 0; i < n; ++i) out[i] = to_bf16(static_cast<float>(v[i]));
+    return out;
+  };
+  cpu::PackedScratch packed;
+  cpu::Workspace ws;
+  for (const int64_t N : {200, 256}) {
+    const int64_t V = N == 200 ? 200 : 130, C = 2048, F = 100;
+    const std::vector<bf16> x = bf16_vec(N * C, 31, 0.1), w = bf16_vec(V * C, 32, 0.1);
+    std::vector<int32_t> targets(N);
+    std::vector<uint8_t> mask(N);
+    for (int64_t i = 0; i < N; ++i) targets[i] = static_cast<int32_t>((5 * i + 1) % V), mask[i] = i % 7 != 3;
+    // The loss head, unfused: FP32 logits, then the cross-entropy.
+    std::vector<float> logits(N * V), want_loss(N), loss(N);
+    std::vector<bf16> want_dl(N * V), dl(N * V);
+    cpu::packed_matmul(Buf{logits.data(), DType::F32}, x.data(), w.data(), N, V, C, false, true, false, packed);
+    cpu::cross_entropy<bf16>(want_loss.data(), want_dl.data(), logits.data(), targets.data(), mask.data(), N, V, 0.01f, ws);
+    // SwiGLU's pair with one strip a pass.
+    const std::vector<bf16> wgu = bf16_vec(2 * F * C, 33, 0.1), dy = bf16_vec(N * C, 34, 0.1), wd = bf16_vec(C * F, 35, 0.1);
+    std::vector<bf16> gu1(N * 2 * F), s1(N * F), dgu1(N * 2 * F), gu(N * 2 * F), s(N * F), dgu(N * 2 * F), sr(N * F);
+    cpu::matmul_swiglu_packed(s1.data(), gu1.data(), x.data(), wgu.data(), N, F, C, packed, ws, 1);
+    cpu::matmul_swiglu_backward_packed(dgu1.data(), nullptr, dy.data(), wd.data(), gu1.data(), N, F, C, packed, ws, 1);
+    for (int64_t strips = 1; strips <= cpu::kMaxRowStripsPerPass; ++strips) {
+      const std::string where = "N " + std::to_string(N) + ", " + std::to_string(strips) + " strips a pass";
+      cpu::linear_cross_entropy_packed(loss.data(), dl.data(), x.data(), w.data(), targets.data(), mask.data(), N, V, C, 0.01f,
+                                       packed, ws, strips);
+      EXPECT_EQ(std::memcmp(loss.data(), want_loss.data(), N * sizeof(float)), 0) << where;
+      EXPECT_EQ(std::memcmp(dl.data(), want_dl.data(), N * V * sizeof(bf16)), 0) << where;
+      cpu::matmul_swiglu_packed(s.data(), gu.data(), x.data(), wgu.data(), N, F, C, packed, ws, strips);
+      cpu::matmul_swiglu_backward_packed(dgu.data(), sr.data(), dy.data(), wd.data(), gu1.data(), N, F, C, packed, ws, strips);
+      EXPECT_EQ(std::memcmp(gu.data(), gu1.data(), gu.size() * sizeof(bf16)), 0) << where;
+      EXPECT_EQ(std::memcmp(s.data(), s1.data(), s.size() * sizeof(bf16)), 0) << where;
+      EXPECT_EQ(std::memcmp(dgu.data(), dgu1.data(), dgu.size() * sizeof(bf16)), 0) << where;
+      EXPECT_EQ(std::memcmp(sr.data(), s1.data(), sr.size() * sizeof(bf16)), 0) << where;  // the recomputed forward
+    }
+  }
 }
 
 // The threads run their own runs of output blocks and then take the others' remaining blocks from

@@ -56,10 +56,13 @@ class GradientListener {
 // The GEMMs of one training step (forward and backward of one micro-batch of BT rows), as
 // LlamaModel issues them: out[M,N] (+)= op(a)[M,K] op(b)[K,N], `count` times per step. The bench
 // measures the GEMM engine on them and the CPU memory estimate sizes the AMX packing buffers from them.
+// row_strips: a fused epilogue takes the output's rows where the backend fuses it (SwiGLU, the loss
+// head: packed_matmul_row_strips on the CPU).
 struct GemmShape {
   int64_t M, N, K;
   bool trans_a, trans_b;
   int count;
+  bool row_strips = false;
 };
 std::vector<GemmShape> training_step_gemms(const ModelConfig& m, int64_t BT);
 

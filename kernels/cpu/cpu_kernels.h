@@ -175,16 +175,18 @@ inline AttentionScratch attention_scratch(int64_t T, int64_t D, bool bf16_operan
 template <class T> void attention_decode(T* out, const T* qkv, T* k_cache, T* v_cache, int64_t pos, int64_t H, int64_t D,
                                          Workspace& ws);
 
-// GEMMs with a fused epilogue (the packed GEMM only, BF16 operands): the GEMM's rows are formed 32 at a
-// time into a per-thread FP32 strip (Workspace slot kGemmStripSlot, gemm_strip_floats(N) per thread)
-// and consumed there, never stored in FP32: the same bits as packed_matmul and then the op. Whether the
-// CPU backend fuses them (asked by the backend and by the memory estimate alike): BF16 operands where
-// packed_bf16_gemm_usable() (AMX tiles or AVX512_BF16).
+// GEMMs with a fused epilogue (the packed GEMM only, BF16 operands): the GEMM's rows are formed in
+// strips of 32 into per-thread FP32 strips (Workspace slot kGemmStripSlot, gemm_strip_floats(N,
+// strips) per thread, `strips` = row_strips_per_pass(N, K, threads) of matmul_packed.h) and consumed
+// there, never stored in FP32: the same bits as packed_matmul and then the op. Whether the CPU backend
+// fuses them (asked by the backend and by the memory estimate alike): BF16 operands where
+// packed_bf16_gemm_usable() (AMX tiles or AVX512_BF16). The fused ops below take strips_per_pass (0:
+// row_strips_per_pass's choice; tests pass others).
 struct PackedScratch;
 constexpr size_t kGemmStripSlot = 15;
-inline int64_t gemm_strip_floats(int64_t N) { return 32 * ((N + 31) / 32 * 32); }
-// SwiGLU's backward strip holds a BF16 row of ds after it.
-inline int64_t swiglu_backward_strip_floats(int64_t F) { return gemm_strip_floats(F) + (F + 31) / 32 * 16; }
+inline int64_t gemm_strip_floats(int64_t N, int64_t strips) { return strips * 32 * ((N + 31) / 32 * 32); }
+// SwiGLU's backward strips hold a BF16 row of ds after them.
+inline int64_t swiglu_backward_strip_floats(int64_t F, int64_t strips) { return gemm_strip_floats(F, strips) + (F + 31) / 32 * 16; }
 bool fuses_gemm_epilogues(bool bf16_operands);
 
 template <class T> void swiglu_forward(T* out, const T* gate_up, int64_t N, int64_t F);
@@ -192,9 +194,10 @@ template <class T> void swiglu_backward(T* dgate_up, T* out, const T* dout, cons
 // Fused (see above): gate_up = x w^T (x [N, C], w [2F, C]) then swiglu_forward; and ds = dy w_down (dy
 // [N, C], w_down [C, F]) then swiglu_backward(dgate_up, out, ds, gate_up), ds never stored.
 void matmul_swiglu_packed(bf16* out, bf16* gate_up, const bf16* x, const bf16* w, int64_t N, int64_t F, int64_t C,
-                          PackedScratch& packed, Workspace& ws);
+                          PackedScratch& packed, Workspace& ws, int64_t strips_per_pass = 0);
 void matmul_swiglu_backward_packed(bf16* dgate_up, bf16* out, const bf16* dy, const bf16* w_down, const bf16* gate_up,
-                                   int64_t N, int64_t F, int64_t C, PackedScratch& packed, Workspace& ws);
+                                   int64_t N, int64_t F, int64_t C, PackedScratch& packed, Workspace& ws,
+                                   int64_t strips_per_pass = 0);
 
 // With dlogits, one FP32 row of exponentials per thread in Workspace slot kCrossEntropyRowSlot.
 constexpr size_t kCrossEntropyRowSlot = 14;  // (attention uses 1, embedding 12, decode 13)
@@ -203,7 +206,7 @@ template <class T> void cross_entropy(float* losses, T* dlogits, const float* lo
 // The loss head fused (see above): cross_entropy of logits = x w^T (x [N, C], w [V, C]).
 void linear_cross_entropy_packed(float* losses, bf16* dlogits, const bf16* x, const bf16* w, const int32_t* targets,
                                  const uint8_t* mask, int64_t N, int64_t V, int64_t C, float grad_scale,
-                                 PackedScratch& packed, Workspace& ws);
+                                 PackedScratch& packed, Workspace& ws, int64_t strips_per_pass = 0);
 
 template <class TO, class TI> void convert(TO* dst, const TI* src, int64_t n);
 

@@ -9,7 +9,8 @@
 // stays in cache), dlogits written once.
 //
 // The loss head (linear_cross_entropy_packed) runs the same rows on logits = x w^T as the packed GEMM
-// computes them, 32 rows at a time into a per-thread strip (32 x V FP32: 1 MB at V = 8192), so the
+// computes them, 32 rows at a time into per-thread strips (32 x V FP32 each: 1 MB at V = 8192; 4 MB at
+// V = 32000, where a thread forms four per pass over w on the 2-core Zen 4: row_strips_per_pass), so the
 // [N, V] FP32 logits are never written to memory and read back (2 x 4 N V bytes; llama_tiny at
 // 16 x 256: 268 MB a step). Same bits as the GEMM followed by cross_entropy.
 #include <omp.h>
@@ -80,10 +81,12 @@ void cross_entropy(float* losses, T* dlogits, const float* logits, const int32_t
 
 void linear_cross_entropy_packed(float* losses, bf16* dlogits, const bf16* x, const bf16* w, const int32_t* targets,
                                  const uint8_t* mask, int64_t N, int64_t V, int64_t C, float grad_scale,
-                                 PackedScratch& packed, Workspace& ws) {
-  const int64_t per_thread = gemm_strip_floats(V);
-  float* strips = ws.floats(static_cast<size_t>(per_thread) * omp_get_max_threads(), kGemmStripSlot);
-  packed_matmul_row_strips(x, w, N, V, C, true, packed, strips, per_thread, [&](float* strip, int64_t ld, int64_t m0, int64_t rows) {
+                                 PackedScratch& packed, Workspace& ws, int64_t strips_per_pass) {
+  const int threads = omp_get_max_threads();
+  const int64_t S = strips_per_pass > 0 ? strips_per_pass : row_strips_per_pass(V, C, threads);
+  const int64_t per_thread = gemm_strip_floats(V, S);
+  float* strips = ws.floats(static_cast<size_t>(per_thread) * threads, kGemmStripSlot);
+  packed_matmul_row_strips(x, w, N, V, C, true, S, packed, strips, per_thread, [&](float* strip, int64_t ld, int64_t m0, int64_t rows) {
     for (int64_t r = 0; r < rows; ++r) {  // the exponentials overwrite the strip's row
       const int64_t i = m0 + r;
       float* row = strip + r * ld;

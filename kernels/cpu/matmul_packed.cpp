@@ -14,6 +14,7 @@
 #include "../common/bf16.h"
 #include "amx_tiles.h"
 #include "bf16_rows.h"
+#include "cache_sizes.h"
 #include "dpbf16_block.h"
 
 namespace multinorm::cpu {
@@ -152,10 +153,17 @@ int64_t strip_lda(int64_t Kp) { return Kp + 32; }
 
 }  // namespace
 
-PackedElements packed_gemm_elements(int64_t M, int64_t N, int64_t K, bool trans_a, int threads) {
+PackedElements packed_gemm_elements(int64_t M, int64_t N, int64_t K, bool trans_a, int threads, int64_t strips_per_thread) {
   const int64_t Np = round_up(N, kBlock), Kp = round_up(K, kTileK);
-  const int64_t a = a_needs_packing(M, K, trans_a) ? std::max(threads, 1) * kBlock * strip_lda(Kp) : 0;
+  const int64_t a = a_needs_packing(M, K, trans_a) ? std::max(threads, 1) * strips_per_thread * kBlock * strip_lda(Kp) : 0;
   return {a, Np * Kp};
+}
+
+int64_t row_strips_per_pass(int64_t N, int64_t K, int threads) {
+  const int64_t Np = round_up(N, kBlock), Kp = round_up(K, kTileK), l3 = l3_bytes();
+  if (l3 <= 0 || Np * Kp * 2 <= l3 / 2) return 1;
+  const int64_t fit = l3 / std::max(threads, 1) / (kBlock * Np * static_cast<int64_t>(sizeof(float)));
+  return fit >= kMaxRowStripsPerPass ? kMaxRowStripsPerPass : fit >= 2 ? 2 : 1;
 }
 
 namespace {
@@ -198,27 +206,28 @@ class BlockRuns {
 
 // One GEMM's operands as the tiles read them. b is packed whole (every thread reads all of it). a is
 // read in place when its rows are whole tiles; else each thread packs the 32-row strip it is about to
-// run into its own buffer (`strip`), so the packed rows are written to, and read back from, its L2
-// rather than memory (llama_tiny's weight gradients at 16 x 256: 150 MB a step).
+// run into its own buffer (`strip`: one per thread, or `strips_per_thread` for the row strips' passes),
+// so the packed rows are written to, and read back from, its L2 rather than memory (llama_tiny's
+// weight gradients at 16 x 256: 150 MB a step).
 struct TileOperands {
   TileOperands(const bf16* a_bf16, const bf16* b, int64_t M_, int64_t N, int64_t K_, bool trans_a_, bool trans_b,
-               PackedScratch& scratch)
+               PackedScratch& scratch, int64_t strips_per_thread = 1)
       : a(reinterpret_cast<const uint16_t*>(a_bf16)), M(M_), K(K_), trans_a(trans_a_), Mp(round_up(M_, kBlock)),
         Np(round_up(N, kBlock)), Kp(round_up(K_, kTileK)), packs_a(a_needs_packing(M_, K_, trans_a_)),
-        lda(packs_a ? strip_lda(Kp) : Kp) {
+        lda(packs_a ? strip_lda(Kp) : Kp), slots(strips_per_thread) {
     hold(scratch.b, Np * Kp);
     pack_b(scratch.b.data(), reinterpret_cast<const uint16_t*>(b), N, K, Np, Kp, trans_b);
     B = scratch.b.data();
     if (packs_a) {
-      hold(scratch.a, omp_get_max_threads() * kBlock * lda);
+      hold(scratch.a, omp_get_max_threads() * slots * kBlock * lda);
       strips = scratch.a.data();
     }
   }
   // Rows m0..m0+31 of op(a) as the tiles read them (row stride lda): in place, or packed by the
-  // calling thread into its own strip.
-  const uint16_t* rows(int64_t m0) const {
+  // calling thread into its own strip `slot`.
+  const uint16_t* rows(int64_t m0, int64_t slot = 0) const {
     if (!packs_a) return a + m0 * Kp;
-    uint16_t* strip = strips + static_cast<int64_t>(omp_get_thread_num()) * kBlock * lda;
+    uint16_t* strip = strips + (static_cast<int64_t>(omp_get_thread_num()) * slots + slot) * kBlock * lda;
     pack_a_rows(strip, lda, a, m0, kBlock, M, K, Kp, trans_a);
     return strip;
   }
@@ -231,9 +240,14 @@ struct TileOperands {
   const int64_t Mp, Np, Kp;
   const bool packs_a;
   const int64_t lda;
+  const int64_t slots;  // packed 32-row strips per thread
   const uint16_t* B = nullptr;
-  uint16_t* strips = nullptr;  // one 32-row strip per thread
+  uint16_t* strips = nullptr;
 };
+
+// Output blocks in a column group: the group's packed b panels (at most kGroupBytes) stay in L2 while
+// strips of a pass them.
+int64_t group_blocks(int64_t Kp) { return std::max<int64_t>(1, kGroupBytes / (Kp * 2 * kBlock)); }
 
 // out's 32 x 32 block at (m0, n0) = (or +=) a's rows a0 (stride lda) times b's panels b0. FP32
 // blocks inside the matrix are accumulated in place; the rest go through `tile` (32 x 32 floats).
@@ -272,7 +286,7 @@ void packed_matmul(Buf out, const bf16* a, const bf16* b, int64_t M, int64_t N, 
   // A packed a is never split into groups (each group would pack its strips again); its GEMMs (the
   // weight gradients) have small N.
   const int64_t row_blocks = op.Np / kBlock, strips = op.Mp / kBlock;
-  const int64_t group = op.packs_a ? row_blocks : std::max<int64_t>(1, kGroupBytes / (op.Kp * 2 * kBlock));
+  const int64_t group = op.packs_a ? row_blocks : group_blocks(op.Kp);
   const int64_t blocks = strips * row_blocks;
   // Each thread owns an equal, contiguous run of the blocks in that order, and runs it from the
   // front; a thread that finishes its own run takes the other threads' remaining blocks from the
@@ -301,21 +315,28 @@ void packed_matmul(Buf out, const bf16* a, const bf16* b, int64_t M, int64_t N, 
 }
 
 void packed_matmul_row_strips(const bf16* a, const bf16* b, int64_t M, int64_t N, int64_t K, bool trans_b,
-                              PackedScratch& scratch, float* strips, int64_t strip_stride, const RowStripConsumer& consume) {
-  const TileOperands op(a, b, M, N, K, false, trans_b, scratch);
-  const int64_t ld = op.Np;
+                              int64_t strips_per_pass, PackedScratch& scratch, float* strips, int64_t strip_stride,
+                              const RowStripConsumer& consume) {
+  const int64_t S = std::clamp<int64_t>(strips_per_pass, 1, kMaxRowStripsPerPass);
+  const TileOperands op(a, b, M, N, K, false, trans_b, scratch, S);
+  const int64_t ld = op.Np, group = group_blocks(op.Kp) * kBlock;
   const BlockEngine engine;
 #pragma omp parallel
   {
     engine.begin();
     float* strip = strips + static_cast<int64_t>(omp_get_thread_num()) * strip_stride;
+    const uint16_t* a_rows[kMaxRowStripsPerPass];
 #pragma omp for schedule(dynamic, 1)  // taken as the threads finish (see packed_matmul)
-    for (int64_t m0 = 0; m0 < op.Mp; m0 += kBlock) {
-      // The same blocks, in the same order of K, as packed_matmul: the same FP32 values.
-      const uint16_t* a0 = op.rows(m0);
-      for (int64_t n0 = 0; n0 < op.Np; n0 += kBlock)
-        engine.block(strip + n0, ld, false, a0, op.lda, op.panels(n0), op.Kp * 16, op.Kp);
-      consume(strip, ld, m0, std::min(kBlock, M - m0));
+    for (int64_t m0 = 0; m0 < op.Mp; m0 += S * kBlock) {
+      const int64_t count = std::min(S, (op.Mp - m0) / kBlock);
+      for (int64_t s = 0; s < count; ++s) a_rows[s] = op.rows(m0 + s * kBlock, s);
+      // A column group's panels, then the next group's, each through the pass's strips while it is in
+      // L2. The same blocks, in the same order of K, as packed_matmul: the same FP32 values.
+      for (int64_t g0 = 0; g0 < op.Np; g0 += group)
+        for (int64_t s = 0; s < count; ++s)
+          for (int64_t n0 = g0; n0 < std::min(op.Np, g0 + group); n0 += kBlock)
+            engine.block(strip + s * kBlock * ld + n0, ld, false, a_rows[s], op.lda, op.panels(n0), op.Kp * 16, op.Kp);
+      consume(strip, ld, m0, std::min(count * kBlock, M - m0));
     }
     engine.end();
   }

@@ -24,7 +24,6 @@
 // one core's memory-bound first pass and W write overlap the other core's passes out of cache. llama_60m's 56 matrices: 0.65-0.77x the time of one sinkgd_update per tensor
 // (bench optim, same rounds, at 4cbd931 and 21472fb).
 #include <omp.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -33,6 +32,7 @@
 
 #include "../common/dtype_dispatch.h"
 #include "bf16_rows.h"
+#include "cache_sizes.h"
 #include "cpu_kernels.h"
 
 namespace multinorm::cpu {
@@ -434,21 +434,6 @@ inline void write_row(T* wi, const X* x, const float* v, int64_t i, int64_t n, f
     round_row_to_bf16(row, wi, n);
 #endif
   }
-}
-}  // namespace
-
-namespace {
-int64_t cache_bytes(int name, int64_t fallback) {
-  const long b = sysconf(name);
-  return b > 0 ? static_cast<int64_t>(b) : fallback;
-}
-int64_t l2_bytes() {  // one core's
-  static const int64_t l2 = cache_bytes(_SC_LEVEL2_CACHE_SIZE, int64_t{1} << 20);
-  return l2;
-}
-int64_t l3_bytes() {  // shared by the cores
-  static const int64_t l3 = cache_bytes(_SC_LEVEL3_CACHE_SIZE, 0);
-  return l3;
 }
 }  // namespace
 

@@ -89,10 +89,12 @@ void swiglu_backward(T* dgate_up, T* out, const T* dout, const T* gate_up, int64
 // they save is a pass over gate_up (2F values a row) read back from memory: llama_tiny 16 x 256, 11 MB
 // a layer each way.
 void matmul_swiglu_packed(bf16* out, bf16* gate_up, const bf16* x, const bf16* w, int64_t N, int64_t F, int64_t C,
-                          PackedScratch& packed, Workspace& ws) {
-  const int64_t per_thread = gemm_strip_floats(2 * F);
-  float* strips = ws.floats(static_cast<size_t>(per_thread) * omp_get_max_threads(), kGemmStripSlot);
-  packed_matmul_row_strips(x, w, N, 2 * F, C, true, packed, strips, per_thread, [&](float* strip, int64_t ld, int64_t m0, int64_t rows) {
+                          PackedScratch& packed, Workspace& ws, int64_t strips_per_pass) {
+  const int threads = omp_get_max_threads();
+  const int64_t S = strips_per_pass > 0 ? strips_per_pass : row_strips_per_pass(2 * F, C, threads);
+  const int64_t per_thread = gemm_strip_floats(2 * F, S);
+  float* strips = ws.floats(static_cast<size_t>(per_thread) * threads, kGemmStripSlot);
+  packed_matmul_row_strips(x, w, N, 2 * F, C, true, S, packed, strips, per_thread, [&](float* strip, int64_t ld, int64_t m0, int64_t rows) {
     for (int64_t i = m0; i < m0 + rows; ++i) {
       round_row_to_bf16(strip + (i - m0) * ld, gate_up + i * 2 * F, 2 * F);
       swiglu_forward_row(out + i * F, gate_up + i * 2 * F, F);
@@ -101,11 +103,14 @@ void matmul_swiglu_packed(bf16* out, bf16* gate_up, const bf16* x, const bf16* w
 }
 
 void matmul_swiglu_backward_packed(bf16* dgate_up, bf16* out, const bf16* dy, const bf16* w_down, const bf16* gate_up,
-                                   int64_t N, int64_t F, int64_t C, PackedScratch& packed, Workspace& ws) {
-  const int64_t per_thread = swiglu_backward_strip_floats(F), strip_floats = gemm_strip_floats(F);
-  float* strips = ws.floats(static_cast<size_t>(per_thread) * omp_get_max_threads(), kGemmStripSlot);
-  packed_matmul_row_strips(dy, w_down, N, F, C, false, packed, strips, per_thread, [&](float* strip, int64_t ld, int64_t m0, int64_t rows) {
-    // ds's row rounded to BF16 (as packed_matmul would store it) into the BF16 row after the strip.
+                                   int64_t N, int64_t F, int64_t C, PackedScratch& packed, Workspace& ws,
+                                   int64_t strips_per_pass) {
+  const int threads = omp_get_max_threads();
+  const int64_t S = strips_per_pass > 0 ? strips_per_pass : row_strips_per_pass(F, C, threads);
+  const int64_t per_thread = swiglu_backward_strip_floats(F, S), strip_floats = gemm_strip_floats(F, S);
+  float* strips = ws.floats(static_cast<size_t>(per_thread) * threads, kGemmStripSlot);
+  packed_matmul_row_strips(dy, w_down, N, F, C, false, S, packed, strips, per_thread, [&](float* strip, int64_t ld, int64_t m0, int64_t rows) {
+    // ds's row rounded to BF16 (as packed_matmul would store it) into the BF16 row after the strips.
     bf16* ds = reinterpret_cast<bf16*>(strip + strip_floats);
     for (int64_t i = m0; i < m0 + rows; ++i) {
       round_row_to_bf16(strip + (i - m0) * ld, ds, F);

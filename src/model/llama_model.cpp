@@ -469,9 +469,9 @@ std::vector<GemmShape> training_step_gemms(const ModelConfig& m, int64_t BT) {
   const int64_t C = m.hidden_size, F = m.intermediate_size, V = m.vocab_size;
   const int l = static_cast<int>(m.num_hidden_layers);
   std::vector<GemmShape> g = {
-      {BT, 3 * C, C, false, true, l}, {BT, C, C, false, true, l}, {BT, 2 * F, C, false, true, l},
+      {BT, 3 * C, C, false, true, l}, {BT, C, C, false, true, l}, {BT, 2 * F, C, false, true, l, true},
       {BT, C, F, false, true, l},                                                      // forward
-      {C, F, BT, true, false, l}, {BT, F, C, false, false, l},                         // down backward
+      {C, F, BT, true, false, l}, {BT, F, C, false, false, l, true},                   // down backward
       {2 * F, C, BT, true, false, l}, {BT, C, 2 * F, false, false, l},                 // gate/up backward
       {C, C, BT, true, false, l}, {BT, C, C, false, false, l},                         // o backward
       {3 * C, C, BT, true, false, l}, {BT, C, 3 * C, false, false, l},                 // qkv backward
@@ -480,9 +480,9 @@ std::vector<GemmShape> training_step_gemms(const ModelConfig& m, int64_t BT) {
   const int64_t R = std::min(BT, kHeadChunkRows), full = BT / R, rest = BT - full * R;
   for (const auto& [rows, n] : {std::pair<int64_t, int64_t>{R, full}, {rest, rest > 0 ? 1 : 0}})
     if (n > 0)
-      for (const GemmShape s : {GemmShape{rows, V, C, false, true, 0}, GemmShape{rows, C, V, false, false, 0},
+      for (const GemmShape s : {GemmShape{rows, V, C, false, true, 0, true}, GemmShape{rows, C, V, false, false, 0},
                                 GemmShape{V, C, rows, true, false, 0}})
-        g.push_back({s.M, s.N, s.K, s.trans_a, s.trans_b, static_cast<int>(n)});
+        g.push_back({s.M, s.N, s.K, s.trans_a, s.trans_b, static_cast<int>(n), s.row_strips});
   return g;
 }
 

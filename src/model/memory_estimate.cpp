@@ -60,9 +60,10 @@ int64_t cpu_backend_scratch_bytes(const ModelConfig& m, int64_t B, int64_t T, DT
   need(-1, 2 * BT);                       // kernels/cpu/embedding.cpp: order and run starts (int32)
   need(12, C * std::max(threads, 1));     // ... and one FP32 row per thread
   if (cpu::fuses_gemm_epilogues(act == DType::BF16)) {  // the fused GEMM epilogues' strips per thread
-    const int64_t F = m.intermediate_size;
-    need(cpu::kGemmStripSlot, std::max({cpu::gemm_strip_floats(m.vocab_size), cpu::gemm_strip_floats(2 * F),
-                                        cpu::swiglu_backward_strip_floats(F)}) *
+    const int64_t F = m.intermediate_size, V = m.vocab_size;
+    auto strips = [&](int64_t N) { return cpu::row_strips_per_pass(N, C, threads); };  // every one has K = C
+    need(cpu::kGemmStripSlot, std::max({cpu::gemm_strip_floats(V, strips(V)), cpu::gemm_strip_floats(2 * F, strips(2 * F)),
+                                        cpu::swiglu_backward_strip_floats(F, strips(F))}) *
                                   std::max(threads, 1));
   } else {  // cross_entropy.cpp: a row of exponentials per thread
     need(cpu::kCrossEntropyRowSlot, m.vocab_size * std::max(threads, 1));
@@ -106,7 +107,8 @@ int64_t cpu_backend_scratch_bytes(const ModelConfig& m, int64_t B, int64_t T, DT
   if (act == DType::BF16 && cpu::packed_bf16_gemm_usable()) {
     int64_t a = 0, b = 0;
     for (const GemmShape& g : training_step_gemms(m, BT)) {
-      const cpu::PackedElements p = cpu::packed_gemm_elements(g.M, g.N, g.K, g.trans_a, threads);
+      const int64_t strips = g.row_strips ? cpu::row_strips_per_pass(g.N, g.K, threads) : 1;
+      const cpu::PackedElements p = cpu::packed_gemm_elements(g.M, g.N, g.K, g.trans_a, threads, strips);
       a = std::max(a, p.a), b = std::max(b, p.b);
     }
     packed_elements = a + b;
