@@ -55,6 +55,7 @@
 #include "bf16_rows.h"
 #include "cpu_kernels.h"
 #include "dpbf16_block.h"
+#include "exp_rows.h"
 #include "matmul_packed.h"
 
 namespace multinorm::cpu {
@@ -258,12 +259,7 @@ void forward_impl(T* out, float* lse, const T* qkv, int64_t B, int64_t T_, int64
             continue;
           }
           const float m = max_f32(s, i + 1);
-          float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-          for (int64_t j = 0; j <= i; ++j) {
-            s[j] = exp_f32(scale * (s[j] - m));  // S becomes the unnormalised probabilities
-            sum += s[j];
-          }
+          const float sum = exp_sum_scaled(s, scale, m, i + 1);  // S becomes the unnormalised probabilities
           // P is normalised before it is rounded: the rounding PyTorch's BF16 attention applies
           // (rounding exp(s - m) and dividing o by l after the product moved a BF16 model's loss by
           // 2e-5 against it).
@@ -365,8 +361,7 @@ void backward_impl(T* dqkv, const T* dout, const T* qkv, const T* out, const flo
           E* ds = dS + r * n;
           const int64_t first = j0 + r < T_ ? r : n;  // a padding key: an all-zero row
           for (int64_t c = 0; c < first; ++c) p[c] = ds[c] = E{};
-#pragma omp simd
-          for (int64_t c = first; c < n; ++c) s[c] = exp_f32(scale * s[c] - l[c]);
+          exp_scaled_minus(s + first, scale, l + first, n - first);
           Eng::template strip_row<T>(s + first, p + first, n - first);
 #pragma omp simd
           for (int64_t c = first; c < n; ++c) dp[c] = Eng::value(p[c]) * (dp[c] - dl[c]) * scale;
@@ -409,8 +404,7 @@ void backward_impl(T* dqkv, const T* dout, const T* qkv, const T* out, const flo
           E* ds = dS + r * e;
           const int64_t count = i < T_ ? i + 1 : 0;  // padding rows: all zero
           const float l = lse_p[i], dl = delta[i];
-#pragma omp simd
-          for (int64_t j = 0; j < count; ++j) s[j] = exp_f32(scale * s[j] - l);
+          exp_scaled_minus(s, scale, l, count);
           Eng::template strip_row<T>(s, p, count);
 #pragma omp simd
           for (int64_t j = 0; j < count; ++j) dp[j] = Eng::value(p[j]) * (dp[j] - dl) * scale;

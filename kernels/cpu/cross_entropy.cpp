@@ -18,9 +18,9 @@
 #include <cmath>
 #include <type_traits>
 
-#include "../common/fast_math.h"
 #include "bf16_rows.h"
 #include "cpu_kernels.h"
+#include "exp_rows.h"
 #include "matmul_packed.h"
 
 namespace multinorm::cpu {
@@ -39,17 +39,7 @@ void cross_entropy_row(float* loss, T* d, const float* x, int32_t t, bool masked
   }
   const float m = max_f32(x, V);
   const float xt = x[t];  // read before the row is overwritten (dlogits or e may alias logits)
-  float sum = 0.0f;
-  if (d) {
-#pragma omp simd reduction(+ : sum)
-    for (int64_t v = 0; v < V; ++v) {
-      e[v] = exp_f32(x[v] - m);
-      sum += e[v];
-    }
-  } else {
-#pragma omp simd reduction(+ : sum)
-    for (int64_t v = 0; v < V; ++v) sum += exp_f32(x[v] - m);
-  }
+  const float sum = exp_sum_shifted(d ? e : nullptr, x, m, V);
   *loss = std::log(sum) + m - xt;
   if (!d) return;
   const float scale = grad_scale / sum, et = e[t];
