@@ -46,7 +46,8 @@ inline __m512 exp16_f32(__m512 x) {
 #pragma GCC diagnostic pop
 #endif
 
-// out[j] = exp_f32(arg(j)) for j in [0, n) (out null: not stored), returning their sum when kSum.
+// out[j] = exp_f32(arg(j)) for j in [0, n) (with kSum out may be null: not stored), returning their
+// sum when kSum (0 otherwise).
 // arg(j) is the scalar argument; arg16(j), where AVX-512 is compiled in, the 16 arguments j..j+15 as a
 // vector, rounded as GCC rounds arg(j) in a vectorized loop. The sum runs in the order of GCC 12's
 // `omp simd reduction(+)` loop, which the kernels used before: whole vectors of 16 into lanes j mod 16,
@@ -63,17 +64,23 @@ inline float exp_row(float* out, int64_t n, const Arg& arg, [[maybe_unused]] con
     if (out) _mm512_storeu_ps(out + j, e);
     if constexpr (kSum) acc = _mm512_add_ps(acc, e);
   }
-  alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, acc);
-  for (; j < n; ++j) {
-    const float e = exp_f32(arg(j));
-    if (out) out[j] = e;
-    if constexpr (kSum) lanes[0] += e;
-  }
-  if constexpr (kSum)
+  if constexpr (kSum) {
+    alignas(64) float lanes[16];
+    _mm512_store_ps(lanes, acc);
+    for (; j < n; ++j) {
+      const float e = exp_f32(arg(j));
+      if (out) out[j] = e;
+      lanes[0] += e;
+    }
     for (const float lane : lanes) sum += lane;
+  } else {
+    for (; j < n; ++j) out[j] = exp_f32(arg(j));
+  }
 #else
-  if (out) {
+  if constexpr (!kSum) {
+#pragma omp simd
+    for (j = 0; j < n; ++j) out[j] = exp_f32(arg(j));
+  } else if (out) {
 #pragma omp simd reduction(+ : sum)
     for (j = 0; j < n; ++j) sum += (out[j] = exp_f32(arg(j)));
   } else {
