@@ -15,6 +15,9 @@ inline const CudaProbe* test_cuda_plugin() {
   static const CudaProbe probe = [] {
     if (const char* p = std::getenv("MULTINORM_TEST_CUDA_PLUGIN"); p && *p) return probe_cuda_plugin(p);
 #ifdef MULTINORM_EMULATED_PLUGIN
+    // Every kernel the tests launch must be in the nvcc build's ptxas report: its launches are then
+    // checked against its registers and shared memory (kernels/cuda/emulation/launch_limits.h).
+    ::setenv("MULTINORM_EMU_REQUIRE_FIGURES", "1", 0);
     return probe_cuda_plugin(MULTINORM_EMULATED_PLUGIN);
 #else
     return CudaProbe{};

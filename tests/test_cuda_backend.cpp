@@ -36,27 +36,33 @@ double tol(DType t) { return t == DType::F32 ? kF32 : kBf16; }
 
 const CudaProbe* cuda_plugin() { return test_cuda_plugin(); }
 
-// (fiber order, worker threads) of the emulation; ignored on a real GPU.
+// (fiber order, worker threads) of the emulation; ignored on a real GPU. An order list ("a,b,c") runs
+// every launch under each order from the same device memory and requires the same bytes after each.
 struct Mode {
   const char* order;
   const char* workers;
 };
 std::ostream& operator<<(std::ostream& os, const Mode& m) { return os << m.order << "_" << m.workers; }
+void set_emulation_mode(const Mode& m) {
+  const bool list = std::strchr(m.order, ',') != nullptr;
+  ::unsetenv(list ? "MULTINORM_EMU_ORDER" : "MULTINORM_EMU_ORDERS");
+  ::setenv(list ? "MULTINORM_EMU_ORDERS" : "MULTINORM_EMU_ORDER", m.order, 1);
+  ::setenv("MULTINORM_EMU_WORKERS", m.workers, 1);
+}
+void clear_emulation_mode() {
+  for (const char* v : {"MULTINORM_EMU_ORDER", "MULTINORM_EMU_ORDERS", "MULTINORM_EMU_WORKERS"}) ::unsetenv(v);
+}
 
 class CudaVsCpu : public ::testing::TestWithParam<Mode> {
  protected:
   void SetUp() override {
     const CudaProbe* p = cuda_plugin();
     if (!p) GTEST_SKIP() << "no CUDA plugin (emulated or real) was built";
-    ::setenv("MULTINORM_EMU_ORDER", GetParam().order, 1);
-    ::setenv("MULTINORM_EMU_WORKERS", GetParam().workers, 1);
+    set_emulation_mode(GetParam());
     ::setenv("MULTINORM_EMU_SEED", "7", 1);
     cuda = make_cuda_backend(*p);
   }
-  void TearDown() override {
-    ::unsetenv("MULTINORM_EMU_ORDER");
-    ::unsetenv("MULTINORM_EMU_WORKERS");
-  }
+  void TearDown() override { clear_emulation_mode(); }
   // MULTINORM_TEST_CPU_THREADS=1 keeps the CPU reference single-threaded (the TSan run: libgomp is
   // not instrumented).
   std::unique_ptr<Backend> cpu = make_cpu_backend(std::getenv("MULTINORM_TEST_CPU_THREADS") ? std::atoi(std::getenv("MULTINORM_TEST_CPU_THREADS")) : 2);
@@ -581,9 +587,8 @@ TEST(CudaBackend, ModelGradientsAreBitwiseReproducibleAcrossSchedules) {
   const MicroBatch mb{tokens.data(), targets.data(), nullptr, B, T};
   std::vector<float> first;
   double first_loss = 0;
-  for (const Mode m : {Mode{"forward", "1"}, Mode{"random", "3"}, Mode{"reverse", "2"}}) {
-    ::setenv("MULTINORM_EMU_ORDER", m.order, 1);
-    ::setenv("MULTINORM_EMU_WORKERS", m.workers, 1);
+  for (const Mode m : {Mode{"forward", "1"}, Mode{"random", "3"}, Mode{"reverse", "2"}, Mode{"interleaved", "2"}}) {
+    set_emulation_mode(m);
     auto be = make_cuda_backend(*p);
     LlamaModel model(*be, cfg, DType::BF16, B, T);
     model.init_random(11);
@@ -596,8 +601,7 @@ TEST(CudaBackend, ModelGradientsAreBitwiseReproducibleAcrossSchedules) {
     EXPECT_EQ(loss, first_loss) << m;
     EXPECT_EQ(std::memcmp(g.data(), first.data(), g.size() * sizeof(float)), 0) << m;
   }
-  ::unsetenv("MULTINORM_EMU_ORDER");
-  ::unsetenv("MULTINORM_EMU_WORKERS");
+  clear_emulation_mode();
 }
 
 // Two whole training updates per optimizer (forward, backward, global-norm clipping, the optimizer
@@ -640,8 +644,11 @@ TEST_P(CudaVsCpu, OneTrainingUpdatePerOptimizer) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Emulation, CudaVsCpu, ::testing::Values(Mode{"forward", "2"}, Mode{"random", "3"}),
-                         [](const ::testing::TestParamInfo<Mode>& i) { return std::string(i.param.order) + "_workers" + i.param.workers; });
+// forward order on 2 workers; and every launch under three orders on 3 workers, compared byte for byte.
+INSTANTIATE_TEST_SUITE_P(Emulation, CudaVsCpu, ::testing::Values(Mode{"forward", "2"}, Mode{"reverse,random,interleaved", "3"}),
+                         [](const ::testing::TestParamInfo<Mode>& i) {
+                           return std::string(std::strchr(i.param.order, ',') ? "three_orders" : i.param.order) + "_workers" + i.param.workers;
+                         });
 
 // The emulation's strictness: misuse a GPU would hang on or silently get wrong is an error naming
 // the kernel, and out-of-memory names the bytes asked for and what is free.

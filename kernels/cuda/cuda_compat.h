@@ -35,7 +35,16 @@ using bf16 = __nv_bfloat16;
 // kernels/cuda/check.cpp so this header does not pull in the project's error types).
 [[noreturn]] void throw_cuda_error(const std::string& what, cudaError_t e);
 [[noreturn]] void throw_launch_error(const char* kernel, dim3 grid, dim3 block, size_t shared_bytes, const std::string& why);
-
+// Raises the kernel's cudaFuncAttributeMaxDynamicSharedMemorySize to `bytes` when a launch asks for
+// more than it was allowed so far (the default allows 48 KB minus the static shared memory): the
+// opt-in that a launch with more dynamic shared memory needs; an error naming the kernel when even
+// the device's opt-in limit is too small (163 KB on an A100). Defined in check.cu.
+void allow_dynamic_shared(const char* name, const void* kernel, size_t bytes);
+// Debug builds (no NDEBUG): synchronise after every launch so that an error in a kernel's execution
+// (an illegal address) is reported with that kernel's name, not at the next synchronisation.
+// Release builds check the launch itself after every launch, and execution errors at the update's
+// synchronisation; CUDA_LAUNCH_BLOCKING=1 gives release builds the debug behaviour.
+void check_after_launch(const char* name, dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream);
 // Launches kernel<<<grid, block, shared_bytes, stream>>>(args...) and checks the launch. `name`
 // is what an error message calls the kernel. Arguments are converted once to the kernel's
 // parameter types (as the CUDA runtime does) and every thread gets its own copy.
@@ -43,15 +52,15 @@ template <class... Params, class... Args>
 void launch(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
             Args&&... args) {
   static_assert(sizeof...(Params) == sizeof...(Args), "launch: wrong number of kernel arguments");
+  if (shared_bytes > 0) allow_dynamic_shared(name, reinterpret_cast<const void*>(kernel), shared_bytes);
 #ifdef __CUDACC__
   kernel<<<grid, block, shared_bytes, stream>>>(std::forward<Args>(args)...);
-  const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) throw_launch_error(name, grid, block, shared_bytes, std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e));
+  check_after_launch(name, grid, block, shared_bytes, stream);
 #else
   (void)stream;  // the emulation runs launches synchronously, in issue order
   const std::tuple<std::decay_t<Params>...> params(static_cast<std::decay_t<Params>>(std::forward<Args>(args))...);
   try {
-    ::cuda_emu::launch(name, grid, block, shared_bytes, [&] {
+    ::cuda_emu::launch(name, reinterpret_cast<const void*>(kernel), grid, block, shared_bytes, [&] {
       auto copy = params;
       std::apply(kernel, copy);
     });

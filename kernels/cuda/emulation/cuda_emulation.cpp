@@ -4,6 +4,10 @@
 // stack switches.
 #include "cuda_emulation.h"
 
+#include "device_memory.h"
+#include "launch_limits.h"
+#include "racecheck.h"
+
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -14,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -47,22 +52,33 @@ namespace cuda_emu {
 namespace {
 
 // ---- configuration ------------------------------------------------------------------------------
-enum class Order { Forward, Reverse, Random };
+// The order in which a block's fibers (and a launch's blocks) are run. Interleaved runs lane 0 of
+// every warp, then lane 1, ...: a warp's lanes are never consecutive.
+enum class Order { Forward, Reverse, Random, Interleaved };
+const char* const kOrderNames[] = {"forward", "reverse", "random", "interleaved"};
 struct Config {
   int workers = 2;
-  Order order = Order::Forward;
+  std::vector<Order> orders{Order::Forward};  // more than one: each launch runs under each, compared
   uint64_t seed = 1;
   size_t stack_bytes = 256 * 1024;
 };
+Order parse_order(const std::string& s, const char* variable) {
+  for (int k = 0; k < 4; ++k)
+    if (s == kOrderNames[k]) return static_cast<Order>(k);
+  throw std::runtime_error(std::string(variable) + ": '" + s + "' is not forward, reverse, random or interleaved");
+}
 Config read_config() {
   Config c;
   if (const char* w = std::getenv("MULTINORM_EMU_WORKERS"); w && *w) c.workers = std::max(1, std::atoi(w));
-  if (const char* o = std::getenv("MULTINORM_EMU_ORDER"); o && *o) {
-    const std::string s(o);
-    if (s == "forward") c.order = Order::Forward;
-    else if (s == "reverse") c.order = Order::Reverse;
-    else if (s == "random") c.order = Order::Random;
-    else throw std::runtime_error("MULTINORM_EMU_ORDER: '" + s + "' is not forward, reverse or random");
+  if (const char* o = std::getenv("MULTINORM_EMU_ORDER"); o && *o) c.orders = {parse_order(o, "MULTINORM_EMU_ORDER")};
+  if (const char* o = std::getenv("MULTINORM_EMU_ORDERS"); o && *o) {
+    c.orders.clear();
+    std::string list(o);
+    for (size_t at = 0; at <= list.size();) {
+      const size_t comma = std::min(list.find(',', at), list.size());
+      c.orders.push_back(parse_order(list.substr(at, comma - at), "MULTINORM_EMU_ORDERS"));
+      at = comma + 1;
+    }
   }
   if (const char* s = std::getenv("MULTINORM_EMU_SEED"); s && *s) c.seed = std::strtoull(s, nullptr, 10);
   if (const char* k = std::getenv("MULTINORM_EMU_STACK_KB"); k && *k) c.stack_bytes = std::max(16L, std::atol(k)) * 1024;
@@ -79,7 +95,7 @@ struct Stack {
 
 struct Fiber {
   uint3 idx{};
-  int lane = 0, warp = 0;
+  int linear = 0, lane = 0, warp = 0;
   State state = State::Ready;
   // warp collective mailbox
   WarpOp op = WarpOp::Sync;
@@ -171,6 +187,7 @@ void fiber_entry(ctx::transfer_t t);
 
 void switch_to_fiber(Fiber& f) {
   t_fiber = &f;
+  racecheck::enter_thread(f.linear);
 #if CUDA_EMU_ASAN
   void* fake = nullptr;
   __sanitizer_start_switch_fiber(&fake, f.stack.base, f.stack.bytes);
@@ -184,6 +201,7 @@ void switch_to_fiber(Fiber& f) {
 #endif
   f.fc = r.fctx;
   t_fiber = nullptr;
+  racecheck::leave_thread();
 }
 
 // Back to the scheduler; returns when the scheduler resumes this fiber.
@@ -339,6 +357,8 @@ bool resolve_warps(Block& b, std::vector<Fiber>& fibers, int n) {
       }
       for (int k = 0; k < lanes; ++k)
         if (m >> k & 1u) fibers[w0 + k].state = State::Ready;
+      // Only __syncwarp orders memory between lanes (the programming guide); shuffles and votes do not.
+      if (f.op == WarpOp::Sync) racecheck::warp_synced(w0 / 32, m);
       ++b.warp_generation[w0 / 32];
       progress = true;
     }
@@ -346,7 +366,7 @@ bool resolve_warps(Block& b, std::vector<Fiber>& fibers, int n) {
   return progress;
 }
 
-void run_block(Block& b, const std::function<void()>& body, size_t shared_bytes, const Config& cfg, uint64_t block_linear) {
+void run_block(Block& b, const std::function<void()>& body, size_t shared_bytes, const Config& cfg, Order order_kind, uint64_t block_linear) {
   WorkerResources& res = t_resources;
   const int n = static_cast<int>(b.dim.x * b.dim.y * b.dim.z);
   if (res.shared.size() < shared_bytes) res.shared.resize(shared_bytes);
@@ -380,7 +400,7 @@ void run_block(Block& b, const std::function<void()>& body, size_t shared_bytes,
         f.tsan_fiber = __tsan_create_fiber(0);
 #endif
         f.idx = make_uint3(x, y, z);
-        f.lane = i % 32, f.warp = i / 32;
+        f.linear = i, f.lane = i % 32, f.warp = i / 32;
         f.stack = res.stacks[i];
         f.body = &body;
         char* top = static_cast<char*>(f.stack.base) + f.stack.bytes;
@@ -390,16 +410,23 @@ void run_block(Block& b, const std::function<void()>& body, size_t shared_bytes,
 #if CUDA_EMU_TSAN
   b.worker_seq = t_blocks_run++;
 #endif
-  std::vector<int> order(n);
-  for (int k = 0; k < n; ++k) order[k] = cfg.order == Order::Reverse ? n - 1 - k : k;
+  std::vector<int> order;
+  order.reserve(n);
+  if (order_kind == Order::Interleaved) {
+    for (int lane = 0; lane < 32; ++lane)
+      for (int w = lane; w < n; w += 32) order.push_back(w);
+  } else {
+    for (int k = 0; k < n; ++k) order.push_back(order_kind == Order::Reverse ? n - 1 - k : k);
+  }
   std::mt19937_64 rng(cfg.seed * 0x9e3779b97f4a7c15ULL + block_linear);
+  racecheck::begin_block(b.idx, b.dim, b.shared, shared_bytes);
   t_block = &b;
 #if CUDA_EMU_TSAN
   t_scheduler_tsan_fiber = __tsan_get_current_fiber();
 #endif
   for (;;) {
     // Run every ready thread until it reaches a barrier, a warp collective or its end.
-    if (cfg.order == Order::Random) std::shuffle(order.begin(), order.end(), rng);
+    if (order_kind == Order::Random) std::shuffle(order.begin(), order.end(), rng);
     bool ran = false;
     for (int k : order) {
       Fiber& f = fibers[k];
@@ -407,6 +434,7 @@ void run_block(Block& b, const std::function<void()>& body, size_t shared_bytes,
       switch_to_fiber(f);
       ran = true;
       if (!f.error.empty()) fail(where(b, &f) + ": " + f.error);
+      if (std::string e = racecheck::take_error(); !e.empty()) fail(where(b, &f) + ": " + e);
     }
     if (resolve_warps(b, fibers, n) || ran) continue;
     int done = 0, at_barrier = 0;
@@ -424,6 +452,7 @@ void run_block(Block& b, const std::function<void()>& body, size_t shared_bytes,
       }
       for (int k = 0; k < n; ++k) fibers[k].state = State::Ready;
       ++b.barrier_generation;
+      racecheck::barrier_completed();
       continue;
     }
     // Some threads wait at a barrier, others at a warp collective that cannot complete.
@@ -553,21 +582,20 @@ uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int arg, int 
   return result;
 }
 
-void launch(const char* name, dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>& body) {
-  const uint64_t threads = static_cast<uint64_t>(block.x) * block.y * block.z;
-  auto bad = [&](const std::string& why) {
-    fail(std::string("emulated launch of ") + name + " (grid " + std::to_string(grid.x) + "x" + std::to_string(grid.y) + "x" +
-         std::to_string(grid.z) + ", block " + std::to_string(block.x) + "x" + std::to_string(block.y) + "x" + std::to_string(block.z) +
-         ", " + std::to_string(shared_bytes) + " B dynamic shared): " + why);
-  };
-  if (threads == 0 || threads > 1024) bad("a block must have 1..1024 threads (cudaErrorInvalidConfiguration)");
-  if (block.z > 64) bad("blockDim.z > 64");
-  if (grid.x == 0 || grid.y == 0 || grid.z == 0) bad("empty grid (cudaErrorInvalidConfiguration)");
-  if (grid.y > 65535 || grid.z > 65535) bad("gridDim.y and .z must be at most 65535");
-  if (shared_bytes > 227 * 1024) bad("more dynamic shared memory than an H100 block can have (227 KiB)");
+namespace {
+// Block `id` of a launch's issue order (forward, reversed, or a pseudo-random permutation), so that
+// blocks meet each other's memory in different orders too.
+uint64_t block_of(uint64_t id, uint64_t blocks, Order order, uint64_t seed) {
+  if (order == Order::Reverse) return blocks - 1 - id;
+  if (order != Order::Random || blocks < 2) return id;
+  uint64_t a = (seed * 0x9e3779b97f4a7c15ULL) % blocks | 1;  // an odd multiplier coprime to blocks
+  auto gcd = [](uint64_t x, uint64_t y) { while (y) x %= y, std::swap(x, y); return x; };
+  while (gcd(a, blocks) != 1) a += 2;
+  return static_cast<uint64_t>((static_cast<unsigned __int128>(a) * id + seed) % blocks);
+}
 
-  const Config cfg = read_config();
-  std::lock_guard<std::mutex> lock(g_launch_mutex);
+// Runs every block of the launch under `order`; returns the first error ("" if none).
+std::string run_grid(dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>& body, const Config& cfg, Order order) {
   const uint64_t blocks = static_cast<uint64_t>(grid.x) * grid.y * grid.z;
   std::atomic<uint64_t> next{0};
   std::mutex err_mu;
@@ -581,22 +609,24 @@ void launch(const char* name, dim3 grid, dim3 block, size_t shared_bytes, const 
     __tsan_ignore_thread_begin();
 #endif
     for (;;) {
-      const uint64_t id = next.fetch_add(1);
-      if (id >= blocks) break;
+      const uint64_t issued = next.fetch_add(1);
+      if (issued >= blocks) break;
       {
         std::lock_guard<std::mutex> l(err_mu);
         if (!first_error.empty()) break;
       }
+      const uint64_t id = block_of(issued, blocks, order, cfg.seed);
       Block b;
       b.idx = make_uint3(static_cast<unsigned>(id % grid.x), static_cast<unsigned>(id / grid.x % grid.y),
                          static_cast<unsigned>(id / (static_cast<uint64_t>(grid.x) * grid.y)));
       b.dim = block, b.grid = grid;
       try {
-        run_block(b, body, shared_bytes, cfg, id);
+        run_block(b, body, shared_bytes, cfg, order, id);
       } catch (const std::exception& e) {
         // The block's fibers are abandoned mid-flight; their stacks are reused by the next launch.
         t_resources.stacks_dirty = true;
         t_block = nullptr;
+        racecheck::leave_thread();
         std::lock_guard<std::mutex> l(err_mu);
         if (first_error.empty()) first_error = e.what();
       }
@@ -608,7 +638,90 @@ void launch(const char* name, dim3 grid, dim3 block, size_t shared_bytes, const 
 #if CUDA_EMU_TSAN
   __tsan_acquire(&g_launch_end_anchor);
 #endif
-  if (!first_error.empty()) bad(first_error);
+  return first_error;
+}
+
+struct RacecheckLaunch {
+  RacecheckLaunch(const char* name, bool journal) { racecheck::begin_launch(name, journal); }
+  ~RacecheckLaunch() { racecheck::end_launch(); }
+};
+
+// "" when the pages a run wrote hold what the first run left in them; `first` maps each page the first
+// run wrote to its result, `run` is this run's journal (pages it wrote, with their contents before).
+std::string compare_pages(const std::map<char*, std::vector<char>>& first, const device::Journal& run) {
+  auto differs = [](const char* page, const std::vector<char>& expected) -> std::string {
+    if (std::memcmp(page, expected.data(), expected.size()) == 0) return "";
+    size_t i = 0;
+    while (page[i] == expected[i]) ++i;
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "device memory at %p: 0x%02x, then 0x%02x", static_cast<const void*>(page + i),
+                  static_cast<unsigned char>(expected[i]), static_cast<unsigned char>(page[i]));
+    return buf;
+  };
+  for (const auto& [page, result] : first)
+    if (std::string d = differs(page, result); !d.empty()) return d;
+  for (const auto& [page, before] : run.pages)  // written by this run only: must hold what the first run left (untouched)
+    if (!first.count(page))
+      if (std::string d = differs(page, before); !d.empty()) return d;
+  return "";
+}
+void restore_pages(const device::Journal& j) {
+  for (const auto& [page, before] : j.pages) std::memcpy(page, before.data(), before.size());
+}
+}  // namespace
+
+void launch(const char* name, const void* fn, dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>& body) {
+  auto bad = [&](const std::string& why) {
+    fail(std::string("emulated launch of ") + name + " (grid " + std::to_string(grid.x) + "x" + std::to_string(grid.y) + "x" +
+         std::to_string(grid.z) + ", block " + std::to_string(block.x) + "x" + std::to_string(block.y) + "x" + std::to_string(block.z) +
+         ", " + std::to_string(shared_bytes) + " B dynamic shared): " + why);
+  };
+  if (std::string why = limits::check_launch(fn, grid, block, shared_bytes); !why.empty()) bad(why);
+
+  const Config cfg = read_config();
+  std::lock_guard<std::mutex> lock(g_launch_mutex);
+  const bool several = cfg.orders.size() > 1, journal = several && racecheck::instrumented();
+  RacecheckLaunch checks(name, journal);
+  if (!several) {
+    if (std::string e = run_grid(grid, block, shared_bytes, body, cfg, cfg.orders[0]); !e.empty()) bad(e);
+    return;
+  }
+  auto order_error = [&](size_t k, const std::string& d) {
+    bad(std::string("the result depends on the execution order: the ") + kOrderNames[static_cast<int>(cfg.orders[0])] + " and " +
+        kOrderNames[static_cast<int>(cfg.orders[k])] + " orders leave different bytes in " + d +
+        " (a race through global memory, or blocks that depend on each other)");
+  };
+  if (journal) {
+    // Each run starts from the same device memory and must leave the same bytes; the instrumented
+    // kernels' stores save each page before its first write, so a run is undone page by page.
+    device::journal_begin();
+    std::string e = run_grid(grid, block, shared_bytes, body, cfg, cfg.orders[0]);
+    const device::Journal first_run = device::journal_end();
+    if (!e.empty()) bad(e);
+    std::map<char*, std::vector<char>> first;  // page -> the first run's result
+    for (const auto& [page, before] : first_run.pages) first.emplace(page, std::vector<char>(page, page + before.size()));
+    restore_pages(first_run);
+    for (size_t k = 1; k < cfg.orders.size(); ++k) {
+      device::journal_begin();
+      e = run_grid(grid, block, shared_bytes, body, cfg, cfg.orders[k]);
+      const device::Journal run = device::journal_end();
+      if (!e.empty()) bad(e);
+      const std::string d = compare_pages(first, run);
+      restore_pages(run);
+      if (!d.empty()) order_error(k, d);
+    }
+    for (const auto& [page, result] : first) std::memcpy(page, result.data(), result.size());
+    return;
+  }
+  // Without instrumentation (the sanitizer builds): whole-memory images.
+  const DeviceImage before = save_device_memory();
+  if (std::string e = run_grid(grid, block, shared_bytes, body, cfg, cfg.orders[0]); !e.empty()) bad(e);
+  const DeviceImage after = save_device_memory();
+  for (size_t k = 1; k < cfg.orders.size(); ++k) {
+    restore_device_memory(before);
+    if (std::string e = run_grid(grid, block, shared_bytes, body, cfg, cfg.orders[k]); !e.empty()) bad(e);
+    if (std::string d = compare_device_memory(after); !d.empty()) order_error(k, d);
+  }
 }
 
 }  // namespace cuda_emu

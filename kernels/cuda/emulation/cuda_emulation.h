@@ -2,7 +2,9 @@
 // thread of a block runs as a cooperative fiber on one worker OS thread; blocks are spread over N
 // workers. Barriers, warp collectives and atomics have CUDA's semantics, and misuse that a GPU would
 // hang on or silently get wrong is an error here (a barrier not reached by every thread, a mask
-// naming an exited or missing lane, lanes disagreeing on a mask, an invalid launch).
+// naming an exited or missing lane, lanes disagreeing on a mask, a launch past sm_80's limits:
+// launch_limits.h), as are shared-memory races, reads of shared memory nothing wrote and misaligned
+// accesses (racecheck.h).
 //
 // This is a test instrument (the same .cu sources, executed on the CPU in CI), never a backend.
 // Kernel files never include this header directly: they include kernels/cuda/cuda_compat.h, which
@@ -10,8 +12,13 @@
 //
 // Environment (read at every launch, so a test can change it between launches):
 //   MULTINORM_EMU_WORKERS  worker threads running blocks (default 2)
-//   MULTINORM_EMU_ORDER    fiber order: forward | reverse | random (default forward)
+//   MULTINORM_EMU_ORDER    fiber and block order: forward | reverse | random | interleaved (lane 0 of
+//                          every warp, then lane 1, ...) (default forward)
+//   MULTINORM_EMU_ORDERS   a comma-separated list of orders: every launch runs once under each, from
+//                          the same device memory, and must leave the same bytes (else an error
+//                          naming the kernel and the first differing byte)
 //   MULTINORM_EMU_SEED     seed of the random order (default 1)
+//   MULTINORM_EMU_RACECHECK 0 turns off the race, initialisation and alignment checks (racecheck.h)
 //   MULTINORM_EMU_STACK_KB fiber stack size (default 256)
 #pragma once
 #ifdef __CUDACC__
@@ -28,9 +35,8 @@
 #include <type_traits>
 
 // Static shared memory: one instance per worker thread = per running block (a fiber never moves to
-// another OS thread). Unlike dynamic shared memory it is not poisoned between blocks: it keeps the
-// previous block's contents, so a kernel that reads it before writing it is only caught by the TSan
-// build (scripts/sanitize.sh).
+// another OS thread). It keeps the previous block's contents, so a read before any write is caught by
+// racecheck's shadow (racecheck.h), which starts every block empty.
 #undef __shared__
 #define __shared__ static thread_local
 
@@ -52,7 +58,8 @@ uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int arg, int 
 // ---- launching -----------------------------------------------------------------------------------
 // Runs body() once per CUDA thread of every block; throws std::runtime_error naming the kernel on an
 // invalid launch or a strict-mode error inside it. Synchronous (so stream order is kept trivially).
-void launch(const char* name, dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>& body);
+// `fn` is the kernel's address: its ptxas figures and cudaFuncSetAttribute limits are found by it.
+void launch(const char* name, const void* fn, dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>& body);
 
 // ---- atomics: a CAS loop on the raw bits (correct across worker threads) ------------------------
 template <class T, class F>

@@ -12,32 +12,18 @@
 #include <mutex>
 
 #include "cuda_emulation.h"
+#include "device_memory.h"
+#include "launch_limits.h"
 
 namespace {
 
-std::mutex g_mu;
-std::map<const char*, size_t> g_device;  // emulated device allocations: base -> bytes
-size_t g_device_bytes = 0;
 thread_local cudaError_t t_last_error = cudaSuccess;
 
-bool is_device(const void* p, size_t bytes) {
-  std::lock_guard<std::mutex> lock(g_mu);
-  const char* c = static_cast<const char*>(p);
-  auto it = g_device.upper_bound(c);
-  if (it == g_device.begin()) return false;
-  --it;
-  return c >= it->first && c + bytes <= it->first + it->second;
-}
+bool is_device(const void* p, size_t bytes) { return cuda_emu::device::contains(p, bytes); }
 
 cudaError_t set(cudaError_t e) {
   if (e != cudaSuccess) t_last_error = e;
   return e;
-}
-
-size_t total_memory() {
-  struct sysinfo si {};
-  ::sysinfo(&si);
-  return static_cast<size_t>(si.totalram) * si.mem_unit;
 }
 
 }  // namespace
@@ -60,46 +46,30 @@ cudaError_t cudaRuntimeGetVersion(int* v) {
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
   if (device != 0) return set(cudaErrorInvalidDevice);
   switch (attr) {
-    case cudaDevAttrMultiProcessorCount: *value = 132; break;  // an H100 SXM's, so grids are sized as there
-    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = 227 * 1024; break;
-    case cudaDevAttrComputeCapabilityMajor: *value = 9; break;
+    // An A100's (SXM, sm_80): the smallest target, whose limits the emulation enforces (launch_limits.h).
+    case cudaDevAttrMultiProcessorCount: *value = 108; break;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = 163 * 1024; break;
+    case cudaDevAttrComputeCapabilityMajor: *value = 8; break;
     case cudaDevAttrComputeCapabilityMinor: *value = 0; break;
     default: *value = 0;
   }
   return cudaSuccess;
 }
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
-  std::lock_guard<std::mutex> lock(g_mu);
-  *total_bytes = total_memory();
-  *free_bytes = *total_bytes > g_device_bytes ? *total_bytes - g_device_bytes : 0;
+  // The emulated device has the machine's RAM.
+  *total_bytes = cuda_emu::device::capacity();
+  const size_t used = cuda_emu::device::bytes_in_use();
+  *free_bytes = *total_bytes > used ? *total_bytes - used : 0;
   return cudaSuccess;
 }
 cudaError_t cudaMalloc(void** p, size_t bytes) {
-  *p = nullptr;
-  {
-    // The emulated device has the machine's RAM: a larger request fails as on a GPU (and never
-    // reaches the allocator, which sanitizers would abort on).
-    std::lock_guard<std::mutex> lock(g_mu);
-    if (bytes > total_memory() - std::min(total_memory(), g_device_bytes)) return set(cudaErrorMemoryAllocation);
-  }
-  const size_t size = (bytes + 255) / 256 * 256;
-  *p = std::aligned_alloc(256, size ? size : 256);
-  if (!*p) return set(cudaErrorMemoryAllocation);
-  std::memset(*p, 0xff, size);  // device memory starts as garbage: NaN-poisoned like shared memory
-  std::lock_guard<std::mutex> lock(g_mu);
-  g_device[static_cast<const char*>(*p)] = size;
-  g_device_bytes += size;
-  return cudaSuccess;
+  // Guarded pages, poisoned with NaN: device_memory.h. A request larger than what is free fails as on a GPU.
+  *p = cuda_emu::device::allocate(bytes);
+  return *p ? cudaSuccess : set(cudaErrorMemoryAllocation);
 }
 cudaError_t cudaFree(void* p) {
   if (!p) return cudaSuccess;
-  std::lock_guard<std::mutex> lock(g_mu);
-  auto it = g_device.find(static_cast<const char*>(p));
-  if (it == g_device.end()) return set(cudaErrorInvalidValue);
-  g_device_bytes -= it->second;
-  g_device.erase(it);
-  std::free(p);
-  return cudaSuccess;
+  return cuda_emu::device::release(p) ? cudaSuccess : set(cudaErrorInvalidValue);
 }
 cudaError_t cudaMallocHost(void** p, size_t bytes) {
   *p = std::malloc(bytes ? bytes : 1);
@@ -160,6 +130,10 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t e, unsigned) {
   return e && *reinterpret_cast<char*>(e) ? cudaSuccess : set(cudaErrorInvalidValue);
 }
 cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
+  if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize) return set(cuda_emu::limits::set_max_dynamic_shared(func, value));
+  return cudaSuccess;  // the others (carve-out, cluster shapes) are hints the emulation has no use for
+}
 cudaError_t cudaGetLastError(void) {
   const cudaError_t e = t_last_error;
   t_last_error = cudaSuccess;
@@ -186,8 +160,3 @@ const char* cudaGetErrorString(cudaError_t e) {
 }
 
 }  // extern "C"
-
-// Whether [p, p + bytes) lies in emulated device memory (used by the emulated backend's checks).
-namespace cuda_emu {
-bool is_device_memory(const void* p, size_t bytes) { return is_device(p, bytes); }
-}  // namespace cuda_emu

@@ -1,0 +1,337 @@
+// The access hooks of the instrumented kernel code and the shadow memory behind them (racecheck.h).
+// This file is compiled without instrumentation.
+//
+// Shadow: one Cell per byte of shared memory (the worker's static __shared__ variables, which are
+// the kernel module's thread-locals, and the block's dynamic shared memory). A cell remembers the
+// last write and up to two reads since, each as (thread, barrier generation, the thread's warp clock).
+// Two accesses are ordered when a __syncthreads lies between them (different generation), when one
+// thread made both, or when both threads are lanes of one warp and a __syncwarp naming both lies
+// between them (the reader's vector clock has seen the writer's clock). Cells are tagged with the
+// block's serial number, so a new block starts with a clean shadow without clearing it.
+//
+// Cost: the hooks run on every load and store of the kernels (a few ns; ~1.3x the emulated suite's
+// time), and a shared access updates its bytes' cells (48 bytes of shadow per shared byte).
+#include "racecheck.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "device_memory.h"
+#include "symbols.h"
+
+namespace cuda_emu::racecheck {
+namespace {
+
+struct Access {
+  uint32_t gen = 0;  // barrier generation (from 1); 0: none
+  uint32_t clk = 0;  // the thread's own warp clock at the access
+  uint16_t tid = 0;  // linear thread index in the block
+};
+
+struct Cell {
+  uint64_t serial = 0;  // the block that last touched it; other values: the cell is empty
+  Access write;
+  Access read[2];
+  uint8_t readers = 0;
+};
+
+struct Worker {
+  int tid = -1;  // the CUDA thread running now; -1 while the scheduler runs
+  uint3 block_idx{};
+  uint64_t serial = 0;
+  uint32_t gen = 1;
+  dim3 dim;
+  int threads = 0;
+  // static __shared__: this worker's TLS block of the kernel module
+  char* static_lo = nullptr;
+  size_t static_bytes = 0;
+  bool static_known = false;
+  std::vector<Cell> static_cells;
+  // dynamic shared memory of the current block
+  char* dynamic_lo = nullptr;
+  size_t dynamic_bytes = 0;
+  std::vector<Cell> dynamic_cells;
+  // vc[t * 32 + l]: what thread t knows of lane l's clock (lanes of t's own warp), reset at barriers
+  std::vector<uint32_t> vc;
+  std::string error;
+};
+
+std::atomic<bool> g_active{false};  // a launch with the checks or the write journal on is running
+std::atomic<bool> g_checks{false};  // ... with the checks on
+bool g_instrumented = false;        // an instrumented translation unit called __tsan_init
+const char* g_kernel = "";          // the running launch's kernel, for the fault report
+std::atomic<uint64_t> g_serial{0};
+thread_local Worker t_worker_state;
+thread_local Worker* t_worker = nullptr;
+
+std::string thread_name(const Worker& w, int tid) {
+  const unsigned x = tid % w.dim.x, y = tid / w.dim.x % w.dim.y, z = tid / (w.dim.x * w.dim.y);
+  return "thread (" + std::to_string(x) + "," + std::to_string(y) + "," + std::to_string(z) + ")";
+}
+
+std::string hex_address(const void* p) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%p", p);
+  return buf;
+}
+
+// "multinorm::cuda::...::kernel(...)::tile + 12 (static __shared__)" or "dynamic shared memory + 40".
+std::string shared_name(bool is_static, size_t offset) {
+  if (!is_static) return "dynamic shared memory + " + std::to_string(offset);
+  const std::string n = symbols::tls_variable(reinterpret_cast<const void*>(&begin_block), offset);
+  return (n.empty() ? "static shared memory + " + std::to_string(offset) : n) + " (static __shared__)";
+}
+
+void record_error(Worker& w, std::string what) {
+  if (w.error.empty()) w.error = std::move(what);
+}
+
+bool ordered(const Worker& w, const Access& a, int tid) {
+  if (a.gen != w.gen || a.tid == tid) return true;
+  if (a.tid / 32 != tid / 32) return false;
+  return w.vc[static_cast<size_t>(tid) * 32 + a.tid % 32] >= a.clk;
+}
+
+void shadow(Worker& w, std::vector<Cell>& cells, bool is_static, size_t offset, size_t size, bool write) {
+  const int tid = w.tid;
+  const Access now{w.gen, w.vc[static_cast<size_t>(tid) * 32 + tid % 32], static_cast<uint16_t>(tid)};
+  for (size_t i = 0; i < size && offset + i < cells.size(); ++i) {
+    Cell& c = cells[offset + i];
+    if (c.serial != w.serial) c = Cell{}, c.serial = w.serial;
+    if (!w.error.empty()) return;  // one report per block
+    if (write) {
+      if (c.write.gen && !ordered(w, c.write, tid))
+        record_error(w, "shared-memory race (write after write): writes " + std::to_string(size) + " bytes at " +
+                            shared_name(is_static, offset + i) + ", which " + thread_name(w, c.write.tid) +
+                            " wrote since the last __syncthreads, with no __syncthreads or __syncwarp ordering the two");
+      for (int r = 0; r < c.readers; ++r)
+        if (!ordered(w, c.read[r], tid))
+          record_error(w, "shared-memory race (write after read): writes " + std::to_string(size) + " bytes at " +
+                              shared_name(is_static, offset + i) + ", which " + thread_name(w, c.read[r].tid) +
+                              " read since the last __syncthreads, with no __syncthreads or __syncwarp ordering the two");
+      c.write = now;
+      c.readers = 0;
+    } else {
+      if (!c.write.gen) {
+        record_error(w, "reads " + std::to_string(size) + " bytes of shared memory at " + shared_name(is_static, offset + i) +
+                            " that no thread of this block has written (uninitialised shared memory)");
+      } else if (!ordered(w, c.write, tid)) {
+        record_error(w, "shared-memory race (read after write): reads " + std::to_string(size) + " bytes at " +
+                            shared_name(is_static, offset + i) + ", which " + thread_name(w, c.write.tid) +
+                            " wrote since the last __syncthreads, with no __syncthreads or __syncwarp ordering the two");
+      }
+      if (c.readers && c.read[0].gen != w.gen) c.readers = 0;
+      if (c.readers == 0) {
+        c.read[0] = now, c.readers = 1;
+      } else if (c.read[0].tid == tid) {
+        c.read[0] = now;
+      } else {
+        c.read[1] = now, c.readers = 2;
+      }
+    }
+  }
+}
+
+inline void on_access(const void* p, size_t size, bool write, size_t align) {
+  if (!g_active.load(std::memory_order_relaxed)) return;
+  Worker* w = t_worker;
+  if (!w || w->tid < 0) return;
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  if (!g_checks.load(std::memory_order_relaxed)) {
+    if (write) device::note_write(p, size);
+    return;
+  }
+  if (align > 1 && (a & (align - 1)) && w->error.empty())
+    record_error(*w, "misaligned " + std::to_string(size) + "-byte " + (write ? "store" : "load") + " at " + hex_address(p) +
+                         " (address % " + std::to_string(align) + " = " + std::to_string(a % align) +
+                         "): a GPU stops the kernel with cudaErrorMisalignedAddress");
+  if (a - reinterpret_cast<uintptr_t>(w->static_lo) < w->static_bytes)
+    shadow(*w, w->static_cells, true, a - reinterpret_cast<uintptr_t>(w->static_lo), size, write);
+  else if (a - reinterpret_cast<uintptr_t>(w->dynamic_lo) < w->dynamic_bytes)
+    shadow(*w, w->dynamic_cells, false, a - reinterpret_cast<uintptr_t>(w->dynamic_lo), size, write);
+  else if (write)
+    device::note_write(p, size);
+}
+
+// An atomic's store, for the write journal (atomics are not shadowed: they do not race).
+inline void on_atomic_write(const volatile void* p, size_t size) {
+  if (!g_active.load(std::memory_order_relaxed)) return;
+  Worker* w = t_worker;
+  if (w && w->tid >= 0) device::note_write(const_cast<const void*>(p), size);
+}
+
+void reset_clocks(Worker& w) {
+  w.vc.assign(static_cast<size_t>(w.threads) * 32, 0);
+  for (int t = 0; t < w.threads; ++t) w.vc[static_cast<size_t>(t) * 32 + t % 32] = 1;
+}
+
+// A kernel that faults (an out-of-bounds address, or an aligned SSE load at a misaligned address,
+// after racecheck recorded it) kills the process: first say which kernel, block and thread, and the
+// error racecheck recorded, then let the previous handler or the default action take over.
+struct sigaction g_previous[2];
+void on_fault(int sig, siginfo_t* info, void*) {
+  Worker* w = t_worker;
+  if (w && w->tid >= 0) {
+    std::string m = std::string("\nemulated CUDA: kernel ") + g_kernel + " faulted (signal " + std::to_string(sig) + ", address " +
+                    hex_address(info->si_addr) + ") in block (" + std::to_string(w->block_idx.x) + "," + std::to_string(w->block_idx.y) +
+                    "," + std::to_string(w->block_idx.z) + ") " + thread_name(*w, w->tid) +
+                    (w->error.empty() ? std::string() : ", after: " + w->error) + "\n";
+    if (::write(2, m.data(), m.size()) < 0) m.clear();
+  }
+  sigaction(sig, &g_previous[sig == SIGSEGV ? 0 : 1], nullptr);  // the faulting access repeats and ends the process
+}
+void install_fault_reporter() {
+  static bool installed = [] {
+    struct sigaction sa {};
+    sa.sa_sigaction = on_fault;
+    sa.sa_flags = SA_SIGINFO | SA_RESETHAND;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGSEGV, &sa, &g_previous[0]);
+    sigaction(SIGBUS, &sa, &g_previous[1]);
+    return true;
+  }();
+  (void)installed;
+}
+
+bool checks_enabled() {
+  const char* e = std::getenv("MULTINORM_EMU_RACECHECK");
+  return !(e && std::strcmp(e, "0") == 0);
+}
+
+}  // namespace
+
+void begin_launch(const char* kernel, bool journal) {
+  g_kernel = kernel;
+  install_fault_reporter();
+  const bool checks = checks_enabled();
+  g_checks.store(checks, std::memory_order_relaxed);
+  g_active.store(checks || journal, std::memory_order_relaxed);
+}
+void end_launch() {
+  g_active.store(false, std::memory_order_relaxed);
+  g_checks.store(false, std::memory_order_relaxed);
+}
+bool instrumented() { return g_instrumented; }
+
+void begin_block(uint3 block_idx, dim3 block, void* dynamic_shared, size_t dynamic_bytes) {
+  Worker& w = t_worker_state;
+  t_worker = &w;
+  w.block_idx = block_idx;
+  if (!w.static_known) {  // this worker's static __shared__: the kernel module's TLS block
+    w.static_known = true;
+    if (symbols::tls_block(reinterpret_cast<const void*>(&begin_block), &w.static_lo, &w.static_bytes))
+      w.static_cells.resize(w.static_bytes);
+  }
+  w.serial = g_serial.fetch_add(1, std::memory_order_relaxed) + 1;
+  w.gen = 1;
+  w.dim = block;
+  w.threads = static_cast<int>(block.x * block.y * block.z);
+  w.dynamic_lo = static_cast<char*>(dynamic_shared);
+  w.dynamic_bytes = dynamic_shared ? dynamic_bytes : 0;
+  if (w.dynamic_cells.size() < w.dynamic_bytes) w.dynamic_cells.resize(w.dynamic_bytes);
+  reset_clocks(w);
+  w.error.clear();
+  w.tid = -1;
+}
+
+void enter_thread(int linear) { t_worker_state.tid = linear; }
+void leave_thread() { t_worker_state.tid = -1; }
+
+void barrier_completed() {
+  Worker& w = t_worker_state;
+  ++w.gen;
+  reset_clocks(w);
+}
+
+void warp_synced(int warp, unsigned mask) {
+  Worker& w = t_worker_state;
+  uint32_t join[32] = {};
+  const int base = warp * 32;
+  for (int l = 0; l < 32; ++l)
+    if (mask >> l & 1u)
+      for (int k = 0; k < 32; ++k) join[k] = std::max(join[k], w.vc[static_cast<size_t>(base + l) * 32 + k]);
+  for (int l = 0; l < 32; ++l)
+    if (mask >> l & 1u) {
+      uint32_t* row = &w.vc[static_cast<size_t>(base + l) * 32];
+      std::memcpy(row, join, sizeof join);
+      ++row[l];
+    }
+}
+
+void mark_instrumented() { g_instrumented = true; }
+
+std::string take_error() {
+  std::string e;
+  e.swap(t_worker_state.error);
+  return e;
+}
+
+}  // namespace cuda_emu::racecheck
+
+// ---- the instrumentation's entry points (GCC -fsanitize=thread ABI) --------------------------------
+// Hidden: each module that holds instrumented kernels links its own copy of the emulation.
+#define MN_HOOK extern "C" __attribute__((visibility("hidden")))
+using cuda_emu::racecheck::on_access;
+
+MN_HOOK void __tsan_init() { cuda_emu::racecheck::mark_instrumented(); }
+MN_HOOK void __tsan_func_entry(void*) {}
+MN_HOOK void __tsan_func_exit() {}
+MN_HOOK void __tsan_vptr_update(void**, void*) {}
+MN_HOOK void __tsan_vptr_read(void**) {}
+#define MN_SIZED_HOOKS(N)                                                                     \
+  MN_HOOK void __tsan_read##N(void* p) { on_access(p, N, false, N); }                       \
+  MN_HOOK void __tsan_write##N(void* p) { on_access(p, N, true, N); }                       \
+  MN_HOOK void __tsan_unaligned_read##N(void* p) { on_access(p, N, false, 1); }             \
+  MN_HOOK void __tsan_unaligned_write##N(void* p) { on_access(p, N, true, 1); }             \
+  MN_HOOK void __tsan_volatile_read##N(void* p) { on_access(p, N, false, N); }              \
+  MN_HOOK void __tsan_volatile_write##N(void* p) { on_access(p, N, true, N); }              \
+  MN_HOOK void __tsan_unaligned_volatile_read##N(void* p) { on_access(p, N, false, 1); }    \
+  MN_HOOK void __tsan_unaligned_volatile_write##N(void* p) { on_access(p, N, true, 1); }
+MN_SIZED_HOOKS(1)
+MN_SIZED_HOOKS(2)
+MN_SIZED_HOOKS(4)
+MN_SIZED_HOOKS(8)
+MN_SIZED_HOOKS(16)
+MN_HOOK void __tsan_read_range(void* p, unsigned long size) { on_access(p, size, false, 1); }
+MN_HOOK void __tsan_write_range(void* p, unsigned long size) { on_access(p, size, true, 1); }
+
+// Atomics: performed (sequentially consistent whatever order is asked), never shadowed: an atomic
+// does not race with an atomic.
+#define MN_AW cuda_emu::racecheck::on_atomic_write(a, sizeof(*a))
+#define MN_ATOMIC_HOOKS(N, T)                                                                                        \
+  MN_HOOK T __tsan_atomic##N##_load(const volatile T* a, int) { return __atomic_load_n(a, __ATOMIC_SEQ_CST); }      \
+  MN_HOOK void __tsan_atomic##N##_store(volatile T* a, T v, int) { MN_AW; __atomic_store_n(a, v, __ATOMIC_SEQ_CST); } \
+  MN_HOOK T __tsan_atomic##N##_exchange(volatile T* a, T v, int) { MN_AW; return __atomic_exchange_n(a, v, __ATOMIC_SEQ_CST); } \
+  MN_HOOK T __tsan_atomic##N##_fetch_add(volatile T* a, T v, int) { MN_AW; return __atomic_fetch_add(a, v, __ATOMIC_SEQ_CST); } \
+  MN_HOOK T __tsan_atomic##N##_fetch_sub(volatile T* a, T v, int) { MN_AW; return __atomic_fetch_sub(a, v, __ATOMIC_SEQ_CST); } \
+  MN_HOOK T __tsan_atomic##N##_fetch_and(volatile T* a, T v, int) { MN_AW; return __atomic_fetch_and(a, v, __ATOMIC_SEQ_CST); } \
+  MN_HOOK T __tsan_atomic##N##_fetch_or(volatile T* a, T v, int) { MN_AW; return __atomic_fetch_or(a, v, __ATOMIC_SEQ_CST); }   \
+  MN_HOOK T __tsan_atomic##N##_fetch_xor(volatile T* a, T v, int) { MN_AW; return __atomic_fetch_xor(a, v, __ATOMIC_SEQ_CST); } \
+  MN_HOOK T __tsan_atomic##N##_fetch_nand(volatile T* a, T v, int) { MN_AW; return __atomic_fetch_nand(a, v, __ATOMIC_SEQ_CST); } \
+  MN_HOOK int __tsan_atomic##N##_compare_exchange_strong(volatile T* a, T* c, T v, int, int) {                      \
+    MN_AW;                                                                                                           \
+    return __atomic_compare_exchange_n(a, c, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);                          \
+  }                                                                                                                  \
+  MN_HOOK int __tsan_atomic##N##_compare_exchange_weak(volatile T* a, T* c, T v, int, int) {                        \
+    MN_AW;                                                                                                           \
+    return __atomic_compare_exchange_n(a, c, v, true, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);                           \
+  }                                                                                                                  \
+  MN_HOOK T __tsan_atomic##N##_compare_exchange_val(volatile T* a, T c, T v, int, int) {                            \
+    MN_AW;                                                                                                           \
+    __atomic_compare_exchange_n(a, &c, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);                                \
+    return c;                                                                                                        \
+  }
+MN_ATOMIC_HOOKS(8, char)
+MN_ATOMIC_HOOKS(16, short)
+MN_ATOMIC_HOOKS(32, int)
+MN_ATOMIC_HOOKS(64, long)
+MN_HOOK void __tsan_atomic_thread_fence(int) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+MN_HOOK void __tsan_atomic_signal_fence(int) { __atomic_signal_fence(__ATOMIC_SEQ_CST); }

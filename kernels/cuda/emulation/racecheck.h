@@ -1,0 +1,50 @@
+// The emulated build's memory checker, what compute-sanitizer's racecheck and part of memcheck do on
+// a GPU. The kernel sources are compiled with GCC's ThreadSanitizer instrumentation
+// (-fsanitize=thread), which calls a hook before every load and store; racecheck.cpp implements those
+// hooks itself (no TSan runtime is linked) and, while an emulated CUDA thread runs, checks:
+//   - alignment: an access the compiler knows to be N-byte aligned (a float, a 16-byte Pack) at an
+//     address that is not: a GPU stops the kernel with cudaErrorMisalignedAddress;
+//   - shared-memory races: a shared byte written by one thread and read or written by another with
+//     neither a __syncthreads nor a __syncwarp naming both lanes between them (warp-level ordering
+//     is tracked with a vector clock per lane; shuffles and votes do not order memory, as the CUDA
+//     programming guide says);
+//   - uninitialised shared memory: a read of a shared byte no thread of the block has written.
+// The first error of a block is kept and reported by the scheduler with the kernel, block and thread.
+//
+// MULTINORM_EMU_RACECHECK=0 turns the checks off (the hooks then return at once). The sanitizer
+// builds (scripts/sanitize.sh) compile without this instrumentation: ASan cannot be combined with it,
+// and TSan is then the real thing.
+//
+// The scheduler's side (cuda_emulation.cpp), all on the worker thread that runs the block:
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace cuda_emu::racecheck {
+
+// A launch of `kernel` starts and ends (on the launching thread): reads MULTINORM_EMU_RACECHECK, and
+// installs (once) a SIGSEGV/SIGBUS reporter that names the kernel, block and thread of a fault.
+// `journal`: the hooks feed the device memory's write journal (device_memory.h) even with the
+// checks off.
+void begin_launch(const char* kernel, bool journal);
+void end_launch();
+// Whether this module's kernels carry the instrumentation (their hooks are these).
+bool instrumented();
+void mark_instrumented();
+
+// A block starts on this worker: its shape, its dynamic shared memory.
+void begin_block(uint3 block_idx, dim3 block, void* dynamic_shared, size_t dynamic_bytes);
+// The CUDA thread (linear index in the block) the worker is about to run, and back to the scheduler.
+void enter_thread(int linear);
+void leave_thread();
+// Every thread of the block passed a __syncthreads.
+void barrier_completed();
+// The lanes of `mask` in warp `warp` completed a __syncwarp together.
+void warp_synced(int warp, unsigned mask);
+// The first error found in this worker's current block ("" if none); clears it.
+std::string take_error();
+
+}  // namespace cuda_emu::racecheck
