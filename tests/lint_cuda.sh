@@ -4,7 +4,9 @@
 #   - dynamic shared memory only through MN_DYNAMIC_SHARED: no `extern __shared__` elsewhere;
 #   - no inline assembly (asm / PTX) and no __CUDA_ARCH__ branches in kernel files (they would need a
 #     wrapper header with a CPU path; none exists yet);
-#   - no grid-wide synchronisation (cooperative groups' grid sync, spinning on another block's flag).
+#   - no grid-wide synchronisation (cooperative groups' grid sync, spinning on another block's flag);
+#   - a grid-wide index or stride (blockIdx.x * blockDim.x, gridDim.x * blockDim.x) is formed in 64
+#     bits: in 32 bits it wraps past 2^31 elements (a 7B model's gradient arena is 6.7e9).
 # A rule is broken when a pattern appears in code (comment lines are skipped).
 set -uo pipefail
 root=${1:-$(cd "$(dirname "$0")/.." && pwd)}
@@ -13,8 +15,8 @@ files=$(ls kernels/cuda/*.cu kernels/cuda/*.cuh kernels/cuda/*.h 2>/dev/null)
 fail=0
 check() {  # pattern, allowed file (or ""), message
   local hits
-  hits=$(grep -nE "$1" $files | grep -vE '^[^:]+:[0-9]+:\s*//' | grep -v "^$2:" || true)
-  [ -z "$2" ] && hits=$(grep -nE "$1" $files | grep -vE '^[^:]+:[0-9]+:\s*//' || true)
+  hits=$(grep -nHE "$1" $files | grep -vE '^[^:]+:[0-9]+:\s*//' | grep -v "^$2:" || true)
+  [ -z "$2" ] && hits=$(grep -nHE "$1" $files | grep -vE '^[^:]+:[0-9]+:\s*//' || true)
   if [ -n "$hits" ]; then
     echo "lint_cuda: $3:"
     echo "$hits"
@@ -26,5 +28,14 @@ check 'extern[[:space:]]+__shared__' kernels/cuda/cuda_compat.h "extern __shared
 check '(^|[^_[:alnum:]])(asm|__asm__)[[:space:]]*(volatile)?[[:space:]]*\(' "" "inline assembly in a kernel file"
 check '__CUDA_ARCH__' "" "an architecture branch in a kernel file"
 check 'cooperative_groups|this_grid|grid\.sync|cudaLaunchCooperativeKernel' "" "grid-wide synchronisation"
+# a product of two 32-bit built-ins with neither side widened first
+wide='(int64_t|size_t|uint64_t|long)'
+hits=$(grep -nHE '(blockIdx|gridDim)\.[xyz][[:space:]]*\*[[:space:]]*blockDim\.[xyz]|blockDim\.[xyz][[:space:]]*\*[[:space:]]*(blockIdx|gridDim)\.[xyz]' $files |
+  grep -vE '^[^:]+:[0-9]+:\s*//' | grep -vE "${wide}\((blockIdx|gridDim|blockDim)\.[xyz]\)[[:space:]]*\*|\*[[:space:]]*${wide}\((blockIdx|gridDim|blockDim)\.[xyz]\)" || true)
+if [ -n "$hits" ]; then
+  echo "lint_cuda: a grid-wide index or stride formed in 32 bits (write int64_t(blockIdx.x) * blockDim.x):"
+  echo "$hits"
+  fail=1
+fi
 if [ $fail -eq 0 ]; then echo "lint_cuda: $(echo $files | wc -w) files clean"; fi
 exit $fail

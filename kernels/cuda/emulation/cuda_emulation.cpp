@@ -61,6 +61,10 @@ struct Config {
   std::vector<Order> orders{Order::Forward};  // more than one: each launch runs under each, compared
   uint64_t seed = 1;
   size_t stack_bytes = 256 * 1024;
+  // Sampling (large-shape tests only): run just the first and last `edge_blocks` blocks of a launch
+  // of the kernels named in edge_kernels (all when empty); the other blocks' outputs are not written.
+  uint64_t edge_blocks = 0;
+  std::string edge_kernels;
 };
 Order parse_order(const std::string& s, const char* variable) {
   for (int k = 0; k < 4; ++k)
@@ -82,6 +86,8 @@ Config read_config() {
   }
   if (const char* s = std::getenv("MULTINORM_EMU_SEED"); s && *s) c.seed = std::strtoull(s, nullptr, 10);
   if (const char* k = std::getenv("MULTINORM_EMU_STACK_KB"); k && *k) c.stack_bytes = std::max(16L, std::atol(k)) * 1024;
+  if (const char* e = std::getenv("MULTINORM_EMU_EDGE_BLOCKS"); e && *e) c.edge_blocks = std::strtoull(e, nullptr, 10);
+  if (const char* e = std::getenv("MULTINORM_EMU_EDGE_KERNELS"); e && *e) c.edge_kernels = std::string(",") + e + ",";
   return c;
 }
 
@@ -594,9 +600,14 @@ uint64_t block_of(uint64_t id, uint64_t blocks, Order order, uint64_t seed) {
   return static_cast<uint64_t>((static_cast<unsigned __int128>(a) * id + seed) % blocks);
 }
 
-// Runs every block of the launch under `order`; returns the first error ("" if none).
-std::string run_grid(dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>& body, const Config& cfg, Order order) {
-  const uint64_t blocks = static_cast<uint64_t>(grid.x) * grid.y * grid.z;
+// Runs every block of the launch under `order` (or only its edge blocks: Config); returns the first
+// error ("" if none).
+std::string run_grid(const char* name, dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>& body, const Config& cfg,
+                     Order order) {
+  const uint64_t all_blocks = static_cast<uint64_t>(grid.x) * grid.y * grid.z;
+  const bool sampled = cfg.edge_blocks > 0 && 2 * cfg.edge_blocks < all_blocks &&
+                       (cfg.edge_kernels.empty() || cfg.edge_kernels.find(std::string(",") + name + ",") != std::string::npos);
+  const uint64_t blocks = sampled ? 2 * cfg.edge_blocks : all_blocks;
   std::atomic<uint64_t> next{0};
   std::mutex err_mu;
   std::string first_error;
@@ -615,7 +626,8 @@ std::string run_grid(dim3 grid, dim3 block, size_t shared_bytes, const std::func
         std::lock_guard<std::mutex> l(err_mu);
         if (!first_error.empty()) break;
       }
-      const uint64_t id = block_of(issued, blocks, order, cfg.seed);
+      uint64_t id = block_of(issued, blocks, order, cfg.seed);
+      if (sampled && id >= cfg.edge_blocks) id += all_blocks - blocks;  // the last edge_blocks
       Block b;
       b.idx = make_uint3(static_cast<unsigned>(id % grid.x), static_cast<unsigned>(id / grid.x % grid.y),
                          static_cast<unsigned>(id / (static_cast<uint64_t>(grid.x) * grid.y)));
@@ -683,7 +695,7 @@ void launch(const char* name, const void* fn, dim3 grid, dim3 block, size_t shar
   const bool several = cfg.orders.size() > 1, journal = several && racecheck::instrumented();
   RacecheckLaunch checks(name, journal);
   if (!several) {
-    if (std::string e = run_grid(grid, block, shared_bytes, body, cfg, cfg.orders[0]); !e.empty()) bad(e);
+    if (std::string e = run_grid(name, grid, block, shared_bytes, body, cfg, cfg.orders[0]); !e.empty()) bad(e);
     return;
   }
   auto order_error = [&](size_t k, const std::string& d) {
@@ -695,7 +707,7 @@ void launch(const char* name, const void* fn, dim3 grid, dim3 block, size_t shar
     // Each run starts from the same device memory and must leave the same bytes; the instrumented
     // kernels' stores save each page before its first write, so a run is undone page by page.
     device::journal_begin();
-    std::string e = run_grid(grid, block, shared_bytes, body, cfg, cfg.orders[0]);
+    std::string e = run_grid(name, grid, block, shared_bytes, body, cfg, cfg.orders[0]);
     const device::Journal first_run = device::journal_end();
     if (!e.empty()) bad(e);
     std::map<char*, std::vector<char>> first;  // page -> the first run's result
@@ -703,7 +715,7 @@ void launch(const char* name, const void* fn, dim3 grid, dim3 block, size_t shar
     restore_pages(first_run);
     for (size_t k = 1; k < cfg.orders.size(); ++k) {
       device::journal_begin();
-      e = run_grid(grid, block, shared_bytes, body, cfg, cfg.orders[k]);
+      e = run_grid(name, grid, block, shared_bytes, body, cfg, cfg.orders[k]);
       const device::Journal run = device::journal_end();
       if (!e.empty()) bad(e);
       const std::string d = compare_pages(first, run);
@@ -715,11 +727,11 @@ void launch(const char* name, const void* fn, dim3 grid, dim3 block, size_t shar
   }
   // Without instrumentation (the sanitizer builds): whole-memory images.
   const DeviceImage before = save_device_memory();
-  if (std::string e = run_grid(grid, block, shared_bytes, body, cfg, cfg.orders[0]); !e.empty()) bad(e);
+  if (std::string e = run_grid(name, grid, block, shared_bytes, body, cfg, cfg.orders[0]); !e.empty()) bad(e);
   const DeviceImage after = save_device_memory();
   for (size_t k = 1; k < cfg.orders.size(); ++k) {
     restore_device_memory(before);
-    if (std::string e = run_grid(grid, block, shared_bytes, body, cfg, cfg.orders[k]); !e.empty()) bad(e);
+    if (std::string e = run_grid(name, grid, block, shared_bytes, body, cfg, cfg.orders[k]); !e.empty()) bad(e);
     if (std::string d = compare_device_memory(after); !d.empty()) order_error(k, d);
   }
 }

@@ -18,6 +18,9 @@
 //                          the same device memory, and must leave the same bytes (else an error
 //                          naming the kernel and the first differing byte)
 //   MULTINORM_EMU_SEED     seed of the random order (default 1)
+//   MULTINORM_EMU_EDGE_BLOCKS k, MULTINORM_EMU_EDGE_KERNELS a,b: run only the first and last k blocks of
+//                          the named kernels' launches (all kernels if no names): the large-shape
+//                          tests, which compare only those blocks' rows
 //   MULTINORM_EMU_RACECHECK 0 turns off the race, initialisation and alignment checks (racecheck.h)
 //   MULTINORM_EMU_STACK_KB fiber stack size (default 256)
 #pragma once
@@ -43,10 +46,12 @@
 namespace cuda_emu {
 
 // ---- what the running fiber sees ---------------------------------------------------------------
-const uint3& thread_idx();
-const uint3& block_idx();
-const dim3& block_dim();
-const dim3& grid_dim();
+// `const`: within one CUDA thread's run of a kernel (one fiber) the answers never change, so the
+// compiler may hoist them out of loops (a grid-stride loop otherwise calls grid_dim() per element).
+__attribute__((const)) const uint3& thread_idx();
+__attribute__((const)) const uint3& block_idx();
+__attribute__((const)) const dim3& block_dim();
+__attribute__((const)) const dim3& grid_dim();
 void* dynamic_shared();  // this block's dynamic shared memory (NaN-poisoned at block start)
 
 void syncthreads();

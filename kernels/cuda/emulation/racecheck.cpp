@@ -140,15 +140,10 @@ void shadow(Worker& w, std::vector<Cell>& cells, bool is_static, size_t offset, 
   }
 }
 
-inline void on_access(const void* p, size_t size, bool write, size_t align) {
-  if (!g_active.load(std::memory_order_relaxed)) return;
-  Worker* w = t_worker;
-  if (!w || w->tid < 0) return;
+// The checks of one access: alignment, then the shadow of shared memory (out of line: the hooks'
+// fast path below stays small).
+__attribute__((noinline)) void check_access(Worker* w, const void* p, size_t size, bool write, size_t align) {
   const uintptr_t a = reinterpret_cast<uintptr_t>(p);
-  if (!g_checks.load(std::memory_order_relaxed)) {
-    if (write) device::note_write(p, size);
-    return;
-  }
   if (align > 1 && (a & (align - 1)) && w->error.empty())
     record_error(*w, "misaligned " + std::to_string(size) + "-byte " + (write ? "store" : "load") + " at " + hex_address(p) +
                          " (address % " + std::to_string(align) + " = " + std::to_string(a % align) +
@@ -159,6 +154,20 @@ inline void on_access(const void* p, size_t size, bool write, size_t align) {
     shadow(*w, w->dynamic_cells, false, a - reinterpret_cast<uintptr_t>(w->dynamic_lo), size, write);
   else if (write)
     device::note_write(p, size);
+}
+
+inline void on_access(const void* p, size_t size, bool write, size_t align) {
+  if (!g_active.load(std::memory_order_relaxed)) return;
+  Worker* w = t_worker;
+  if (!w || w->tid < 0) return;
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  if (g_checks.load(std::memory_order_relaxed) &&
+      ((a & (align - 1)) || a - reinterpret_cast<uintptr_t>(w->static_lo) < w->static_bytes ||
+       a - reinterpret_cast<uintptr_t>(w->dynamic_lo) < w->dynamic_bytes)) {
+    check_access(w, p, size, write, align);
+    return;
+  }
+  if (write) device::note_write(p, size);  // global memory: only the write journal's business
 }
 
 // An atomic's store, for the write journal (atomics are not shadowed: they do not race).
