@@ -15,6 +15,7 @@ packages=(
   zlib1g-dev
   liblapack-dev               # dsyevd: SWAN's exact FP64 whitening path
   libboost-context-dev        # fibers of the emulated CUDA build (kernels run on the CPU in tests)
+  patchelf                    # scripts/bundle.sh: RUNPATH $ORIGIN/../lib in the relocatable bundle
 )
 if [ -z "${MULTINORM_DEPS_MINIMAL:-}" ]; then
   packages+=(python3 python3-torch python3-numpy python3-matplotlib)

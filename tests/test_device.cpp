@@ -1,7 +1,12 @@
 // Backend selection on a machine without a GPU: the binary runs and falls back to the CPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <string>
+#include <vector>
+
+#include <stdlib.h>
 
 #include "multinorm/comm.h"
 
@@ -51,4 +56,40 @@ TEST(Launcher, WorldSizeFromTheCommonLaunchers) {
     EXPECT_EQ(w.size, 8);
     ::unsetenv(v);
   }
+}
+
+// Where the CUDA libraries are looked for: the toolkit ($CUDA_HOME), and a Python environment's pip
+// wheels (site-packages/nvidia/<name>/lib), found through $VIRTUAL_ENV or a python3 on PATH.
+TEST(CudaLibraries, SearchTheToolkitAndPythonEnvironments) {
+  char tmpl[] = "/tmp/multinorm-cudalibs-XXXXXX";
+  const std::string root = ::mkdtemp(tmpl);
+  const std::string venv = root + "/venv", toolkit = root + "/cuda", other = root + "/conda";
+  for (const std::string& d : {venv + "/lib/python3.12/site-packages/nvidia/cublas/lib", venv + "/lib/python3.12/site-packages/nvidia/nccl/lib",
+                               toolkit + "/lib64", other + "/bin", other + "/lib/python3.11/site-packages/nvidia/cu13/lib"})
+    ASSERT_EQ(std::system(("mkdir -p '" + d + "'").c_str()), 0);
+  ASSERT_EQ(std::system(("touch '" + other + "/bin/python3' && chmod +x '" + other + "/bin/python3'").c_str()), 0);
+  const char* keep_path = std::getenv("PATH");
+  const std::string path = keep_path ? keep_path : "";
+  ::setenv("VIRTUAL_ENV", venv.c_str(), 1);
+  ::setenv("CUDA_HOME", toolkit.c_str(), 1);
+  ::setenv("PATH", (other + "/bin:" + path).c_str(), 1);
+  const std::vector<std::string> dirs = cuda_library_dirs();
+  ::unsetenv("VIRTUAL_ENV"), ::unsetenv("CUDA_HOME"), ::setenv("PATH", path.c_str(), 1);
+  auto at = [&](const std::string& d) { return std::find(dirs.begin(), dirs.end(), d) - dirs.begin(); };
+  const auto n = static_cast<long>(dirs.size());
+  EXPECT_LT(at(toolkit + "/lib64"), n);
+  EXPECT_LT(at(venv + "/lib/python3.12/site-packages/nvidia/cublas/lib"), n);
+  EXPECT_LT(at(venv + "/lib/python3.12/site-packages/nvidia/nccl/lib"), n);
+  EXPECT_LT(at(other + "/lib/python3.11/site-packages/nvidia/cu13/lib"), n) << "a python3 on PATH";
+  EXPECT_LT(at(toolkit + "/lib64"), at(venv + "/lib/python3.12/site-packages/nvidia/cublas/lib")) << "the toolkit first";
+  std::system(("rm -rf '" + root + "'").c_str());
+
+  // A library not found names where it was looked for and the other versions seen.
+  CudaLibraries libs;
+  libs.searched = {"/usr/local/cuda/lib64"};
+  libs.libraries.push_back({"libcublasLt.so.13", "", "", "/usr/local/cuda/lib64/libcublasLt.so.12"});
+  const std::string m = libs.missing();
+  EXPECT_NE(m.find("libcublasLt.so.13 not found"), std::string::npos) << m;
+  EXPECT_NE(m.find("/usr/local/cuda/lib64/libcublasLt.so.12"), std::string::npos) << m;
+  EXPECT_NE(m.find("built against another CUDA"), std::string::npos) << m;
 }

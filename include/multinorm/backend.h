@@ -81,6 +81,13 @@ struct SwanStats {
   int64_t fallbacks = 0;    // non-finite iterations replaced by the exact path
 };
 
+// Device time of one kernel (or cuBLASLt call) summed over its launches, from Backend::take_profile.
+struct KernelTime {
+  std::string name;
+  int64_t launches = 0;
+  double ms = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -101,6 +108,11 @@ class Backend {
     (void)act;
     return {};
   }
+  // Per-kernel device times (CUDA events around every launch) while profiling is on; take_profile()
+  // waits for the device and returns the totals since the last take, largest first. A backend
+  // without device kernels returns none.
+  virtual void set_profiling(bool on) { (void)on; }
+  virtual std::vector<KernelTime> take_profile() { return {}; }
 
   // ---- memory ---------------------------------------------------------------------------------
   virtual void* allocate(int64_t bytes) = 0;  // zero-filled, 64-byte aligned

@@ -7,7 +7,7 @@
 #pragma once
 #include <stddef.h>
 
-#define MULTINORM_CUDA_PLUGIN_ABI 5
+#define MULTINORM_CUDA_PLUGIN_ABI 6
 
 #ifdef __cplusplus
 extern "C" {
@@ -32,6 +32,14 @@ int multinorm_cuda_device_query(int device, multinorm_cuda_device_info* info, ch
 int multinorm_cuda_plugin_emulated(void);
 // A new multinorm::Backend on `device` (delete it through the pointer), or NULL with the error text.
 void* multinorm_cuda_create_backend(int device, char* err, size_t err_len);
+// What the plugin sees of the machine, as a JSON object in `out`: runtime and driver versions, the
+// cuBLASLt and NCCL loaded (version, file), every visible GPU (name, PCI bus, compute capability,
+// SMs, memory, ECC, clocks, bus width, L2, peak bandwidth). 0, or -1 when `out` is too small.
+int multinorm_cuda_environment(char* out, size_t len);
+// NCCL across the first `ndev` GPUs of this process (ncclCommInitAll): all-reduce, reduce-scatter and
+// all-gather checked exactly against the host, then timed on `bench_bytes` per rank (bus bandwidth).
+// A JSON object in `out`; 0 when every check passed, 1 when one failed, -1 when it could not run.
+int multinorm_cuda_nccl_selftest(int ndev, size_t bench_bytes, char* out, size_t len);
 
 #ifdef __cplusplus
 }

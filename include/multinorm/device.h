@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "multinorm/backend.h"
+#include "multinorm/cuda_libraries.h"
 #include "multinorm/cuda_plugin_abi.h"
 
 namespace multinorm {
@@ -19,7 +20,10 @@ struct CudaProbe {
   std::string device_error;  // cudaGetDeviceCount's error when it failed
   std::vector<multinorm_cuda_device_info> devices;
   bool emulated = false;          // the emulated build: kernels run on the CPU (tests only)
+  CudaLibraries libraries;        // the CUDA libraries loaded for the plugin, and from where
   void* (*create)(int, char*, size_t) = nullptr;  // multinorm_cuda_create_backend
+  int (*environment)(char*, size_t) = nullptr;    // multinorm_cuda_environment
+  int (*nccl_selftest)(int, size_t, char*, size_t) = nullptr;  // multinorm_cuda_nccl_selftest
 };
 
 // Probes once per process. Search order: $MULTINORM_CUDA_PLUGIN, the binary's directory,

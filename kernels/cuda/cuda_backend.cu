@@ -16,6 +16,7 @@
 #include "gemm.h"
 #include "kernels.h"
 #include "nccl_communicator.h"
+#include "profiler.h"
 #include "multinorm/backend.h"
 #include "multinorm/error.h"
 
@@ -89,6 +90,9 @@ class CudaBackend final : public Backend {
   int threads() const override { return 1; }
   bool host_memory() const override { return false; }
   void synchronize() override { MN_CUDA_CHECK(cudaStreamSynchronize(stream_), "synchronize"); }
+  void set_profiling(bool on) override { profiler::set(on); }
+  std::vector<KernelTime> take_profile() override { return profiler::take(); }
+
   int64_t workspace_bytes() const override {
     return static_cast<int64_t>(gemm_->workspace_bytes() + rms_scratch_.bytes() + attn_scratch_.bytes() + reduce_scratch_.bytes() +
                                 bucket_scratch_.bytes() + opt_scratch_.bytes() + many_scratch_.bytes());

@@ -45,6 +45,12 @@ void allow_dynamic_shared(const char* name, const void* kernel, size_t bytes);
 // Release builds check the launch itself after every launch, and execution errors at the update's
 // synchronisation; CUDA_LAUNCH_BLOCKING=1 gives release builds the debug behaviour.
 void check_after_launch(const char* name, dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream);
+// Per-kernel timing (kernels/cuda/profiler.h): an event pair around each launch while it is on.
+namespace profiler {
+extern bool g_on;
+void begin(const char* name, cudaStream_t stream);
+void end(cudaStream_t stream);
+}  // namespace profiler
 // Launches kernel<<<grid, block, shared_bytes, stream>>>(args...) and checks the launch. `name`
 // is what an error message calls the kernel. Arguments are converted once to the kernel's
 // parameter types (as the CUDA runtime does) and every thread gets its own copy.
@@ -53,6 +59,8 @@ void launch(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, 
             Args&&... args) {
   static_assert(sizeof...(Params) == sizeof...(Args), "launch: wrong number of kernel arguments");
   if (shared_bytes > 0) allow_dynamic_shared(name, reinterpret_cast<const void*>(kernel), shared_bytes);
+  const bool timed = profiler::g_on;
+  if (timed) profiler::begin(name, stream);
 #ifdef __CUDACC__
   kernel<<<grid, block, shared_bytes, stream>>>(std::forward<Args>(args)...);
   check_after_launch(name, grid, block, shared_bytes, stream);
@@ -65,9 +73,11 @@ void launch(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, 
       std::apply(kernel, copy);
     });
   } catch (const std::exception& ex) {
+    if (timed) profiler::end(stream);
     throw_launch_error(name, grid, block, shared_bytes, ex.what());
   }
 #endif
+  if (timed) profiler::end(stream);
 }
 
 inline unsigned ceil_div(long long a, long long b) { return static_cast<unsigned>((a + b - 1) / b); }

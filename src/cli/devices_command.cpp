@@ -15,6 +15,8 @@ void add_devices_command(CLI::App& app) {
     if (p.plugin_loaded) {
       std::printf("CUDA plugin: %s (CUDA runtime %d.%d)\n", p.plugin_path.c_str(), p.runtime_version / 1000,
                   (p.runtime_version % 1000) / 10);
+      for (const CudaLibrary& l : p.libraries.libraries)
+        std::printf("  %s: %s\n", l.soname.c_str(), l.path.empty() ? "not found" : (l.path + (l.found_by == "loader" ? "" : " (found in " + l.found_by + ")")).c_str());
       if (!p.device_error.empty()) std::printf("GPUs: none (%s)\n", p.device_error.c_str());
       else std::printf("GPUs: %d\n", p.device_count);
       for (size_t i = 0; i < p.devices.size(); ++i) {

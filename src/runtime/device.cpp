@@ -47,7 +47,9 @@ CudaProbe load_plugin(const std::string& path, void* handle) {
   auto count = reinterpret_cast<CountFn>(::dlsym(handle, "multinorm_cuda_device_count"));
   auto query = reinterpret_cast<QueryFn>(::dlsym(handle, "multinorm_cuda_device_query"));
   auto create = reinterpret_cast<CreateFn>(::dlsym(handle, "multinorm_cuda_create_backend"));
-  if (!version || !emulated || !count || !query || !create) {
+  auto environment = reinterpret_cast<int (*)(char*, size_t)>(::dlsym(handle, "multinorm_cuda_environment"));
+  auto nccl_selftest = reinterpret_cast<int (*)(int, size_t, char*, size_t)>(::dlsym(handle, "multinorm_cuda_nccl_selftest"));
+  if (!version || !emulated || !count || !query || !create || !environment || !nccl_selftest) {
     probe.load_error = path + ": missing plugin symbols (not a multinorm CUDA plugin?)";
     return probe;
   }
@@ -55,6 +57,8 @@ CudaProbe load_plugin(const std::string& path, void* handle) {
   probe.runtime_version = version();
   probe.emulated = emulated() != 0;
   probe.create = create;
+  probe.environment = environment;
+  probe.nccl_selftest = nccl_selftest;
   char err[512] = {0};
   const int n = count(err, sizeof(err));
   if (n < 0) {
@@ -82,10 +86,17 @@ CudaProbe do_probe() {
   for (const auto& path : candidates) {
     if (::access(path.c_str(), F_OK) != 0) continue;
     // Plugins stay loaded for the life of the process (backends created from them may outlive any
-    // scope), so the handle is never closed.
+    // scope), so the handle is never closed. Its CUDA libraries first, from where GPU nodes keep them.
+    CudaLibraries libs = preload_cuda_libraries(path);
     void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (handle) return load_plugin(path, handle);
+    if (handle) {
+      CudaProbe p = load_plugin(path, handle);
+      p.libraries = std::move(libs);
+      return p;
+    }
     errors += std::string(errors.empty() ? "" : "; ") + ::dlerror();
+    if (!libs.missing().empty()) errors += " (" + libs.missing() + ")";
+    probe.libraries = std::move(libs);
   }
   if (errors.empty()) {
     errors = "no CUDA plugin (searched";
@@ -106,13 +117,18 @@ const CudaProbe& probe_cuda() {
 }
 
 CudaProbe probe_cuda_plugin(const std::string& path) {
+  CudaLibraries libs = preload_cuda_libraries(path);
   void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!handle) {
     CudaProbe p;
     p.load_error = path + ": " + ::dlerror();
+    if (!libs.missing().empty()) p.load_error += " (" + libs.missing() + ")";
+    p.libraries = std::move(libs);
     return p;
   }
-  return load_plugin(path, handle);
+  CudaProbe p = load_plugin(path, handle);
+  p.libraries = std::move(libs);
+  return p;
 }
 
 BackendChoice choose_backend(const std::string& requested) {

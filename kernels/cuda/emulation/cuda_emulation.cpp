@@ -65,6 +65,8 @@ struct Config {
   // of the kernels named in edge_kernels (all when empty); the other blocks' outputs are not written.
   uint64_t edge_blocks = 0;
   std::string edge_kernels;
+  // A planted bug for the tests of `multinorm doctor`: the named kernel skips its last block.
+  std::string plant;
 };
 Order parse_order(const std::string& s, const char* variable) {
   for (int k = 0; k < 4; ++k)
@@ -88,6 +90,7 @@ Config read_config() {
   if (const char* k = std::getenv("MULTINORM_EMU_STACK_KB"); k && *k) c.stack_bytes = std::max(16L, std::atol(k)) * 1024;
   if (const char* e = std::getenv("MULTINORM_EMU_EDGE_BLOCKS"); e && *e) c.edge_blocks = std::strtoull(e, nullptr, 10);
   if (const char* e = std::getenv("MULTINORM_EMU_EDGE_KERNELS"); e && *e) c.edge_kernels = std::string(",") + e + ",";
+  if (const char* p = std::getenv("MULTINORM_EMU_PLANT"); p && *p) c.plant = p;
   return c;
 }
 
@@ -607,7 +610,8 @@ std::string run_grid(const char* name, dim3 grid, dim3 block, size_t shared_byte
   const uint64_t all_blocks = static_cast<uint64_t>(grid.x) * grid.y * grid.z;
   const bool sampled = cfg.edge_blocks > 0 && 2 * cfg.edge_blocks < all_blocks &&
                        (cfg.edge_kernels.empty() || cfg.edge_kernels.find(std::string(",") + name + ",") != std::string::npos);
-  const uint64_t blocks = sampled ? 2 * cfg.edge_blocks : all_blocks;
+  uint64_t blocks = sampled ? 2 * cfg.edge_blocks : all_blocks;
+  if (!cfg.plant.empty() && cfg.plant == name && blocks > 1) --blocks;  // the planted bug: the last block never runs
   std::atomic<uint64_t> next{0};
   std::mutex err_mu;
   std::string first_error;

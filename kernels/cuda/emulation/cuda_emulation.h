@@ -21,6 +21,8 @@
 //   MULTINORM_EMU_EDGE_BLOCKS k, MULTINORM_EMU_EDGE_KERNELS a,b: run only the first and last k blocks of
 //                          the named kernels' launches (all kernels if no names): the large-shape
 //                          tests, which compare only those blocks' rows
+//   MULTINORM_EMU_PLANT    a kernel name: its launches skip their last block (a planted wrong kernel,
+//                          which `multinorm doctor` must catch and name; tests only)
 //   MULTINORM_EMU_RACECHECK 0 turns off the race, initialisation and alignment checks (racecheck.h)
 //   MULTINORM_EMU_STACK_KB fiber stack size (default 256)
 #pragma once

@@ -5,6 +5,7 @@
 #include <sys/sysinfo.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -41,6 +42,10 @@ cudaError_t cudaGetDevice(int* device) {
 }
 cudaError_t cudaRuntimeGetVersion(int* v) {
   *v = CUDART_VERSION;
+  return cudaSuccess;
+}
+cudaError_t cudaDriverGetVersion(int* v) {
+  *v = CUDART_VERSION;  // the emulated "driver" is as new as the headers
   return cudaSuccess;
 }
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
@@ -110,24 +115,42 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
   return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
-// Events: work is done when it is issued here, so an event is complete once recorded.
-cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) {
-  *e = reinterpret_cast<cudaEvent_t>(new char(0));
+// Events: work is done when it is issued here, so an event is complete once recorded; it keeps the
+// host's clock at recording, which is when the (synchronous) work before it ended.
+struct EmulatedEvent {
+  bool recorded = false;
+  bool timing = true;
+  std::chrono::steady_clock::time_point at;
+};
+static EmulatedEvent* event_of(cudaEvent_t e) { return reinterpret_cast<EmulatedEvent*>(e); }
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned flags) {
+  auto* ev = new EmulatedEvent;
+  ev->timing = !(flags & cudaEventDisableTiming);
+  *e = reinterpret_cast<cudaEvent_t>(ev);
   return cudaSuccess;
 }
+cudaError_t cudaEventCreate(cudaEvent_t* e) { return cudaEventCreateWithFlags(e, cudaEventDefault); }
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
-  delete reinterpret_cast<char*>(e);
+  delete event_of(e);
   return cudaSuccess;
 }
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
   if (!e) return set(cudaErrorInvalidValue);
-  *reinterpret_cast<char*>(e) = 1;
+  event_of(e)->recorded = true;
+  event_of(e)->at = std::chrono::steady_clock::now();
   return cudaSuccess;
 }
 cudaError_t cudaEventQuery(cudaEvent_t e) { return e ? cudaSuccess : set(cudaErrorInvalidValue); }
+cudaError_t cudaEventSynchronize(cudaEvent_t e) { return e ? cudaSuccess : set(cudaErrorInvalidValue); }
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t stop) {
+  if (!start || !stop || !event_of(start)->recorded || !event_of(stop)->recorded) return set(cudaErrorInvalidResourceHandle);
+  if (!event_of(start)->timing || !event_of(stop)->timing) return set(cudaErrorInvalidResourceHandle);
+  *ms = std::chrono::duration<float, std::milli>(event_of(stop)->at - event_of(start)->at).count();
+  return cudaSuccess;
+}
 cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t e, unsigned) {
   // Waiting on an event never recorded is legal CUDA (a no-op) but always a bug in this backend.
-  return e && *reinterpret_cast<char*>(e) ? cudaSuccess : set(cudaErrorInvalidValue);
+  return e && event_of(e)->recorded ? cudaSuccess : set(cudaErrorInvalidValue);
 }
 cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
 cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {

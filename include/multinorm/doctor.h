@@ -1,0 +1,36 @@
+// `multinorm doctor`: first contact with a GPU node, in one command. It reports the environment (the
+// driver, runtime, cuBLASLt and NCCL loaded and from where, every GPU), runs every Backend op and
+// optimizer kernel of the CUDA backend against the CPU backend at a model's shapes (FP32 and BF16,
+// the test suite's tolerances), one training update per optimizer on a reduced model on both
+// backends, a checkpoint round trip across backends, NCCL across the node's GPUs when there are
+// several, and a timed training step (tokens/s, TFLOP/s, MFU against the GPU's BF16 dense peak, the
+// slowest kernels). Exits 1 when any check fails, naming the op and the kernels it launched; writes
+// everything to a JSON report.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace multinorm {
+
+struct DoctorOptions {
+  // Model configs by name (configs/models/<name>.json, from the source tree or a bundle's
+  // share/multinorm/configs) or path; "largest": the largest model whose training step fits the GPU.
+  std::vector<std::string> models{"llama_60m"};
+  int64_t batch = 4, seq = 256;  // the micro-batch of the op shapes and of the timed step
+  int steps = 5;                 // timed steps
+  int warmup = 2;                // untimed steps first
+  bool bench = true;             // the timed step
+  // Sections to run (op, optimizer, update, checkpoint); all when empty.
+  std::vector<std::string> only;
+  std::string report = "doctor.json";
+  int threads = 0;  // CPU backend threads (0: all cores)
+};
+
+// Runs every check and writes the report; returns the process exit code (0: all passed).
+int run_doctor(const DoctorOptions& o);
+
+// The BF16 dense tensor-core peak of a GPU by its name, in TFLOP/s; 0 when unknown.
+double bf16_dense_peak_tflops(const std::string& device_name);
+
+}  // namespace multinorm

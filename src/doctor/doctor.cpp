@@ -1,0 +1,280 @@
+// `multinorm doctor` (include/multinorm/doctor.h): the environment, the checks of
+// doctor_checks.cpp, the timed step, the printed summary and the JSON report.
+#include "multinorm/doctor.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+
+#include "doctor_checks.h"
+#include "multinorm/device.h"
+#include "multinorm/error.h"
+#include "multinorm/json_file.h"
+#include "multinorm/llama_model.h"
+#include "multinorm/memory_estimate.h"
+#include "multinorm/optimizer.h"
+#include "multinorm/run_config.h"
+
+namespace multinorm {
+
+double bf16_dense_peak_tflops(const std::string& name) {
+  // Datasheet BF16 tensor-core throughput without sparsity, by the name the driver reports.
+  struct Peak {
+    const char* match;
+    double tflops;
+  };
+  static const Peak peaks[] = {
+      {"GH200", 989.4}, {"H200", 989.4},     {"H100 PCIe", 756.0}, {"H100 NVL", 835.0}, {"H100", 989.4}, {"H800 PCIe", 756.0},
+      {"H800", 989.4},  {"A100", 312.0},     {"A800", 312.0},      {"B200", 2250.0},    {"B100", 1750.0}, {"L40S", 362.1},
+      {"L40", 181.0},   {"A10G", 70.0},      {"A10", 125.0},       {"A30", 165.0},      {"L4", 121.0},
+  };
+  for (const Peak& p : peaks)
+    if (name.find(p.match) != std::string::npos) return p.tflops;
+  return 0;
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string find_model_config(const std::string& name) {
+  if (name.find('/') != std::string::npos || name.find(".json") != std::string::npos) return name;
+  const std::vector<std::string> dirs = {executable_dir() + "/../share/multinorm/configs/models", std::string(MULTINORM_SOURCE_DIR) + "/configs/models"};
+  for (const std::string& d : dirs)
+    if (::access((d + "/" + name + ".json").c_str(), R_OK) == 0) return d + "/" + name + ".json";
+  throw ConfigError("doctor --model " + name + ": no configs/models/" + name + ".json in " + dirs[0] + " or " + dirs[1]);
+}
+
+// The run config of the timed step: the paper's recipe (SinkGD on the matrices, Adam elsewhere,
+// BF16), this micro-batch, one update per micro-batch.
+RunConfig step_run(const ModelConfig& m, int64_t B, int64_t T) {
+  json model = {{"vocab_size", m.vocab_size},
+                {"hidden_size", m.hidden_size},
+                {"intermediate_size", m.intermediate_size},
+                {"num_hidden_layers", m.num_hidden_layers},
+                {"num_attention_heads", m.num_attention_heads},
+                {"max_position_embeddings", m.max_position_embeddings},
+                {"tie_word_embeddings", m.tie_word_embeddings}};
+  json doc = {{"model", {{"config", model}}},
+              {"batch", {{"global_batch", B}, {"micro_batch", B}, {"seq_len", T}}},
+              {"schedule", {{"kind", "constant"}, {"total_steps", 1000}, {"warmup_steps", 0}}},
+              {"optimizer", {{"name", "sinkgd"}}}};
+  return run_config_from_json(doc, "doctor step");
+}
+
+// The largest configs/models/*.json whose training step (the CUDA backend's device-memory plan) fits
+// the GPU's free memory.
+std::string largest_fitting(const DoctorOptions& o, size_t free_bytes) {
+  std::string best;
+  int64_t best_params = 0;
+  for (const char* name : {"llama_tiny", "llama_20m", "llama_60m", "llama_130m", "llama_350m", "llama_1b", "llama_7b"}) {
+    try {
+      const ModelConfig m = load_model_config(find_model_config(name));
+      const RunConfig run = step_run(m, o.batch, std::min(o.seq, m.max_position_embeddings));
+      const TrainingMemory mem = training_memory(run, true);
+      // Keep a tenth for the CUDA context, cuBLASLt's plans and fragmentation.
+      if (static_cast<double>(mem.total()) > 0.9 * static_cast<double>(free_bytes)) continue;
+      int64_t params = m.vocab_size * m.hidden_size * (m.tie_word_embeddings ? 1 : 2) +
+                       m.num_hidden_layers * (4 * m.hidden_size * m.hidden_size + 3 * m.hidden_size * m.intermediate_size);
+      if (params > best_params) best = name, best_params = params;
+    } catch (const Error&) {
+    }
+  }
+  return best;
+}
+
+// One training step timed (after two warm-up steps), then one more profiled: per-kernel device times.
+json timed_step(Backend& gpu, const ModelConfig& cfg, const DoctorOptions& o, const json& device) {
+  const int64_t B = o.batch, T = std::min(o.seq, cfg.max_position_embeddings), BT = B * T;
+  const RunConfig run = step_run(cfg, B, T);
+  LlamaModel model(gpu, cfg, DType::BF16, B, T);
+  model.init_random(3);
+  Optimizer opt(model, run);
+  std::vector<int32_t> tokens(BT), targets(BT);
+  for (int64_t i = 0; i < BT; ++i) tokens[i] = static_cast<int32_t>((i * 7919 + 13) % cfg.vocab_size), targets[i] = tokens[(i + 1) % BT];
+  const MicroBatch mb{tokens.data(), targets.data(), nullptr, B, T};
+  int64_t update = 0;
+  auto step = [&] {
+    model.zero_grads();
+    model.forward_backward(mb, 1.0f / static_cast<float>(BT));
+    ++update;
+    opt.step(update, update);
+  };
+  for (int w = 0; w < o.warmup; ++w) step();
+  gpu.synchronize();
+  const auto t0 = Clock::now();
+  for (int s = 0; s < o.steps; ++s) step();
+  gpu.synchronize();
+  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count() / std::max(1, o.steps);
+  gpu.set_profiling(true);
+  step();
+  const std::vector<KernelTime> kernels = gpu.take_profile();
+  gpu.set_profiling(false);
+
+  // FLOPs per token as bench model counts them: 6 x GEMM parameters + 12 x layers x T x C.
+  int64_t gemm_params = 0;
+  for (const auto& t : model.tensors())
+    if (t.group() == TensorGroup::Attention || t.group() == TensorGroup::Mlp || t.group() == TensorGroup::LmHead ||
+        (cfg.tie_word_embeddings && t.group() == TensorGroup::Embedding))
+      gemm_params += t.numel();
+  const double flops = (6.0 * gemm_params + 12.0 * cfg.num_hidden_layers * T * cfg.hidden_size) * BT;
+  const std::string name = device.value("name", std::string());
+  const double peak = bf16_dense_peak_tflops(name), tflops = flops / seconds / 1e12;
+  double kernel_ms = 0;
+  for (const KernelTime& k : kernels) kernel_ms += k.ms;
+  json j = {{"model", cfg.name}, {"batch", B}, {"seq", T}, {"optimizer", "sinkgd (matrices) + adam"}, {"step_seconds", seconds},
+            {"tokens_per_s", BT / seconds}, {"tflops", tflops}, {"flops_per_step", flops}, {"kernel_ms", kernel_ms}};
+  if (peak > 0) j["peak_tflops"] = peak, j["mfu"] = tflops / peak;
+  else j["mfu_note"] = "no BF16 peak known for '" + name + "': MFU not computed";
+  json table = json::array();
+  for (const KernelTime& k : kernels)
+    table.push_back({{"name", k.name}, {"launches", k.launches}, {"ms", k.ms}, {"share", kernel_ms > 0 ? k.ms / kernel_ms : 0.0}});
+  j["kernels"] = table;
+  return j;
+}
+
+void print_step(const json& s, bool emulated) {
+  std::printf("\ntimed step: %s, %lld x %lld tokens, %s\n", s["model"].get<std::string>().c_str(), static_cast<long long>(s["batch"].get<int64_t>()),
+              static_cast<long long>(s["seq"].get<int64_t>()), s["optimizer"].get<std::string>().c_str());
+  std::printf("  %.4f s a step, %.0f tokens/s, %.2f TFLOP/s", s["step_seconds"].get<double>(), s["tokens_per_s"].get<double>(),
+              s["tflops"].get<double>());
+  if (s.contains("mfu")) std::printf(", MFU %.1f%% of %.0f TFLOP/s (BF16 dense)\n", 100 * s["mfu"].get<double>(), s["peak_tflops"].get<double>());
+  else std::printf(" (%s)\n", s["mfu_note"].get<std::string>().c_str());
+  if (emulated) std::printf("  (the emulated plugin: these are the CPU emulation's times, not a GPU's)\n");
+  std::printf("  %-36s %8s %10s %6s\n", "kernel (slowest first)", "launches", "ms", "share");
+  int shown = 0;
+  for (const auto& k : s["kernels"]) {
+    if (++shown > 12) break;
+    std::printf("  %-36s %8lld %10.3f %5.1f%%\n", k["name"].get<std::string>().c_str(), static_cast<long long>(k["launches"].get<int64_t>()),
+                k["ms"].get<double>(), 100 * k["share"].get<double>());
+  }
+}
+
+}  // namespace
+
+int run_doctor(const DoctorOptions& o) {
+  json report = {{"multinorm", MULTINORM_VERSION}};
+  bool ok = true;
+  const CudaProbe& probe = probe_cuda();
+
+  // ---- environment ----
+  json env = {{"plugin", {{"path", probe.plugin_path}, {"loaded", probe.plugin_loaded}, {"emulated", probe.emulated}}}};
+  if (!probe.load_error.empty()) env["plugin"]["error"] = probe.load_error;
+  json libs = json::array();
+  for (const CudaLibrary& l : probe.libraries.libraries)
+    libs.push_back({{"soname", l.soname}, {"path", l.path}, {"found_by", l.found_by}, {"other_versions", l.other_versions}});
+  env["cuda_libraries"] = libs;
+  env["cuda_library_dirs_searched"] = probe.libraries.searched;
+  env["auto_backend"] = choose_backend("auto").reason;
+  json device0;
+  if (probe.plugin_loaded && probe.environment) {
+    std::vector<char> buf(1 << 16);
+    if (probe.environment(buf.data(), buf.size()) == 0) {
+      const json e = json::parse(buf.data());
+      for (auto it = e.begin(); it != e.end(); ++it) env[it.key()] = it.value();
+      if (!e["devices"].empty()) device0 = e["devices"][0];
+    }
+  }
+  report["environment"] = env;
+  std::printf("multinorm doctor %s\n", MULTINORM_VERSION);
+  std::printf("plugin: %s\n", probe.plugin_loaded ? (probe.plugin_path + (probe.emulated ? " (EMULATED on the CPU: a test instrument)" : "")).c_str()
+                                                   : ("not loaded: " + probe.load_error).c_str());
+  for (const CudaLibrary& l : probe.libraries.libraries)
+    std::printf("  %-20s %s\n", l.soname.c_str(), l.path.empty() ? ("NOT FOUND; " + l.other_versions).c_str() : l.path.c_str());
+  if (env.contains("driver_version"))
+    std::printf("driver: CUDA %d.%d, runtime %d.%d, cuBLASLt %s, NCCL %s\n", env["driver_version"].get<int>() / 1000,
+                env["driver_version"].get<int>() % 1000 / 10, env["runtime_version"].get<int>() / 1000, env["runtime_version"].get<int>() % 1000 / 10,
+                env["cublaslt"]["version"].dump().c_str(), env["nccl"].is_null() ? "none" : env["nccl"]["version"].dump().c_str());
+  if (env.contains("devices"))
+    for (const auto& d : env["devices"])
+      std::printf("GPU %d: %s, sm_%s, %d SMs, %.1f GiB (%.1f free), ECC %s, %d MHz, %.0f GB/s peak\n", d["index"].get<int>(),
+                  d["name"].get<std::string>().c_str(), d["cc"].get<std::string>().c_str(), d["sms"].get<int>(),
+                  d["memory_bytes"].get<double>() / 1073741824.0, d["free_bytes"].get<double>() / 1073741824.0, d["ecc"].get<int>() == 1 ? "on" : "off",
+                  d["sm_clock_mhz"].get<int>(), d["peak_bandwidth_gbs"].get<double>());
+  std::printf("backend auto -> %s\n", env["auto_backend"].get<std::string>().c_str());
+
+  if (!probe.plugin_loaded || probe.device_count == 0) {
+    const std::string why = !probe.plugin_loaded ? "the CUDA plugin did not load: " + probe.load_error : "no usable GPU: " + probe.device_error;
+    report["ok"] = false;
+    report["error"] = why;
+    write_text_file_atomic(o.report, report.dump(2) + "\n");
+    std::printf("\nFAIL: %s\nreport: %s\n", why.c_str(), o.report.c_str());
+    return 1;
+  }
+
+  // ---- the checks, per model ----
+  auto cpu = make_cpu_backend(o.threads);
+  auto gpu = make_cuda_backend(probe, 0);
+  std::vector<std::string> models;
+  for (const std::string& m : o.models) {
+    if (m != "largest") {
+      models.push_back(m);
+      continue;
+    }
+    const std::string l = largest_fitting(o, device0.value("free_bytes", size_t(0)));
+    if (l.empty()) std::printf("largest: no model config fits the GPU's free memory\n");
+    else models.push_back(l);
+  }
+  json checks = json::array(), steps = json::array();
+  for (const std::string& name : models) {
+    const ModelConfig cfg = load_model_config(find_model_config(name));
+    std::printf("\n== %s (C %lld, F %lld, %lld heads of %lld, vocabulary %lld), micro-batch %lld x %lld\n", cfg.name.c_str(),
+                static_cast<long long>(cfg.hidden_size), static_cast<long long>(cfg.intermediate_size),
+                static_cast<long long>(cfg.num_attention_heads), static_cast<long long>(cfg.head_dim()), static_cast<long long>(cfg.vocab_size),
+                static_cast<long long>(o.batch), static_cast<long long>(std::min(o.seq, cfg.max_position_embeddings)));
+    DoctorChecks dc(*cpu, *gpu, cfg, o.batch, std::min(o.seq, cfg.max_position_embeddings));
+    dc.run_all(o.only);
+    for (const DoctorCheck& c : dc.results()) {
+      ok = ok && c.ok;
+      json jc = {{"model", cfg.name}, {"section", c.section}, {"name", c.name}, {"dtype", c.dtype}, {"shape", c.shape}, {"ok", c.ok},
+                 {"error", c.error}, {"bound", c.bound}, {"kernels", c.kernels}};
+      if (!c.failure.empty()) jc["failure"] = c.failure;
+      json outs = json::array();
+      for (const auto& out : c.outputs) outs.push_back({{"label", out.label}, {"error", out.error}, {"bound", out.bound}});
+      jc["outputs"] = outs;
+      checks.push_back(jc);
+    }
+    if (o.bench) {
+      try {
+        json s = timed_step(*gpu, cfg, o, device0);
+        print_step(s, probe.emulated);
+        steps.push_back(s);
+      } catch (const Error& e) {
+        std::printf("\ntimed step at %s: not run (%s)\n", cfg.name.c_str(), e.what());
+        steps.push_back({{"model", cfg.name}, {"error", e.what()}});
+      }
+    }
+  }
+  report["checks"] = checks;
+  report["steps"] = steps;
+
+  // ---- NCCL across this node's GPUs ----
+  if (probe.device_count > 1 && probe.nccl_selftest) {
+    std::vector<char> buf(1 << 16);
+    const int rc = probe.nccl_selftest(probe.device_count, size_t(256) << 20, buf.data(), buf.size());
+    json n = json::parse(buf.data(), nullptr, false);
+    report["nccl"] = n;
+    std::printf("\nNCCL across %d GPUs: %s\n", probe.device_count, rc == 0 ? "PASS" : "FAIL");
+    if (n.contains("collectives"))
+      for (const auto& c : n["collectives"])
+        std::printf("  %-16s %s, %.1f GB/s bus bandwidth (%.0f MB)\n", c["name"].get<std::string>().c_str(),
+                    c["wrong_elements"].get<long long>() == 0 ? "exact" : "WRONG", c["bus_bandwidth_gbs"].get<double>(), c["bytes"].get<double>() / 1e6);
+    if (n.contains("error")) std::printf("  %s\n", n["error"].get<std::string>().c_str());
+    ok = ok && rc == 0;
+  } else {
+    report["nccl"] = {{"skipped", std::to_string(probe.device_count) + " GPU visible"}};
+  }
+
+  int failed = 0;
+  for (const auto& c : report["checks"]) failed += !c["ok"].get<bool>();
+  report["ok"] = ok;
+  write_text_file_atomic(o.report, report.dump(2) + "\n");
+  std::printf("\n%s: %d of %zu checks passed%s; report: %s\n", ok ? "PASS" : "FAIL", static_cast<int>(report["checks"].size()) - failed,
+              report["checks"].size(), report["nccl"].contains("gpus") ? " (and NCCL)" : "", o.report.c_str());
+  return ok ? 0 : 1;
+}
+
+}  // namespace multinorm

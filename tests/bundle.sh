@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The relocatable bundle (scripts/bundle.sh) from this build, unpacked into an empty directory: every
+# library its files need resolves inside it (or is glibc's, or CUDA's, which the node provides), the
+# binary runs from there (--version, info, a 2-update CPU training run, doctor on the emulated plugin),
+# and the bundled Open MPI launches two ranks.
+# usage: bundle.sh <source dir> <build dir> <emulated plugin>
+set -uo pipefail
+src=$1 build=$2 plugin=$3
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+
+MULTINORM_BUNDLE_FROM=$build MULTINORM_BUNDLE_OUT=$tmp/dist MULTINORM_BUNDLE_XZ=-0 bash "$src/scripts/bundle.sh" || fail "bundle.sh"
+tarball=$(ls "$tmp"/dist/multinorm-*-linux-x86_64.tar.xz) || fail "no tarball"
+size=$(stat -c %s "$tarball")
+[ "$size" -lt $((64 << 20)) ] || fail "the tarball is $size bytes (over 64 MB)"
+mkdir "$tmp/node" && tar -C "$tmp/node" -xJf "$tarball" || fail "unpacking"
+root=$(ls -d "$tmp"/node/multinorm-*)
+
+# Every ELF file: its libraries resolve inside the bundle, or are the node's glibc or CUDA.
+provided='^(linux-vdso|ld-linux|libc|libm|libdl|libpthread|librt|libresolv|libutil|libanl|libcuda|libcudart|libcublas|libcublasLt|libnccl|libnvidia-)[.-]'
+files=0
+while IFS= read -r f; do
+  head -c 4 "$f" | grep -q ELF || continue
+  files=$((files + 1))
+  readelf -d "$f" | grep -q 'RUNPATH.*\$ORIGIN' || fail "$f has no \$ORIGIN RUNPATH"
+  while read -r soname arrow path rest; do
+    [ "$arrow" = "=>" ] || continue
+    if [[ $soname =~ $provided ]]; then continue; fi
+    case "$path" in "$root"/*) ;; *) fail "$f: $soname resolves to $path, outside the bundle";; esac
+  done < <(env -i ldd "$f" 2>&1)
+done < <(find "$root" -type f)
+[ "$files" -gt 40 ] || fail "only $files ELF files in the bundle"
+
+cd "$tmp"
+out=$("$root/bin/multinorm" --version) && grep -q "^multinorm " <<<"$out" || fail "--version"
+out=$("$root/bin/multinorm" info --config "$root/share/multinorm/configs/models/llama_60m.json") && grep -qE "total +58,073,600" <<<"$out" || fail "info"
+source "$src/tests/fixtures/tiny_shards.sh"
+make_tiny_shards "$root/bin/multinorm"
+cat > run.json <<JSON
+{"model": {"config": {"vocab_size": 300, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+                      "num_attention_heads": 2, "max_position_embeddings": 64}},
+ "data": {"train": "shards/c4-train.*.tok", "validation": "shards/c4-validation.*.tok", "tokenizer": "tok.model"},
+ "batch": {"global_batch": 4, "micro_batch": 2, "seq_len": 32},
+ "schedule": {"total_steps": 2, "warmup_steps": 1}, "backend": "cpu",
+ "eval": {"every": 2, "tokens": 500}, "checkpoint": {"every": 2}}
+JSON
+"$root/bin/multinorm" train -c run.json --set output_dir=runs/one --quiet > train.txt || { cat train.txt; fail "training from the bundle"; }
+[ -d runs/one/checkpoints/step_00000002 ] || fail "no checkpoint after 2 updates"
+# The bundled Open MPI: two ranks train, and every library and component the launcher and the ranks
+# load comes from the bundle (the loader's log of each process, LD_DEBUG_OUTPUT).
+mpirun_bin=${MULTINORM_TEST_MPIRUN:-$root/bin/mpirun}  # (another mpirun here proves the check fires)
+LD_DEBUG=files LD_DEBUG_OUTPUT=$tmp/ld "$mpirun_bin" -np 2 --oversubscribe --allow-run-as-root -x OMP_NUM_THREADS=1 -x LD_DEBUG -x LD_DEBUG_OUTPUT \
+  "$root/bin/multinorm" train -c run.json --set output_dir=runs/two --quiet > mpi.txt 2>&1 || { cat mpi.txt; fail "mpirun -np 2 from the bundle"; }
+[ -d runs/two/checkpoints/step_00000002 ] || { cat mpi.txt; fail "no checkpoint from the 2-rank run"; }
+# (PMIx's optional plugins, pmix_mca_*, are the node's when it has them: scripts/bundle.sh)
+loaded=$(cat "$tmp"/ld.* | grep -oE 'file=/[^ ]*(libmpi|libopen-(pal|rte)|libpmix|mca_)[^ ]*' | grep -v '/pmix_mca_' | sort -u)
+[ "$(grep -c mca_ <<<"$loaded")" -gt 10 ] || fail "the ranks' loader logs show no Open MPI components: $loaded"
+outside=$(grep -v "file=$root/" <<<"$loaded")
+[ -z "$outside" ] || fail "Open MPI loaded from outside the bundle: $(head -3 <<<"$outside")"
+# doctor from the bundle on the emulated plugin (the op checks; tests/doctor.sh runs the rest)
+MULTINORM_CUDA_PLUGIN=$plugin "$root/bin/multinorm" doctor --model llama_tiny --batch 1 --seq 16 --only op --no-bench --report doctor.json > doctor.txt ||
+  { tail -20 doctor.txt; fail "doctor from the bundle"; }
+echo "bundle: $(basename "$tarball"), $((size >> 20)) MB, $files ELF files resolve inside it; runs, trains, mpirun -np 2, doctor"

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# `multinorm doctor` on the emulated plugin at a tiny shape: every check passes, the report holds each
+# section; then a planted wrong kernel (MULTINORM_EMU_PLANT: rmsnorm_forward skips its last block)
+# fails it, with exit status 1 and that kernel named.
+# usage: doctor.sh <multinorm binary> <emulated plugin>
+set -uo pipefail
+bin=$1 plugin=$2
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+export MULTINORM_CUDA_PLUGIN=$plugin
+fail() { echo "FAIL: $*"; exit 1; }
+
+out=$("$bin" doctor --model llama_tiny --batch 1 --seq 16 --steps 1 --warmup 0 --report "$tmp/ok.json" 2>&1)
+rc=$?
+[ $rc -eq 0 ] || { echo "$out" | tail -30; fail "doctor on the emulated plugin exited $rc"; }
+/usr/bin/python3 - "$tmp/ok.json" <<'PY' || fail "the report"
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["ok"] is True, "ok"
+env = r["environment"]
+assert env["plugin"]["emulated"] is True and env["devices"][0]["cc"] == "8.0", env
+sections = {c["section"] for c in r["checks"]}
+assert sections == {"op", "optimizer", "update", "checkpoint"}, sections
+names = {c["name"] for c in r["checks"]}
+for n in ["matmul", "embedding_backward", "rmsnorm_forward_backward", "rope_forward_backward", "attention_forward_backward",
+          "attention_decode", "swiglu_forward_backward", "cross_entropy", "linear_cross_entropy", "sum_squares_scale_convert",
+          "sinkgd", "swan", "sinkgd_many", "adam", "sgd", "adam_many", "two updates, sinkgd", "round trip cuda -> cpu"]:
+    assert n in names, n
+assert all(c["ok"] and c["error"] <= c["bound"] for c in r["checks"])
+step = r["steps"][0]
+assert step["tokens_per_s"] > 0 and "mfu_note" in step, step
+kernels = {k["name"] for k in step["kernels"]}
+assert {"attention_forward", "sinkgd_rows", "gemm bf16 (cuBLASLt)"} <= kernels, kernels
+print("doctor report: %d checks, %d kernels timed" % (len(r["checks"]), len(kernels)))
+PY
+
+out=$(MULTINORM_EMU_PLANT=rmsnorm_forward "$bin" doctor --model llama_tiny --batch 1 --seq 16 --only op --no-bench --report "$tmp/bad.json" 2>&1)
+rc=$?
+[ $rc -eq 1 ] || { echo "$out" | tail; fail "a planted wrong kernel: exit $rc, expected 1"; }
+grep -qE "FAIL +op +rmsnorm_forward_backward .*kernels: .*rmsnorm_forward" <<<"$out" || { echo "$out"; fail "the planted kernel is not named"; }
+[ "$(grep -c '^  FAIL' <<<"$out")" -eq 2 ] || { echo "$out"; fail "other checks failed too"; }
+echo "doctor: passes on the emulated plugin; a planted wrong kernel fails it, named"
