@@ -8,7 +8,7 @@
 # Every ELF file finds its libraries through RUNPATH ($ORIGIN/../lib). Not bundled: the CUDA driver,
 # cuBLASLt and NCCL (hundreds of MB; every GPU node has them): the binary finds them at run time in
 # LD_LIBRARY_PATH, the CUDA toolkit (/usr/local/cuda*/lib64, $CUDA_HOME) or a Python environment's
-# nvidia/*/lib, and `multinorm doctor` says which it loaded (docs/getting-started-gpu.md).
+# nvidia/*/lib, and `multinorm doctor` says which it loaded (docs/gpu-nodes.md).
 #
 #   bash scripts/bundle.sh                  portable build (-march=x86-64-v3) in build-bundle/, then pack
 #   MULTINORM_BUNDLE_FROM=build bash ...    pack an existing build (its -march is the build's)
