@@ -4,7 +4,12 @@
 // records a completion event, polls it together with ncclCommGetAsyncError and, past the timeout,
 // aborts the communicator (ncclCommAbort) and throws naming the collective: a dead or stalled peer
 // never leaves this rank waiting inside NCCL. The communicator is created non-blocking for the
-// same reason (ncclCommInitRankConfig with blocking = 0, polled with the same deadline).
+// same reason (ncclCommInitRankConfig with blocking = 0, polled with the same deadline). A
+// non-blocking call may return ncclInProgress before its work is on the stream (NCCL connects lazily
+// on the first collectives): it is polled with ncclCommGetAsyncError until done before anything else
+// touches the communicator or its stream, or the completion event could be recorded ahead of the
+// collective. Any failure aborts the communicator at once, so its kernels stop spinning before a
+// later cudaFree (which waits for the whole device) could hang on them.
 #ifdef MULTINORM_HAVE_NCCL
 // First: nccl.h brings the whole cuda_runtime.h, which the emulation's kernel macros (threadIdx,
 // gridDim, ...) must not precede.
@@ -15,6 +20,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <exception>
 #include <string>
 #include <thread>
 
@@ -50,14 +56,20 @@ class NcclCommunicator final : public Communicator {
     MN_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "creating the NCCL completion event");
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
-    nccl_check(ncclCommInitRankConfig(&comm_, size, uid, rank, &config), "ncclCommInitRankConfig");
-    poll("ncclCommInitRankConfig (rank " + std::to_string(rank) + " of " + std::to_string(size) + ")", nullptr);
+    try {
+      check(ncclCommInitRankConfig(&comm_, size, uid, rank, &config),
+            "ncclCommInitRankConfig (rank " + std::to_string(rank) + " of " + std::to_string(size) + ")");
+    } catch (...) {
+      release();
+      throw;
+    }
   }
   ~NcclCommunicator() override {
-    if (comm_) (failed_ ? ncclCommAbort(comm_) : ncclCommDestroy(comm_));
-    cudaEventDestroy(done_);
-    cudaEventDestroy(ready_);
-    cudaStreamDestroy(stream_);
+    // A communicator with collectives in flight while the stack unwinds is aborted, not destroyed:
+    // ncclCommDestroy would wait for them.
+    if (comm_) (failed_ || !pending_.empty() || std::uncaught_exceptions() > 0 ? ncclCommAbort(comm_) : ncclCommDestroy(comm_));
+    comm_ = nullptr;
+    release();
   }
   std::string name() const override { return MN_EMULATED ? "NCCL (emulated over MPI)" : "NCCL"; }
   int rank() const override { return rank_; }
@@ -65,23 +77,23 @@ class NcclCommunicator final : public Communicator {
 
   void all_reduce_sum(void* buf, int64_t n, DType t, const char* what) override {
     start(what);
-    nccl_check(ncclAllReduce(buf, buf, static_cast<size_t>(n), nccl_type(t), ncclSum, comm_, stream_), what);
+    check(ncclAllReduce(buf, buf, static_cast<size_t>(n), nccl_type(t), ncclSum, comm_, stream_), what);
   }
   void reduce_sum(void* buf, int64_t n, DType t, int root, const char* what) override {
     start(what);
-    nccl_check(ncclReduce(buf, buf, static_cast<size_t>(n), nccl_type(t), ncclSum, root, comm_, stream_), what);
+    check(ncclReduce(buf, buf, static_cast<size_t>(n), nccl_type(t), ncclSum, root, comm_, stream_), what);
   }
   void reduce_scatter_sum(const void* send, void* recv, int64_t n, DType t, const char* what) override {
     start(what);
-    nccl_check(ncclReduceScatter(send, recv, static_cast<size_t>(n), nccl_type(t), ncclSum, comm_, stream_), what);
+    check(ncclReduceScatter(send, recv, static_cast<size_t>(n), nccl_type(t), ncclSum, comm_, stream_), what);
   }
   void all_gather(const void* send, void* recv, int64_t n, DType t, const char* what) override {
     start(what);
-    nccl_check(ncclAllGather(send, recv, static_cast<size_t>(n), nccl_type(t), comm_, stream_), what);
+    check(ncclAllGather(send, recv, static_cast<size_t>(n), nccl_type(t), comm_, stream_), what);
   }
   void broadcast(void* buf, int64_t n, DType t, int root, const char* what) override {
     start(what);
-    nccl_check(ncclBroadcast(buf, buf, static_cast<size_t>(n), nccl_type(t), root, comm_, stream_), what);
+    check(ncclBroadcast(buf, buf, static_cast<size_t>(n), nccl_type(t), root, comm_, stream_), what);
   }
   bool progress() override { return pending_.empty(); }  // NCCL progresses on its own
   void wait_all() override {
@@ -103,8 +115,31 @@ class NcclCommunicator final : public Communicator {
     if (pending_.empty()) pending_ = what;
     ++count_;
   }
-  // Until `event` completes (or, without one, the communicator's pending initialisation ends),
-  // checking NCCL's asynchronous errors; past the timeout the communicator is aborted.
+  // A call's result: ncclInProgress is waited out (the call is done when ncclCommGetAsyncError says
+  // so); an error aborts the communicator and throws.
+  void check(ncclResult_t r, const std::string& what) {
+    if (r == ncclInProgress) return poll(what, nullptr);
+    if (r != ncclSuccess) {
+      abort_now();
+      throw Error("NCCL: " + what + " failed on rank " + std::to_string(rank_) + ": " + ncclGetErrorString(r) + " (code " +
+                  std::to_string(static_cast<int>(r)) + "); communicator aborted");
+    }
+  }
+  void abort_now() {
+    failed_ = true;
+    if (comm_) ncclCommAbort(comm_);
+    comm_ = nullptr;
+  }
+  void release() {
+    if (done_) cudaEventDestroy(done_);
+    if (ready_) cudaEventDestroy(ready_);
+    if (stream_) cudaStreamDestroy(stream_);
+    done_ = ready_ = nullptr;
+    stream_ = nullptr;
+  }
+  // Until `event` completes (or, without one, the last call is done: the pending initialisation or
+  // an ncclInProgress collective), checking NCCL's asynchronous errors; an error or the timeout
+  // aborts the communicator.
   void poll(const std::string& what, cudaEvent_t event) {
     using Clock = std::chrono::steady_clock;
     const auto t0 = Clock::now();
@@ -112,8 +147,8 @@ class NcclCommunicator final : public Communicator {
       ncclResult_t async = ncclSuccess;
       nccl_check(ncclCommGetAsyncError(comm_, &async), "ncclCommGetAsyncError");
       if (async != ncclSuccess && async != ncclInProgress) {
-        failed_ = true;
-        throw Error("NCCL: " + what + " failed on rank " + std::to_string(rank_) + ": " + ncclGetErrorString(async));
+        abort_now();
+        throw Error("NCCL: " + what + " failed on rank " + std::to_string(rank_) + ": " + ncclGetErrorString(async) + "; communicator aborted");
       }
       if (!event && async == ncclSuccess) return;
       if (event) {
@@ -123,7 +158,7 @@ class NcclCommunicator final : public Communicator {
       }
       const double waited = std::chrono::duration<double>(Clock::now() - t0).count();
       if (waited > timeout_s_) {
-        failed_ = true;
+        abort_now();
         throw Error("NCCL: rank " + std::to_string(rank_) + ": " + what + " did not complete within " +
                     std::to_string(static_cast<int64_t>(timeout_s_)) +
                     " s (parallel.timeout_s): another rank is dead, stalled or took another path; communicator aborted");

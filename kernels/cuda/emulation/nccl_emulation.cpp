@@ -4,6 +4,11 @@
 // work as it is issued, so each collective here completes before it returns; every rank issues
 // the same collectives in the same order, as NCCL requires. Buffers must be emulated device memory
 // (a host pointer is an error, as it would be for NCCL).
+//
+// A non-blocking communicator (ncclConfig_t.blocking = 0) behaves as NCCL's may: initialisation and
+// every collective return ncclInProgress, and ncclCommGetAsyncError reports ncclInProgress for a few
+// polls before ncclSuccess. A call on the communicator before that is ncclInvalidUsage, as NCCL's
+// documentation forbids it: a caller that treats ncclInProgress as done fails here.
 #include <mpi.h>
 #include <nccl.h>
 
@@ -18,6 +23,8 @@ bool is_device_memory(const void* p, size_t bytes);  // cuda_runtime_emulation.c
 struct ncclComm {
   MPI_Comm comm = MPI_COMM_NULL;
   int rank = 0, size = 1;
+  bool blocking = true;
+  int in_progress = 0;  // polls of ncclCommGetAsyncError left before the last call is done
 };
 
 namespace {
@@ -58,6 +65,16 @@ ncclResult_t check_args(ncclComm_t comm, ncclDataType_t t, ncclRedOp_t op, size_
 }
 ncclResult_t mpi(int rc) { return rc == MPI_SUCCESS ? ncclSuccess : ncclSystemError; }
 
+constexpr int kInProgressPolls = 3;
+// A call may start: not while the previous one is still in progress (non-blocking communicators).
+bool busy(ncclComm_t comm) { return comm && comm->in_progress > 0; }
+// A call's result on a non-blocking communicator: done here, reported as still in progress.
+ncclResult_t finish(ncclComm_t comm, ncclResult_t r) {
+  if (r != ncclSuccess || comm->blocking) return r;
+  comm->in_progress = kInProgressPolls;
+  return ncclInProgress;
+}
+
 }  // namespace
 
 extern "C" {
@@ -68,7 +85,8 @@ const char* ncclGetErrorString(ncclResult_t r) {
     case ncclInvalidArgument: return "invalid argument (emulation: a buffer outside emulated device memory, a type or "
                                      "operation the backend does not use, or a rank outside the communicator)";
     case ncclSystemError: return "system error (emulation: an MPI call failed)";
-    case ncclInvalidUsage: return "invalid usage (emulation: MPI is not initialised, or the ranks disagree)";
+    case ncclInvalidUsage: return "invalid usage (emulation: MPI is not initialised, the ranks disagree, or a call on a non-blocking "
+                                  "communicator before ncclCommGetAsyncError reported the previous one done)";
     default: return "emulated NCCL error";
   }
 }
@@ -79,7 +97,7 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
   return ncclSuccess;
 }
 
-ncclResult_t ncclCommInitRankConfig(ncclComm_t* out, int nranks, ncclUniqueId id, int rank, ncclConfig_t*) {
+ncclResult_t ncclCommInitRankConfig(ncclComm_t* out, int nranks, ncclUniqueId id, int rank, ncclConfig_t* config) {
   *out = nullptr;
   int initialized = 0, mpi_rank = 0, mpi_size = 0;
   MPI_Initialized(&initialized);
@@ -95,12 +113,18 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* out, int nranks, ncclUniqueId id
   }
   c->rank = rank;
   c->size = nranks;
+  c->blocking = !config || config->blocking != 0;
   *out = c;
-  return ncclSuccess;
+  return finish(c, ncclSuccess);
 }
 
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* async) {
-  *async = comm ? ncclSuccess : ncclInvalidArgument;
+  if (!comm) {
+    *async = ncclInvalidArgument;
+    return ncclSuccess;
+  }
+  *async = comm->in_progress > 0 ? ncclInProgress : ncclSuccess;
+  if (comm->in_progress > 0) --comm->in_progress;
   return ncclSuccess;
 }
 
@@ -119,40 +143,45 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
 
 ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t t, ncclRedOp_t op, ncclComm_t comm,
                            cudaStream_t) {
+  if (busy(comm)) return ncclInvalidUsage;
   if (const ncclResult_t r = check_args(comm, t, op, count, 0, {{send, count}, {recv, count}})) return r;
-  return mpi(MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, static_cast<int>(count), mpi_type(t), mpi_sum(t),
-                           comm->comm));
+  return finish(comm, mpi(MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, static_cast<int>(count), mpi_type(t), mpi_sum(t),
+                           comm->comm)));
 }
 
 ncclResult_t ncclReduce(const void* send, void* recv, size_t count, ncclDataType_t t, ncclRedOp_t op, int root,
                         ncclComm_t comm, cudaStream_t) {
+  if (busy(comm)) return ncclInvalidUsage;
   const bool me = comm && comm->rank == root;
   if (const ncclResult_t r = check_args(comm, t, op, count, root, {{send, count}, {recv, me ? count : 0}})) return r;
-  return mpi(MPI_Reduce(me && send == recv ? MPI_IN_PLACE : send, recv, static_cast<int>(count), mpi_type(t), mpi_sum(t),
-                        root, comm->comm));
+  return finish(comm, mpi(MPI_Reduce(me && send == recv ? MPI_IN_PLACE : send, recv, static_cast<int>(count), mpi_type(t), mpi_sum(t),
+                        root, comm->comm)));
 }
 
 ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t count, ncclDataType_t t, ncclRedOp_t op,
                                ncclComm_t comm, cudaStream_t) {
+  if (busy(comm)) return ncclInvalidUsage;
   if (const ncclResult_t r = check_args(comm, t, op, count, 0, {{send, count * (comm ? comm->size : 1)}, {recv, count}}))
     return r;
-  return mpi(MPI_Reduce_scatter_block(send, recv, static_cast<int>(count), mpi_type(t), mpi_sum(t), comm->comm));
+  return finish(comm, mpi(MPI_Reduce_scatter_block(send, recv, static_cast<int>(count), mpi_type(t), mpi_sum(t), comm->comm)));
 }
 
 ncclResult_t ncclAllGather(const void* send, void* recv, size_t count, ncclDataType_t t, ncclComm_t comm, cudaStream_t) {
+  if (busy(comm)) return ncclInvalidUsage;
   if (const ncclResult_t r = check_args(comm, t, ncclSum, count, 0, {{send, count}, {recv, count * (comm ? comm->size : 1)}}))
     return r;
   const bool in_place = send == static_cast<const char*>(recv) + comm->rank * count * type_bytes(t);
-  return mpi(MPI_Allgather(in_place ? MPI_IN_PLACE : send, static_cast<int>(count), mpi_type(t), recv,
-                           static_cast<int>(count), mpi_type(t), comm->comm));
+  return finish(comm, mpi(MPI_Allgather(in_place ? MPI_IN_PLACE : send, static_cast<int>(count), mpi_type(t), recv,
+                           static_cast<int>(count), mpi_type(t), comm->comm)));
 }
 
 ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t t, int root, ncclComm_t comm,
                            cudaStream_t) {
+  if (busy(comm)) return ncclInvalidUsage;
   const bool me = comm && comm->rank == root;
   if (const ncclResult_t r = check_args(comm, t, ncclSum, count, root, {{send, me ? count : 0}, {recv, count}})) return r;
   if (me && send != recv) std::memmove(recv, send, count * type_bytes(t));
-  return mpi(MPI_Bcast(recv, static_cast<int>(count), mpi_type(t), root, comm->comm));
+  return finish(comm, mpi(MPI_Bcast(recv, static_cast<int>(count), mpi_type(t), root, comm->comm)));
 }
 
 ncclResult_t ncclGroupStart() { return ncclSuccess; }

@@ -286,7 +286,9 @@ std::string take_error() {
 }  // namespace cuda_emu::racecheck
 
 // ---- the instrumentation's entry points (GCC -fsanitize=thread ABI) --------------------------------
-// Hidden: each module that holds instrumented kernels links its own copy of the emulation.
+// Hidden: each module that holds instrumented kernels links its own copy of the emulation. Not in the
+// sanitizer builds, where the real TSan runtime owns these names (and ASan's kernels carry no hooks).
+#if !defined(__SANITIZE_THREAD__) && !defined(__SANITIZE_ADDRESS__)
 #define MN_HOOK extern "C" __attribute__((visibility("hidden")))
 using cuda_emu::racecheck::on_access;
 
@@ -344,3 +346,4 @@ MN_ATOMIC_HOOKS(32, int)
 MN_ATOMIC_HOOKS(64, long)
 MN_HOOK void __tsan_atomic_thread_fence(int) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 MN_HOOK void __tsan_atomic_signal_fence(int) { __atomic_signal_fence(__ATOMIC_SEQ_CST); }
+#endif  // no sanitizer
