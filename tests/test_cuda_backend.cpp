@@ -255,6 +255,22 @@ TEST_P(CudaVsCpu, SwiGLUForwardBackward) {
     }
 }
 
+// A row whose first logits are -inf (a masked vocabulary): they add nothing, and -inf - -inf never
+// makes the row NaN.
+TEST_P(CudaVsCpu, CrossEntropyWithMinusInfinityLogits) {
+  const int64_t N = 3, V = 1100;
+  Vec x = random_vec(N * V, 31, 3.0);
+  for (int64_t v = 0; v < 700; ++v) x[v] = -INFINITY;  // row 0: more than a thread's first strides
+  std::vector<int32_t> ids = {800, 5, 1099};
+  Ids t(*cpu, *cuda, ids);
+  Pair logits(*cpu, *cuda, x, DType::F32), loss(*cpu, *cuda, Vec(N, 0.0), DType::F32), d(*cpu, *cuda, Vec(N * V, 0.0), DType::F32);
+  cpu->cross_entropy(loss.c.f32(), d.c.buf(), logits.c.f32(), static_cast<const int32_t*>(t.c), nullptr, N, V, 1.0f);
+  cuda->cross_entropy(loss.g.f32(), d.g.buf(), logits.g.f32(), static_cast<const int32_t*>(t.g), nullptr, N, V, 1.0f);
+  for (double l : loss.g.get()) EXPECT_TRUE(std::isfinite(l));
+  EXPECT_TRUE(loss.same(kF32));
+  EXPECT_TRUE(d.same(kF32));
+}
+
 TEST_P(CudaVsCpu, CrossEntropyWithMaskScaleAndAliasing) {
   for (int64_t V : {37, 1000}) {
     const int64_t N = 9;

@@ -43,6 +43,21 @@ TEST(Device, PluginBuiltIsFoundAndLoaded) {
 }
 #endif
 
+// `auto` falls back to the CPU on a machine without a GPU, not on a GPU node whose GPUs are unusable.
+TEST(Device, AutoRefusesABrokenGpuNode) {
+  CudaProbe p;
+  p.plugin_loaded = true;
+  p.device_error = "cudaGetDeviceCount: CUDA driver version is insufficient for CUDA runtime version (cudaErrorInsufficientDriver, code 35)";
+  p.device_error_code = 35;
+  EXPECT_EQ(auto_refusal(p), "") << "no driver in the process: a CPU machine";
+  p.driver_loaded = true;
+  EXPECT_NE(auto_refusal(p).find("insufficient"), std::string::npos);
+  p.device_error_code = 100;  // a driver, no device
+  EXPECT_EQ(auto_refusal(p), "");
+  p.device_error_code = 35, p.emulated = true;
+  EXPECT_EQ(auto_refusal(p), "");
+}
+
 // The launchers' world-size variables are read (the communicator refuses to start as a lone rank 0
 // when they say several ranks: tests/data_parallel.sh runs that end to end).
 TEST(Launcher, WorldSizeFromTheCommonLaunchers) {

@@ -18,6 +18,8 @@ struct CudaProbe {
   int runtime_version = 0;
   int device_count = 0;      // usable GPUs
   std::string device_error;  // cudaGetDeviceCount's error when it failed
+  int device_error_code = 0; // its cudaError_t (100: no device)
+  bool driver_loaded = false;  // the NVIDIA driver's libcuda.so.1 is in the process
   std::vector<multinorm_cuda_device_info> devices;
   bool emulated = false;          // the emulated build: kernels run on the CPU (tests only)
   CudaLibraries libraries;        // the CUDA libraries loaded for the plugin, and from where
@@ -43,6 +45,11 @@ struct BackendChoice {
 // emulated plugin (MULTINORM_CUDA_PLUGIN=.../libmultinorm_cuda_emulated.so) runs the CUDA backend's
 // kernels on the CPU, slowly; "auto" never picks the emulation.
 BackendChoice choose_backend(const std::string& requested);
+// Why `auto` must not fall back to the CPU for this probe ("" when it may): a machine with an NVIDIA
+// driver whose GPUs the CUDA runtime cannot use (a driver too old for the plugin's CUDA, devices busy
+// or in an error state) is a broken GPU node, not a CPU machine; training there on the CPU would be
+// silent and hundreds of times slower.
+std::string auto_refusal(const CudaProbe& probe);
 
 // The backend a choice names: the CPU backend with `threads` OpenMP threads (0: all cores), or the
 // CUDA backend on device 0 of the probed plugin.

@@ -40,7 +40,7 @@ __global__ void cross_entropy_kernel(float* losses, T* dlogits, const float* log
     if (xv > m) {
       s = s * __expf(m - xv) + 1.0f;
       m = xv;
-    } else {
+    } else if (xv != -INFINITY) {  // a -inf logit adds nothing (and -inf - -inf would be NaN)
       s += __expf(xv - m);
     }
   }
@@ -51,6 +51,10 @@ __global__ void cross_entropy_kernel(float* losses, T* dlogits, const float* log
   m = lane < int(blockDim.x / 32) ? warp_m[lane] : -INFINITY;
   s = lane < int(blockDim.x / 32) ? warp_s[lane] : 0.0f;
   for (int o = 16; o > 0; o >>= 1) merge(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+  // The two lanes of a butterfly pair merge in opposite orders, which FMA contraction may round
+  // differently: every thread takes lane 0's (m, s), so one lse serves the whole row.
+  m = __shfl_sync(0xffffffffu, m, 0);
+  s = __shfl_sync(0xffffffffu, s, 0);
   const float lse = m + logf(s);
   const int32_t t = targets[row];
   const float xt = x[t];

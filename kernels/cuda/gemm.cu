@@ -3,12 +3,21 @@
 // D[N, M] = op_b(B) op_a(A) with A := b and B := a, each operand's layout as stored.
 #include "gemm.h"
 
+#include <algorithm>
 #include <string>
 
 #include "check.h"
 #include "profiler.h"
 
 namespace multinorm::cuda {
+
+namespace {
+// The largest power of two up to 256 that divides the address (cuBLASLt's alignment preferences).
+uint32_t alignment_of(const void* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  return a == 0 ? 256u : static_cast<uint32_t>(std::min<uintptr_t>(256, a & (~a + 1)));
+}
+}  // namespace
 
 LtGemm::LtGemm() {
   MN_CUBLAS_CHECK(cublasLtCreate(&handle_), "creating the cuBLASLt handle");
@@ -29,9 +38,10 @@ LtGemm::~LtGemm() {
 LtGemm::Plan& LtGemm::plan(const Key& key) {
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second;
-  const auto [M, N, K, ta, tb, in, out] = key;
+  const auto [M, N, K, ta, tb, in, out, align_out, align_a, align_b] = key;
   const std::string what = "matmul M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K) + (ta ? " a^T" : "") +
-                           (tb ? " b^T" : "") + " (" + (in == CUDA_R_16BF ? "bf16" : "fp32") + " -> " + (out == CUDA_R_16BF ? "bf16" : "fp32") + ")";
+                           (tb ? " b^T" : "") + " (" + (in == CUDA_R_16BF ? "bf16" : "fp32") + " -> " + (out == CUDA_R_16BF ? "bf16" : "fp32") +
+                           ", operands aligned to " + std::to_string(align_out) + "/" + std::to_string(align_a) + "/" + std::to_string(align_b) + " B)";
   Plan p;
   MN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), what);
   // Column-major roles: first operand is b (stored row-major [K,N] or, transposed, [N,K]).
@@ -48,6 +58,12 @@ LtGemm::Plan& LtGemm::plan(const Key& key) {
   MN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref), what);
   const uint64_t ws = kWorkspaceBytes;
   MN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)), what);
+  // cuBLASLt's first operand is b, its second a (the column-major view); C and D are `out`.
+  const uint32_t alignments[4] = {align_b, align_a, align_out, align_out};
+  const cublasLtMatmulPreferenceAttributes_t attrs[4] = {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                                          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+  for (int i = 0; i < 4; ++i)
+    MN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attrs[i], &alignments[i], sizeof(alignments[i])), what);
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   const cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
@@ -65,7 +81,7 @@ void LtGemm::run(void* out, cudaDataType out_type, const void* a, const void* b,
     if (!accumulate) MN_CUDA_CHECK(cudaMemsetAsync(out, 0, M * N * (out_type == CUDA_R_16BF ? 2 : 4), stream), "matmul with K = 0");
     return;
   }
-  const Plan& p = plan(Key{M, N, K, ta, tb, static_cast<int>(in_type), static_cast<int>(out_type)});
+  const Plan& p = plan(Key{M, N, K, ta, tb, static_cast<int>(in_type), static_cast<int>(out_type), alignment_of(out), alignment_of(a), alignment_of(b)});
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   const bool timed = profiler::g_on;
   if (timed) profiler::begin(in_type == CUDA_R_16BF ? "gemm bf16 (cuBLASLt)" : "gemm fp32 (cuBLASLt)", stream);

@@ -1,6 +1,6 @@
 // GEMMs of the CUDA backend through cuBLASLt (FP32 compute; BF16 or FP32 inputs; BF16 or FP32
 // output), with one workspace allocated once and the matmul descriptors + heuristic's algorithm
-// cached per shape, so the hot path does no allocation and no heuristic query.
+// cached per shape and operand alignment, so the hot path does no allocation and no heuristic query.
 #pragma once
 #include <cublasLt.h>
 
@@ -36,7 +36,10 @@ class LtGemm {
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulAlgo_t algo{};
   };
-  using Key = std::tuple<int64_t, int64_t, int64_t, bool, bool, int, int>;
+  // Shape, transposes, types and the operands' alignments (out, a, b): cuBLASLt's algorithm is
+  // chosen for the alignments it is told and may rely on them, so a less aligned pointer gets a plan
+  // of its own.
+  using Key = std::tuple<int64_t, int64_t, int64_t, bool, bool, int, int, uint32_t, uint32_t, uint32_t>;
   Plan& plan(const Key& key);
 
   cublasLtHandle_t handle_ = nullptr;

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 
 #include "multinorm/error.h"
@@ -61,8 +62,10 @@ CudaProbe load_plugin(const std::string& path, void* handle) {
   probe.nccl_selftest = nccl_selftest;
   char err[512] = {0};
   const int n = count(err, sizeof(err));
+  probe.driver_loaded = ::dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD) != nullptr;
   if (n < 0) {
     probe.device_error = err;
+    if (const char* c = std::strstr(err, "code ")) probe.device_error_code = std::atoi(c + 5);
     return probe;
   }
   for (int d = 0; d < n; ++d) {
@@ -131,6 +134,14 @@ CudaProbe probe_cuda_plugin(const std::string& path) {
   return p;
 }
 
+std::string auto_refusal(const CudaProbe& p) {
+  if (!p.plugin_loaded || p.emulated || p.device_count > 0 || !p.driver_loaded) return "";
+  constexpr int kNoDevice = 100;  // cudaErrorNoDevice: a driver but no GPU, a CPU machine after all
+  if (p.device_error_code == kNoDevice || p.device_error.empty()) return "";
+  return "an NVIDIA driver is installed but its GPUs cannot be used: " + p.device_error +
+         " (multinorm doctor says more; set backend: cpu to train on the CPU anyway)";
+}
+
 BackendChoice choose_backend(const std::string& requested) {
   if (requested == "cpu") return {BackendKind::Cpu, "cpu (requested)"};
   if (requested != "auto" && requested != "cuda")
@@ -146,6 +157,7 @@ BackendChoice choose_backend(const std::string& requested) {
     return {BackendKind::Cuda, "cuda (" + std::string(p.devices[0].name) + ", " + p.plugin_path + ")"};
   }
   if (why.empty() && p.emulated) why = "the CUDA plugin is the CPU emulation (tests only)";  // never picked by auto
+  if (const std::string refuse = auto_refusal(p); !refuse.empty()) throw Error("backend auto: " + refuse);
   if (why.empty())
     return {BackendKind::Cuda, "cuda (auto: " + std::string(p.devices[0].name) + ", " + p.plugin_path + ")"};
   return {BackendKind::Cpu, "cpu (auto: " + why + ")"};

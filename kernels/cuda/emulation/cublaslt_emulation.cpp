@@ -4,6 +4,12 @@
 // output. Dimensions, leading dimensions, type combinations and device pointers are validated the way
 // cuBLASLt rejects them (CUBLAS_STATUS_INVALID_VALUE / NOT_SUPPORTED), so the backend's layout logic
 // (row-major to column-major, transposes, odd leading dimensions) is exercised exactly as on a GPU.
+//
+// Alignment: cuBLASLt's heuristic picks an algorithm for the operand alignments the preference
+// declares (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_{A,B,C,D}_BYTES, 256 when not set), and that algorithm
+// may rely on them: cublasLtMatmul with a pointer less aligned than its algorithm assumed is refused
+// here (CUBLAS_STATUS_NOT_SUPPORTED), so a backend that caches plans by shape alone and then passes a
+// less aligned pointer (an activation view, a SWAN buffer at an odd offset) fails in CI.
 #include <cublasLt.h>
 
 #include <cstring>
@@ -31,6 +37,13 @@ struct Layout {
   uint64_t rows, cols;
   int64_t ld;
 };
+// The preference's declared operand alignments, and the algorithm's assumed ones (the same numbers).
+struct Alignments {
+  uint32_t a, b, c, d;
+};
+constexpr Alignments kDefaultAlignments{256, 256, 256, 256};  // cuBLASLt's default preference
+static_assert(sizeof(Alignments) <= sizeof(cublasLtMatmulPreferenceOpaque_t), "alignments fit the opaque preference");
+static_assert(sizeof(Alignments) <= sizeof(cublasLtMatmulAlgo_t), "alignments fit the opaque algorithm");
 static_assert(sizeof(Desc) <= sizeof(cublasLtMatmulDescOpaque_t), "descriptor state fits the opaque type");
 static_assert(sizeof(Layout) <= sizeof(cublasLtMatrixLayoutOpaque_t), "layout state fits the opaque type");
 
@@ -116,15 +129,26 @@ cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l) {
 }
 cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* p) {
   *p = new cublasLtMatmulPreferenceOpaque_t{};
+  put(*p, kDefaultAlignments);
   return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p) {
   delete p;
   return CUBLAS_STATUS_SUCCESS;
 }
-cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t, cublasLtMatmulPreferenceAttributes_t attr, const void*,
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p, cublasLtMatmulPreferenceAttributes_t attr, const void* buf,
                                                     size_t size) {
-  if (attr != CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES || size != sizeof(uint64_t)) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (attr == CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES) return size == sizeof(uint64_t) ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_INVALID_VALUE;
+  Alignments al = get<Alignments>(p);
+  uint32_t* field = attr == CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES   ? &al.a
+                    : attr == CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES ? &al.b
+                    : attr == CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES ? &al.c
+                    : attr == CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES ? &al.d
+                                                                         : nullptr;
+  if (!field) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (size != sizeof(uint32_t)) return CUBLAS_STATUS_INVALID_VALUE;
+  std::memcpy(field, buf, sizeof(uint32_t));
+  put(p, al);
   return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -143,7 +167,7 @@ cublasStatus_t shapes(const Desc& d, const Layout& a, const Layout& b, const Lay
 }  // namespace
 
 cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t A, cublasLtMatrixLayout_t B,
-                                              cublasLtMatrixLayout_t C, cublasLtMatrixLayout_t D, cublasLtMatmulPreference_t, int requested,
+                                              cublasLtMatrixLayout_t C, cublasLtMatrixLayout_t D, cublasLtMatmulPreference_t pref, int requested,
                                               cublasLtMatmulHeuristicResult_t results[], int* count) {
   uint64_t m, n, k;
   const cublasStatus_t s = shapes(get<Desc>(op), get<Layout>(A), get<Layout>(B), get<Layout>(C), get<Layout>(D), m, n, k);
@@ -154,18 +178,26 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDe
     results[0].state = CUBLAS_STATUS_SUCCESS;
     results[0].workspaceSize = 0;
     results[0].wavesCount = 1.0f;
+    const Alignments al = get<Alignments>(pref);
+    std::memcpy(&results[0].algo, &al, sizeof(al));  // what the algorithm may rely on
   }
   return CUBLAS_STATUS_SUCCESS;
 }
 
 cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t op, const void* alpha, const void* A, cublasLtMatrixLayout_t Adesc,
                               const void* B, cublasLtMatrixLayout_t Bdesc, const void* beta, const void* C, cublasLtMatrixLayout_t Cdesc,
-                              void* D, cublasLtMatrixLayout_t Ddesc, const cublasLtMatmulAlgo_t*, void*, size_t, cudaStream_t) {
+                              void* D, cublasLtMatrixLayout_t Ddesc, const cublasLtMatmulAlgo_t* algo, void*, size_t, cudaStream_t) {
   const Desc d = get<Desc>(op);
   const Layout a = get<Layout>(Adesc), b = get<Layout>(Bdesc), c = get<Layout>(Cdesc), dl = get<Layout>(Ddesc);
   uint64_t m, n, k;
   if (const cublasStatus_t s = shapes(d, a, b, c, dl, m, n, k); s != CUBLAS_STATUS_SUCCESS) return s;
   if (!on_device(A, a) || !on_device(B, b) || !on_device(D, dl) || (C != D && !on_device(C, c))) return CUBLAS_STATUS_INVALID_VALUE;
+  if (algo) {  // pointers less aligned than the algorithm was chosen for
+    Alignments al{};
+    std::memcpy(&al, algo, sizeof(al));
+    auto aligned = [](const void* p, uint32_t bytes) { return bytes == 0 || reinterpret_cast<uintptr_t>(p) % bytes == 0; };
+    if (!aligned(A, al.a) || !aligned(B, al.b) || !aligned(C, al.c) || !aligned(D, al.d)) return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
   const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
   const bool ta = d.trans_a == CUBLAS_OP_T, tb = d.trans_b == CUBLAS_OP_T;
   std::vector<float> column(m);
