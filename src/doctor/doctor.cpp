@@ -50,20 +50,7 @@ std::string find_model_config(const std::string& name) {
 
 // The run config of the timed step: the paper's recipe (SinkGD on the matrices, Adam elsewhere,
 // BF16), this micro-batch, one update per micro-batch.
-RunConfig step_run(const ModelConfig& m, int64_t B, int64_t T) {
-  json model = {{"vocab_size", m.vocab_size},
-                {"hidden_size", m.hidden_size},
-                {"intermediate_size", m.intermediate_size},
-                {"num_hidden_layers", m.num_hidden_layers},
-                {"num_attention_heads", m.num_attention_heads},
-                {"max_position_embeddings", m.max_position_embeddings},
-                {"tie_word_embeddings", m.tie_word_embeddings}};
-  json doc = {{"model", {{"config", model}}},
-              {"batch", {{"global_batch", B}, {"micro_batch", B}, {"seq_len", T}}},
-              {"schedule", {{"kind", "constant"}, {"total_steps", 1000}, {"warmup_steps", 0}}},
-              {"optimizer", {{"name", "sinkgd"}}}};
-  return run_config_from_json(doc, "doctor step");
-}
+RunConfig step_run(const ModelConfig& m, int64_t B, int64_t T) { return doctor_run(m, "sinkgd", "bf16", B, T); }
 
 // The largest configs/models/*.json whose training step (the CUDA backend's device-memory plan) fits
 // the GPU's free memory.

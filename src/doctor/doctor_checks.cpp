@@ -388,7 +388,9 @@ ModelConfig reduced(const ModelConfig& m) {
   r.num_hidden_layers = std::min<int64_t>(2, m.num_hidden_layers);
   return r;
 }
-RunConfig update_run(const ModelConfig& m, const std::string& optimizer, const std::string& precision, int64_t B, int64_t T) {
+}  // namespace
+
+RunConfig doctor_run(const ModelConfig& m, const std::string& optimizer, const std::string& precision, int64_t B, int64_t T) {
   json model = {{"vocab_size", m.vocab_size},
                 {"hidden_size", m.hidden_size},
                 {"intermediate_size", m.intermediate_size},
@@ -398,12 +400,11 @@ RunConfig update_run(const ModelConfig& m, const std::string& optimizer, const s
                 {"tie_word_embeddings", m.tie_word_embeddings}};
   json doc = {{"model", {{"config", model}}},
               {"batch", {{"global_batch", B}, {"micro_batch", B}, {"seq_len", T}}},
-              {"schedule", {{"kind", "constant"}, {"total_steps", 4}, {"warmup_steps", 0}}},
+              {"schedule", {{"kind", "constant"}, {"total_steps", 1000000}, {"warmup_steps", 0}}},
               {"precision", {{"params", precision}, {"optimizer_states", precision}}},
               {"optimizer", {{"name", optimizer}, {"momentum", 0.9}, {"grad_clip", 0.5}}}};
   return run_config_from_json(doc, "doctor");
 }
-}  // namespace
 
 void DoctorChecks::training_updates() {
   const ModelConfig m = reduced(cfg_);
@@ -413,7 +414,7 @@ void DoctorChecks::training_updates() {
   const MicroBatch mb{tokens.data(), targets.data(), nullptr, B, T};
   for (const char* name : {"sinkgd", "swan", "adam", "adamw", "sgd"}) {
     check("update", std::string("two updates, ") + name, DType::F32, std::to_string(m.num_hidden_layers) + " layers", 5e-2, [&] {
-      const RunConfig run = update_run(m, name, "fp32", B, T);
+      const RunConfig run = doctor_run(m, name, "fp32", B, T);
       LlamaModel mc(cpu_, run.model, DType::F32, B, T), mg(gpu_, run.model, DType::F32, B, T);
       mc.init_random(4);
       mg.params_from_host(mc.params_to_host());
@@ -452,7 +453,7 @@ void DoctorChecks::checkpoint_round_trip() {
     Backend& to = direction == 0 ? cpu_ : gpu_;
     const std::string name = direction == 0 ? "cuda -> cpu" : "cpu -> cuda";
     check("checkpoint", "round trip " + name, DType::BF16, "adam, " + std::to_string(m.num_hidden_layers) + " layers", 0.0, [&] {
-      const RunConfig run = update_run(m, "adam", "bf16", B, T);
+      const RunConfig run = doctor_run(m, "adam", "bf16", B, T);
       LlamaModel a(from, run.model, DType::BF16, B, T), b(to, run.model, DType::BF16, B, T);
       a.init_random(9);
       Optimizer oa(a, run), ob(b, run);

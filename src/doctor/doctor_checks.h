@@ -8,6 +8,7 @@
 
 #include "multinorm/backend.h"
 #include "multinorm/model_config.h"
+#include "multinorm/run_config.h"
 
 namespace multinorm {
 
@@ -25,6 +26,10 @@ struct DoctorCheck {
   };
   std::vector<Output> outputs;  // each output's error and bound
 };
+
+// A run config for the doctor's model: one micro-batch of B x T per update, a constant schedule,
+// `optimizer` with momentum 0.9 and clipping at 0.5, weights and states in `precision`.
+RunConfig doctor_run(const ModelConfig& m, const std::string& optimizer, const std::string& precision, int64_t B, int64_t T);
 
 class DoctorChecks {
  public:
