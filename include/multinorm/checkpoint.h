@@ -21,6 +21,7 @@ struct TrainerState {
   int64_t skipped_in_a_row = 0;  // consecutive skipped updates ending at `step`
   LoaderCursor cursor;
   std::string fingerprint;
+  uint64_t tokenizer_hash = 0;  // the data's tokenizer (check_data_identity); 0: unknown
 };
 
 // The parts of a run config a checkpoint must agree with to be resumed (model, batch, optimizer,
@@ -37,6 +38,10 @@ std::vector<std::string> fingerprint_diff(const std::string& stored, const std::
 // The run config a checkpoint was written with: its own run_config.json, or (checkpoints of earlier
 // versions) the run directory's config.json two levels up. Error naming both when neither exists.
 std::string checkpoint_run_config_path(const std::string& checkpoint_dir);
+
+// Removes checkpoint temporaries (step_NNNNNNNN.tmp.<pid>) under <run_dir>/checkpoints: the trainer
+// calls it holding the run directory's lock, so any it finds belong to a trainer that died.
+void remove_stale_checkpoint_temporaries(const std::string& run_dir);
 
 // Names of the complete checkpoint directories under `root` (step_NNNNNNNN, no suffix), oldest first.
 std::vector<std::string> checkpoint_dirs(const std::string& root);

@@ -60,6 +60,7 @@ class ShardSet {
   int64_t fill(int64_t shard, int64_t index, Batch& b, int64_t slot) const;
   int64_t targets(int64_t shard, int64_t index) const;  // counted targets without filling
   int64_t seq_len() const { return T_; }
+  const Shard& shard(int64_t s) const { return shards_[static_cast<size_t>(s)]; }
 
  private:
   std::vector<Shard> shards_;
@@ -67,6 +68,15 @@ class ShardSet {
   int64_t T_;
   int32_t filler_;
 };
+
+// The identity of a run's data, checked by train and eval before a token is read: every shard was
+// tokenized with data.tokenizer's file (the FNV-1a hash its header records), in data.layout, for the
+// model's vocabulary (the model may pad its vocabulary by less than 128 rows). A mismatch is an
+// Error naming the shard and both values; a data.tokenizer that does not exist is a ConfigError. A
+// config without data.tokenizer takes the shards' own record, and `note` says so. Returns the
+// tokenizer hash the data carries (0: shards of format version 1, which record none).
+uint64_t check_data_identity(const ShardSet& set, const std::string& tokenizer, const std::string& layout, int64_t model_vocab,
+                             std::string* note = nullptr);
 
 // The permuted sequences of one (epoch, window), kept while the loader walks through it.
 struct WindowOrder {

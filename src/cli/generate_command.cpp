@@ -12,6 +12,7 @@
 #include "multinorm/cli.h"
 #include "multinorm/error.h"
 #include "multinorm/json_file.h"
+#include "multinorm/shard.h"
 #include "multinorm/tokenizer.h"
 #include "multinorm/trainer.h"
 
@@ -37,11 +38,14 @@ void add_generate_command(CLI::App& app) {
     if (!latest_checkpoint(dir).empty()) dir = latest_checkpoint(dir);
     const std::string config = checkpoint_run_config_path(dir);  // the checkpoint's own, self-sufficient
     const RunConfig run = run_config_from_json(read_json_file(config), config);
-    const Tokenizer tok(tokenizer_path.empty() ? run.data.tokenizer : tokenizer_path);
+    const std::string tok_file = tokenizer_path.empty() ? run.data.tokenizer : tokenizer_path;
+    const Tokenizer tok(tok_file);
     const int64_t T = run.batch.seq_len, V = run.model.vocab_size;
     auto be = make_backend(choose_backend(run.backend), static_cast<int>(run.threads));
     LlamaModel model(*be, run.model, run.precision.params, 1, T);
-    read_checkpoint(dir, model, nullptr, run);
+    const TrainerState st = read_checkpoint(dir, model, nullptr, run);
+    if (st.tokenizer_hash != 0 && file_fingerprint(tok_file) != st.tokenizer_hash)
+      throw Error(tok_file + ": not the tokenizer " + dir + " was trained with (its shards record another); pass that one with --tokenizer");
     std::vector<int32_t> ids = tok.encode(prompt);
     if (ids.empty()) ids.push_back(tok.bos_id() >= 0 ? tok.bos_id() : 0);
     std::mt19937_64 gen(static_cast<uint64_t>(seed));

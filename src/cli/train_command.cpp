@@ -66,6 +66,9 @@ void add_train_command(CLI::App& app) {
     const std::string globs = data.empty() ? run.data.validation : data;
     if (globs.empty()) throw ConfigError("eval: no validation data (--data, or data.validation in the run config)");
     auto val = std::make_shared<const ShardSet>(expand_globs(globs), run.batch.seq_len, run.model.vocab_size);
+    const uint64_t h = check_data_identity(*val, "", run.data.layout, run.model.vocab_size);  // layout, vocabulary, one tokenizer
+    if (h != 0 && st.tokenizer_hash != 0 && h != st.tokenizer_hash)
+      throw Error(globs + ": tokenized with another tokenizer than the one " + dir + " was trained with");
     const EvalResult r = evaluate(model, val, run.eval.micro_batch, tokens > 0 ? tokens : run.eval.tokens);
     if (!Comm::world().root()) return;  // under mpirun the ranks split the batches; rank 0 reports
     if (as_json) {

@@ -1,7 +1,10 @@
 #include "multinorm/loader.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <numeric>
 #include <random>
 
@@ -163,6 +166,16 @@ Batch TrainLoader::make_batch(const ShardSet& d, const LoaderOptions& o, LoaderC
 TrainLoader::TrainLoader(std::shared_ptr<const ShardSet> data, const LoaderOptions& o, const LoaderCursor& start)
     : data_(std::move(data)), o_(o), cursor_(start) {
   if (o.rank < 0 || o.rank >= o.world) throw Error("data: rank " + std::to_string(o.rank) + " of " + std::to_string(o.world));
+  // A cursor from a checkpoint must point into this data: one past its end (an edited
+  // trainer_state.json, or other data) is refused rather than wrapped around.
+  const int64_t windows = window_count(*data_, o_);
+  if (start.epoch < 0 || start.window < 0 || start.window >= windows || start.position < 0)
+    throw Error("data cursor (epoch " + std::to_string(start.epoch) + ", window " + std::to_string(start.window) + ", position " +
+                std::to_string(start.position) + ") is outside the data's " + std::to_string(windows) + " window(s)");
+  build_window(*data_, o_, start.epoch, start.window, order_);
+  if (start.position > static_cast<int64_t>(order_.seqs.size()))
+    throw Error("data cursor (epoch " + std::to_string(start.epoch) + ", window " + std::to_string(start.window) + ", position " +
+                std::to_string(start.position) + ") is past the window's " + std::to_string(order_.seqs.size()) + " sequences");
   thread_ = std::thread([this] { run(); });
 }
 
@@ -240,6 +253,49 @@ bool EvalLoader::next(Batch& b) {
   if (taken == 0) return false;
   seen_ += b.global_count;
   return true;
+}
+
+namespace {
+std::string hex64(uint64_t v) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+}  // namespace
+
+uint64_t check_data_identity(const ShardSet& set, const std::string& tokenizer, const std::string& layout, int64_t model_vocab,
+                             std::string* note) {
+  uint64_t want = 0;
+  if (!tokenizer.empty()) {
+    if (::access(tokenizer.c_str(), R_OK) != 0)
+      throw ConfigError("data.tokenizer: " + tokenizer + " does not exist (or cannot be read)");
+    want = file_fingerprint(tokenizer);
+  }
+  constexpr int64_t kVocabPadding = 128;  // a model may round its vocabulary up (e.g. to a multiple of 64)
+  uint64_t carried = 0;
+  for (int64_t s = 0; s < set.shards(); ++s) {
+    const Shard& sh = set.shard(s);
+    const ShardHeader& h = sh.header();
+    if (!layout.empty() && layout_name(h.layout) != layout)
+      throw Error(sh.path() + ": its layout is " + layout_name(h.layout) + ", data.layout is " + layout +
+                  " (tokenize again with --layout " + layout + ", or set data.layout=" + layout_name(h.layout) + ")");
+    const int64_t v = h.vocab_size;
+    if (v > model_vocab || model_vocab - v >= kVocabPadding)
+      throw Error(sh.path() + ": tokenized with a vocabulary of " + std::to_string(v) + ", the model has " + std::to_string(model_vocab) +
+                  " embeddings (another tokenizer's shards, or another model)");
+    if (h.tokenizer_hash == 0) continue;  // format version 1: no record
+    if (want != 0 && h.tokenizer_hash != want)
+      throw Error(sh.path() + ": tokenized with the tokenizer of hash " + hex64(h.tokenizer_hash) + ", data.tokenizer " + tokenizer +
+                  " has hash " + hex64(want) + " (tokenize again with it, or point data.tokenizer at the shards' tokenizer)");
+    if (carried != 0 && h.tokenizer_hash != carried)
+      throw Error(sh.path() + ": tokenized with the tokenizer of hash " + hex64(h.tokenizer_hash) + ", " + set.shard(0).path() +
+                  " with " + hex64(carried) + " (shards of two tokenizers in one data set)");
+    carried = h.tokenizer_hash;
+  }
+  if (note && tokenizer.empty())
+    *note = carried ? "data.tokenizer is not set: the shards record tokenizer hash " + hex64(carried)
+                    : "data.tokenizer is not set and the shards record no tokenizer";
+  return want ? want : carried;
 }
 
 }  // namespace multinorm

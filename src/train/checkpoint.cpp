@@ -13,6 +13,7 @@
 #include <set>
 
 #include "multinorm/error.h"
+#include "multinorm/fault_points.h"
 #include "multinorm/json_file.h"
 #include "multinorm/model_io.h"
 #include "multinorm/safetensors.h"
@@ -52,6 +53,19 @@ std::vector<std::string> checkpoint_dirs(const std::string& root) {
   }
   std::sort(out.begin(), out.end());
   return out;
+}
+
+void remove_stale_checkpoint_temporaries(const std::string& run_dir) {
+  const std::string root = run_dir + "/checkpoints";
+  if (DIR* d = ::opendir(root.c_str())) {
+    std::vector<std::string> stale;
+    while (dirent* e = ::readdir(d)) {
+      const std::string n = e->d_name;
+      if (n.rfind("step_", 0) == 0 && n.find(".tmp") != std::string::npos) stale.push_back(n);
+    }
+    ::closedir(d);
+    for (const std::string& n : stale) remove_tree(root + "/" + n);
+  }
 }
 
 std::string config_fingerprint(const RunConfig& run) {
@@ -113,21 +127,26 @@ std::string write_checkpoint(const std::string& run_dir, const LlamaModel& model
                              const TrainerState& state, int64_t keep_last, const RunConfig& run) {
   const std::string root = run_dir + "/checkpoints";
   ::mkdir(root.c_str(), 0755);
-  const std::string final_dir = root + "/" + checkpoint_name(state.step), tmp = final_dir + ".tmp";
+  // A temporary name of this process's own: two writers never share one (run_lock.h keeps a second
+  // trainer out of the directory; this keeps even a stray one from mixing files into ours).
+  const std::string final_dir = root + "/" + checkpoint_name(state.step), tmp = final_dir + ".tmp." + std::to_string(::getpid());
   remove_tree(tmp);
   save_hf_model(model, tmp, model.dtype());
   write_text_file_atomic(tmp + "/optimizer.bin", std::string(states.begin(), states.end()));
   json ts = {{"step", state.step},       {"tokens_seen", state.tokens_seen},  {"skipped_updates", state.skipped},
              {"skipped_in_a_row", state.skipped_in_a_row},
              {"cursor", state.cursor.to_json()}, {"fingerprint", state.fingerprint},
-             {"optimizer_state_bytes", static_cast<int64_t>(states.size())}, {"param_dtype", dtype_name(model.dtype())}};
+             {"optimizer_state_bytes", static_cast<int64_t>(states.size())}, {"param_dtype", dtype_name(model.dtype())},
+             {"tokenizer_hash", std::to_string(state.tokenizer_hash)}};
   write_text_file_atomic(tmp + "/trainer_state.json", ts.dump(2) + "\n");
   write_text_file_atomic(tmp + "/run_config.json", run.resolved.dump(2) + "\n");
   fsync_path(tmp);
+  fault_point("checkpoint-written");
   remove_tree(final_dir);  // a re-written step (resume from an earlier one) replaces it
   if (std::rename(tmp.c_str(), final_dir.c_str()) != 0)
     throw Error(final_dir + ": cannot publish checkpoint: " + std::strerror(errno));
   fsync_path(root);
+  fault_point("checkpoint-published");
   const auto all = checkpoint_dirs(root);
   for (size_t i = 0; i + static_cast<size_t>(keep_last) < all.size(); ++i) remove_tree(root + "/" + all[i]);
   return final_dir;
@@ -143,6 +162,7 @@ TrainerState read_checkpoint(const std::string& dir, LlamaModel& model, Optimize
   st.skipped_in_a_row = ts.value("skipped_in_a_row", int64_t{0});
   st.cursor = LoaderCursor::from_json(ts.at("cursor"));
   st.fingerprint = ts.at("fingerprint").get<std::string>();
+  st.tokenizer_hash = std::stoull(ts.value("tokenizer_hash", std::string("0")));
   if (opt) {
     const std::string mine = config_fingerprint(run);
     const std::vector<std::string> diff = fingerprint_diff(st.fingerprint, mine);

@@ -24,6 +24,8 @@
 #include "multinorm/optimizer.h"
 #include "multinorm/param_groups.h"
 #include "multinorm/process_memory.h"
+#include "multinorm/fault_points.h"
+#include "multinorm/run_lock.h"
 #include "multinorm/shard_plan.h"
 
 namespace multinorm {
@@ -110,14 +112,18 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
   auto log = [&](const char* fmt, auto... args) {
     if (!opt.quiet && comm.root()) std::fprintf(stderr, fmt, args...);
   };
-  // Run directory and the resolved config.
+  // Run directory (locked by rank 0 for the run's life: one trainer per directory) and the resolved config.
+  std::unique_ptr<RunDirLock> lock;
+  if (comm.root()) {
+    mkdirs(run.output_dir);
+    lock = std::make_unique<RunDirLock>(run.output_dir);
+    remove_stale_checkpoint_temporaries(run.output_dir);  // left by a trainer that died while writing one
+  }
+  comm.barrier();  // no rank reads the directory before rank 0 holds it
   const std::string existing = latest_checkpoint(run.output_dir);
   if (!existing.empty() && !opt.resume)
     throw Error(run.output_dir + " already holds checkpoints (" + existing + "): pass --resume, or another output_dir");
-  if (comm.root()) {
-    mkdirs(run.output_dir);
-    write_text_file_atomic(run.output_dir + "/config.json", run.resolved.dump(2) + "\n");
-  }
+  if (comm.root()) write_text_file_atomic(run.output_dir + "/config.json", run.resolved.dump(2) + "\n");
 
   if (run.data.train.empty()) throw ConfigError(run.source + ": data.train: no training shards configured");
   if (run.batch.global_batch % (run.batch.micro_batch * world) != 0)
@@ -147,14 +153,29 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
   std::shared_ptr<const ShardSet> val_data;
   if (!run.data.validation.empty())
     val_data = std::make_shared<const ShardSet>(expand_globs(run.data.validation), run.batch.seq_len, run.model.vocab_size);
+  // The data was made with the run's tokenizer, in its layout, for its vocabulary (errors name the shard).
+  std::string data_note;
+  const uint64_t tokenizer_hash = check_data_identity(*train_data, run.data.tokenizer, run.data.layout, run.model.vocab_size, &data_note);
+  if (val_data) {
+    const uint64_t v = check_data_identity(*val_data, run.data.tokenizer, run.data.layout, run.model.vocab_size);
+    if (v != 0 && tokenizer_hash != 0 && v != tokenizer_hash)
+      throw Error(run.data.validation + ": the validation shards were tokenized with another tokenizer than the training shards");
+  }
 
   TrainerState state;
   state.fingerprint = config_fingerprint(run);
+  state.tokenizer_hash = tokenizer_hash;
+  if (!data_note.empty()) log("%s\n", data_note.c_str());
   if (opt.resume && !existing.empty()) {
     state = read_checkpoint(existing, model, &optimizer, run, opt.allow_config_change);
-    if (comm.root()) truncate_metrics(run.output_dir + "/metrics.jsonl", state.step);
+    if (state.tokenizer_hash != 0 && tokenizer_hash != 0 && state.tokenizer_hash != tokenizer_hash)
+      throw Error(existing + ": written from data of another tokenizer than this run's (resume with the data it was trained on)");
+    if (state.tokenizer_hash == 0) state.tokenizer_hash = tokenizer_hash;
     log("resumed from %s (update %lld)\n", existing.c_str(), (long long)state.step);
   }
+  // Metrics past the checkpoint resumed from (or, starting afresh, any: a run that died before its
+  // first checkpoint) are rewritten by this run.
+  if (comm.root()) truncate_metrics(run.output_dir + "/metrics.jsonl", state.step);
   LoaderOptions lo;
   lo.micro_batch = run.batch.micro_batch;
   lo.rank = rank;
@@ -162,7 +183,14 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
   lo.shuffle = run.data.shuffle;
   lo.seed = static_cast<uint64_t>(run.seed);
   lo.prefetch = run.data.prefetch;
-  TrainLoader loader(train_data, lo, state.cursor);
+  std::unique_ptr<TrainLoader> loader_owner;
+  try {
+    loader_owner = std::make_unique<TrainLoader>(train_data, lo, state.cursor);
+  } catch (const Error& e) {
+    if (existing.empty() || !opt.resume) throw;
+    throw Error(existing + "/trainer_state.json: " + e.what() + " (edited, or the data changed since the checkpoint)");
+  }
+  TrainLoader& loader = *loader_owner;
 
   const int64_t last = opt.max_updates > 0 ? std::min(opt.max_updates, run.schedule.total_steps) : run.schedule.total_steps;
   log("multinorm train: %s, %s, %s, %lld parameters, %s + %s (optimizer state %.1f MiB, %.1f MiB for the matrices)\n",
@@ -201,6 +229,7 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
               {"val_loss_galore", result.eval.galore_loss}, {"val_tokens", result.eval.tokens},
               {"seconds", since(t)}};
     metrics << e.dump() << "\n" << std::flush;
+    if (comm.root() && !metrics) throw Error(run.output_dir + "/metrics.jsonl: write failed at the evaluation of update " + std::to_string(step) + " (disk full?)");
     log("%seval @ %lld: loss %.4f, perplexity %.2f over %lld tokens (GaLore's divisor: %.2f)\n", tty ? "\n" : "",
         (long long)step, result.eval.loss, result.eval.perplexity(), (long long)result.eval.tokens,
         result.eval.galore_perplexity());
@@ -330,7 +359,11 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
       m["swan_ns_unconverged"] = st.swan.unconverged;
       m["swan_exact_fallbacks"] = st.swan.fallbacks;
     }
-    metrics << m.dump() << "\n";
+    // Flushed now, before the checkpoint that covers it is published (a kill between the two would
+    // lose the line for good: a resume keeps the lines up to its checkpoint), and checked at once.
+    metrics << m.dump() << "\n" << std::flush;
+    if (comm.root() && !metrics) throw Error(run.output_dir + "/metrics.jsonl: write failed at update " + std::to_string(k) + " (disk full?)");
+    fault_point("metrics-written");
     const double elapsed = since(t_loop), eta = elapsed / (k - first + 1) * (last - k);
     if (tty) {
       std::fprintf(stderr, "\r[%5.1f%%] update %lld/%lld  loss %.4f  lr %.2e/%.2e  |g| %.3f  %.0f tok/s  ETA %s   ",
@@ -347,7 +380,6 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
     const bool end = k == last;
     if ((run.eval.every > 0 && k % run.eval.every == 0) || (end && k == run.schedule.total_steps)) do_eval(k);
     if ((run.checkpoint.every > 0 && k % run.checkpoint.every == 0) || end) do_checkpoint();
-    metrics << std::flush;
     ++result.updates;
   }
   if (tty) std::fprintf(stderr, "\n");

@@ -9,11 +9,11 @@
 #include <dirent.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <fstream>
 #include <map>
 #include <mutex>
-#include <regex>
 #include <string>
 
 #include "symbols.h"
@@ -26,23 +26,28 @@ struct Report {
   std::string source;
 };
 
+// The number right before `suffix` in `line` (e.g. "96" in "Used 96 registers"), or -1.
+long number_before(const std::string& line, const std::string& suffix) {
+  const size_t at = line.find(suffix);
+  if (at == std::string::npos || at == 0) return -1;
+  size_t begin = at;
+  while (begin > 0 && std::isdigit(static_cast<unsigned char>(line[begin - 1]))) --begin;
+  return begin == at ? -1 : std::atol(line.c_str() + begin);
+}
+
 void read_file(const std::string& path, Report& r) {
   std::ifstream in(path);
-  static const std::regex entry(R"(Compiling entry function '([^']+)')");
-  static const std::regex used(R"(Used (\d+) registers)");
-  static const std::regex smem(R"((\d+) bytes smem)");
+  const std::string entry = "Compiling entry function '";
   std::string line, current;
-  std::smatch m;
   while (std::getline(in, line)) {
-    if (std::regex_search(line, m, entry)) {
-      current = symbols::demangle(m[1].str().c_str());
+    if (const size_t at = line.find(entry); at != std::string::npos) {
+      const size_t begin = at + entry.size(), end = line.find('\'', begin);
+      current = symbols::demangle(line.substr(begin, end - begin).c_str());
       r.by_signature.emplace(current, KernelFigures{});
-    } else if (!current.empty() && std::regex_search(line, m, used)) {
+    } else if (!current.empty() && line.find("Used ") != std::string::npos) {
       KernelFigures& f = r.by_signature[current];
-      f.registers = std::max(f.registers, std::atoi(m[1].str().c_str()));
-      long shared = 0;
-      if (std::regex_search(line, m, smem)) shared = std::atol(m[1].str().c_str());
-      f.static_shared = std::max(f.static_shared, shared);
+      f.registers = std::max<int>(f.registers, static_cast<int>(number_before(line, " registers")));
+      f.static_shared = std::max(f.static_shared, std::max(0L, number_before(line, " bytes smem")));
       current.clear();
     }
   }

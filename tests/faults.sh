@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Faults a long run meets, injected on a tiny model, each with the outcome asserted:
+#   - two trainers on one run directory: the second is refused at once, naming the first's pid and host;
+#   - a kill -9 at each point of the update's end (metrics written, checkpoint files written, checkpoint
+#     published): the resumed run loses no metrics line and its checkpoints stay whole.
+# usage: faults.sh <multinorm binary>
+set -uo pipefail
+bin=$(realpath "$1") fixtures=$(realpath "$(dirname "$0")/fixtures")
+tmp=$(mktemp -d); trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$tmp"' EXIT
+cd "$tmp"
+source "$fixtures/tiny_shards.sh"
+make_tiny_shards "$bin"
+fail() { echo "FAIL: $*"; exit 1; }
+cat > run.json <<JSON
+{"model": {"config": {"vocab_size": 300, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+                      "num_attention_heads": 2, "max_position_embeddings": 64}},
+ "data": {"train": "shards/c4-train.*.tok", "validation": "shards/c4-validation.*.tok", "tokenizer": "tok.model"},
+ "batch": {"global_batch": 4, "micro_batch": 2, "seq_len": 32}, "backend": "cpu",
+ "schedule": {"total_steps": 6, "warmup_steps": 1}, "eval": {"every": 3, "tokens": 300}, "checkpoint": {"every": 2}}
+JSON
+
+# ---- two trainers on one run directory ----
+"$bin" train -c run.json --set output_dir=runs/shared --set schedule.total_steps=100000 --quiet > a.txt 2>&1 &
+a=$!
+for _ in $(seq 200); do grep -q "^pid $a " runs/shared/.lock 2>/dev/null && break; sleep 0.05; done
+grep -q "^pid $a on $(hostname)" runs/shared/.lock || fail "the first trainer did not record itself in runs/shared/.lock"
+out=$("$bin" train -c run.json --set output_dir=runs/shared --quiet 2>&1); rc=$?
+[ $rc -ne 0 ] || fail "a second trainer on the same run directory ran"
+grep -q "in use by another trainer (pid $a on $(hostname)" <<<"$out" || fail "the refusal does not name the holder: $out"
+kill -0 $a 2>/dev/null || fail "the first trainer died"
+kill -9 $a; wait $a 2>/dev/null
+# Its lock went with it: the next trainer resumes.
+"$bin" train -c run.json --set output_dir=runs/shared --set schedule.total_steps=100000 --max-updates 2 --resume --quiet > /dev/null 2>&1 ||
+  fail "the lock outlived its holder"
+echo "faults: a second trainer is refused, naming pid $a; the lock dies with its holder"
+
+# ---- kill -9 at each point of an update's end, then resume ----
+for point in metrics-written checkpoint-written checkpoint-published; do
+  dir=runs/kill-$point
+  MULTINORM_FAULT=$point "$bin" train -c run.json --set output_dir=$dir --quiet > /dev/null 2>&1
+  rc=$?
+  [ $rc -eq 137 ] || fail "$point: exit $rc, expected the SIGKILL's 137"
+  "$bin" train -c run.json --set output_dir=$dir --resume --quiet > resume.txt 2>&1 || { cat resume.txt; fail "$point: resume"; }
+  # every update's line, once: none lost between a checkpoint and the kill, none repeated by the resume
+  steps=$(/usr/bin/python3 -c "
+import json
+s = [json.loads(l)['step'] for l in open('$dir/metrics.jsonl') if json.loads(l)['type'] == 'train']
+print(' '.join(map(str, s)))")
+  [ "$steps" = "1 2 3 4 5 6" ] || fail "$point: metrics steps after the resume: $steps"
+  ls "$dir/checkpoints" | grep -q tmp && fail "$point: a checkpoint temporary is left: $(ls $dir/checkpoints)"
+  [ -f "$dir/checkpoints/step_00000006/model.safetensors" ] || fail "$point: no final checkpoint"
+done
+echo "faults: a kill -9 at metrics-written, checkpoint-written, checkpoint-published loses no metrics line"
+
+# ---- shards tied to their tokenizer, layout and vocabulary ----
+"$bin" data train-tokenizer -i 'c4-validation.*.json.gz' -o other --vocab-size 300 > /dev/null 2>&1 || fail "a second tokenizer"
+cmp -s tok.model other.model && fail "the second tokenizer is the same file"
+"$bin" data tokenize -i 'c4-*.json.gz' -t other.model -o shards_other --seq-len 32 > /dev/null 2>&1 || fail "tokenize with the second"
+expect_error() {  # expect_error <what> <pattern> -- command...
+  local what=$1 pattern=$2; shift 3
+  local out; out=$("$@" 2>&1); local rc=$?
+  [ $rc -ne 0 ] || fail "$what: exit 0"
+  grep -qE -- "$pattern" <<<"$out" || fail "$what: the error does not say '$pattern': $out"
+}
+expect_error "shards of another tokenizer" "c4-train\.[0-9of-]+\.tok: tokenized with the tokenizer of hash [0-9a-f]{16}, data.tokenizer tok.model has hash [0-9a-f]{16}" -- \
+  "$bin" train -c run.json --set output_dir=runs/t1 --set 'data.train=shards_other/c4-train.*.tok' --quiet
+sed 's/"vocab_size": 300/"vocab_size": 600/' run.json > run600.json
+expect_error "shards of a smaller vocabulary than the model's" "tokenized with a vocabulary of 300, the model has 600 embeddings" -- \
+  "$bin" train -c run600.json --set output_dir=runs/t2 --quiet
+expect_error "a data.tokenizer that does not exist" "data.tokenizer: nowhere.model does not exist" -- \
+  "$bin" train -c run.json --set output_dir=runs/t3 --set data.tokenizer=nowhere.model --quiet
+expect_error "rows shards read as a stream" "its layout is rows, data.layout is stream" -- \
+  "$bin" train -c run.json --set output_dir=runs/t4 --set data.layout=stream --quiet
+# Without data.tokenizer the shards' record is taken, and said.
+out=$("$bin" train -c run.json --set output_dir=runs/t5 --set data.tokenizer= --max-updates 1 2>&1) || fail "training without data.tokenizer: $out"
+grep -q "data.tokenizer is not set: the shards record tokenizer hash" <<<"$out" || fail "no note of the shards' tokenizer: $out"
+# A checkpoint knows its tokenizer: generate and eval with another are refused.
+"$bin" train -c run.json --set output_dir=runs/t6 --max-updates 2 --quiet > /dev/null 2>&1 || fail "training for the generate check"
+expect_error "generate with another tokenizer" "other.model: not the tokenizer .* was trained with" -- \
+  "$bin" generate --checkpoint runs/t6 --tokenizer other.model --prompt "the" --tokens 3
+"$bin" generate --checkpoint runs/t6 --prompt "the" --tokens 3 > /dev/null 2>&1 || fail "generate with its own tokenizer"
+expect_error "eval on shards of another tokenizer" "tokenized with another tokenizer than the one" -- \
+  "$bin" eval --checkpoint runs/t6 --data 'shards_other/c4-validation.*.tok'
+echo "faults: shards of another tokenizer, vocabulary or layout, a missing tokenizer, generate and eval with another one: named errors"
