@@ -82,3 +82,39 @@ expect_error "generate with another tokenizer" "other.model: not the tokenizer .
 expect_error "eval on shards of another tokenizer" "tokenized with another tokenizer than the one" -- \
   "$bin" eval --checkpoint runs/t6 --data 'shards_other/c4-validation.*.tok'
 echo "faults: shards of another tokenizer, vocabulary or layout, a missing tokenizer, generate and eval with another one: named errors"
+
+# ---- checkpoints verified before use ----
+"$bin" train -c run.json --set output_dir=runs/c --quiet > /dev/null 2>&1 || fail "training for the checkpoint checks"
+ck=runs/c/checkpoints
+ls $ck | grep -qx step_00000004 && ls $ck | grep -qx step_00000006 || fail "checkpoints 4 and 6: $(ls $ck)"
+"$bin" checkpoint verify runs/c > verify.txt || { cat verify.txt; fail "checkpoint verify of a good run"; }
+for f in model.safetensors optimizer.bin trainer_state.json config.json run_config.json; do
+  cp -r $ck/step_00000006 saved
+  size=$(stat -c %s $ck/step_00000006/$f)
+  # one byte flipped in the middle: the size and every header intact
+  /usr/bin/python3 -c "
+import sys; p = sys.argv[1]; b = bytearray(open(p, 'rb').read()); b[len(b) // 2] ^= 0x01; open(p, 'wb').write(b)" $ck/step_00000006/$f
+  [ "$(stat -c %s $ck/step_00000006/$f)" = "$size" ] || fail "the flip changed the size"
+  expect_error "checkpoint verify, $f flipped" "step_00000006/$f is damaged" -- "$bin" checkpoint verify $ck/step_00000006
+  expect_error "resume, $f flipped" "step_00000006/$f is damaged" -- "$bin" train -c run.json --set output_dir=runs/c --resume --quiet
+  grep -q "the previous checkpoint is runs/c/checkpoints/step_00000004: resume from it with --resume-from" <<<"$(
+    "$bin" train -c run.json --set output_dir=runs/c --resume --quiet 2>&1)" || fail "resume, $f flipped: the previous checkpoint is not offered"
+  if [ $f != optimizer.bin ]; then  # eval, generate and export do not read the optimizer's state
+    expect_error "eval, $f flipped" "$f is damaged" -- "$bin" eval --checkpoint $ck/step_00000006
+    expect_error "generate, $f flipped" "$f is damaged" -- "$bin" generate --checkpoint $ck/step_00000006 --prompt the --tokens 2
+  fi
+  if [ $f = model.safetensors ] || [ $f = config.json ]; then
+    expect_error "export, $f flipped" "$f is damaged" -- "$bin" export -c run.json --from $ck/step_00000006 --out exported
+  fi
+  rm -rf $ck/step_00000006 && mv saved $ck/step_00000006
+done
+"$bin" checkpoint verify $ck/step_00000006 > /dev/null || fail "the restored checkpoint"
+# --resume-from the earlier one, by name
+"$bin" train -c run.json --set output_dir=runs/c --set schedule.total_steps=8 --allow-config-change --resume-from $ck/step_00000004 --quiet > /dev/null 2>&1 ||
+  fail "--resume-from an earlier checkpoint"
+# a checkpoint without its manifest is not one; an edited trainer_state.json is damaged
+rm $ck/step_00000008/manifest.json
+expect_error "no manifest" "no manifest.json: not a complete checkpoint" -- "$bin" eval --checkpoint $ck/step_00000008
+sed -i 's/"position": [0-9]*/"position": 999999/' $ck/step_00000006/trainer_state.json
+expect_error "an edited cursor" "trainer_state.json is damaged" -- "$bin" train -c run.json --set output_dir=runs/c --resume-from $ck/step_00000006 --quiet
+echo "faults: a flipped byte in any checkpoint file: named error from verify, resume (naming the previous checkpoint), eval, generate, export"

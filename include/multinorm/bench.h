@@ -40,4 +40,7 @@ struct DataBenchOptions {
 
 void bench_data(const DataBenchOptions& o);
 
+// CRC-32C throughput (what verifying a checkpoint costs) against a memcpy of the same bytes, same run.
+void bench_checksum(int64_t bytes);
+
 }  // namespace multinorm

@@ -6,8 +6,12 @@
 // written into step_NNNNNNNN.tmp, every file fsynced, then renamed: a process killed at any moment
 // leaves the previous checkpoint intact and no half-written one that looks complete.
 #pragma once
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "multinorm/checksum.h"
 
 #include "multinorm/llama_model.h"
 #include "multinorm/loader.h"
@@ -42,6 +46,22 @@ std::string checkpoint_run_config_path(const std::string& checkpoint_dir);
 // Removes checkpoint temporaries (step_NNNNNNNN.tmp.<pid>) under <run_dir>/checkpoints: the trainer
 // calls it holding the run directory's lock, so any it finds belong to a trainer that died.
 void remove_stale_checkpoint_temporaries(const std::string& run_dir);
+
+// The manifest of checkpoint `dir`: each file's path, size and CRC-32C. CorruptFileError naming the
+// checkpoint when there is none (a crash while writing it) or it is damaged.
+std::map<std::string, ExpectedFile> read_manifest(const std::string& dir);
+// Every file of checkpoint `dir` read and checked against its manifest (`multinorm checkpoint verify`);
+// CorruptFileError naming the first damaged file.
+struct CheckedFile {
+  std::string path;
+  uint64_t bytes = 0;
+  uint32_t crc = 0;
+  ExpectedFile expected;
+};
+std::vector<CheckedFile> verify_checkpoint(const std::string& dir);
+// While the returned scope lives, reads of `dir`'s files are checked against its manifest; nullptr
+// when `dir` has none (a Hugging Face directory from elsewhere, e.g. model.init_from).
+std::unique_ptr<ExpectedChecksums> verify_reads_of(const std::string& dir);
 
 // Names of the complete checkpoint directories under `root` (step_NNNNNNNN, no suffix), oldest first.
 std::vector<std::string> checkpoint_dirs(const std::string& root);

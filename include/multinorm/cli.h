@@ -14,6 +14,7 @@ void add_info_command(CLI::App& app);
 void add_config_command(CLI::App& app);
 void add_devices_command(CLI::App& app);
 void add_doctor_command(CLI::App& app);
+void add_checkpoint_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 void add_export_command(CLI::App& app);
 void add_data_command(CLI::App& app);

@@ -17,4 +17,10 @@ class ConfigError : public Error {
   explicit ConfigError(const std::string& message) : Error(message) {}
 };
 
+// A file's bytes are not what its checksum recorded (a checkpoint damaged on disk or in a copy).
+class CorruptFileError : public Error {
+ public:
+  explicit CorruptFileError(const std::string& message) : Error(message) {}
+};
+
 }  // namespace multinorm

@@ -14,6 +14,7 @@ namespace multinorm {
 
 struct TrainOptions {
   bool resume = false;
+  std::string resume_from;  // a checkpoint directory to resume from instead of the latest (implies resume)
   bool allow_config_change = false;  // with resume: accept a changed schedule, optimizer, ... (printed)
   bool skip_nonfinite = false;
   int64_t max_consecutive_skips = 3;  // with skip_nonfinite: stop after this many skipped updates in a row

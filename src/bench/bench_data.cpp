@@ -2,15 +2,19 @@
 // loader throughput, both measured in the same run.
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "multinorm/bench.h"
 #include "multinorm/c4_reader.h"
+#include "multinorm/checksum.h"
 #include "multinorm/data_tools.h"
 #include "multinorm/error.h"
 #include "multinorm/loader.h"
@@ -100,6 +104,30 @@ void bench_data(const DataBenchOptions& o) {
   std::printf("  word cache ids identical to whole-document encoding: %s\n", identical ? "yes" : "NO");
   std::printf("  loader: %.0f tokens/s (16 x 256 micro-batches, shuffled, prefetch) = %.0fx a %.0f tokens/s trainer\n",
               tokens / loader_s, tokens / loader_s / o.train_tokens_per_s, o.train_tokens_per_s);
+}
+
+}  // namespace multinorm
+
+namespace multinorm {
+
+void bench_checksum(int64_t bytes) {
+  std::vector<char> src(static_cast<size_t>(bytes)), dst(static_cast<size_t>(bytes));
+  for (size_t i = 0; i < src.size(); i += 4096) src[i] = static_cast<char>(i * 31);  // touch every page
+  std::fill(dst.begin(), dst.end(), 1);
+  auto best_of = [](int n, const std::function<void()>& f) {
+    double best = 1e30;
+    for (int r = 0; r < n; ++r) {
+      const auto t = std::chrono::steady_clock::now();
+      f();
+      best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count());
+    }
+    return best;
+  };
+  uint32_t crc = 0;
+  const double t_crc = best_of(3, [&] { crc = crc32c(0, src.data(), src.size()); });
+  const double t_copy = best_of(3, [&] { std::memcpy(dst.data(), src.data(), src.size()); });
+  std::printf("crc32c over %.2f GB: %.3f s, %.2f GB/s (one core); memcpy of the same bytes: %.2f GB/s (read + write); crc/copy time %.2f  [%08x]\n",
+              bytes / 1e9, t_crc, bytes / 1e9 / t_crc, bytes / 1e9 / t_copy, t_crc / t_copy, crc);
 }
 
 }  // namespace multinorm

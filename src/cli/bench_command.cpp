@@ -33,6 +33,11 @@ void add_bench_command(CLI::App& app) {
   optim->add_flag("--json", p.json, "machine-readable output");
   optim->callback([] { bench_optim(p); });
 
+  auto* checksum = bench->add_subcommand("checksum", "CRC-32C of checkpoint bytes (GB/s), against a copy of the same bytes");
+  static double checksum_bytes = 2.0 * 1339000000;  // llama_1b's BF16 weights
+  checksum->add_option("--bytes", checksum_bytes, "bytes to checksum (default: llama_1b's BF16 weights, 2.68e9)");
+  checksum->callback([] { bench_checksum(static_cast<int64_t>(checksum_bytes)); });
+
   auto* data = bench->add_subcommand("data", "Tokenize throughput vs spm_encode, loader throughput");
   static DataBenchOptions d;
   data->add_option("--input,-i", d.inputs, "C4 json.gz globs")->required();

@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "multinorm/device.h"
+#include "multinorm/checkpoint.h"
 #include "multinorm/cli.h"
 #include "multinorm/json_file.h"
 #include "multinorm/model_io.h"
@@ -38,7 +39,10 @@ void add_export_command(CLI::App& app) {
     auto be = make_backend(choose_backend(backend), 0);
     LlamaModel model(*be, model_cfg, DType::F32, 1, 2);
     if (from.empty()) model.init_random(static_cast<uint64_t>(seed >= 0 ? seed : run_seed));
-    else load_hf_model(model, from);
+    else {
+      const auto verify = verify_reads_of(from);  // a checkpoint: its files checked as they are read
+      load_hf_model(model, from);
+    }
     save_hf_model(model, out, parse_dtype(dtype));
     std::printf("wrote %s/model.safetensors (%lld parameters, %s) and %s/config.json\n", out.c_str(),
                 (long long)model.num_params(), dtype.c_str(), out.c_str());

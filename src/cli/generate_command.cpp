@@ -36,6 +36,7 @@ void add_generate_command(CLI::App& app) {
   cmd->callback([] {
     std::string dir = checkpoint;
     if (!latest_checkpoint(dir).empty()) dir = latest_checkpoint(dir);
+    const auto verify = verify_reads_of(dir);  // every file of the checkpoint checked as it is read
     const std::string config = checkpoint_run_config_path(dir);  // the checkpoint's own, self-sufficient
     const RunConfig run = run_config_from_json(read_json_file(config), config);
     const std::string tok_file = tokenizer_path.empty() ? run.data.tokenizer : tokenizer_path;

@@ -30,6 +30,7 @@ int main(int argc, char** argv) {
   multinorm::add_config_command(app);
   multinorm::add_devices_command(app);
   multinorm::add_doctor_command(app);
+  multinorm::add_checkpoint_command(app);
   multinorm::add_data_command(app);
   multinorm::add_export_command(app);
   multinorm::add_bench_command(app);

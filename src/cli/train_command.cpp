@@ -22,6 +22,8 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--config,-c", path, "run config (JSON)")->required();
   cmd->add_option("--set", overrides, "override a key, e.g. --set optimizer.lr=0.01 (repeatable)");
   cmd->add_flag("--resume", o.resume, "continue from the run directory's latest checkpoint (bit-exact)");
+  cmd->add_option("--resume-from", o.resume_from,
+                  "continue from this checkpoint directory instead (an earlier one, when the latest is damaged)");
   cmd->add_flag("--allow-config-change", o.allow_config_change,
                 "with --resume: accept a config that differs from the checkpoint's (schedule length, lr, ...), "
                 "printing the differences");
@@ -58,6 +60,7 @@ void add_train_command(CLI::App& app) {
   ev->callback([] {
     std::string dir = checkpoint;
     if (!latest_checkpoint(dir).empty()) dir = latest_checkpoint(dir);  // a run directory
+    const auto verify = verify_reads_of(dir);  // every file of the checkpoint checked as it is read
     const std::string config = checkpoint_run_config_path(dir);  // the checkpoint's own, self-sufficient
     const RunConfig run = run_config_from_json(read_json_file(config), config);
     auto be = make_backend(choose_backend(run.backend), static_cast<int>(run.threads));

@@ -12,6 +12,7 @@
 #include <map>
 #include <set>
 
+#include "multinorm/checksum.h"
 #include "multinorm/error.h"
 #include "multinorm/fault_points.h"
 #include "multinorm/json_file.h"
@@ -21,6 +22,10 @@
 namespace multinorm {
 
 namespace {
+
+// What a checkpoint holds; its manifest.json lists each with its size and CRC-32C.
+const char* const kCheckpointFiles[] = {"model.safetensors", "config.json", "optimizer.bin", "trainer_state.json", "run_config.json"};
+constexpr const char* kManifestFormat = "multinorm checkpoint manifest 1";
 void fsync_path(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY);
   if (fd >= 0) {
@@ -140,6 +145,15 @@ std::string write_checkpoint(const std::string& run_dir, const LlamaModel& model
              {"tokenizer_hash", std::to_string(state.tokenizer_hash)}};
   write_text_file_atomic(tmp + "/trainer_state.json", ts.dump(2) + "\n");
   write_text_file_atomic(tmp + "/run_config.json", run.resolved.dump(2) + "\n");
+  // The manifest last: every file's size and CRC-32C (checksum.h). A directory without a complete
+  // one is not a checkpoint (read_manifest).
+  json files = json::object();
+  for (const char* f : kCheckpointFiles) {
+    uint64_t bytes = 0;
+    const uint32_t crc = crc32c_file(tmp + "/" + f, &bytes);
+    files[f] = {{"bytes", bytes}, {"checksum", crc32c_name(crc)}};
+  }
+  write_text_file_atomic(tmp + "/manifest.json", json{{"format", kManifestFormat}, {"files", files}}.dump(2) + "\n");
   fsync_path(tmp);
   fault_point("checkpoint-written");
   remove_tree(final_dir);  // a re-written step (resume from an earlier one) replaces it
@@ -152,8 +166,58 @@ std::string write_checkpoint(const std::string& run_dir, const LlamaModel& model
   return final_dir;
 }
 
+std::map<std::string, ExpectedFile> read_manifest(const std::string& dir) {
+  const std::string path = dir + "/manifest.json";
+  if (::access(path.c_str(), F_OK) != 0)
+    throw CorruptFileError(dir + ": no manifest.json: not a complete checkpoint (a crash while it was written, or a multinorm "
+                           "older than checkpoint checksums)");
+  json m;
+  try {
+    m = json::parse(read_text_file(path));
+  } catch (const json::exception& e) {
+    throw CorruptFileError(path + ": damaged (" + e.what() + ")");
+  }
+  if (m.value("format", std::string()) != kManifestFormat || !m.contains("files") || !m["files"].is_object())
+    throw CorruptFileError(path + ": not a multinorm checkpoint manifest");
+  std::map<std::string, ExpectedFile> out;
+  for (const char* f : kCheckpointFiles) {
+    if (!m["files"].contains(f)) throw CorruptFileError(path + ": lists no " + f);
+    const json& e = m["files"][f];
+    const std::string sum = e.value("checksum", std::string());
+    ExpectedFile x;
+    x.bytes = e.value("bytes", uint64_t{0});
+    if (sum.rfind("crc32c:", 0) != 0 || sum.size() != 15) throw CorruptFileError(path + ": " + f + ": checksum '" + sum + "' is not crc32c:<8 hex digits>");
+    x.crc = static_cast<uint32_t>(std::stoul(sum.substr(7), nullptr, 16));
+    out[dir + "/" + f] = x;
+  }
+  return out;
+}
+
+std::vector<CheckedFile> verify_checkpoint(const std::string& dir) {
+  std::vector<CheckedFile> out;
+  for (const auto& [path, e] : read_manifest(dir)) {
+    CheckedFile c;
+    c.path = path;
+    c.expected = e;
+    c.crc = crc32c_file(path, &c.bytes);
+    if (c.bytes != e.bytes || c.crc != e.crc)
+      throw CorruptFileError(path + " is damaged: " + std::to_string(c.bytes) + " bytes with " + crc32c_name(c.crc) + ", the manifest of " + dir +
+                             " recorded " + std::to_string(e.bytes) + " bytes with " + crc32c_name(e.crc));
+    out.push_back(c);
+  }
+  return out;
+}
+
+std::unique_ptr<ExpectedChecksums> verify_reads_of(const std::string& dir) {
+  if (::access((dir + "/manifest.json").c_str(), F_OK) != 0) return nullptr;  // a Hugging Face directory, not a checkpoint
+  return std::make_unique<ExpectedChecksums>(read_manifest(dir), dir);
+}
+
 TrainerState read_checkpoint(const std::string& dir, LlamaModel& model, Optimizer* opt, const RunConfig& run,
                              bool allow_config_change) {
+  // Every file is checked against the manifest as it is read (one pass over each); the small files
+  // this does not read are checked after. Only a resume reads (and checks) optimizer.bin.
+  ExpectedChecksums verify(read_manifest(dir), dir);
   const json ts = read_json_file(dir + "/trainer_state.json");
   TrainerState st;
   st.step = ts.at("step").get<int64_t>();
@@ -184,6 +248,8 @@ TrainerState read_checkpoint(const std::string& dir, LlamaModel& model, Optimize
     const std::string bytes = read_text_file(dir + "/optimizer.bin");
     opt->states_from_host(std::vector<uint8_t>(bytes.begin(), bytes.end()));
   }
+  for (const std::string& path : verify.unread())
+    if (opt || path != dir + "/optimizer.bin") read_text_file(path);  // checked as it is read
   return st;
 }
 

@@ -120,8 +120,9 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
     remove_stale_checkpoint_temporaries(run.output_dir);  // left by a trainer that died while writing one
   }
   comm.barrier();  // no rank reads the directory before rank 0 holds it
-  const std::string existing = latest_checkpoint(run.output_dir);
-  if (!existing.empty() && !opt.resume)
+  const bool resume = opt.resume || !opt.resume_from.empty();
+  const std::string existing = opt.resume_from.empty() ? latest_checkpoint(run.output_dir) : opt.resume_from;
+  if (!existing.empty() && !resume)
     throw Error(run.output_dir + " already holds checkpoints (" + existing + "): pass --resume, or another output_dir");
   if (comm.root()) write_text_file_atomic(run.output_dir + "/config.json", run.resolved.dump(2) + "\n");
 
@@ -139,7 +140,10 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
   LlamaModel model(*backend, run.model, run.precision.params, run.batch.micro_batch, run.batch.seq_len,
                    run.precision.grads);
   if (run.model_init_from.empty()) model.init_random(static_cast<uint64_t>(run.seed));
-  else load_hf_model(model, run.model_init_from);
+  else {
+    const auto verify = verify_reads_of(run.model_init_from);  // a checkpoint: its files checked as they are read
+    load_hf_model(model, run.model_init_from);
+  }
   // Data parallelism: gradients in buckets through the backend's communicator (MPI on host memory,
   // NCCL on a GPU), each tensor updated by its owner when the optimizer is sharded.
   std::unique_ptr<Communicator> grad_comm = make_gradient_communicator(*backend, comm);
@@ -166,8 +170,21 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
   state.fingerprint = config_fingerprint(run);
   state.tokenizer_hash = tokenizer_hash;
   if (!data_note.empty()) log("%s\n", data_note.c_str());
-  if (opt.resume && !existing.empty()) {
-    state = read_checkpoint(existing, model, &optimizer, run, opt.allow_config_change);
+  if (resume && !existing.empty()) {
+    try {
+      state = read_checkpoint(existing, model, &optimizer, run, opt.allow_config_change);
+    } catch (const CorruptFileError& e) {
+      // Never falls back silently: the user picks the earlier checkpoint, by name.
+      const auto all = checkpoint_dirs(run.output_dir + "/checkpoints");
+      std::string previous;
+      for (const std::string& d : all)
+        if (run.output_dir + "/checkpoints/" + d != existing && d < existing.substr(existing.find_last_of('/') + 1))
+          previous = run.output_dir + "/checkpoints/" + d;
+      throw Error(std::string(e.what()) + "\n" +
+                  (previous.empty() ? "no earlier checkpoint in " + run.output_dir + "/checkpoints"
+                                    : "the previous checkpoint is " + previous + ": resume from it with --resume-from " + previous +
+                                          " (multinorm checkpoint verify checks one)"));
+    }
     if (state.tokenizer_hash != 0 && tokenizer_hash != 0 && state.tokenizer_hash != tokenizer_hash)
       throw Error(existing + ": written from data of another tokenizer than this run's (resume with the data it was trained on)");
     if (state.tokenizer_hash == 0) state.tokenizer_hash = tokenizer_hash;
@@ -187,7 +204,7 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
   try {
     loader_owner = std::make_unique<TrainLoader>(train_data, lo, state.cursor);
   } catch (const Error& e) {
-    if (existing.empty() || !opt.resume) throw;
+    if (existing.empty() || !resume) throw;
     throw Error(existing + "/trainer_state.json: " + e.what() + " (edited, or the data changed since the checkpoint)");
   }
   TrainLoader& loader = *loader_owner;
@@ -236,6 +253,11 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
   };
   auto do_checkpoint = [&]() {  // the ranks hold identical models; a sharded state is gathered on rank 0, which writes
     Comm::set_activity("the checkpoint of update " + std::to_string(state.step));
+    // "The last good checkpoint" means finite weights: one reduction over the weights (on the device).
+    const double weights_ss = backend->sum_squares(model.params(), model.num_params());
+    if (!std::isfinite(weights_ss))
+      throw Error("update " + std::to_string(state.step) + ": the weights are not finite; no checkpoint written. The last good checkpoint is " +
+                  (result.last_checkpoint.empty() ? (existing.empty() ? std::string("none") : existing) : result.last_checkpoint));
     const std::vector<uint8_t> states = optimizer.states_to_host();
     if (comm.root())
       result.last_checkpoint = write_checkpoint(run.output_dir, model, states, state, run.checkpoint.keep_last, run);
