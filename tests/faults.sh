@@ -118,3 +118,27 @@ expect_error "no manifest" "no manifest.json: not a complete checkpoint" -- "$bi
 sed -i 's/"position": [0-9]*/"position": 999999/' $ck/step_00000006/trainer_state.json
 expect_error "an edited cursor" "trainer_state.json is damaged" -- "$bin" train -c run.json --set output_dir=runs/c --resume-from $ck/step_00000006 --quiet
 echo "faults: a flipped byte in any checkpoint file: named error from verify, resume (naming the previous checkpoint), eval, generate, export"
+
+# ---- divergence: detected, named, and the exit status and result.json say so ----
+for o in sinkgd sgd adam; do
+  out=$("$bin" train -c run.json --set output_dir=runs/lr-$o --set optimizer.name=$o --set optimizer.lr=1e6 --set precision.params=fp32 \
+    --set precision.optimizer_states=fp32 2>&1); rc=$?
+  [ $rc -eq 3 ] || fail "lr 1e6 with $o: exit $rc, expected 3 (diverged): $out"
+  grep -q "update [0-9] diverged: " <<<"$out" || fail "lr 1e6 with $o: no 'diverged' naming the update: $out"
+  /usr/bin/python3 -c "
+import json, sys; r = json.load(open('runs/lr-$o/result.json'))
+assert r['diverged'] is True and r['divergence']['step'] <= 3, r" || fail "lr 1e6 with $o: result.json"
+done
+# rollback: to the last good checkpoint with a lower learning rate; too high still: stopped after max_rollbacks
+"$bin" train -c run.json --set output_dir=runs/rb --max-updates 2 --quiet > /dev/null 2>&1 || fail "the run to roll back to"
+out=$("$bin" train -c run.json --set output_dir=runs/rb --resume --allow-config-change --set optimizer.lr=1e6 --set divergence.action=rollback 2>&1); rc=$?
+[ $rc -eq 3 ] || fail "rollbacks that cannot help: exit $rc"
+[ "$(grep -c 'rolling back to runs/rb/checkpoints/step_00000002' <<<"$out")" -eq 3 ] || fail "three rollbacks expected: $out"
+[ "$(grep -c '"type": *"divergence"\|"type":"divergence"' runs/rb/metrics.jsonl)" -eq 4 ] || fail "four divergence lines in metrics.jsonl"
+# ... and one that helps: the run completes, result.json counts the rollback
+"$bin" train -c run.json --set output_dir=runs/rb2 --max-updates 2 --quiet > /dev/null 2>&1 || fail "the second run to roll back to"
+"$bin" train -c run.json --set output_dir=runs/rb2 --resume --allow-config-change --set optimizer.lr=1e6 --set divergence.action=rollback \
+  --set divergence.rollback_lr_factor=1e-7 --quiet > /dev/null 2>&1 || fail "a rollback that helps"
+/usr/bin/python3 -c "
+import json; r = json.load(open('runs/rb2/result.json')); assert r['diverged'] is False and r['rollbacks'] == 1, r" || fail "rb2 result.json"
+echo "faults: lr 1e6 (sinkgd, sgd, fp32 adam): exit 3 and result.json diverged at update <= 3; rollbacks: 3 then stop, or 1 and complete"

@@ -113,6 +113,25 @@ TEST_P(Ops, RmsNormForwardBackward) {
   EXPECT_TRUE(close(DW.get(), gw2, 1e-5));
 }
 
+// A row with an Inf, a NaN, or finite values whose squares overflow FP32 comes out all NaN (never
+// zeros, which would hide a diverged run as loss ln V and gradient norm 0); other rows are unchanged.
+TEST_P(Ops, RmsNormTurnsANonFiniteRowIntoNaNNotZeros) {
+  const int64_t N = 4, C = 40;
+  Vec x = random_vec(N * C, 9), w(C, 1.0);
+  x[0 * C + 7] = INFINITY;
+  x[1 * C + 3] = NAN;
+  for (int64_t c = 0; c < C; ++c) x[2 * C + c] = 1e20 * (c % 2 ? 1 : -1);  // finite, square 1e40 > FP32's 3.4e38
+  for (DType t : {DType::F32, DType::BF16}) {
+    DeviceBuffer X(*be, x, t), W(*be, w, t), Y(*be, N * C, t), R(*be, N, f32);
+    be->rmsnorm_forward(Y.buf(), R.f32(), X.buf(), W.buf(), N, C, 1e-5f);
+    const Vec y = Y.get();
+    for (int64_t r = 0; r < 3; ++r)
+      for (int64_t c = 0; c < C; ++c) ASSERT_TRUE(std::isnan(y[r * C + c])) << dtype_name(t) << " row " << r << " column " << c << ": " << y[r * C + c];
+    const Vec expect = ref::rmsnorm(Vec(x.begin() + 3 * C, x.end()), w.data(), 1, C, 1e-5);
+    EXPECT_TRUE(close(Vec(y.begin() + 3 * C, y.end()), expect, t == f32 ? 1e-6 : 8e-3)) << dtype_name(t);
+  }
+}
+
 TEST_P(Ops, RopeForwardBackward) {
   const int64_t B = 2, T = 5, H = 3, D = 6, C = H * D, N = B * T;
   const double theta = 10000.0;

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 
 #include "multinorm/checkpoint.h"
+#include "multinorm/divergence.h"
 #include "multinorm/error.h"
 #include "multinorm/json_file.h"
 #include "multinorm/trainer.h"
@@ -186,8 +187,8 @@ TEST(Trainer, NonFiniteUpdatesStopWithTheStepOrAreSkipped) {
   try {
     train(run, quiet());
     FAIL() << "expected an error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("update 2: non-finite"), std::string::npos) << e.what();
+  } catch (const DivergenceError& e) {  // the divergence monitor's stop: exit status 3 from the CLI
+    EXPECT_NE(std::string(e.what()).find("update 2 diverged: non-finite loss"), std::string::npos) << e.what();
   }
   // Skipping: the exploded weights make every later update non-finite, so the run stops after
   // --max-consecutive-skips of them, naming the update, and is never reported complete.
@@ -198,10 +199,13 @@ TEST(Trainer, NonFiniteUpdatesStopWithTheStepOrAreSkipped) {
   try {
     train(run, skip);
     FAIL() << "expected an error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("update 4: 3 consecutive non-finite updates"), std::string::npos) << e.what();
+  } catch (const DivergenceError& e) {
+    EXPECT_NE(std::string(e.what()).find("update 4 diverged: 3 consecutive non-finite updates"), std::string::npos) << e.what();
   }
-  EXPECT_FALSE(std::ifstream(run.output_dir + "/result.json").good());
+  // result.json says it diverged (never complete), at which update and why.
+  const json res = read_json_file(run.output_dir + "/result.json");
+  EXPECT_TRUE(res["diverged"].get<bool>());
+  EXPECT_EQ(res["divergence"]["step"].get<int64_t>(), 4);
   // A generous limit lets the run skip to its end: complete, with every skip counted.
   run.output_dir = dir.path() + "/skip-all";
   skip.max_consecutive_skips = 100;

@@ -26,6 +26,8 @@ struct TrainerState {
   LoaderCursor cursor;
   std::string fingerprint;
   uint64_t tokenizer_hash = 0;  // the data's tokenizer (check_data_identity); 0: unknown
+  double lr_scale = 1.0;        // the divergence monitor's rollbacks so far lowered the learning rate by this
+  int64_t rollbacks = 0;
 };
 
 // The parts of a run config a checkpoint must agree with to be resumed (model, batch, optimizer,

@@ -86,6 +86,8 @@ class Optimizer {
   // the updates applied so far including this one (update minus skipped ones). Nothing is applied,
   // and no state advances, when the gradient norm is not finite.
   StepStats step(int64_t update, int64_t applied);
+  // Every later update's learning rate times `scale` (the divergence monitor's rollback lowers it).
+  void set_lr_scale(double scale) { lr_scale_ = scale; }
 
   // The optimizer state of the whole model (every rank's share), and of the matrices alone.
   int64_t state_bytes() const { return state_bytes_; }
@@ -113,6 +115,7 @@ class Optimizer {
   void* arena_ = nullptr;
   int64_t state_bytes_ = 0, matrix_state_bytes_ = 0, local_state_bytes_ = 0;
   DType state_dtype_;
+  double lr_scale_ = 1.0;
 };
 
 }  // namespace multinorm

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "multinorm/divergence.h"
 #include "multinorm/dtype.h"
 #include "multinorm/model_config.h"
 #include "multinorm/schema.h"
@@ -105,6 +106,7 @@ struct RunConfig {
   CheckpointConfig checkpoint;
   PrecisionConfig precision;
   ParallelConfig parallel;
+  DivergenceConfig divergence;
   std::string backend;  // auto | cpu | cuda
   int64_t threads = 0;
   int64_t seed = 0;

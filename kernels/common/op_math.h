@@ -22,6 +22,17 @@ MN_HOST_DEVICE void swiglu_grad(float g, float sig, float u, float dout, float& 
   du = dout * g * sig;
 }
 
+// RMSNorm's statistic, rstd = 1 / sqrt(ss / C + eps) given inv_sqrt of its argument, from the FP32
+// sum of squares ss of a row. A row with an Inf or NaN has a non-finite ss (its squares are
+// non-negative: nothing cancels), as has a finite row whose squares overflow FP32 (|x| > 1.8e19,
+// which activations reach only when training diverges). Then rstd is NaN, so the whole row comes
+// out NaN and the divergence shows in the loss: 1 / sqrt(inf) = 0 would turn the row into zeros,
+// the loss into ln V and the gradient norm into 0, a run that looks alive.
+MN_HOST_DEVICE float rmsnorm_rstd(float ss, float inv_sqrt_of_mean_plus_eps) {
+  const float d = ss - ss;  // NaN exactly when ss is Inf or NaN (no fast-math build folds it to 0)
+  return d == 0.0f ? inv_sqrt_of_mean_plus_eps : d;
+}
+
 // RMSNorm backward for one element, with xh = x * rstd and mean = mean_c(dout_c * w_c * xh_c):
 //   dx = rstd * (dout * w - xh * mean)
 MN_HOST_DEVICE float rmsnorm_dx(float dout, float w, float xh, float rstd, float mean) { return rstd * (dout * w - xh * mean); }

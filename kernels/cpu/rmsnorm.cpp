@@ -47,7 +47,8 @@ void rmsnorm_forward(T* out, float* rstd, const T* x, const T* w, int64_t N, int
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < N; ++i) {
     const T* xi = x + i * C;
-    const float r = 1.0f / std::sqrt(sum_squares_row(xi, C) / static_cast<float>(C) + eps);
+    const float ss = sum_squares_row(xi, C);
+    const float r = op_math::rmsnorm_rstd(ss, 1.0f / std::sqrt(ss / static_cast<float>(C) + eps));
     rstd[i] = r;
     T* oi = out + i * C;
     constexpr int64_t kBlock = 256;  // formed in FP32 on the stack, then stored (BF16: 32 per instruction)

@@ -40,7 +40,7 @@ __global__ void rmsnorm_forward_kernel(T* out, float* rstd, const T* x, const T*
     for (int64_t c = lane; c < C; c += 32) ss += to_float(xr[c]) * to_float(xr[c]);
   }
   ss = warp_sum(ss);
-  const float r = rsqrtf(ss / float(C) + eps);
+  const float r = op_math::rmsnorm_rstd(ss, rsqrtf(ss / float(C) + eps));
   if (lane == 0) rstd[row] = r;
   if (packed) {
     for (int64_t p = lane; p < C / P; p += 32) {

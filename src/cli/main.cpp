@@ -6,6 +6,7 @@
 
 #include "multinorm/cli.h"
 #include "multinorm/comm.h"
+#include "multinorm/divergence.h"
 #include "multinorm/error.h"
 
 // An error on one rank of a data-parallel run ends them all: the others would wait in a collective.
@@ -38,6 +39,9 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
+  } catch (const multinorm::DivergenceError& e) {  // a run stopped by the divergence monitor: status 3
+    std::fprintf(stderr, "multinorm: diverged: %s\n", e.what());
+    return stop_all_ranks(3);
   } catch (const multinorm::Error& e) {
     std::fprintf(stderr, "multinorm: error: %s\n", e.what());
     return stop_all_ranks(2);

@@ -90,6 +90,13 @@ const Schema& run_schema() {
       boolean("parallel.overlap", true, "reduce each bucket as soon as the last micro-batch's backward pass has finished its layers, hidden under the layers below"),
       boolean("parallel.shard_optimizer", true, "ZeRO-1: each tensor is updated by one rank (balanced by cost), which alone keeps its optimizer state and broadcasts the new weights"),
       positive("parallel.timeout_s", 600.0, "a collective that waits longer than this for the other ranks ends the run, naming the rank and the update", 1e7),
+      choice("divergence.action", "stop", {"stop", "skip", "rollback"}, "when the divergence monitor trips: stop (exit status 3, result.json says diverged), skip the update (a loss spike; the other trips stop), or roll back to the last good checkpoint with a lower learning rate"),
+      boolean("divergence.zero_grad_norm", true, "trip on a gradient norm of exactly zero (a trainable model never has one on real data)"),
+      number("divergence.spike_factor", 3.0, "trip when an update's loss exceeds this times the median of the last spike_window losses; 0 = off", 0),
+      integer("divergence.spike_window", 100, "losses the spike test's median is taken over", 1, 1 << 30),
+      integer("divergence.stuck_evals", 3, "trip when this many evaluations in a row (the training loss at the evaluation points without validation data) sit at or above the initial loss ln V; 0 = off", 0, 1 << 30),
+      below("divergence.rollback_lr_factor", 0.5, "rollback: the learning rate is multiplied by this at each rollback", 0, 1),
+      integer("divergence.max_rollbacks", 3, "rollback: after this many, a trip stops the run", 0, 1 << 30),
       choice("backend", "auto", {"auto", "cpu", "cuda"}, "auto: CUDA when a GPU is usable, else the CPU"),
       integer("threads", 0, "CPU threads (OpenMP); 0 = all cores", 0, 4096),
       integer("seed", 0, "seed of the init, the data order and stochastic rounding", 0, kMaxInt),
@@ -190,6 +197,14 @@ RunConfig run_config_from_json(const json& doc_in, const std::string& source, co
   c.parallel.overlap = r["parallel"]["overlap"].get<bool>();
   c.parallel.shard_optimizer = r["parallel"]["shard_optimizer"].get<bool>();
   c.parallel.timeout_s = r["parallel"]["timeout_s"].get<double>();
+  const json& dv = r["divergence"];
+  c.divergence.action = dv["action"].get<std::string>();
+  c.divergence.zero_grad_norm = dv["zero_grad_norm"].get<bool>();
+  c.divergence.spike_factor = dv["spike_factor"].get<double>();
+  c.divergence.spike_window = dv["spike_window"].get<int64_t>();
+  c.divergence.stuck_evals = dv["stuck_evals"].get<int64_t>();
+  c.divergence.rollback_lr_factor = dv["rollback_lr_factor"].get<double>();
+  c.divergence.max_rollbacks = dv["max_rollbacks"].get<int64_t>();
   c.backend = r["backend"].get<std::string>();
   c.threads = r["threads"].get<int64_t>();
   c.seed = r["seed"].get<int64_t>();

@@ -55,7 +55,7 @@ StepStats Optimizer::step(int64_t update, int64_t applied) {
   const ShardPlan& plan = sharding_.plan;
   StepStats st;
   st.lr_multiplier = schedule_multiplier(run_.schedule, update);
-  const double lr_t = run_.optimizer.lr * st.lr_multiplier;
+  const double lr_t = run_.optimizer.lr * lr_scale_ * st.lr_multiplier;
   const bool scaled = run_.optimizer.name == "sinkgd" || run_.optimizer.name == "swan";
   st.lr_matrix = lr_t * (scaled ? run_.optimizer.alpha : 1.0);
   st.lr_fallback = lr_t;

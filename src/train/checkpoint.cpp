@@ -142,7 +142,7 @@ std::string write_checkpoint(const std::string& run_dir, const LlamaModel& model
              {"skipped_in_a_row", state.skipped_in_a_row},
              {"cursor", state.cursor.to_json()}, {"fingerprint", state.fingerprint},
              {"optimizer_state_bytes", static_cast<int64_t>(states.size())}, {"param_dtype", dtype_name(model.dtype())},
-             {"tokenizer_hash", std::to_string(state.tokenizer_hash)}};
+             {"tokenizer_hash", std::to_string(state.tokenizer_hash)}, {"lr_scale", state.lr_scale}, {"rollbacks", state.rollbacks}};
   write_text_file_atomic(tmp + "/trainer_state.json", ts.dump(2) + "\n");
   write_text_file_atomic(tmp + "/run_config.json", run.resolved.dump(2) + "\n");
   // The manifest last: every file's size and CRC-32C (checksum.h). A directory without a complete
@@ -227,6 +227,8 @@ TrainerState read_checkpoint(const std::string& dir, LlamaModel& model, Optimize
   st.cursor = LoaderCursor::from_json(ts.at("cursor"));
   st.fingerprint = ts.at("fingerprint").get<std::string>();
   st.tokenizer_hash = std::stoull(ts.value("tokenizer_hash", std::string("0")));
+  st.lr_scale = ts.value("lr_scale", 1.0);
+  st.rollbacks = ts.value("rollbacks", int64_t{0});
   if (opt) {
     const std::string mine = config_fingerprint(run);
     const std::vector<std::string> diff = fingerprint_diff(st.fingerprint, mine);

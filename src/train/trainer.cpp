@@ -16,6 +16,7 @@
 #include "multinorm/c4_reader.h"
 #include "multinorm/checkpoint.h"
 #include "multinorm/data_parallel.h"
+#include "multinorm/divergence.h"
 #include "multinorm/device.h"
 #include "multinorm/memory_estimate.h"
 #include "multinorm/error.h"
@@ -47,14 +48,16 @@ void mkdirs(const std::string& path) {
   if (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) throw Error(path + ": cannot create the run directory");
 }
 
-// Keeps metrics.jsonl lines up to `step` (a resumed run rewrites what came after its checkpoint).
+// Keeps metrics.jsonl lines up to `step` (a resumed run rewrites what came after its checkpoint), and
+// every divergence trip.
 void truncate_metrics(const std::string& path, int64_t step) {
   std::ifstream in(path);
   if (!in) return;
   std::string line, kept;
   while (std::getline(in, line)) {
     const json j = json::parse(line, nullptr, false);
-    if (!j.is_discarded() && j.value("step", int64_t{0}) <= step) kept += line + "\n";
+    // Divergence trips stay: a rollback drops the updates it undid, not the record of why.
+    if (!j.is_discarded() && (j.value("step", int64_t{0}) <= step || j.value("type", std::string()) == "divergence")) kept += line + "\n";
   }
   write_text_file_atomic(path, kept);
 }
@@ -207,7 +210,6 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
     if (existing.empty() || !resume) throw;
     throw Error(existing + "/trainer_state.json: " + e.what() + " (edited, or the data changed since the checkpoint)");
   }
-  TrainLoader& loader = *loader_owner;
 
   const int64_t last = opt.max_updates > 0 ? std::min(opt.max_updates, run.schedule.total_steps) : run.schedule.total_steps;
   log("multinorm train: %s, %s, %s, %lld parameters, %s + %s (optimizer state %.1f MiB, %.1f MiB for the matrices)\n",
@@ -266,6 +268,50 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
     comm.barrier();  // no rank runs ahead of a checkpoint that is not on disk yet
   };
 
+  // The divergence monitor (divergence.h): what a trip does. Stop: a metrics line, result.json says
+  // diverged, DivergenceError (exit status 3). Rollback: the last good checkpoint's weights,
+  // optimizer state and data position, the learning rate lowered; returns true, and the loop goes on
+  // from the checkpoint's update.
+  DivergenceMonitor monitor(run.divergence, std::log(static_cast<double>(run.model.vocab_size)));
+  optimizer.set_lr_scale(state.lr_scale);
+  const std::string metrics_path = run.output_dir + "/metrics.jsonl";
+  auto on_trip = [&](const DivergenceTrip& trip, int64_t k) -> bool {
+    const std::string good = result.last_checkpoint.empty() ? existing : result.last_checkpoint;
+    const bool roll = run.divergence.action == "rollback" && state.rollbacks < run.divergence.max_rollbacks && !good.empty();
+    const double scale = state.lr_scale * run.divergence.rollback_lr_factor;
+    json d = {{"type", "divergence"}, {"step", k},          {"reason", trip.reason},
+              {"value", trip.value},  {"threshold", trip.threshold}, {"action", roll ? "rollback" : "stop"}};
+    if (!roll) {
+      log("%supdate %lld: diverged: %s; stopping (divergence.action %s%s)\n", tty ? "\n" : "", (long long)k, trip.describe().c_str(),
+          run.divergence.action.c_str(), run.divergence.action == "rollback" ? ", rollbacks used up or no checkpoint" : "");
+      metrics << d.dump() << "\n" << std::flush;
+      if (comm.root()) {
+        json res = {{"diverged", true},         {"divergence", d},          {"updates", state.step},
+                    {"last_good_checkpoint", good}, {"rollbacks", state.rollbacks}, {"optimizer", run.optimizer.name}};
+        write_text_file_atomic(run.output_dir + "/result.json", res.dump(2) + "\n");
+      }
+      throw DivergenceError("update " + std::to_string(k) + " diverged: " + trip.describe() + "; the last good checkpoint is " +
+                            (good.empty() ? std::string("none") : good) + " (metrics.jsonl and result.json record it)");
+    }
+    log("%supdate %lld: diverged: %s; rolling back to %s with the learning rate x %.4g (rollback %lld of %lld)\n", tty ? "\n" : "",
+        (long long)k, trip.describe().c_str(), good.c_str(), scale, (long long)state.rollbacks + 1, (long long)run.divergence.max_rollbacks);
+    const int64_t rollbacks = state.rollbacks + 1;
+    state = read_checkpoint(good, model, &optimizer, run, /*allow_config_change=*/true);
+    state.rollbacks = rollbacks;
+    state.lr_scale = scale;
+    optimizer.set_lr_scale(scale);
+    monitor.reset();
+    if (comm.root()) {  // the diverged updates' lines go; the trip's stays
+      metrics.close();
+      truncate_metrics(metrics_path, state.step);
+      metrics.open(metrics_path, std::ios::app);
+      d["rolled_back_to"] = state.step;
+      metrics << d.dump() << "\n" << std::flush;
+    }
+    loader_owner = std::make_unique<TrainLoader>(train_data, lo, state.cursor);
+    return true;
+  };
+
   const auto t_loop = Clock::now();
   const int64_t first = state.step + 1;
   int64_t tokens_this_run = 0;
@@ -273,15 +319,15 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
   for (int64_t k = first; k <= last; ++k) {
     Comm::set_activity("update " + std::to_string(k));
     const auto t_step = Clock::now();
-    const double wait_before = loader.wait_seconds();
+    const double wait_before = loader_owner->wait_seconds();
     std::vector<Batch> batches;
     int64_t total_count = 0;  // counted targets of the whole global step, all ranks
     for (int64_t a = 0; a < accum; ++a) {
-      batches.push_back(loader.next());
+      batches.push_back(loader_owner->next());
       total_count += batches.back().count;
     }
     comm.allreduce_sum(&total_count, 1);
-    const double data_s = loader.wait_seconds() - wait_before;
+    const double data_s = loader_owner->wait_seconds() - wait_before;
     model.zero_grads();
     double loss_sum = 0, mean_sum = 0;
     int64_t counted = 0, means = 0;
@@ -319,32 +365,59 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
     state.cursor = batches.back().after;
     const auto t_opt = Clock::now();
     StepStats st;
-    bool finite = std::isfinite(loss);
-    if (finite) {
+    bool finite = std::isfinite(loss), spike_skipped = false;
+    if (finite)
+      if (const auto trip = monitor.check_loss(loss)) {
+        if (run.divergence.action == "skip") {
+          spike_skipped = true;
+          log("%supdate %lld: %s; the update is skipped (divergence.action skip)\n", tty ? "\n" : "", (long long)k, trip->describe().c_str());
+          metrics << json{{"type", "divergence"}, {"step", k}, {"reason", trip->reason}, {"value", trip->value},
+                          {"threshold", trip->threshold}, {"action", "skip"}}.dump()
+                  << "\n";
+        } else if (on_trip(*trip, k)) {
+          k = state.step;  // rolled back: on from the checkpoint's next update
+          continue;
+        }
+      }
+    if (finite && !spike_skipped) {
       st = optimizer.step(k, k - state.skipped);
       finite = std::isfinite(st.grad_norm);
+      if (finite)
+        if (const auto trip = monitor.check_grad_norm(st.grad_norm))
+          if (on_trip(*trip, k)) {
+            k = state.step;
+            continue;
+          }
     }
     const double opt_s = since(t_opt);
-    if (!finite) {
-      if (!opt.skip_nonfinite)
-        throw Error("update " + std::to_string(k) + ": non-finite " + (std::isfinite(loss) ? "gradient norm" : "loss") +
-                    "; the last good checkpoint is " + (result.last_checkpoint.empty() ? existing : result.last_checkpoint) +
-                    " (pass --skip-nonfinite to skip such updates)");
+    if (spike_skipped) {
+      ++state.skipped;
+    } else if (!finite) {
+      // A non-finite loss or gradient norm: skipped (--skip-nonfinite or divergence.action skip), or
+      // a divergence trip (stop, or rollback).
+      const DivergenceTrip trip{std::isfinite(loss) ? "non-finite gradient norm" : "non-finite loss", std::isfinite(loss) ? st.grad_norm : loss, 0.0};
+      const bool skip = opt.skip_nonfinite || run.divergence.action == "skip";
+      if (!skip && on_trip(trip, k)) {
+        k = state.step;
+        continue;
+      }
       ++state.skipped;
       ++state.skipped_in_a_row;
-      log("%supdate %lld: non-finite %s, skipped (%lld so far, %lld in a row)\n", tty ? "\n" : "", (long long)k,
-          std::isfinite(loss) ? "gradient norm" : "loss", (long long)state.skipped, (long long)state.skipped_in_a_row);
+      log("%supdate %lld: %s, skipped (%lld so far, %lld in a row)\n", tty ? "\n" : "", (long long)k, trip.reason.c_str(),
+          (long long)state.skipped, (long long)state.skipped_in_a_row);
       // Weights that went non-finite make every later update non-finite: stop instead of skipping
       // to the end and reporting a complete run. The skipped updates were never applied.
-      if (state.skipped_in_a_row >= opt.max_consecutive_skips)
-        throw Error("update " + std::to_string(k) + ": " + std::to_string(state.skipped_in_a_row) +
-                    " consecutive non-finite updates (--max-consecutive-skips " +
-                    std::to_string(opt.max_consecutive_skips) + "); stopping. The last good checkpoint is " +
-                    (result.last_checkpoint.empty() ? (existing.empty() ? std::string("none") : existing)
-                                                    : result.last_checkpoint));
+      if (state.skipped_in_a_row >= opt.max_consecutive_skips &&
+          on_trip(DivergenceTrip{std::to_string(state.skipped_in_a_row) + " consecutive non-finite updates (--max-consecutive-skips)",
+                                 static_cast<double>(state.skipped_in_a_row), static_cast<double>(opt.max_consecutive_skips)},
+                  k)) {
+        k = state.step;
+        continue;
+      }
     } else {
       state.skipped_in_a_row = 0;
     }
+    const bool skipped = !finite || spike_skipped;
     if (st.swan.tensors > 0 && st.swan.unconverged + st.swan.fallbacks > 0) {
       ++swan_warnings;
       if (swan_warnings == 1 || swan_warnings % 100 == 0)
@@ -367,7 +440,7 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
     json m = {{"type", "train"},          {"step", k},
               {"loss", loss},             {"lr_matrix", st.lr_matrix},
               {"lr_fallback", st.lr_fallback}, {"grad_norm", st.grad_norm},
-              {"clipped", st.clipped},    {"skipped", !finite},
+              {"clipped", st.clipped},    {"skipped", skipped},
               {"tokens", state.tokens_seen}, {"tokens_per_s", raw / step_s},
               {"nonpad_tokens_per_s", counted / step_s}, {"step_s", step_s},
               {"forward_s", model.last_forward_seconds()}, {"backward_s", model.last_backward_seconds()},
@@ -400,7 +473,15 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
                    mem.resident_bytes / 1048576.0, mem.anonymous_bytes() / 1048576.0, format_eta(eta).c_str());
     }
     const bool end = k == last;
-    if ((run.eval.every > 0 && k % run.eval.every == 0) || (end && k == run.schedule.total_steps)) do_eval(k);
+    if ((run.eval.every > 0 && k % run.eval.every == 0) || (end && k == run.schedule.total_steps)) {
+      do_eval(k);
+      // Stuck at ln V: the validation loss, or without validation data the training loss.
+      if (const auto trip = monitor.check_eval(val_data ? result.eval.loss : loss))
+        if (on_trip(*trip, k)) {
+          k = state.step;
+          continue;
+        }
+    }
     if ((run.checkpoint.every > 0 && k % run.checkpoint.every == 0) || end) do_checkpoint();
     ++result.updates;
   }
@@ -409,7 +490,7 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
   result.seconds = since(t_start);
   result.tokens_per_s = tokens_this_run / std::max(since(t_loop), 1e-9);
   if (state.step == run.schedule.total_steps && comm.root()) {  // complete: sweeps skip it from now on
-    json res = {{"updates", state.step}, {"tokens", state.tokens_seen}, {"skipped_updates", state.skipped},
+    json res = {{"diverged", false}, {"rollbacks", state.rollbacks}, {"updates", state.step}, {"tokens", state.tokens_seen}, {"skipped_updates", state.skipped},
                 {"tokens_per_s", result.tokens_per_s}, {"wall_s", result.seconds}, {"final_train_loss", result.last_loss},
                 {"optimizer", run.optimizer.name}, {"optimizer_state_bytes", optimizer.state_bytes()},
                 {"matrix_state_bytes", optimizer.matrix_state_bytes()}};
