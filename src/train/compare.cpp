@@ -10,6 +10,7 @@
 #include <fstream>
 #include <map>
 
+#include "multinorm/checkpoint.h"
 #include "multinorm/error.h"
 #include "multinorm/json_file.h"
 #include "multinorm/trainer.h"
@@ -246,8 +247,10 @@ RunCurve load_run_curve(const std::string& dir, CompareMetric metric, int window
   } else {
     // The newest checkpoint records the (whole) optimizer state size.
     const std::string newest = latest_checkpoint(dir);
-    if (!newest.empty() && exists(newest + "/trainer_state.json"))
+    if (!newest.empty() && exists(newest + "/trainer_state.json")) {
+      const auto verify = verify_reads_of(newest);  // a damaged checkpoint is an error, not a wrong figure
       r.state_bytes = read_json_file(newest + "/trainer_state.json").value("optimizer_state_bytes", int64_t{-1});
+    }
   }
   return r;
 }
