@@ -29,7 +29,7 @@ assert all(c["ok"] and c["error"] <= c["bound"] for c in r["checks"])
 step = r["steps"][0]
 assert step["tokens_per_s"] > 0 and "mfu_note" in step, step
 kernels = {k["name"] for k in step["kernels"]}
-assert {"attention_forward", "sinkgd_rows", "gemm bf16 (cuBLASLt)"} <= kernels, kernels
+assert {"attention_forward_mma", "sinkgd_rows", "gemm bf16 (cuBLASLt)"} <= kernels, kernels  # BF16, D = 64: the tensor-core attention
 print("doctor report: %d checks, %d kernels timed" % (len(r["checks"]), len(kernels)))
 PY
 

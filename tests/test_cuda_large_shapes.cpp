@@ -192,7 +192,7 @@ TEST_F(LargeShapes, EmbeddingRmsNormRopeOnAnEightThousandTokenBatch) {
 
 TEST_F(LargeShapes, AttentionForTheFirstAndLastHeadOfTheBatch) {
   // grid (T/16, B*H): 16 edge blocks are the whole of (b 0, head 0) and of (b 31, head 31)
-  Sampling only("attention_forward,attention_backward_dkdv,attention_backward_dq", "16");
+  Sampling only("attention_forward,attention_backward_dkdv,attention_backward_dq,attention_forward_mma,attention_backward_dkdv_mma,attention_backward_dq_mma", "16");
   const int64_t C = kH * kD;
   Buffer qc(*cpu, kBT * 3 * C, DType::BF16, 6), qg(*cuda, kBT * 3 * C, DType::BF16, 6);
   Buffer oc(*cpu, kBT * C, DType::BF16), og(*cuda, kBT * C, DType::BF16), lc(*cpu, kB * kH * kT, DType::F32), lg(*cuda, kB * kH * kT, DType::F32);

@@ -16,6 +16,7 @@
 // are SIMT FP32 FLOPs (19.5 TFLOP/s on an A100), not tensor-core ones: docs/cuda.md says what a
 // tensor-core version would gain and why this one comes first.
 #include <cmath>
+#include <type_traits>
 
 #include "device_utils.cuh"
 #include "kernels.h"
@@ -376,6 +377,9 @@ template <class T>
 void attention_forward(T* out, float* lse, const T* qkv, int64_t B, int64_t T_, int64_t H, int64_t D, cudaStream_t stream) {
   check_head_dim(D, "attention_forward");
   if (B * T_ * H == 0) return;
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (attention_mma_supported(D, {out, qkv})) return attention_forward_mma(out, lse, qkv, B, T_, H, D, stream);
+  }
   const size_t smem = sizeof(float) * (kRowsPerBlock * D + kKeyTile * (D + 1) + kKeyTile * D + kRowsPerBlock * kKeyTile);
   launch("attention_forward", attention_forward_kernel<T>, dim3(ceil_div(T_, kRowsPerBlock), static_cast<unsigned>(B * H)), dim3(kThreads), smem,
          stream, out, lse, qkv, T_, static_cast<int>(H), static_cast<int>(D), 1.0f / std::sqrt(static_cast<float>(D)));
@@ -389,6 +393,9 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, cons
   const int64_t rows = B * T_ * H;
   launch("attention_delta", attention_delta_kernel<T>, dim3(ceil_div(rows, 4)), dim3(128), 0, stream, scratch, dout, out, rows, T_,
          static_cast<int>(H), static_cast<int>(D));
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (attention_mma_supported(D, {dqkv, dout, qkv})) return attention_backward_mma(dqkv, dout, qkv, lse, scratch, B, T_, H, D, stream);
+  }
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const dim3 grid(ceil_div(T_, kRowsPerBlock), static_cast<unsigned>(B * H));
   launch("attention_backward_dkdv", attention_backward_dkdv_kernel<T>, grid, dim3(kThreads), bwd_smem_bytes(static_cast<int>(D)), stream, dqkv,

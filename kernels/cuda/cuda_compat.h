@@ -4,8 +4,9 @@
 // worlds (docs/cuda.md):
 //   - kernels are launched only through launch() below (g++ cannot parse <<< >>>);
 //   - dynamic shared memory only through MN_DYNAMIC_SHARED (extern __shared__ cannot be emulated);
-//   - no inline PTX, mma.sync, cp.async, grid-wide synchronisation, or __CUDA_ARCH__ branches in
-//     kernel files (tests/lint_cuda.sh enforces it).
+//   - no inline PTX, grid-wide synchronisation, or __CUDA_ARCH__ branches in kernel files: the
+//     tensor-core instructions (mma.sync, ldmatrix) come from kernels/cuda/warp_matrix.cuh, the one
+//     header with inline PTX, which has an emulated path for each (tests/lint_cuda.sh enforces it).
 #pragma once
 
 #ifdef __CUDACC__

@@ -5,6 +5,7 @@
 // each entry point says how much it needs.
 #pragma once
 #include <cstdint>
+#include <initializer_list>
 
 #include "../common/optim_math.h"
 #include "cuda_compat.h"
@@ -64,6 +65,14 @@ void attention_forward(T* out, float* lse, const T* qkv, int64_t B, int64_t T_, 
 template <class T>
 void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse, int64_t B, int64_t T_, int64_t H,
                         int64_t D, float* scratch, cudaStream_t stream);
+// attention_mma.cu: the tensor-core kernels attention_forward/backward use for BF16 storage when
+// attention_mma_supported (D = 64 or 128, every pointer 16-byte aligned); other shapes and FP32
+// storage run the SIMT kernels.
+bool attention_mma_supported(int64_t D, std::initializer_list<const void*> pointers);
+void attention_forward_mma(bf16* out, float* lse, const bf16* qkv, int64_t B, int64_t T, int64_t H, int64_t D, cudaStream_t stream);
+// delta[B, H, T] = rowsum(dout * out), from attention.cu's delta kernel.
+void attention_backward_mma(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* delta, int64_t B, int64_t T, int64_t H,
+                            int64_t D, cudaStream_t stream);
 template <class T>
 void attention_decode(T* out, const T* qkv, T* k_cache, T* v_cache, int64_t pos, int64_t H, int64_t D, cudaStream_t stream);
 

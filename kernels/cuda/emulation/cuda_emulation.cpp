@@ -133,6 +133,9 @@ struct Block {
   unsigned char* shared = nullptr;
   int barrier_generation = 0;
   std::vector<unsigned> warp_generation;  // per warp: collectives completed (TSan anchors alternate)
+  // per warp: the lanes' contributions to the last warp_exchange (lane k's bytes at k * bytes); read
+  // by every lane before any of them can complete the warp's next collective
+  std::vector<std::vector<unsigned char>> exchange;
 #if CUDA_EMU_TSAN
   // TSan sync anchors of this block: [barrier gen even, odd, then per warp: even, odd]. Heap memory,
   // freed with the block, so TSan forgets them: no happens-before edge leaks from one block to the
@@ -319,10 +322,19 @@ bool resolve_warps(Block& b, std::vector<Fiber>& fibers, int n) {
         if (o.mask != m)
           fail(where(b, &f) + ": lanes disagree on the warp mask: lane " + std::to_string(l) + " passes " + mask_hex(m) + ", lane " + std::to_string(k) + " passes " + mask_hex(o.mask));
         if (o.op != f.op) fail(where(b, &f) + ": lanes " + std::to_string(l) + " and " + std::to_string(k) + " of a warp reached different warp collectives");
+        if (f.op == WarpOp::Exchange && o.arg != f.arg)
+          fail(where(b, &f) + ": lanes " + std::to_string(l) + " and " + std::to_string(k) + " of a warp exchange pass " + std::to_string(f.arg) + " and " +
+               std::to_string(o.arg) + " bytes (different warp-matrix instructions)");
       }
       if (!all_here) continue;
       handled |= m;
       // Everyone is here: compute each participant's result.
+      if (f.op == WarpOp::Exchange) {
+        std::vector<unsigned char>& x = b.exchange[w0 / 32];
+        x.assign(static_cast<size_t>(32) * f.arg, 0);
+        for (int k = 0; k < lanes; ++k)
+          if (m >> k & 1u) std::memcpy(x.data() + static_cast<size_t>(k) * f.arg, reinterpret_cast<const void*>(fibers[w0 + k].value), f.arg);
+      }
       uint64_t ballot = 0, sum = 0, mn = ~0ull, mx = 0;
       for (int k = 0; k < lanes; ++k)
         if (m >> k & 1u) {
@@ -361,6 +373,7 @@ bool resolve_warps(Block& b, std::vector<Fiber>& fibers, int n) {
           case WarpOp::ReduceAdd: o.result = sum & 0xffffffffull; break;
           case WarpOp::ReduceMin: o.result = mn; break;
           case WarpOp::ReduceMax: o.result = mx; break;
+          case WarpOp::Exchange: o.result = reinterpret_cast<uintptr_t>(b.exchange[w0 / 32].data()); break;
           case WarpOp::Sync: break;
         }
       }
@@ -416,6 +429,7 @@ void run_block(Block& b, const std::function<void()>& body, size_t shared_bytes,
         f.fc = ctx::make_fcontext(top, f.stack.bytes - page, fiber_entry);
       }
   b.warp_generation.assign((n + 31) / 32, 0);
+  b.exchange.resize((n + 31) / 32);
 #if CUDA_EMU_TSAN
   b.worker_seq = t_blocks_run++;
 #endif
@@ -589,6 +603,10 @@ uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int arg, int 
   const uint64_t result = f.result;
   EMU_BOOKKEEPING_END();
   return result;
+}
+
+const void* warp_exchange(unsigned mask, const void* mine, int bytes) {
+  return reinterpret_cast<const void*>(static_cast<uintptr_t>(warp_collective(WarpOp::Exchange, mask, reinterpret_cast<uintptr_t>(mine), bytes, 32)));
 }
 
 namespace {

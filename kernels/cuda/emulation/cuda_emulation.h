@@ -57,10 +57,17 @@ __attribute__((const)) const dim3& grid_dim();
 void* dynamic_shared();  // this block's dynamic shared memory (NaN-poisoned at block start)
 
 void syncthreads();
-enum class WarpOp : uint8_t { Sync, ShflIdx, ShflUp, ShflDown, ShflXor, Ballot, Any, All, ReduceAdd, ReduceMin, ReduceMax };
+enum class WarpOp : uint8_t { Sync, ShflIdx, ShflUp, ShflDown, ShflXor, Ballot, Any, All, ReduceAdd, ReduceMin, ReduceMax, Exchange };
 // One lane's part of a warp collective: returns when every lane of `mask` has arrived (with the same
 // mask and op); the last arrival computes every participant's result.
 uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int arg, int width);
+// A warp-wide all-gather of `bytes` per lane (the warp-matrix instructions of warp_matrix.cuh): returns
+// the lanes' contributions, lane k's at offset k * bytes (lanes outside `mask` zero). Valid until the
+// warp's next collective. Like a shuffle, it does not order memory between lanes.
+const void* warp_exchange(unsigned mask, const void* mine, int bytes);
+// Whether [p, p + bytes) lies in the running block's shared memory (static or dynamic), which
+// ldmatrix requires; true when racecheck is off (it keeps the ranges).
+bool is_shared_address(const void* p, size_t bytes);
 
 // ---- launching -----------------------------------------------------------------------------------
 // Runs body() once per CUDA thread of every block; throws std::runtime_error naming the kernel on an

@@ -285,6 +285,18 @@ std::string take_error() {
 
 }  // namespace cuda_emu::racecheck
 
+namespace cuda_emu {
+bool is_shared_address(const void* p, size_t bytes) {
+  using namespace racecheck;
+  const Worker& w = t_worker_state;
+  if (w.tid < 0) return true;  // not inside a block: nothing to tell
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  auto inside = [&](const char* lo, size_t n) { return a - reinterpret_cast<uintptr_t>(lo) < n && a + bytes - reinterpret_cast<uintptr_t>(lo) <= n; };
+  // Without the module's TLS block (symbols.h found none) static __shared__ cannot be told apart.
+  return inside(w.dynamic_lo, w.dynamic_bytes) || inside(w.static_lo, w.static_bytes) || w.static_bytes == 0;
+}
+}  // namespace cuda_emu
+
 // ---- the instrumentation's entry points (GCC -fsanitize=thread ABI) --------------------------------
 // Hidden: each module that holds instrumented kernels links its own copy of the emulation. Not in the
 // sanitizer builds, where the real TSan runtime owns these names (and ASan's kernels carry no hooks).

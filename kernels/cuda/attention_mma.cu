@@ -1,0 +1,374 @@
+// Causal attention on tensor cores (mma.sync m16n8k16, BF16 in, FP32 accumulate): FlashAttention-2's
+// algorithm, as the SIMT kernels of attention.cu, for BF16 storage and head sizes 64 and 128.
+// Forward: a block of 4 warps takes 64 queries (16 per warp) and streams 64-key tiles of K and V
+// through shared memory; S = Q K^T and O += P V are warp-level mma's, the online softmax runs on the
+// accumulator fragments, and P goes from S's accumulators to the A operand of P V in registers
+// (warp_matrix.cuh). Backward, deterministic, no atomics: one kernel per 64 keys (dK, dV; streams
+// query tiles from the diagonal on), one per 64 queries (dQ; streams key tiles up to the diagonal);
+// each recomputes P from the saved log-sum-exp.
+//
+// Layouts (the Backend seam): qkv[B*T, 3*H*D] rows [q heads | k heads | v heads], out[B*T, H*D],
+// lse[B, H, T] (natural log), delta[B, H, T] = rowsum(dout * out) (attention.cu computes it).
+// Shared tiles are row-major BF16 with rows of D + 8 elements: 16 bytes of padding put the 8 row
+// addresses of an ldmatrix in 8 different bank quads (no conflicts).
+//
+// Cost per (b, h) with n = T(T+1)/2 causal pairs: forward 4 n D tensor-core FLOPs (S and P V),
+// backward 10 n D (dK/dV kernel: S, dP, dV, dK = 8 n D; dQ kernel: S, dP, dQ = 6 n D; 14 n D in all,
+// S and dP being computed twice), plus O(n) exponentials. Global traffic: Q, K, V (and dO) tiles,
+// each K/V tile read once per later query tile: about T^2 D / 64 BF16 elements per (b, h), every
+// load a 16-byte one.
+#include <cmath>
+
+#include "device_utils.cuh"
+#include "kernels.h"
+#include "warp_matrix.cuh"
+
+namespace multinorm::cuda {
+
+namespace {
+
+constexpr int kWarps = 4, kThreads = 32 * kWarps;
+constexpr int kBlockRows = 16 * kWarps;  // queries (forward, dQ) or keys (dK/dV) per block
+
+// Rows [row0, row0 + rows) of one head's section (`base` points at row 0's first element of it;
+// rows `stride` elements apart) into a [rows][D + 8] shared tile, 16 bytes at a time; rows past T
+// are zero.
+template <int D>
+__device__ __forceinline__ void load_rows(bf16* tile, const bf16* base, int64_t stride, int64_t row0, int rows, int64_t T_) {
+  constexpr int kChunks = D / 8, kLd = D + 8;
+  for (int k = threadIdx.x; k < rows * kChunks; k += kThreads) {
+    const int r = k / kChunks, c = k % kChunks;
+    Pack<bf16> v;
+    if (row0 + r < T_) {
+      v = *reinterpret_cast<const Pack<bf16>*>(base + (row0 + r) * stride + c * 8);
+    } else {
+      for (int j = 0; j < 8; ++j) v.v[j] = __float2bfloat16(0.0f);
+    }
+    *reinterpret_cast<Pack<bf16>*>(tile + r * kLd + c * 8) = v;
+  }
+}
+
+// A fragments of a 16-row slab of a [rows][D + 8] tile (the warp's rows of Q, dO, K or V), one per
+// 16-column step.
+template <int D>
+__device__ __forceinline__ void load_a_fragments(uint32_t (&f)[D / 16][4], const bf16* tile, int row0) {
+  constexpr int kLd = D + 8;
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks) ldmatrix_x4(f[ks], tile + (row0 + lane % 16) * kLd + ks * 16 + (lane / 16) * 8);
+}
+
+// acc[nt] += A x^T over D for the 8-row groups nt of a [rows][D + 8] tile x: with A = this warp's
+// 16 rows (fragments a) it forms the 16 x (8 NT) products (S = Q K^T, dP = dO V^T, S^T = K Q^T).
+template <int D, int NT>
+__device__ __forceinline__ void mma_abt(float (&acc)[NT][4], const uint32_t (&a)[D / 16][4], const bf16* x, int live_tiles) {
+  constexpr int kLd = D + 8;
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[nt][i] = 0.0f;
+    if (nt >= live_tiles) continue;  // warp-uniform: every key of the tile is masked for every row
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ks += 2) {
+      uint32_t b[4];  // B fragments of steps ks and ks + 1
+      ldmatrix_x4(b, x + (nt * 8 + lane % 8) * kLd + ks * 16 + (lane / 8) * 8);
+      mma_bf16_16816(acc[nt], a[ks], {b[0], b[1]});
+      mma_bf16_16816(acc[nt], a[ks + 1], {b[2], b[3]});
+    }
+  }
+}
+
+// acc[nd] += P y over the K16 16-row steps of a [16 K16][D + 8] tile y, with P the warp's 16 x 16 K16
+// matrix held as accumulator fragments p[nt] (columns 8 nt .. 8 nt + 7): O += P V, dV += P^T dO,
+// dK += dS^T Q, dQ += dS K.
+template <int D, int NT>
+__device__ __forceinline__ void mma_py(float (&acc)[D / 8][4], const float (&p)[NT][4], const bf16* y, int live_tiles) {
+  constexpr int kLd = D + 8;
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int kk = 0; kk < NT / 2; ++kk) {
+    if (2 * kk >= live_tiles) continue;
+    const uint32_t a[4] = {pack_bf16x2(p[2 * kk][0], p[2 * kk][1]), pack_bf16x2(p[2 * kk][2], p[2 * kk][3]),
+                           pack_bf16x2(p[2 * kk + 1][0], p[2 * kk + 1][1]), pack_bf16x2(p[2 * kk + 1][2], p[2 * kk + 1][3])};
+#pragma unroll
+    for (int nd = 0; nd < D / 8; nd += 2) {
+      uint32_t b[4];  // B fragments of column groups nd and nd + 1
+      ldmatrix_x4_trans(b, y + (kk * 16 + lane % 16) * kLd + nd * 8 + (lane / 16) * 8);
+      mma_bf16_16816(acc[nd], a, {b[0], b[1]});
+      mma_bf16_16816(acc[nd + 1], a, {b[2], b[3]});
+    }
+  }
+}
+
+// Stores a warp's 16 x D accumulators (times `scale`) as BF16 rows row0 + g, row0 + g + 8 of `dst`
+// (rows `stride` elements apart), rows past T skipped.
+template <int D>
+__device__ __forceinline__ void store_rows(bf16* dst, int64_t stride, int64_t row0, int64_t T_, const float (&acc)[D / 8][4], float scale0,
+                                           float scale1) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int64_t row = row0 + g + 8 * half;
+    if (row >= T_) continue;
+    const float s = half ? scale1 : scale0;
+#pragma unroll
+    for (int nd = 0; nd < D / 8; ++nd)
+      *reinterpret_cast<uint32_t*>(dst + row * stride + nd * 8 + 2 * t) = pack_bf16x2(acc[nd][2 * half] * s, acc[nd][2 * half + 1] * s);
+  }
+}
+
+// How many of a tile's 8-column groups (keys k0 + 8 nt ...) hold a key at or before `last_row`.
+__device__ __forceinline__ int live_column_tiles(int64_t last_row, int64_t k0, int tiles) {
+  const int64_t n = last_row < k0 ? 0 : (last_row - k0) / 8 + 1;
+  return n < tiles ? static_cast<int>(n) : tiles;
+}
+
+// ---- forward ----------------------------------------------------------------------------------
+// grid (ceil(T / 64), B * H), 128 threads; shared Q, K, V tiles [64][D + 8].
+template <int D>
+__global__ void attention_forward_mma_kernel(bf16* out, float* lse, const bf16* qkv, int64_t T_, int H, float scale) {
+  constexpr int kLd = D + 8, kKeys = 64, kNt = kKeys / 8;
+  MN_DYNAMIC_SHARED(bf16, smem);
+  bf16* qs = smem;
+  bf16* ks = qs + kBlockRows * kLd;
+  bf16* vs = ks + kKeys * kLd;
+  const int b = blockIdx.y / H, h = blockIdx.y % H;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int64_t C = int64_t(H) * D, stride = 3 * C;
+  const bf16* q_base = qkv + int64_t(b) * T_ * stride + h * D;
+  const int64_t q0 = int64_t(blockIdx.x) * kBlockRows, w0 = q0 + 16 * warp;  // block's, warp's first query
+  const int64_t rows[2] = {w0 + g, w0 + g + 8};
+
+  load_rows<D>(qs, q_base, stride, q0, kBlockRows, T_);
+  __syncthreads();
+  uint32_t qf[D / 16][4];
+  load_a_fragments<D>(qf, qs, 16 * warp);
+  float o[D / 8][4];
+#pragma unroll
+  for (int nd = 0; nd < D / 8; ++nd)
+    for (int i = 0; i < 4; ++i) o[nd][i] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // per row; l is this lane's partial sum
+
+  const int64_t last_q = q0 + kBlockRows - 1 < T_ - 1 ? q0 + kBlockRows - 1 : T_ - 1;
+  for (int64_t k0 = 0; k0 <= last_q; k0 += kKeys) {
+    __syncthreads();  // the previous tile is no longer read
+    load_rows<D>(ks, q_base + C, stride, k0, kKeys, T_);
+    load_rows<D>(vs, q_base + 2 * C, stride, k0, kKeys, T_);
+    __syncthreads();
+    const int live = live_column_tiles(w0 + 15, k0, kNt);
+    if (live == 0) continue;  // the whole tile is after this warp's queries
+    float s[kNt][4];
+    mma_abt<D, kNt>(s, qf, ks, live);
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nt = 0; nt < kNt; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int64_t key = k0 + nt * 8 + 2 * t + (i & 1);
+        s[nt][i] = key <= rows[i / 2] ? s[nt][i] * scale : -INFINITY;
+        mx[i / 2] = fmaxf(mx[i / 2], s[nt][i]);
+      }
+    float alpha[2], m_use[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      for (int o_ = 1; o_ < 4; o_ <<= 1) mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], o_));  // the row's 4 lanes
+      const float m_new = fmaxf(m[r], mx[r]);
+      m_use[r] = m_new == -INFINITY ? 0.0f : m_new;  // a row with no key yet
+      alpha[r] = __expf(m[r] - m_use[r]);
+      m[r] = m_new;
+      l[r] *= alpha[r];
+    }
+#pragma unroll
+    for (int nt = 0; nt < kNt; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        s[nt][i] = __expf(s[nt][i] - m_use[i / 2]);
+        l[i / 2] += s[nt][i];
+      }
+#pragma unroll
+    for (int nd = 0; nd < D / 8; ++nd)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) o[nd][i] *= alpha[i / 2];
+    mma_py<D, kNt>(o, s, vs, live);
+  }
+  float inv[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    for (int o_ = 1; o_ < 4; o_ <<= 1) l[r] += __shfl_xor_sync(0xffffffffu, l[r], o_);
+    inv[r] = 1.0f / l[r];
+    if (t == 0 && rows[r] < T_) lse[(int64_t(b) * H + h) * T_ + rows[r]] = m[r] + logf(l[r]);
+  }
+  store_rows<D>(out + int64_t(b) * T_ * C + h * D, C, w0, T_, o, inv[0], inv[1]);
+}
+
+// ---- backward -----------------------------------------------------------------------------------
+// dK, dV for 64 keys (16 per warp); grid (ceil(T / 64), B * H), 128 threads. Streams query tiles of
+// kQ rows from the block's first key on. Shared: K, V [64][D + 8], Q, dO [kQ][D + 8], lse, delta [kQ].
+template <int D>
+struct DkdvShape {
+  static constexpr int kQ = D > 64 ? 32 : 64;  // D = 128: smaller tiles keep dK, dV, S^T, dP^T in registers
+  static constexpr size_t smem() { return sizeof(bf16) * size_t(2 * kBlockRows + 2 * kQ) * (D + 8) + sizeof(float) * 2 * kQ; }
+};
+template <int D>
+__global__ void attention_backward_dkdv_mma_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* delta, int64_t T_,
+                                                   int H, float scale) {
+  constexpr int kLd = D + 8, kQ = DkdvShape<D>::kQ, kNt = kQ / 8;
+  MN_DYNAMIC_SHARED(bf16, smem);
+  bf16* ks = smem;
+  bf16* vs = ks + kBlockRows * kLd;
+  bf16* qs = vs + kBlockRows * kLd;
+  bf16* dos = qs + kQ * kLd;
+  float* lse_s = reinterpret_cast<float*>(dos + kQ * kLd);
+  float* delta_s = lse_s + kQ;
+  const int b = blockIdx.y / H, h = blockIdx.y % H;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int64_t C = int64_t(H) * D, stride = 3 * C, bh_T = (int64_t(b) * H + h) * T_;
+  const bf16* base = qkv + int64_t(b) * T_ * stride + h * D;
+  const bf16* dout_base = dout + int64_t(b) * T_ * C + h * D;
+  const int64_t k0 = int64_t(blockIdx.x) * kBlockRows, w0 = k0 + 16 * warp;  // block's, warp's first key
+  const int64_t keys[2] = {w0 + g, w0 + g + 8};
+
+  load_rows<D>(ks, base + C, stride, k0, kBlockRows, T_);
+  load_rows<D>(vs, base + 2 * C, stride, k0, kBlockRows, T_);
+  float dk[D / 8][4], dv[D / 8][4];
+#pragma unroll
+  for (int nd = 0; nd < D / 8; ++nd)
+    for (int i = 0; i < 4; ++i) dk[nd][i] = dv[nd][i] = 0.0f;
+  for (int64_t q0 = k0; q0 < T_; q0 += kQ) {
+    __syncthreads();  // the previous tile is consumed (the first time: K, V are visible below)
+    load_rows<D>(qs, base, stride, q0, kQ, T_);
+    load_rows<D>(dos, dout_base, C, q0, kQ, T_);
+    for (int k = threadIdx.x; k < kQ; k += kThreads) {
+      lse_s[k] = q0 + k < T_ ? lse[bh_T + q0 + k] : 0.0f;
+      delta_s[k] = q0 + k < T_ ? delta[bh_T + q0 + k] : 0.0f;
+    }
+    __syncthreads();
+    if (q0 + kQ - 1 < w0) continue;  // every query of the tile is before this warp's keys
+    uint32_t kf[D / 16][4], vf[D / 16][4];
+    load_a_fragments<D>(kf, ks, 16 * warp);
+    float p[kNt][4], dp[kNt][4];
+    mma_abt<D, kNt>(p, kf, qs, kNt);  // S^T = K Q^T: rows keys, columns queries
+    load_a_fragments<D>(vf, vs, 16 * warp);
+    mma_abt<D, kNt>(dp, vf, dos, kNt);  // dP^T = V dO^T
+#pragma unroll
+    for (int nt = 0; nt < kNt; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int c = nt * 8 + 2 * t + (i & 1);
+        const int64_t q = q0 + c;
+        const bool live = keys[i / 2] <= q && q < T_;
+        p[nt][i] = live ? __expf(p[nt][i] * scale - lse_s[c]) : 0.0f;
+        dp[nt][i] = p[nt][i] * (dp[nt][i] - delta_s[c]);  // dS^T
+      }
+    mma_py<D, kNt>(dv, p, dos, kNt);  // dV += P^T dO
+    mma_py<D, kNt>(dk, dp, qs, kNt);  // dK += dS^T Q
+  }
+  bf16* dst = dqkv + int64_t(b) * T_ * stride + h * D;
+  store_rows<D>(dst + C, stride, w0, T_, dk, scale, scale);
+  store_rows<D>(dst + 2 * C, stride, w0, T_, dv, 1.0f, 1.0f);
+}
+
+// dQ for 64 queries (16 per warp); grid (ceil(T / 64), B * H), 128 threads. Streams key tiles of kK
+// rows up to the diagonal. Shared: Q, dO [64][D + 8] (read once into fragments), K, V [kK][D + 8].
+template <int D>
+struct DqShape {
+  static constexpr int kK = D > 64 ? 32 : 64;
+  static constexpr size_t smem() { return sizeof(bf16) * size_t(2 * kBlockRows + 2 * kK) * (D + 8); }
+};
+template <int D>
+__global__ void attention_backward_dq_mma_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* delta, int64_t T_,
+                                                 int H, float scale) {
+  constexpr int kLd = D + 8, kK = DqShape<D>::kK, kNt = kK / 8;
+  MN_DYNAMIC_SHARED(bf16, smem);
+  bf16* qs = smem;
+  bf16* dos = qs + kBlockRows * kLd;
+  bf16* ks = dos + kBlockRows * kLd;
+  bf16* vs = ks + kK * kLd;
+  const int b = blockIdx.y / H, h = blockIdx.y % H;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int64_t C = int64_t(H) * D, stride = 3 * C, bh_T = (int64_t(b) * H + h) * T_;
+  const bf16* base = qkv + int64_t(b) * T_ * stride + h * D;
+  const int64_t q0 = int64_t(blockIdx.x) * kBlockRows, w0 = q0 + 16 * warp;
+  const int64_t rows[2] = {w0 + g, w0 + g + 8};
+  float row_lse[2], row_delta[2];
+  for (int r = 0; r < 2; ++r) {
+    row_lse[r] = rows[r] < T_ ? lse[bh_T + rows[r]] : 0.0f;
+    row_delta[r] = rows[r] < T_ ? delta[bh_T + rows[r]] : 0.0f;
+  }
+
+  load_rows<D>(qs, base, stride, q0, kBlockRows, T_);
+  load_rows<D>(dos, dout + int64_t(b) * T_ * C + h * D, C, q0, kBlockRows, T_);
+  __syncthreads();
+  uint32_t qf[D / 16][4], dof[D / 16][4];
+  load_a_fragments<D>(qf, qs, 16 * warp);
+  load_a_fragments<D>(dof, dos, 16 * warp);
+  float dq[D / 8][4];
+#pragma unroll
+  for (int nd = 0; nd < D / 8; ++nd)
+    for (int i = 0; i < 4; ++i) dq[nd][i] = 0.0f;
+  const int64_t last_q = q0 + kBlockRows - 1 < T_ - 1 ? q0 + kBlockRows - 1 : T_ - 1;
+  for (int64_t k0 = 0; k0 <= last_q; k0 += kK) {
+    __syncthreads();
+    load_rows<D>(ks, base + C, stride, k0, kK, T_);
+    load_rows<D>(vs, base + 2 * C, stride, k0, kK, T_);
+    __syncthreads();
+    const int live = live_column_tiles(w0 + 15, k0, kNt);
+    if (live == 0) continue;
+    float p[kNt][4], ds[kNt][4];
+    mma_abt<D, kNt>(p, qf, ks, live);   // S = Q K^T
+    mma_abt<D, kNt>(ds, dof, vs, live); // dP = dO V^T
+#pragma unroll
+    for (int nt = 0; nt < kNt; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int64_t key = k0 + nt * 8 + 2 * t + (i & 1);
+        p[nt][i] = key <= rows[i / 2] ? __expf(p[nt][i] * scale - row_lse[i / 2]) : 0.0f;
+        ds[nt][i] = p[nt][i] * (ds[nt][i] - row_delta[i / 2]);
+      }
+    mma_py<D, kNt>(dq, ds, ks, live);  // dQ += dS K
+  }
+  store_rows<D>(dqkv + int64_t(b) * T_ * stride + h * D, stride, w0, T_, dq, scale, scale);
+}
+
+size_t forward_smem(int64_t D) { return sizeof(bf16) * 3 * 64 * size_t(D + 8); }
+
+}  // namespace
+
+bool attention_mma_supported(int64_t D, std::initializer_list<const void*> pointers) {
+  if (D != 64 && D != 128) return false;
+  for (const void* p : pointers)
+    if (reinterpret_cast<uintptr_t>(p) % 16) return false;  // the tiles load 16 bytes at a time
+  return true;
+}
+
+void attention_forward_mma(bf16* out, float* lse, const bf16* qkv, int64_t B, int64_t T_, int64_t H, int64_t D, cudaStream_t stream) {
+  const dim3 grid(ceil_div(T_, kBlockRows), static_cast<unsigned>(B * H));
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  if (D == 64)
+    launch("attention_forward_mma", attention_forward_mma_kernel<64>, grid, dim3(kThreads), forward_smem(64), stream, out, lse, qkv, T_,
+           static_cast<int>(H), scale);
+  else
+    launch("attention_forward_mma", attention_forward_mma_kernel<128>, grid, dim3(kThreads), forward_smem(128), stream, out, lse, qkv, T_,
+           static_cast<int>(H), scale);
+}
+
+void attention_backward_mma(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* delta, int64_t B, int64_t T_, int64_t H,
+                            int64_t D, cudaStream_t stream) {
+  const dim3 grid(ceil_div(T_, kBlockRows), static_cast<unsigned>(B * H));
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const int h = static_cast<int>(H);
+  if (D == 64) {
+    launch("attention_backward_dkdv_mma", attention_backward_dkdv_mma_kernel<64>, grid, dim3(kThreads), DkdvShape<64>::smem(), stream, dqkv, dout,
+           qkv, lse, delta, T_, h, scale);
+    launch("attention_backward_dq_mma", attention_backward_dq_mma_kernel<64>, grid, dim3(kThreads), DqShape<64>::smem(), stream, dqkv, dout, qkv,
+           lse, delta, T_, h, scale);
+  } else {
+    launch("attention_backward_dkdv_mma", attention_backward_dkdv_mma_kernel<128>, grid, dim3(kThreads), DkdvShape<128>::smem(), stream, dqkv,
+           dout, qkv, lse, delta, T_, h, scale);
+    launch("attention_backward_dq_mma", attention_backward_dq_mma_kernel<128>, grid, dim3(kThreads), DqShape<128>::smem(), stream, dqkv, dout, qkv,
+           lse, delta, T_, h, scale);
+  }
+}
+
+}  // namespace multinorm::cuda
