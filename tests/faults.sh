@@ -119,6 +119,14 @@ sed -i 's/"position": [0-9]*/"position": 999999/' $ck/step_00000006/trainer_stat
 expect_error "an edited cursor" "trainer_state.json is damaged" -- "$bin" train -c run.json --set output_dir=runs/c --resume-from $ck/step_00000006 --quiet
 echo "faults: a flipped byte in any checkpoint file: named error from verify, resume (naming the previous checkpoint), eval, generate, export"
 
+# ---- a run directory where a checkpoint is expected, or the reverse: told which to pass ----
+expect_error "--resume-from a run directory" "runs/c: not a checkpoint directory, but a run directory: pass one of its checkpoints, e.g. --resume-from runs/c/checkpoints/step_[0-9]+, or --resume" -- \
+  "$bin" train -c run.json --set output_dir=runs/c --resume-from runs/c --quiet
+expect_error "compare a checkpoint directory" "step_00000006: a checkpoint directory; compare takes run directories" -- "$bin" compare $ck/step_00000006 runs/c
+"$bin" export -c run.json --from runs/c --out exported_latest > export.txt 2>&1 || { cat export.txt; fail "export --from a run directory"; }
+grep -q "wrote exported_latest/model.safetensors" export.txt || fail "export --from a run directory: $(cat export.txt)"
+echo "faults: a run directory for --resume-from, a checkpoint for compare: told which to pass; export takes either"
+
 # ---- divergence: detected, named, and the exit status and result.json say so ----
 for o in sinkgd sgd adam; do
   out=$("$bin" train -c run.json --set output_dir=runs/lr-$o --set optimizer.name=$o --set optimizer.lr=1e6 --set precision.params=fp32 \

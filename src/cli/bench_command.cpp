@@ -8,8 +8,10 @@ namespace multinorm {
 
 void add_bench_command(CLI::App& app) {
   auto* bench = app.add_subcommand("bench", "Benchmarks, printed as ratios against baselines measured in the same run");
+  bench->footer("Example: multinorm bench model --config configs/models/llama_60m.json");
   bench->require_subcommand(1);
   auto* model = bench->add_subcommand("model", "Training throughput vs the oneDNN GEMM peak and PyTorch CPU");
+  model->footer("Example: multinorm bench model --config configs/models/llama_60m.json --batch 8 --seq 256");
   static ModelBenchOptions o;
   model->add_option("--config,-c", o.config, "model config or run config")->required();
   model->add_option("--batch", o.batch, "micro-batch (sequences)");
@@ -24,6 +26,7 @@ void add_bench_command(CLI::App& app) {
   model->callback([] { bench_model(o); });
 
   auto* optim = bench->add_subcommand("optim", "One optimizer step per optimizer: SinkGD/Adam and SWAN/SinkGD ratios, bandwidth");
+  optim->footer("Example: multinorm bench optim --config configs/models/llama_130m.json");
   static OptimBenchOptions p;
   optim->add_option("--config,-c", p.config, "model config or run config")->required();
   optim->add_option("--precision", p.precision, "bf16 or fp32 weights and states")->check(CLI::IsMember({"bf16", "fp32"}));
@@ -34,11 +37,13 @@ void add_bench_command(CLI::App& app) {
   optim->callback([] { bench_optim(p); });
 
   auto* checksum = bench->add_subcommand("checksum", "CRC-32C of checkpoint bytes (GB/s), against a copy of the same bytes");
+  checksum->footer("Example: multinorm bench checksum");
   static double checksum_bytes = 2.0 * 1339000000;  // llama_1b's BF16 weights
   checksum->add_option("--bytes", checksum_bytes, "bytes to checksum (default: llama_1b's BF16 weights, 2.68e9)");
   checksum->callback([] { bench_checksum(static_cast<int64_t>(checksum_bytes)); });
 
   auto* data = bench->add_subcommand("data", "Tokenize throughput vs spm_encode, loader throughput");
+  data->footer("Example: multinorm bench data --input 'corpus/*.json.gz' --tokenizer data/tokenizer.model");
   static DataBenchOptions d;
   data->add_option("--input,-i", d.inputs, "C4 json.gz globs")->required();
   data->add_option("--tokenizer,-t", d.tokenizer, "SentencePiece model")->required();

@@ -13,6 +13,7 @@ namespace multinorm {
 
 void add_checkpoint_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("checkpoint", "Checkpoint tools");
+  cmd->footer("Example: multinorm checkpoint verify runs/llama_60m_sinkgd");
   cmd->require_subcommand(1);
   auto* verify = cmd->add_subcommand("verify", "Check every file of a checkpoint against its manifest (size and CRC-32C)");
   static std::string dir;

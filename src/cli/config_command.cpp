@@ -24,6 +24,7 @@ std::string config_reference_markdown() {
 
 void add_config_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("config", "Print the resolved run config, or the reference of every config key");
+  cmd->footer("Example: multinorm config --config configs/c4/llama_60m_sinkgd.json --set optimizer.lr=0.01");
   static std::string path, out;
   static std::vector<std::string> overrides;
   static bool reference = false;

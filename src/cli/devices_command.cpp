@@ -10,6 +10,7 @@ namespace multinorm {
 
 void add_devices_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("devices", "Show the CUDA plugin, the GPUs it sees and the backend auto picks");
+  cmd->footer("Example: multinorm devices");
   cmd->callback([] {
     const CudaProbe& p = probe_cuda();
     if (p.plugin_loaded) {

@@ -20,6 +20,7 @@ namespace multinorm {
 
 void add_generate_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("generate", "Sample text from a checkpoint");
+  cmd->footer("Example: multinorm generate --checkpoint runs/quickstart --prompt \"The history of\"");
   static std::string checkpoint, prompt, tokenizer_path;
   static int64_t tokens = 64, top_k = 40, seed = 0;
   static double temperature = 0.8;

@@ -157,6 +157,7 @@ void run_info(const InfoOptions& o) {
 
 void add_info_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("info", "Parameter counts and memory (the paper's MEM column, training total)");
+  cmd->footer("Example: multinorm info --config configs/c4/llama_1b_sinkgd.json --ranks 8");
   static InfoOptions o;
   cmd->add_option("--config,-c", o.path, "model config (configs/models/*.json) or run config")->required();
   cmd->add_option("--set", o.overrides, "override a run config key (repeatable)");

@@ -2,6 +2,9 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
 #include <exception>
 
 #include "multinorm/cli.h"
@@ -18,10 +21,19 @@ static int stop_all_ranks(int code) {
   return code;
 }
 
+// Every subcommand's action replaced by nothing (parse-only mode).
+static void drop_callbacks(CLI::App& app) {
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+    sub->callback(std::function<void()>());
+    drop_callbacks(*sub);
+  }
+}
+
 int main(int argc, char** argv) {
   CLI::App app{"multinorm " MULTINORM_VERSION
                ": LLaMA pretraining with stateless multi-normalized optimizers (SinkGD, SWAN) and Adam"};
   app.set_version_flag("--version", "multinorm " MULTINORM_VERSION);
+  app.footer("multinorm SUBCOMMAND --help: the options of each.\nExample: multinorm train --config configs/c4/llama_60m_sinkgd.json");
   app.require_subcommand(1);
   multinorm::add_train_command(app);
   multinorm::add_sweep_command(app);
@@ -35,6 +47,9 @@ int main(int argc, char** argv) {
   multinorm::add_data_command(app);
   multinorm::add_export_command(app);
   multinorm::add_bench_command(app);
+  // MULTINORM_PARSE_ONLY=1: check the command line (subcommand, flags, values) and exit without
+  // running it; the docs test passes every documented command through this.
+  if (const char* p = std::getenv("MULTINORM_PARSE_ONLY"); p && std::string(p) == "1") drop_callbacks(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -16,6 +16,7 @@ namespace multinorm {
 
 void add_train_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("train", "Pretrain a LLaMA from a run config");
+  cmd->footer("Example: mpirun -np 8 multinorm train --config configs/c4/llama_60m_sinkgd.json");
   static std::string path;
   static std::vector<std::string> overrides;
   static TrainOptions o;
@@ -50,6 +51,7 @@ void add_train_command(CLI::App& app) {
   });
 
   auto* ev = app.add_subcommand("eval", "Validation loss and perplexity of a checkpoint");
+  ev->footer("Example: multinorm eval --checkpoint runs/llama_60m_sinkgd");
   static std::string checkpoint, data;
   static int64_t tokens = -1;
   static bool as_json = false;

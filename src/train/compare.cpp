@@ -169,6 +169,8 @@ RunCurve load_run_curve(const std::string& dir, CompareMetric metric, int window
   RunCurve r;
   r.dir = dir;
   r.name = base_name(dir);
+  if (exists(dir + "/trainer_state.json"))
+    throw ConfigError(dir + ": a checkpoint directory; compare takes run directories (the one holding checkpoints/ and metrics.jsonl)");
   if (!exists(dir + "/config.json"))
     throw ConfigError(dir + ": no config.json: not a multinorm run directory");
   const json cfg = read_json_file(dir + "/config.json");

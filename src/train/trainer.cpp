@@ -124,6 +124,12 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
   }
   comm.barrier();  // no rank reads the directory before rank 0 holds it
   const bool resume = opt.resume || !opt.resume_from.empty();
+  if (!opt.resume_from.empty() && ::access((opt.resume_from + "/trainer_state.json").c_str(), F_OK) != 0) {
+    const std::string newest = latest_checkpoint(opt.resume_from);
+    throw Error("--resume-from " + opt.resume_from + ": not a checkpoint directory" +
+                (newest.empty() ? std::string(" (no trainer_state.json)")
+                                : ", but a run directory: pass one of its checkpoints, e.g. --resume-from " + newest + ", or --resume for its latest"));
+  }
   const std::string existing = opt.resume_from.empty() ? latest_checkpoint(run.output_dir) : opt.resume_from;
   if (!existing.empty() && !resume)
     throw Error(run.output_dir + " already holds checkpoints (" + existing + "): pass --resume, or another output_dir");
