@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
-#include <numeric>
 #include <string>
 #include <vector>
 
@@ -153,34 +152,13 @@ class CudaBackend final : public Backend {
     });
   }
   void embedding_backward(Buf dwte, Buf dout, const int32_t* tokens, int64_t BT, int64_t C) override {
-    // Bucket positions by token on the host (a 4*BT-byte copy each way; the stream is drained here,
-    // at the end of the backward pass, where the optimizer step follows anyway).
-    host_tokens_.resize(BT);
-    to_host(host_tokens_.data(), tokens, BT * 4);
-    std::vector<int32_t>& plan = host_buckets_;  // [positions BT | tokens U | starts U+1]
-    order_.resize(BT);
-    std::iota(order_.begin(), order_.end(), 0);
-    std::stable_sort(order_.begin(), order_.end(), [&](int32_t x, int32_t y) { return host_tokens_[x] < host_tokens_[y]; });
-    plan.assign(order_.begin(), order_.end());
-    std::vector<int32_t> starts;
-    const size_t tokens_at = plan.size();
-    for (int64_t i = 0; i < BT; ++i)
-      if (i == 0 || host_tokens_[order_[i]] != host_tokens_[order_[i - 1]]) {
-        plan.push_back(host_tokens_[order_[i]]);
-        starts.push_back(static_cast<int32_t>(i));
-      }
-    const int64_t buckets = static_cast<int64_t>(starts.size());
-    starts.push_back(static_cast<int32_t>(BT));
-    plan.insert(plan.end(), starts.begin(), starts.end());
-    auto* dev = static_cast<int32_t*>(bucket_scratch_.get(cuda_scratch::embedding_backward_bytes(BT), "embedding_backward"));
-    MN_CUDA_CHECK(cudaMemcpyAsync(dev, plan.data(), plan.size() * 4, cudaMemcpyHostToDevice, stream_), "embedding_backward (bucket upload)");
+    // Positions bucketed by token on the device (a sort of (token, position) keys): no host crossing.
+    auto* keys = static_cast<uint64_t*>(bucket_scratch_.get(cuda_scratch::embedding_backward_bytes(BT), "embedding_backward"));
     with_types(dout.dtype, dwte.dtype, "embedding_backward", [&](auto* t, auto* g) {
       using T = std::remove_pointer_t<decltype(t)>;
       using G = std::remove_pointer_t<decltype(g)>;
-      cuda::embedding_backward(as<G>(dwte), as<T>(dout), dev, dev + tokens_at, dev + tokens_at + buckets, buckets, C, stream_);
+      cuda::embedding_backward(as<G>(dwte), as<T>(dout), tokens, BT, C, keys, stream_);
     });
-    // host_buckets_ must outlive the asynchronous upload: it is a member, rewritten only after the
-    // next to_host above has drained the stream.
   }
   void rmsnorm_forward(Buf out, float* rstd, Buf x, Buf w, int64_t N, int64_t C, float eps) override {
     same_dtype({out, x, w}, "rmsnorm_forward");
@@ -382,7 +360,6 @@ class CudaBackend final : public Backend {
   std::vector<AdamManyItem> many_items_;
   std::vector<cuda::SinkgdManyItem> sinkgd_items_;
   SwanStats swan_;
-  std::vector<int32_t> host_tokens_, order_, host_buckets_;
 };
 
 }  // namespace

@@ -2,9 +2,13 @@
 //   forward:  out[i, :] = wte[tokens[i], :]          one block per row, 16-byte packs
 //             bytes: 4 BT (tokens) + 2 * BT * C * sizeof(T); 0 FLOPs
 //   backward: dwte[t, :] += sum over positions i with tokens[i] = t of dout[i, :]
-//             deterministic without float atomics: the backend sorts positions into per-token
-//             buckets on the host (llm.c's scheme); one thread per (bucket, channel) sums its bucket
-//             in position order in FP32 and adds once. bytes: BT * C * sizeof(T) read +
+//             deterministic without float atomics and without the host: the keys (token << 32 |
+//             position) are sorted on the device (a bitonic sort: keys are unique, so the order is
+//             token, then position), and one thread per (run of equal tokens, channel) sums its run
+//             in position order in FP32 and adds once (llm.c's buckets, formed on the device).
+//             sort: n = BT rounded up to a power of two, 8 n bytes, log2(n)(log2(n)+1)/2 stages, of
+//             which those with strides >= 2048 are one global launch each (llama_60m's 16384 tokens:
+//             6 global stage launches + 4 shared-memory ones); sum: BT * C * sizeof(T) read +
 //             2 * U * C * sizeof(G) (U distinct tokens); BT * C FLOPs
 #include "device_utils.cuh"
 #include "kernels.h"
@@ -29,16 +33,73 @@ __global__ void embedding_forward_kernel(T* out, const int32_t* tokens, const T*
   }
 }
 
+constexpr int kSortChunk = 2048;  // keys a block sorts in shared memory (16 KB)
+constexpr int kRunsPerBlock = 32; // sorted keys a backward block looks at for run starts
+
+__device__ __forceinline__ int32_t key_token(uint64_t k) { return static_cast<int32_t>(k >> 32); }
+__device__ __forceinline__ int64_t key_position(uint64_t k) { return static_cast<int64_t>(k & 0xffffffffu); }
+
+// keys[i] = token << 32 | i below BT, all ones (after every real key) up to n.
+__global__ void embedding_keys_kernel(uint64_t* keys, const int32_t* tokens, int64_t BT, int64_t n) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    keys[i] = i < BT ? (uint64_t(uint32_t(tokens[i])) << 32 | uint64_t(i)) : ~uint64_t(0);
+}
+
+// One bitonic compare-exchange of elements i and i ^ j (i the lower), ascending where i & k is 0.
+__device__ __forceinline__ void compare_exchange(uint64_t& a, uint64_t& b, bool ascending) {
+  if ((a > b) == ascending) {
+    const uint64_t t = a;
+    a = b, b = t;
+  }
+}
+
+// Stage (k, j) over the whole array, j >= chunk: one thread per pair.
+__global__ void bitonic_global_kernel(uint64_t* keys, int64_t n, int64_t k, int64_t j) {
+  const int64_t pair = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;  // n / 2 pairs
+  if (pair >= n / 2) return;
+  const int64_t i = (pair / j) * 2 * j + pair % j;  // the lower element of the pair
+  compare_exchange(keys[i], keys[i + j], (i & k) == 0);
+}
+
+// The stages that stay within a chunk of `chunk` keys, in shared memory: every (k, j) with
+// k <= chunk (k_outer = 0: sorts each chunk, alternating directions), or the strides j < chunk of
+// one outer k.
+__global__ void bitonic_local_kernel(uint64_t* keys, int chunk, int64_t k_outer) {
+  MN_DYNAMIC_SHARED(uint64_t, s);
+  const int64_t base = int64_t(blockIdx.x) * chunk;
+  for (int t = threadIdx.x; t < chunk; t += blockDim.x) s[t] = keys[base + t];
+  __syncthreads();
+  auto stage = [&](int64_t k, int j) {
+    for (int p = threadIdx.x; p < chunk / 2; p += blockDim.x) {
+      const int i = (p / j) * 2 * j + p % j;
+      compare_exchange(s[i], s[i + j], ((base + i) & k) == 0);
+    }
+    __syncthreads();
+  };
+  if (k_outer == 0) {
+    for (int k = 2; k <= chunk; k <<= 1)
+      for (int j = k / 2; j > 0; j >>= 1) stage(k, j);
+  } else {
+    for (int j = chunk / 2; j > 0; j >>= 1) stage(k_outer, j);
+  }
+  for (int t = threadIdx.x; t < chunk; t += blockDim.x) keys[base + t] = s[t];
+}
+
+// Sorted keys [blockIdx.x * 32, + 32): each that starts a run of one token sums the run's dout rows
+// in position order, channel c = blockIdx.y * 128 + threadIdx.x, and adds the sum to the token's row.
 template <class T, class G>
-__global__ void embedding_backward_kernel(G* dwte, const T* dout, const int32_t* positions, const int32_t* bucket_tokens,
-                                          const int32_t* bucket_starts, int64_t C) {
-  const int64_t bucket = blockIdx.x;
+__global__ void embedding_backward_kernel(G* dwte, const T* dout, const uint64_t* keys, int64_t BT, int64_t C) {
   const int64_t c = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
   if (c >= C) return;
-  float s = 0.0f;
-  for (int32_t p = bucket_starts[bucket]; p < bucket_starts[bucket + 1]; ++p) s += to_float(dout[int64_t(positions[p]) * C + c]);
-  G* row = dwte + int64_t(bucket_tokens[bucket]) * C;
-  row[c] = from_float<G>(to_float(row[c]) + s);
+  const int64_t first = int64_t(blockIdx.x) * kRunsPerBlock;
+  for (int64_t s = first; s < first + kRunsPerBlock && s < BT; ++s) {
+    const int32_t token = key_token(keys[s]);
+    if (s > 0 && key_token(keys[s - 1]) == token) continue;  // not the start of a run
+    float sum = 0.0f;
+    for (int64_t r = s; r < BT && key_token(keys[r]) == token; ++r) sum += to_float(dout[key_position(keys[r]) * C + c]);
+    G* row = dwte + int64_t(token) * C;
+    row[c] = from_float<G>(to_float(row[c]) + sum);
+  }
 }
 
 }  // namespace
@@ -48,18 +109,35 @@ void embedding_forward(T* out, const int32_t* tokens, const T* wte, int64_t BT, 
   if (BT > 0) launch("embedding_forward", embedding_forward_kernel<T>, dim3(static_cast<unsigned>(BT)), dim3(kThreads), 0, stream, out, tokens, wte, C);
 }
 
+int64_t embedding_sort_length(int64_t BT) {
+  int64_t n = 2;
+  while (n < BT) n <<= 1;
+  return n;
+}
+
 template <class T, class G>
-void embedding_backward(G* dwte, const T* dout, const int32_t* positions, const int32_t* bucket_tokens, const int32_t* bucket_starts,
-                        int64_t num_buckets, int64_t C, cudaStream_t stream) {
-  if (num_buckets == 0) return;
-  launch("embedding_backward", embedding_backward_kernel<T, G>, dim3(static_cast<unsigned>(num_buckets), ceil_div(C, kThreads)), dim3(kThreads), 0,
-         stream, dwte, dout, positions, bucket_tokens, bucket_starts, C);
+void embedding_backward(G* dwte, const T* dout, const int32_t* tokens, int64_t BT, int64_t C, uint64_t* keys, cudaStream_t stream) {
+  if (BT == 0) return;
+  const int64_t n = embedding_sort_length(BT);
+  const int chunk = static_cast<int>(n < kSortChunk ? n : kSortChunk);
+  const unsigned chunks = static_cast<unsigned>(n / chunk);
+  launch("embedding_keys", embedding_keys_kernel, dim3(ceil_div(n, 256)), dim3(256), 0, stream, keys, tokens, BT, n);
+  const size_t smem = sizeof(uint64_t) * chunk;
+  const unsigned threads = static_cast<unsigned>(chunk / 2 < 1024 ? chunk / 2 : 1024);
+  launch("embedding_sort_local", bitonic_local_kernel, dim3(chunks), dim3(threads), smem, stream, keys, chunk, int64_t{0});
+  for (int64_t k = 2 * chunk; k <= n; k <<= 1) {
+    for (int64_t j = k / 2; j >= chunk; j >>= 1)
+      launch("embedding_sort_global", bitonic_global_kernel, dim3(ceil_div(n / 2, 256)), dim3(256), 0, stream, keys, n, k, j);
+    launch("embedding_sort_local", bitonic_local_kernel, dim3(chunks), dim3(threads), smem, stream, keys, chunk, k);
+  }
+  launch("embedding_backward", embedding_backward_kernel<T, G>, dim3(ceil_div(BT, kRunsPerBlock), ceil_div(C, kThreads)), dim3(kThreads), 0, stream,
+         dwte, dout, keys, BT, C);
 }
 
 template void embedding_forward<float>(float*, const int32_t*, const float*, int64_t, int64_t, cudaStream_t);
 template void embedding_forward<bf16>(bf16*, const int32_t*, const bf16*, int64_t, int64_t, cudaStream_t);
-template void embedding_backward<float, float>(float*, const float*, const int32_t*, const int32_t*, const int32_t*, int64_t, int64_t, cudaStream_t);
-template void embedding_backward<bf16, bf16>(bf16*, const bf16*, const int32_t*, const int32_t*, const int32_t*, int64_t, int64_t, cudaStream_t);
-template void embedding_backward<bf16, float>(float*, const bf16*, const int32_t*, const int32_t*, const int32_t*, int64_t, int64_t, cudaStream_t);
+template void embedding_backward<float, float>(float*, const float*, const int32_t*, int64_t, int64_t, uint64_t*, cudaStream_t);
+template void embedding_backward<bf16, bf16>(bf16*, const bf16*, const int32_t*, int64_t, int64_t, uint64_t*, cudaStream_t);
+template void embedding_backward<bf16, float>(float*, const bf16*, const int32_t*, int64_t, int64_t, uint64_t*, cudaStream_t);
 
 }  // namespace multinorm::cuda

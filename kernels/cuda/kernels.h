@@ -27,11 +27,11 @@ void sum_squares(double* result, double* partials /* kSumSquaresBlocks */, const
 // ---- embedding.cu --------------------------------------------------------------------------------
 template <class T>
 void embedding_forward(T* out, const int32_t* tokens, const T* wte, int64_t BT, int64_t C, cudaStream_t stream);
-// Deterministic backward over buckets built on the host: positions sorted by token (stable), the
-// distinct tokens, and each bucket's start in `positions` (num_tokens + 1 entries), all on the device.
+// Deterministic backward, all on the device: positions sorted by (token, position) in `keys`
+// (embedding_sort_length(BT) entries of scratch), then each token's run summed in position order.
+int64_t embedding_sort_length(int64_t BT);
 template <class T, class G>
-void embedding_backward(G* dwte, const T* dout, const int32_t* positions, const int32_t* bucket_tokens,
-                        const int32_t* bucket_starts, int64_t num_buckets, int64_t C, cudaStream_t stream);
+void embedding_backward(G* dwte, const T* dout, const int32_t* tokens, int64_t BT, int64_t C, uint64_t* keys, cudaStream_t stream);
 
 // ---- rmsnorm.cu ------------------------------------------------------------------------------------
 template <class T>

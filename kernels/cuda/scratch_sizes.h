@@ -19,7 +19,11 @@ inline int64_t rmsnorm_backward_floats(int64_t N, int64_t C) { return std::min(N
 inline int64_t attention_backward_bytes(int64_t B, int64_t H, int64_t T) { return B * H * T * 4; }
 // embedding backward: positions (BT), distinct tokens (<= BT) and bucket starts (<= BT + 1), int32:
 // sized for the worst case so the buffer never depends on the batch's contents
-inline int64_t embedding_backward_bytes(int64_t BT) { return (3 * BT + 1) * 4; }
+inline int64_t embedding_backward_bytes(int64_t BT) {  // the sort's keys: BT rounded up to a power of two, 8 bytes each
+  int64_t n = 2;
+  while (n < BT) n <<= 1;
+  return n * 8;
+}
 // sum of squares: the partials and the result, FP64
 inline int64_t sum_squares_bytes() { return (kSumSquaresBlocks + 1) * 8; }
 // SinkGD on [m, n]: u (m), v (n), column partials per row chunk, floats
