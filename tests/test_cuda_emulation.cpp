@@ -15,8 +15,11 @@
 #include <vector>
 
 #include "../kernels/cuda/cuda_compat.h"
+#include "emulated_device.h"
 #include "multinorm/error.h"
 
+using emulated::DeviceArray;
+using emulated::error_of;
 using multinorm::cuda::launch;
 
 namespace {
@@ -46,22 +49,6 @@ constexpr bool kRacecheck = true;
 constexpr bool kRacecheck = false;
 #endif
 
-template <class T>
-struct DeviceArray {
-  T* p = nullptr;
-  size_t n;
-  explicit DeviceArray(size_t count, T fill = T{}) : n(count) {
-    cudaMalloc(reinterpret_cast<void**>(&p), n * sizeof(T));
-    std::vector<T> h(n, fill);
-    cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice);
-  }
-  ~DeviceArray() { cudaFree(p); }
-  std::vector<T> get() const {
-    std::vector<T> h(n);
-    cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost);
-    return h;
-  }
-};
 
 // Warp shuffle tree, then one warp over the warp sums (the standard two-level block reduction).
 __global__ void block_reduce(const float* x, float* out, int n) {
@@ -186,15 +173,6 @@ __global__ void read_uninitialised(float* out) {
   out[blockIdx.x * blockDim.x + threadIdx.x] = s[threadIdx.x];
 }
 
-template <class Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const multinorm::Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 }  // namespace
 

@@ -18,8 +18,10 @@
 
 #include "../kernels/cuda/cuda_compat.h"
 #include "../kernels/cuda/warp_matrix.cuh"
-#include "multinorm/error.h"
+#include "emulated_device.h"
 
+using emulated::DeviceArray;
+using emulated::error_of;
 using multinorm::cuda::bf16;
 using multinorm::cuda::launch;
 using multinorm::cuda::ldmatrix_x4;
@@ -40,22 +42,6 @@ float float_of(uint16_t h) {
   return f;
 }
 
-template <class T>
-struct Device {
-  T* p = nullptr;
-  size_t n;
-  explicit Device(const std::vector<T>& h) : n(h.size()) {
-    cudaMalloc(reinterpret_cast<void**>(&p), n * sizeof(T));
-    cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice);
-  }
-  explicit Device(size_t count) : Device(std::vector<T>(count)) {}
-  ~Device() { cudaFree(p); }
-  std::vector<T> get() const {
-    std::vector<T> h(n);
-    cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost);
-    return h;
-  }
-};
 
 // ---- ldmatrix -------------------------------------------------------------------------------------
 // Four 8x8 matrices, matrix i at rows 8i..8i+7 of a [32][8 + pad] shared tile; lane l passes row l.
@@ -82,8 +68,8 @@ std::vector<uint16_t> distinct_matrices() {  // element (matrix i, row r, col c)
 
 void check_ldmatrix(bool trans) {
   const std::vector<uint16_t> h = distinct_matrices();
-  Device<uint16_t> m(h);
-  Device<uint32_t> out(32 * 4);
+  DeviceArray<uint16_t> m(h);
+  DeviceArray<uint32_t> out(32 * 4);
   launch("ldmatrix_kernel", ldmatrix_kernel, dim3(1), dim3(32), 0, nullptr, out.p, m.p, trans, 0, false);
   const std::vector<uint32_t> r = out.get();
   for (int lane = 0; lane < 32; ++lane) {
@@ -149,8 +135,8 @@ std::vector<double> product(const Operands& o, int n) {
 }
 
 std::vector<float> run_mma(const Operands& o, bool planted) {
-  Device<uint16_t> a(o.a), b(o.b);
-  Device<float> c(o.c), d(16 * 8);
+  DeviceArray<uint16_t> a(o.a), b(o.b);
+  DeviceArray<float> c(o.c), d(16 * 8);
   launch("mma_kernel", mma_kernel, dim3(1), dim3(32), 0, nullptr, d.p, a.p, b.p, c.p, planted);
   return d.get();
 }
@@ -191,15 +177,6 @@ __global__ void tiles_kernel(float* d, const uint16_t* a, const uint16_t* b, boo
   }
 }
 
-template <class Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const multinorm::Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 }  // namespace
 
@@ -225,8 +202,8 @@ TEST(WarpMatrix, LdmatrixAndMmaTogetherAsTheAttentionKernelsUseThem) {
   std::fill(o.c.begin(), o.c.end(), 0.0f);
   const std::vector<double> want = product(o, 16);
   for (bool transposed : {true, false}) {
-    Device<uint16_t> a(o.a), b(o.b);
-    Device<float> d(16 * 16);
+    DeviceArray<uint16_t> a(o.a), b(o.b);
+    DeviceArray<float> d(16 * 16);
     launch("tiles_kernel", tiles_kernel, dim3(1), dim3(32), 0, nullptr, d.p, a.p, b.p, transposed);
     EXPECT_TRUE(same(d.get(), want)) << (transposed ? "B as [n][k], plain ldmatrix" : "B as [k][n], ldmatrix .trans");
   }
@@ -234,8 +211,8 @@ TEST(WarpMatrix, LdmatrixAndMmaTogetherAsTheAttentionKernelsUseThem) {
 
 TEST(WarpMatrix, LdmatrixAtAMisalignedOrGlobalAddressIsAnError) {
   const std::vector<uint16_t> h = distinct_matrices();
-  Device<uint16_t> m(h);
-  Device<uint32_t> out(32 * 4);
+  DeviceArray<uint16_t> m(h);
+  DeviceArray<uint32_t> out(32 * 4);
   const std::string misaligned = error_of([&] { launch("ldmatrix_kernel", ldmatrix_kernel, dim3(1), dim3(32), 0, nullptr, out.p, m.p, false, 1, false); });
   EXPECT_NE(misaligned.find("ldmatrix_kernel"), std::string::npos) << misaligned;
   EXPECT_NE(misaligned.find("not 16-byte aligned"), std::string::npos) << misaligned;
