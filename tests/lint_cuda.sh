@@ -6,6 +6,8 @@
 #     in kernels/cuda/warp_matrix.cuh only, whose every primitive has an emulated path that follows
 #     the PTX ISA's fragment layouts (tests/test_warp_matrix.cpp);
 #   - no grid-wide synchronisation (cooperative groups' grid sync, spinning on another block's flag);
+#   - the host waits for the device only through wait_for_stream (check.cu), which counts the waits
+#     (environment.cu's NCCL self-test, outside the backend, excepted);
 #   - a grid-wide index or stride (blockIdx.x * blockDim.x, gridDim.x * blockDim.x) is formed in 64
 #     bits: in 32 bits it wraps past 2^31 elements (a 7B model's gradient arena is 6.7e9).
 # A rule is broken when a pattern appears in code (comment lines are skipped).
@@ -35,6 +37,14 @@ hits=$(grep -nHE '(blockIdx|gridDim)\.[xyz][[:space:]]*\*[[:space:]]*blockDim\.[
   grep -vE '^[^:]+:[0-9]+:\s*//' | grep -vE "${wide}\((blockIdx|gridDim|blockDim)\.[xyz]\)[[:space:]]*\*|\*[[:space:]]*${wide}\((blockIdx|gridDim|blockDim)\.[xyz]\)" || true)
 if [ -n "$hits" ]; then
   echo "lint_cuda: a grid-wide index or stride formed in 32 bits (write int64_t(blockIdx.x) * blockDim.x):"
+  echo "$hits"
+  fail=1
+fi
+# every host wait goes through wait_for_stream (kernels/cuda/check.cu), which counts it
+hits=$(grep -nHE 'cudaStreamSynchronize|cudaDeviceSynchronize' $files | grep -vE '^[^:]+:[0-9]+:\s*//' |
+  grep -vE '^kernels/cuda/(check|environment)\.cu:' || true)
+if [ -n "$hits" ]; then
+  echo "lint_cuda: a host wait outside wait_for_stream (kernels/cuda/check.cu), which counts them:"
   echo "$hits"
   fail=1
 fi

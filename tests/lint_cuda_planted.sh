@@ -21,13 +21,13 @@ __global__ void bad(float* x, long n) {
 #if __CUDA_ARCH__ >= 800
 #endif
 }
-void host() { bad<<<1, 1>>>(nullptr, 0); }
+void host() { bad<<<1, 1>>>(nullptr, 0); cudaStreamSynchronize(0); }
 CU
 out=$(bash "$lint" "$d")
 rc=$?
 status=0
 [ $rc -ne 0 ] || { echo "lint_cuda_planted: the planted tree passes"; status=1; }
-for m in "<<< >>>" "extern __shared__" "inline assembly" "architecture branch" "grid-wide synchronisation" "formed in 32 bits"; do
+for m in "<<< >>>" "extern __shared__" "inline assembly" "architecture branch" "grid-wide synchronisation" "formed in 32 bits" "host wait outside wait_for_stream"; do
   grep -qF "$m" <<<"$out" || { echo "lint_cuda_planted: no '$m' message"; status=1; }
 done
 [ $status -eq 0 ] && echo "lint_cuda_planted: every rule fires"

@@ -326,6 +326,13 @@ TEST_P(CudaVsCpu, ConvertScaleAndSumSquares) {
     const double sc = cpu->sum_squares(x.c.buf(), n), sg = cuda->sum_squares(x.g.buf(), n);
     EXPECT_NEAR(sg, sc, 1e-12 * sc) << "FP64 accumulation of the same values";
     EXPECT_EQ(sg, cuda->sum_squares(x.g.buf(), n)) << "deterministic";
+    // The list form (one host read on a device) gives each tensor the bits of its own call: here
+    // the whole buffer, a 1-element slice and a slice of 1000 starting at an odd element.
+    const Buf xs[3] = {x.g.buf(), x.g.buf().at(7), x.g.buf().at(11)};
+    const int64_t ns[3] = {n, 1, 1000};
+    double many[3];
+    cuda->sum_squares_many(xs, ns, 3, many);
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(many[i], cuda->sum_squares(xs[i], ns[i])) << "tensor " << i;
   }
 }
 
@@ -662,6 +669,41 @@ TEST_P(CudaVsCpu, OneTrainingUpdatePerOptimizer) {
       EXPECT_TRUE(close(a, e, bound)) << name << " run, " << as.optimizer << " on " << t.name;
     }
   }
+}
+
+// Host waits (Backend::host_synchronisations: a device-to-host copy or a stream synchronisation,
+// each draining the device's queue): one per micro-batch's forward and backward (the per-token
+// losses, read for the loss sum; the embedding backward buckets on the device, the loss mask is the
+// host's own copy) and one per optimizer step (the per-tensor sums of squares of the gradient norm,
+// read together). SWAN adds its residual and finiteness reads.
+TEST_P(CudaVsCpu, HostWaitsPerMicroBatchAndPerUpdate) {
+  if (std::strchr(GetParam().order, ',')) GTEST_SKIP() << "counts waits; the orders mode adds nothing to that";
+  for (const char* name : {"sinkgd", "adam", "adamw", "sgd"}) {
+    const json j = json::parse(std::string(R"({
+      "model": {"config": {"vocab_size": 101, "hidden_size": 32, "intermediate_size": 40, "num_hidden_layers": 2,
+                           "num_attention_heads": 2, "max_position_embeddings": 32}},
+      "batch": {"global_batch": 2, "micro_batch": 2, "seq_len": 19},
+      "schedule": {"kind": "constant", "total_steps": 4, "warmup_steps": 0},
+      "optimizer": {"name": ")") + name + R"(", "grad_clip": 0.5}})");
+    const RunConfig run = run_config_from_json(j, "test");
+    std::vector<int32_t> tokens = random_ids(38, 101, 21), targets = random_ids(38, 101, 22);
+    const MicroBatch mb{tokens.data(), targets.data(), nullptr, 2, 19};
+    LlamaModel mg(*cuda, run.model, DType::BF16, 2, 19);
+    mg.init_random(4);
+    Optimizer og(mg, run);
+    for (int64_t update = 1; update <= 2; ++update) {  // the second time every scratch buffer exists
+      mg.zero_grads();
+      const int64_t before = cuda->host_synchronisations();
+      mg.forward_backward(mb, 0.5f);
+      const int64_t after_micro_batch = cuda->host_synchronisations();
+      og.step(update, update);
+      const int64_t after_step = cuda->host_synchronisations();
+      if (update == 1) continue;
+      EXPECT_EQ(after_micro_batch - before, 1) << name << ": host waits in a micro-batch's forward and backward";
+      EXPECT_EQ(after_step - after_micro_batch, 1) << name << ": host waits in an optimizer step";
+    }
+  }
+  EXPECT_EQ(cpu->host_synchronisations(), 0);
 }
 
 // forward order on 2 workers; and every launch under three orders on 3 workers, compared byte for byte.

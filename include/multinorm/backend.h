@@ -99,6 +99,9 @@ class Backend {
   // Waits until every op issued so far has finished (profiling and benchmarks only; a no-op on the
   // CPU, whose ops are synchronous).
   virtual void synchronize() = 0;
+  // How many times so far the host has waited for this device (a device-to-host copy, a stream
+  // synchronisation): each wait drains the queue of work the device had ahead. 0 for the CPU backend.
+  virtual int64_t host_synchronisations() const { return 0; }
   // Bytes of scratch the backend holds now (grown on first use, reused after; counted by
   // multinorm info as backend_scratch_bytes).
   virtual int64_t workspace_bytes() const = 0;
@@ -191,6 +194,11 @@ class Backend {
   // ---- optimizer ops: one tensor per call (the _many ops: a list). w in the parameter dtype; g the
   // same, or FP32 gradients of BF16 weights (precision.grads = fp32) ------------------------------
   virtual double sum_squares(Buf x, int64_t n) = 0;  // FP64 accumulation (global-norm clipping)
+  // out[i] = sum_squares(xs[i], ns[i]) for `count` tensors, each the same number as one call gives; a
+  // device backend reads them back together (one host crossing, not one per tensor).
+  virtual void sum_squares_many(const Buf* xs, const int64_t* ns, int64_t count, double* out) {
+    for (int64_t i = 0; i < count; ++i) out[i] = sum_squares(xs[i], ns[i]);
+  }
   virtual void scale(Buf x, int64_t n, float factor) = 0;
   // SinkGD on W[m,n] (fused: X = diag(u) G diag(v) is never materialised); see kernels/cpu/sinkgd.cpp
   virtual void sinkgd_update(Buf w, Buf g, int64_t m, int64_t n, const SinkGDArgs& args) = 0;

@@ -160,6 +160,7 @@ class LlamaModel {
   int32_t* targets_ = nullptr;
   uint8_t* mask_ = nullptr;
   std::vector<float> host_losses_;
+  std::vector<uint8_t> host_mask_;  // the loss mask of the uploaded micro-batch
   std::vector<LayerWeights> w_, dw_;
   std::vector<LayerActs> a_;
   Buf wte_, dwte_, wnorm_, dwnorm_, wlm_, dwlm_;

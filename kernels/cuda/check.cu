@@ -1,6 +1,7 @@
 // Error messages of the CUDA backend (both builds).
 #include "check.h"
 
+#include <atomic>
 #include <map>
 #include <mutex>
 
@@ -32,6 +33,15 @@ void allow_dynamic_shared(const char* name, const void* kernel, size_t bytes) {
   }
   current = bytes;
 }
+
+namespace {
+std::atomic<int64_t> g_host_waits{0};
+}
+void wait_for_stream(cudaStream_t stream, const std::string& what) {
+  g_host_waits.fetch_add(1, std::memory_order_relaxed);
+  MN_CUDA_CHECK(cudaStreamSynchronize(stream), what);
+}
+int64_t host_waits() { return g_host_waits.load(std::memory_order_relaxed); }
 
 void check_after_launch(const char* name, dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream) {
   cudaError_t e = cudaGetLastError();

@@ -10,6 +10,12 @@
 namespace multinorm::cuda {
 
 [[noreturn]] void throw_cublas_error(const std::string& what, cublasStatus_t s);
+// The host waits for everything queued on `stream` (checked; `what` names the wait in an error).
+// Every such wait of the backend goes through here and is counted: host_waits() is what
+// Backend::host_synchronisations() reports, and the tests bound it per micro-batch and per update.
+// (Debug builds' synchronisation after each launch, a diagnostic mode, is not counted.)
+void wait_for_stream(cudaStream_t stream, const std::string& what);
+int64_t host_waits();
 
 }  // namespace multinorm::cuda
 

@@ -2,8 +2,7 @@
 // kernels/cuda/*.cu behind the Backend seam. Built twice from this source: by nvcc into
 // libmultinorm_cuda.so, and by g++ into libmultinorm_cuda_emulated.so, where every kernel runs on the
 // CPU through the emulation layer (a test instrument). Host/device crossings are explicit: to_device /
-// to_host, the scalar results of sum_squares, and the token ids the deterministic embedding backward
-// buckets on the host.
+// to_host and the results of sum_squares (one read for the whole list in sum_squares_many).
 #include <algorithm>
 #include <cmath>
 #include <memory>
@@ -88,7 +87,8 @@ class CudaBackend final : public Backend {
   }
   int threads() const override { return 1; }
   bool host_memory() const override { return false; }
-  void synchronize() override { MN_CUDA_CHECK(cudaStreamSynchronize(stream_), "synchronize"); }
+  void synchronize() override { wait_for_stream(stream_, "synchronize"); }
+  int64_t host_synchronisations() const override { return host_waits(); }
   void set_profiling(bool on) override { profiler::set(on); }
   std::vector<KernelTime> take_profile() override { return profiler::take(); }
 
@@ -112,7 +112,7 @@ class CudaBackend final : public Backend {
     return p;
   }
   void release(void* ptr) override {
-    MN_CUDA_CHECK(cudaStreamSynchronize(stream_), "release (waiting for the stream)");
+    wait_for_stream(stream_, "release (waiting for the stream)");
     MN_CUDA_CHECK(cudaFree(ptr), "release");
   }
   void to_device(void* dst, const void* src, int64_t bytes) override {
@@ -123,7 +123,7 @@ class CudaBackend final : public Backend {
   void to_host(void* dst, const void* src, int64_t bytes) override {
     MN_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToHost, stream_),
                   "to_host (" + std::to_string(bytes) + " bytes)");
-    MN_CUDA_CHECK(cudaStreamSynchronize(stream_), "to_host (waiting for the copy)");
+    wait_for_stream(stream_, "to_host (waiting for the copy)");
   }
   void zero(Buf x, int64_t n) override {
     MN_CUDA_CHECK(cudaMemsetAsync(x.ptr, 0, static_cast<size_t>(n * dtype_bytes(x.dtype)), stream_), "zero " + shape({n}));
@@ -235,6 +235,14 @@ class CudaBackend final : public Backend {
     double r = 0;
     to_host(&r, d, sizeof(double));
     return r;
+  }
+  void sum_squares_many(const Buf* xs, const int64_t* ns, int64_t count, double* out) override {
+    if (count == 0) return;
+    // [results: count | partials: kSumSquaresBlocks]; the launches are stream-ordered, so they share the partials
+    auto* d = static_cast<double*>(reduce_scratch_.get(cuda_scratch::sum_squares_many_bytes(count), "sum_squares_many"));
+    for (int64_t i = 0; i < count; ++i)
+      with_type(xs[i].dtype, [&](auto* t) { cuda::sum_squares(d + i, d + count, as<std::remove_pointer_t<decltype(t)>>(xs[i]), ns[i], stream_); });
+    to_host(out, d, count * static_cast<int64_t>(sizeof(double)));
   }
   void scale(Buf x, int64_t n, float factor) override {
     with_type(x.dtype, [&](auto* t) { cuda::scale(as<std::remove_pointer_t<decltype(t)>>(x), n, factor, stream_); });

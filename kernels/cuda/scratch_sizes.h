@@ -26,6 +26,7 @@ inline int64_t embedding_backward_bytes(int64_t BT) {  // the sort's keys: BT ro
 }
 // sum of squares: the partials and the result, FP64
 inline int64_t sum_squares_bytes() { return (kSumSquaresBlocks + 1) * 8; }
+inline int64_t sum_squares_many_bytes(int64_t tensors) { return (kSumSquaresBlocks + tensors) * 8; }
 // SinkGD on [m, n]: u (m), v (n), column partials per row chunk, floats
 inline int64_t sinkgd_floats(int64_t m, int64_t n) { return m + n + std::min(m, kSinkgdChunks) * n; }
 // multi-tensor SinkGD: the tensors go, in the call's order, in launches of at most

@@ -184,7 +184,7 @@ SwanResult swan(T* w, const G* g, int64_t m, int64_t n, const SwanParams& a, LtG
   auto read_resid = [&] {
     double r = 0;
     MN_CUDA_CHECK(cudaMemcpyAsync(&r, resid, sizeof(double), cudaMemcpyDeviceToHost, stream), "swan (residual)");
-    MN_CUDA_CHECK(cudaStreamSynchronize(stream), "swan (residual)");
+    wait_for_stream(stream, "swan (residual)");
     return r;
   };
   auto residual = [&](float* T_out) {
@@ -226,7 +226,7 @@ SwanResult swan(T* w, const G* g, int64_t m, int64_t n, const SwanParams& a, LtG
     result.residual = read_resid();
     unsigned bad = 0;
     MN_CUDA_CHECK(cudaMemcpyAsync(&bad, nonfinite, sizeof(bad), cudaMemcpyDeviceToHost, stream), "swan (finiteness)");
-    MN_CUDA_CHECK(cudaStreamSynchronize(stream), "swan (finiteness)");
+    wait_for_stream(stream, "swan (finiteness)");
     if (std::isfinite(result.residual) && bad == 0) {
       launch("swan_apply", swan_apply_kernel<T>, dim3(grid_for(m * n)), dim3(kThreads), 0, stream, w, U, m * n, c, step, keep, a.write);
       return result;
@@ -237,14 +237,14 @@ SwanResult swan(T* w, const G* g, int64_t m, int64_t n, const SwanParams& a, LtG
   // Exact path: X to the host, FP64 polar factor there, U back (as doubles, for the FP64 step).
   std::vector<float> hx(static_cast<size_t>(m * n));
   MN_CUDA_CHECK(cudaMemcpyAsync(hx.data(), X, m * n * 4, cudaMemcpyDeviceToHost, stream), "swan exact path (X to the host)");
-  MN_CUDA_CHECK(cudaStreamSynchronize(stream), "swan exact path");
+  wait_for_stream(stream, "swan exact path");
   std::vector<double> Ud(m * n), M(m * n), Ah(k * k + k), B(k * k), Zh(k * k);
   polar_exact_fp64(Ud.data(), hx.data(), m, n, M.data(), Ah.data(), B.data(), Zh.data());
   double* dU = reinterpret_cast<double*>(X);  // X and U [m n floats each] are contiguous: m n doubles
   MN_CUDA_CHECK(cudaMemcpyAsync(dU, Ud.data(), m * n * 8, cudaMemcpyHostToDevice, stream), "swan exact path (U to the device)");
   launch("swan_apply_exact", swan_apply_exact_kernel<T>, dim3(grid_for(m * n)), dim3(kThreads), 0, stream, w, dU, m * n, static_cast<double>(step),
          keep, a.write);
-  MN_CUDA_CHECK(cudaStreamSynchronize(stream), "swan exact path");  // Ud (host) must outlive the copy
+  wait_for_stream(stream, "swan exact path");  // Ud (host) must outlive the copy
   return result;
 }
 

@@ -226,6 +226,7 @@ void LlamaModel::upload(const MicroBatch& mb, bool need_targets) {
       mask = ones.data();
     }
     be_.to_device(mask_, mask, BT);
+    host_mask_.assign(mask, mask + BT);  // the loss sums on the host read it here, not back from the device
   }
 }
 
@@ -293,10 +294,8 @@ LossSum LlamaModel::head(int64_t BT, bool backward, float grad_scale, float* hos
   }
   LossSum loss;
   be_.to_host(host_losses_.data(), losses, BT * 4);
-  std::vector<uint8_t> mask(BT);
-  be_.to_host(mask.data(), mask_, BT);
   for (int64_t i = 0; i < BT; ++i)
-    if (mask[i]) {
+    if (host_mask_[i]) {
       loss.sum += host_losses_[i];
       ++loss.count;
     }

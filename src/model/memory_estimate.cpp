@@ -127,6 +127,7 @@ int64_t cuda_backend_scratch_bytes(const ModelConfig& m, int64_t B, int64_t T, c
   // any share of the matrices a data-parallel rank updates, and exact where they fit one launch.
   int64_t sinkgd_all = 0, sinkgd_largest = 0;
   const auto specs = llama_parameters(m);  // outlives the assignments, which point into it
+  const int64_t tensors = static_cast<int64_t>(specs.size());  // sum_squares_many: one result each
   for (const auto& a : assign_optimizers(specs, matrix_optimizer, "adam", matrix_params)) {
     if (a.tensor->numel() <= cs::kMultiTensorElements && a.optimizer.rfind("adam", 0) == 0) many = std::max(many, cs::adam_many_bytes());
     if (!a.matrix) continue;
@@ -140,7 +141,7 @@ int64_t cuda_backend_scratch_bytes(const ModelConfig& m, int64_t B, int64_t T, c
   }
   optimizer = std::max(optimizer, std::max(sinkgd_largest, std::min(sinkgd_all, cs::kSinkgdManyFloats)) * 4);
   return cs::kGemmWorkspaceBytes + cs::rmsnorm_backward_floats(BT, C) * 4 + cs::attention_backward_bytes(B, H, T) +
-         cs::embedding_backward_bytes(BT) + cs::sum_squares_bytes() + optimizer + many;
+         cs::embedding_backward_bytes(BT) + cs::sum_squares_many_bytes(tensors) + optimizer + many;
 }
 
 ActivationPlan training_activation_plan(const RunConfig& run, bool cuda) {

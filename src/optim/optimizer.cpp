@@ -61,9 +61,16 @@ StepStats Optimizer::step(int64_t update, int64_t applied) {
   st.lr_fallback = lr_t;
   // The global norm from per-tensor sums of squares added in tensor order: the same FP64 number
   // whether one rank holds every reduced gradient or each owner its own (the others add zeros).
+  // One backend call for the rank's tensors: a device reads the sums back once, not once per tensor.
   std::vector<double> squares(assign_.size(), 0.0);
+  std::vector<size_t> mine;
+  std::vector<Buf> grads;
+  std::vector<int64_t> sizes;
   for (size_t i = 0; i < assign_.size(); ++i)
-    if (plan.mine(i)) squares[i] = be.sum_squares(model_.grad(*assign_[i].tensor), assign_[i].tensor->numel());
+    if (plan.mine(i)) mine.push_back(i), grads.push_back(model_.grad(*assign_[i].tensor)), sizes.push_back(assign_[i].tensor->numel());
+  std::vector<double> mine_squares(mine.size());
+  be.sum_squares_many(grads.data(), sizes.data(), static_cast<int64_t>(mine.size()), mine_squares.data());
+  for (size_t k = 0; k < mine.size(); ++k) squares[mine[k]] = mine_squares[k];
   if (plan.sharded()) sharding_.host->allreduce_sum(squares.data(), static_cast<int64_t>(squares.size()));
   double sum = 0;
   for (double q : squares) sum += q;
