@@ -186,14 +186,38 @@ void reset_clocks(Worker& w) {
 // after racecheck recorded it) kills the process: first say which kernel, block and thread, and the
 // error racecheck recorded, then let the previous handler or the default action take over.
 struct sigaction g_previous[2];
+// The report is formatted without allocating (a signal handler may only make async-signal-safe
+// calls: the fault may have hit inside malloc), into a fixed buffer written with write(2).
+struct SignalMessage {
+  char buf[1024];
+  size_t n = 0;
+  void text(const char* s, size_t len) {
+    for (size_t i = 0; i < len && n < sizeof buf; ++i) buf[n++] = s[i];
+  }
+  void text(const char* s) { text(s, std::strlen(s)); }
+  void number(uint64_t v, unsigned base) {
+    char d[24];
+    int k = 0;
+    do {
+      d[k++] = "0123456789abcdef"[v % base];
+      v /= base;
+    } while (v);
+    while (k) text(&d[--k], 1);
+  }
+};
 void on_fault(int sig, siginfo_t* info, void*) {
   Worker* w = t_worker;
   if (w && w->tid >= 0) {
-    std::string m = std::string("\nemulated CUDA: kernel ") + g_kernel + " faulted (signal " + std::to_string(sig) + ", address " +
-                    hex_address(info->si_addr) + ") in block (" + std::to_string(w->block_idx.x) + "," + std::to_string(w->block_idx.y) +
-                    "," + std::to_string(w->block_idx.z) + ") " + thread_name(*w, w->tid) +
-                    (w->error.empty() ? std::string() : ", after: " + w->error) + "\n";
-    if (::write(2, m.data(), m.size()) < 0) m.clear();
+    SignalMessage m;
+    const unsigned tid = static_cast<unsigned>(w->tid);
+    m.text("\nemulated CUDA: kernel "), m.text(g_kernel), m.text(" faulted (signal "), m.number(static_cast<unsigned>(sig), 10);
+    m.text(", address 0x"), m.number(reinterpret_cast<uintptr_t>(info->si_addr), 16);
+    m.text(") in block ("), m.number(w->block_idx.x, 10), m.text(","), m.number(w->block_idx.y, 10), m.text(","), m.number(w->block_idx.z, 10);
+    m.text(") thread ("), m.number(tid % w->dim.x, 10), m.text(","), m.number(tid / w->dim.x % w->dim.y, 10), m.text(",");
+    m.number(tid / (w->dim.x * w->dim.y), 10), m.text(")");
+    if (!w->error.empty()) m.text(", after: "), m.text(w->error.data(), w->error.size());
+    m.text("\n");
+    if (::write(2, m.buf, m.n) < 0) m.n = 0;
   }
   sigaction(sig, &g_previous[sig == SIGSEGV ? 0 : 1], nullptr);  // the faulting access repeats and ends the process
 }
