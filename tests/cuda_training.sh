@@ -40,6 +40,16 @@ for opt in sinkgd swan adam adamw sgd; do
     checks=$((checks + 1))
     if ! close "$a" "$b" $tol; then echo "FAIL: $opt update $u: cuda loss $a, cpu loss $b (tolerance $tol)"; fails=$((fails + 1)); fi
   done
+  # One host wait per update of two micro-batches (the gradient norm's read, which brings the queued
+  # losses); SWAN adds its Newton-Schulz reads. The CPU reports none.
+  if [ $opt != swan ]; then
+    waits=$(grep -o '"host_waits":[0-9]*' runs/cuda_$opt/metrics.jsonl | cut -d: -f2 | sort -u | tr '\n' ' ')
+    checks=$((checks + 1))
+    if [ "$waits" != "1 " ]; then echo "FAIL: $opt on cuda: host waits per update: $waits(expected 1)"; fails=$((fails + 1)); fi
+  fi
+  waits=$(grep -o '"host_waits":[0-9]*' runs/cpu_$opt/metrics.jsonl | cut -d: -f2 | sort -u | tr '\n' ' ')
+  checks=$((checks + 1))
+  if [ "$waits" != "0 " ]; then echo "FAIL: $opt on cpu: host waits per update: $waits(expected 0)"; fails=$((fails + 1)); fi
 done
 # A checkpoint crosses backends: 3 updates on the CPU, 3 more on CUDA, and the other way round,
 # against the uninterrupted CPU run.

@@ -672,10 +672,10 @@ TEST_P(CudaVsCpu, OneTrainingUpdatePerOptimizer) {
 }
 
 // Host waits (Backend::host_synchronisations: a device-to-host copy or a stream synchronisation,
-// each draining the device's queue): one per micro-batch's forward and backward (the per-token
-// losses, read for the loss sum; the embedding backward buckets on the device, the loss mask is the
-// host's own copy) and one per optimizer step (the per-tensor sums of squares of the gradient norm,
-// read together). SWAN adds its residual and finiteness reads.
+// each draining the device's queue): none in a training update's micro-batches (their per-token
+// losses are queued copies; the embedding backward buckets on the device, the loss mask is the
+// host's own copy) and one per update: the per-tensor sums of squares of the gradient norm, read
+// together, which delivers the queued losses. SWAN adds its residual and finiteness reads.
 TEST_P(CudaVsCpu, HostWaitsPerMicroBatchAndPerUpdate) {
   if (std::strchr(GetParam().order, ',')) GTEST_SKIP() << "counts waits; the orders mode adds nothing to that";
   for (const char* name : {"sinkgd", "adam", "adamw", "sgd"}) {
@@ -691,16 +691,41 @@ TEST_P(CudaVsCpu, HostWaitsPerMicroBatchAndPerUpdate) {
     LlamaModel mg(*cuda, run.model, DType::BF16, 2, 19);
     mg.init_random(4);
     Optimizer og(mg, run);
+    LlamaModel mc(*cpu, run.model, DType::BF16, 2, 19);
+    mc.init_random(4);
+    Optimizer oc(mc, run);
     for (int64_t update = 1; update <= 2; ++update) {  // the second time every scratch buffer exists
       mg.zero_grads();
+      mc.zero_grads();
       const int64_t before = cuda->host_synchronisations();
-      mg.forward_backward(mb, 0.5f);
-      const int64_t after_micro_batch = cuda->host_synchronisations();
+      mg.queue_forward_backward(mb, 0.5f);  // two micro-batches of one update, as the trainer queues them
+      mg.queue_forward_backward(mb, 0.25f);
+      const int64_t after_micro_batches = cuda->host_synchronisations();
+      const double norm = og.measure_gradient_norm(update);
+      const std::vector<LossSum> losses = mg.take_queued_losses();
+      const int64_t after_norm = cuda->host_synchronisations();
       og.step(update, update);
       const int64_t after_step = cuda->host_synchronisations();
+      // The same update on the CPU: the queued losses are the micro-batches' own, in order.
+      const LossSum l1 = mc.forward_backward(mb, 0.5f), l2 = mc.forward_backward(mb, 0.25f);
+      const double cpu_norm = oc.measure_gradient_norm(update);
+      oc.step(update, update);
+      ASSERT_EQ(losses.size(), 2u) << name;
+      for (size_t k = 0; k < 2; ++k) {
+        const LossSum& c = k ? l2 : l1;
+        EXPECT_EQ(losses[k].count, c.count) << name;
+        // BF16 forward passes of two backends (measured 2e-4 relative at most): the copy itself is exact
+        EXPECT_NEAR(losses[k].sum, c.sum, 2e-3 * c.sum) << name << " micro-batch " << k;
+      }
+      EXPECT_NEAR(norm, cpu_norm, 2e-2 * cpu_norm) << name << ": the measured gradient norm";
       if (update == 1) continue;
-      EXPECT_EQ(after_micro_batch - before, 1) << name << ": host waits in a micro-batch's forward and backward";
-      EXPECT_EQ(after_step - after_micro_batch, 1) << name << ": host waits in an optimizer step";
+      EXPECT_EQ(after_micro_batches - before, 0) << name << ": host waits in a training update's micro-batches";
+      EXPECT_EQ(after_norm - after_micro_batches, 1) << name << ": host waits for the norm and the queued losses";
+      EXPECT_EQ(after_step - after_norm, 0) << name << ": host waits in the optimizer's step after the norm";
+      // The synchronous call, for everything but training: one wait for its losses.
+      const int64_t before_sync = cuda->host_synchronisations();
+      mg.forward_backward(mb, 0.5f);
+      EXPECT_EQ(cuda->host_synchronisations() - before_sync, 1) << name << ": forward_backward's one wait";
     }
   }
   EXPECT_EQ(cpu->host_synchronisations(), 0);
@@ -711,6 +736,36 @@ INSTANTIATE_TEST_SUITE_P(Emulation, CudaVsCpu, ::testing::Values(Mode{"forward",
                          [](const ::testing::TestParamInfo<Mode>& i) {
                            return std::string(std::strchr(i.param.order, ',') ? "three_orders" : i.param.order) + "_workers" + i.param.workers;
                          });
+
+// to_host_queued: the destination keeps its bytes until the host waits for the device, then has the
+// copy's; copies past the first pinned chunk (64 KB) while others are pending all arrive; a
+// destination written before the wait would be a stale read on a GPU.
+TEST(CudaBackend, QueuedCopiesArriveAtTheNextWait) {
+  const CudaProbe* p = cuda_plugin();
+  if (!p) GTEST_SKIP() << "no CUDA plugin";
+  auto be = make_cuda_backend(*p);
+  const int64_t n = 24 * 1024;  // 96 KB a copy: the second and third outgrow the first chunk
+  std::vector<float> src(n);
+  std::iota(src.begin(), src.end(), 1.0f);
+  void* dev = be->allocate(n * 4);
+  be->to_device(dev, src.data(), n * 4);
+  std::vector<std::vector<float>> dst(3, std::vector<float>(n, -1.0f));
+  for (auto& d : dst) be->to_host_queued(d.data(), dev, n * 4);
+  for (auto& d : dst) EXPECT_EQ(d[0], -1.0f) << "delivered before any wait";
+  const int64_t waits = be->host_synchronisations();
+  be->deliver_queued_copies();
+  EXPECT_EQ(be->host_synchronisations() - waits, 1);
+  for (auto& d : dst) EXPECT_EQ(d, src);
+  be->deliver_queued_copies();  // nothing queued: no wait
+  EXPECT_EQ(be->host_synchronisations() - waits, 1);
+  float one = -1.0f;  // any wait delivers: here to_host's
+  be->to_host_queued(&one, static_cast<float*>(dev) + 6, 4);
+  float seven = 0;
+  be->to_host(&seven, static_cast<float*>(dev) + 6, 4);
+  EXPECT_EQ(one, 7.0f);
+  EXPECT_EQ(seven, 7.0f);
+  be->release(dev);
+}
 
 // The emulation's strictness: misuse a GPU would hang on or silently get wrong is an error naming
 // the kernel, and out-of-memory names the bytes asked for and what is free.

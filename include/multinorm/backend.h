@@ -122,6 +122,12 @@ class Backend {
   virtual void release(void* ptr) = 0;
   virtual void to_device(void* dst, const void* host_src, int64_t bytes) = 0;
   virtual void to_host(void* host_dst, const void* src, int64_t bytes) = 0;
+  // A device-to-host copy that does not wait: host_dst receives the bytes when the host next waits
+  // for this device (synchronize, to_host, sum_squares_many, ...: any wait host_synchronisations
+  // counts) and keeps its old bytes until then; it must stay valid until then. The CPU copies now.
+  virtual void to_host_queued(void* host_dst, const void* src, int64_t bytes) { to_host(host_dst, src, bytes); }
+  // Waits for the device only if to_host_queued copies are still undelivered (then they are).
+  virtual void deliver_queued_copies() {}
   virtual void zero(Buf x, int64_t n) = 0;
   virtual void convert(Buf dst, Buf src, int64_t n) = 0;  // copy with dtype conversion (RNE to bf16)
 

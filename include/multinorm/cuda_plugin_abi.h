@@ -7,7 +7,7 @@
 #pragma once
 #include <stddef.h>
 
-#define MULTINORM_CUDA_PLUGIN_ABI 7
+#define MULTINORM_CUDA_PLUGIN_ABI 8
 
 #ifdef __cplusplus
 extern "C" {

@@ -104,6 +104,13 @@ class LlamaModel {
   // arena the gradient of grad_scale * (sum of counted per-position losses).
   LossSum forward(const MicroBatch& mb);
   LossSum forward_backward(const MicroBatch& mb, float grad_scale);
+  // forward_backward without a host crossing: the per-position losses are copied to the host when the
+  // host next waits for the device (Backend::to_host_queued), so a training update's micro-batches
+  // queue back to back. take_queued_losses() returns the sums of the micro-batches queued since the
+  // last take, in order; it waits for the device only when nothing has since (the trainer takes them
+  // after the optimizer's gradient-norm read, the update's one wait).
+  void queue_forward_backward(const MicroBatch& mb, float grad_scale);
+  std::vector<LossSum> take_queued_losses();
   // Logits of every position, [B*T, V] FP32 on the host (sampling, cross-checks).
   void logits(const MicroBatch& mb, float* host_logits);
 
@@ -137,7 +144,8 @@ class LlamaModel {
   };
   void upload(const MicroBatch& mb, bool need_targets);
   void forward_layers(int64_t B, int64_t T);
-  LossSum head(int64_t BT, bool backward, float grad_scale, float* host_logits);
+  void head(int64_t BT, bool backward, float grad_scale, float* host_logits);
+  LossSum losses_to_host(int64_t BT);
   void backward_layers(int64_t B, int64_t T);
   Buf act(const std::string& name) const;
   float* act_f32(const std::string& name) const { return act(name).f32(); }
@@ -160,6 +168,12 @@ class LlamaModel {
   int32_t* targets_ = nullptr;
   uint8_t* mask_ = nullptr;
   std::vector<float> host_losses_;
+  struct QueuedLosses {  // one micro-batch's losses on their way to the host, and its mask
+    std::vector<float> losses;
+    std::vector<uint8_t> mask;
+  };
+  std::vector<QueuedLosses> queued_;  // slots reused from one update to the next
+  size_t queued_count_ = 0;
   std::vector<uint8_t> host_mask_;  // the loss mask of the uploaded micro-batch
   std::vector<LayerWeights> w_, dw_;
   std::vector<LayerActs> a_;

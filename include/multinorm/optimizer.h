@@ -86,6 +86,12 @@ class Optimizer {
   // the updates applied so far including this one (update minus skipped ones). Nothing is applied,
   // and no state advances, when the gradient norm is not finite.
   StepStats step(int64_t update, int64_t applied);
+  // The gradient norm step(update, ...) will use, measured now: the per-tensor FP64 sums of squares,
+  // read from the device in one crossing (with sharding, summed over the ranks: every rank calls it).
+  // The trainer calls it before step so that this read, the update's one host wait, also delivers
+  // the micro-batches' queued losses, which it checks before anything is applied. step() measures
+  // itself when this was not called for the same update.
+  double measure_gradient_norm(int64_t update);
   // Every later update's learning rate times `scale` (the divergence monitor's rollback lowers it).
   void set_lr_scale(double scale) { lr_scale_ = scale; }
 
@@ -116,6 +122,8 @@ class Optimizer {
   int64_t state_bytes_ = 0, matrix_state_bytes_ = 0, local_state_bytes_ = 0;
   DType state_dtype_;
   double lr_scale_ = 1.0;
+  int64_t measured_update_ = -1;  // the update measure_gradient_norm() last measured
+  double measured_norm_ = 0;
 };
 
 }  // namespace multinorm

@@ -14,8 +14,19 @@ namespace multinorm::cuda {
 // Every such wait of the backend goes through here and is counted: host_waits() is what
 // Backend::host_synchronisations() reports, and the tests bound it per micro-batch and per update.
 // (Debug builds' synchronisation after each launch, a diagnostic mode, is not counted.)
+// A wait also delivers the copies queue_copy_to_host() queued on that stream.
 void wait_for_stream(cudaStream_t stream, const std::string& what);
 int64_t host_waits();
+// A device-to-host copy queued on `stream` without waiting: the bytes go by cudaMemcpyAsync into
+// pinned staging (pageable memory would make the copy synchronous) and reach `host_dst` when the
+// host next waits for the stream (wait_for_stream). host_dst must stay valid until then; until
+// then it keeps its old bytes. The staging grows on first use and is reused once delivered.
+void queue_copy_to_host(void* host_dst, const void* device_src, int64_t bytes, cudaStream_t stream);
+// Copies queued on `stream` and not yet delivered.
+int64_t queued_copies(cudaStream_t stream);
+// For a stream about to be destroyed: waits for it (not counted, errors ignored) and drops its
+// undelivered copies, whose destinations may be gone.
+void discard_queued_copies(cudaStream_t stream);
 
 }  // namespace multinorm::cuda
 

@@ -2,7 +2,8 @@
 // kernels/cuda/*.cu behind the Backend seam. Built twice from this source: by nvcc into
 // libmultinorm_cuda.so, and by g++ into libmultinorm_cuda_emulated.so, where every kernel runs on the
 // CPU through the emulation layer (a test instrument). Host/device crossings are explicit: to_device /
-// to_host and the results of sum_squares (one read for the whole list in sum_squares_many).
+// to_host and the results of sum_squares (one read for the whole list in sum_squares_many);
+// to_host_queued copies are delivered by the next of those waits.
 #include <algorithm>
 #include <cmath>
 #include <memory>
@@ -73,6 +74,7 @@ class CudaBackend final : public Backend {
     gemm_ = std::make_unique<LtGemm>();
   }
   ~CudaBackend() override {
+    discard_queued_copies(stream_);
     gemm_.reset();
     cudaStreamDestroy(stream_);
   }
@@ -124,6 +126,10 @@ class CudaBackend final : public Backend {
     MN_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToHost, stream_),
                   "to_host (" + std::to_string(bytes) + " bytes)");
     wait_for_stream(stream_, "to_host (waiting for the copy)");
+  }
+  void to_host_queued(void* dst, const void* src, int64_t bytes) override { queue_copy_to_host(dst, src, bytes, stream_); }
+  void deliver_queued_copies() override {
+    if (queued_copies(stream_) > 0) wait_for_stream(stream_, "delivering queued device-to-host copies");
   }
   void zero(Buf x, int64_t n) override {
     MN_CUDA_CHECK(cudaMemsetAsync(x.ptr, 0, static_cast<size_t>(n * dtype_bytes(x.dtype)), stream_), "zero " + shape({n}));

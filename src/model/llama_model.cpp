@@ -264,7 +264,7 @@ void LlamaModel::forward_layers(int64_t B, int64_t T) {
 
 // The loss head, in chunks of rows: logits, cross-entropy, and (backward) d_lnf and dWlm at once, so
 // only one chunk of logits ever exists.
-LossSum LlamaModel::head(int64_t BT, bool backward, float grad_scale, float* host_logits) {
+void LlamaModel::head(int64_t BT, bool backward, float grad_scale, float* host_logits) {
   const int64_t C = cfg_.hidden_size, V = cfg_.vocab_size;
   Buf lnf = act("final.ln"), logits = act("logits");
   Buf dlogits = dtype_ == DType::F32 ? logits : act("d_logits");
@@ -277,7 +277,7 @@ LossSum LlamaModel::head(int64_t BT, bool backward, float grad_scale, float* hos
       { auto t = time(Op::Matmul); be_.matmul(logits, lnf.at(r0 * C), wlm_, R, V, C, false, true, false); }  // [R,V] f32
       be_.to_host(host_logits + r0 * V, logits.ptr, R * V * 4);
     }
-    return {};
+    return;
   }
   for (int64_t r0 = 0; r0 < BT; r0 += kHeadChunkRows) {
     const int64_t R = std::min(kHeadChunkRows, BT - r0);
@@ -292,20 +292,29 @@ LossSum LlamaModel::head(int64_t BT, bool backward, float grad_scale, float* hos
       be_.matmul(dwlm_, dlogits, lnf.at(r0 * C), V, C, R, true, false, true);  // dWlm += dlogits^T lnf
     }
   }
+}
+
+// The sum over counted positions, in position order (the same FP64 number however it was copied).
+static LossSum sum_losses(const float* losses, const uint8_t* mask, int64_t BT) {
   LossSum loss;
-  be_.to_host(host_losses_.data(), losses, BT * 4);
   for (int64_t i = 0; i < BT; ++i)
-    if (host_mask_[i]) {
-      loss.sum += host_losses_[i];
+    if (mask[i]) {
+      loss.sum += losses[i];
       ++loss.count;
     }
   return loss;
 }
 
+LossSum LlamaModel::losses_to_host(int64_t BT) {
+  be_.to_host(host_losses_.data(), act_f32("losses"), BT * 4);
+  return sum_losses(host_losses_.data(), host_mask_.data(), BT);
+}
+
 LossSum LlamaModel::forward(const MicroBatch& mb) {
   upload(mb, true);
   forward_layers(mb.B, mb.T);
-  return head(mb.B * mb.T, false, 0.0f, nullptr);
+  head(mb.B * mb.T, false, 0.0f, nullptr);
+  return losses_to_host(mb.B * mb.T);
 }
 
 void LlamaModel::logits(const MicroBatch& mb, float* host_logits) {
@@ -319,15 +328,36 @@ void LlamaModel::logits(const MicroBatch& mb, float* host_logits) {
 // ---------------------------------------------------------------------------------------------
 
 LossSum LlamaModel::forward_backward(const MicroBatch& mb, float grad_scale) {
+  take_queued_losses();  // an earlier queue's losses are not this call's
+  queue_forward_backward(mb, grad_scale);
+  return take_queued_losses().front();
+}
+
+void LlamaModel::queue_forward_backward(const MicroBatch& mb, float grad_scale) {
   const auto t0 = std::chrono::steady_clock::now();
+  const int64_t BT = mb.B * mb.T;
   upload(mb, true);
   forward_layers(mb.B, mb.T);
-  const LossSum loss = head(mb.B * mb.T, true, grad_scale, nullptr);  // the head's backward GEMMs count as forward
+  head(BT, true, grad_scale, nullptr);  // the head's backward GEMMs count as forward
+  if (queued_count_ == queued_.size()) queued_.emplace_back();
+  QueuedLosses& q = queued_[queued_count_++];
+  q.losses.resize(static_cast<size_t>(BT));  // a slot's buffer is not touched again until the take
+  q.mask.assign(host_mask_.begin(), host_mask_.begin() + BT);
+  be_.to_host_queued(q.losses.data(), act_f32("losses"), BT * 4);
   const auto t1 = std::chrono::steady_clock::now();
   backward_layers(mb.B, mb.T);
   last_forward_s_ = std::chrono::duration<double>(t1 - t0).count();
   last_backward_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
-  return loss;
+}
+
+std::vector<LossSum> LlamaModel::take_queued_losses() {
+  std::vector<LossSum> sums;
+  if (queued_count_ == 0) return sums;
+  be_.deliver_queued_copies();  // no wait when one since the last queue delivered them
+  for (size_t k = 0; k < queued_count_; ++k)
+    sums.push_back(sum_losses(queued_[k].losses.data(), queued_[k].mask.data(), static_cast<int64_t>(queued_[k].mask.size())));
+  queued_count_ = 0;
+  return sums;
 }
 
 std::vector<std::pair<int64_t, int64_t>> LlamaModel::gradient_ready_order() const {

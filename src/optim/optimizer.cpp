@@ -50,15 +50,9 @@ Optimizer::Optimizer(LlamaModel& model, const RunConfig& run, const OptimizerSha
 
 Optimizer::~Optimizer() { model_.backend().release(arena_); }
 
-StepStats Optimizer::step(int64_t update, int64_t applied) {
+double Optimizer::measure_gradient_norm(int64_t update) {
   Backend& be = model_.backend();
   const ShardPlan& plan = sharding_.plan;
-  StepStats st;
-  st.lr_multiplier = schedule_multiplier(run_.schedule, update);
-  const double lr_t = run_.optimizer.lr * lr_scale_ * st.lr_multiplier;
-  const bool scaled = run_.optimizer.name == "sinkgd" || run_.optimizer.name == "swan";
-  st.lr_matrix = lr_t * (scaled ? run_.optimizer.alpha : 1.0);
-  st.lr_fallback = lr_t;
   // The global norm from per-tensor sums of squares added in tensor order: the same FP64 number
   // whether one rank holds every reduced gradient or each owner its own (the others add zeros).
   // One backend call for the rank's tensors: a device reads the sums back once, not once per tensor.
@@ -74,7 +68,23 @@ StepStats Optimizer::step(int64_t update, int64_t applied) {
   if (plan.sharded()) sharding_.host->allreduce_sum(squares.data(), static_cast<int64_t>(squares.size()));
   double sum = 0;
   for (double q : squares) sum += q;
-  st.grad_norm = std::sqrt(sum);
+  measured_norm_ = std::sqrt(sum);
+  measured_update_ = update;
+  return measured_norm_;
+}
+
+StepStats Optimizer::step(int64_t update, int64_t applied) {
+  Backend& be = model_.backend();
+  const ShardPlan& plan = sharding_.plan;
+  StepStats st;
+  st.lr_multiplier = schedule_multiplier(run_.schedule, update);
+  const double lr_t = run_.optimizer.lr * lr_scale_ * st.lr_multiplier;
+  const bool scaled = run_.optimizer.name == "sinkgd" || run_.optimizer.name == "swan";
+  st.lr_matrix = lr_t * (scaled ? run_.optimizer.alpha : 1.0);
+  st.lr_fallback = lr_t;
+  if (measured_update_ != update) measure_gradient_norm(update);
+  measured_update_ = -1;  // an update's gradients are measured for one step
+  st.grad_norm = measured_norm_;
   if (!std::isfinite(st.grad_norm)) return st;  // the trainer decides (stop or skip); nothing is applied
   const bool clip = run_.optimizer.grad_clip > 0 && st.grad_norm > run_.optimizer.grad_clip;
   st.clipped = clip;

@@ -325,6 +325,7 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
   for (int64_t k = first; k <= last; ++k) {
     Comm::set_activity("update " + std::to_string(k));
     const auto t_step = Clock::now();
+    const int64_t waits_before = backend->host_synchronisations();
     const double wait_before = loader_owner->wait_seconds();
     std::vector<Batch> batches;
     int64_t total_count = 0;  // counted targets of the whole global step, all ranks
@@ -349,11 +350,7 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
       // rank's counted targets, micro-batch mean by every rank's micro-batches.
       const float scale = token_mean ? 1.0f / static_cast<float>(total_count)
                                      : 1.0f / (static_cast<float>(b.count) * static_cast<float>(accum * world));
-      const LossSum l = model.forward_backward(b.view(), scale);
-      loss_sum += l.sum;
-      counted += l.count;
-      mean_sum += l.mean();
-      ++means;
+      model.queue_forward_backward(b.view(), scale);  // no host wait: the losses come with the norm's read
     }
     // When this rank's backward pass ended (wall clock: one clock for the ranks of a node, NTP's
     // across nodes): the latest over the ranks tells how much of this rank's communication wait was
@@ -363,6 +360,14 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
     double latest_backward_end = backward_end;
     if (world > 1) comm.allreduce_max(&latest_backward_end, 1);
     const double comm_exposed_s = std::max(0.0, grad_sync.last_wait_seconds() - (latest_backward_end - backward_end));
+    // The update's one host wait: the gradient norm's sums of squares, which brings the queued losses.
+    optimizer.measure_gradient_norm(k);
+    for (const LossSum& l : model.take_queued_losses()) {
+      loss_sum += l.sum;
+      counted += l.count;
+      mean_sum += l.mean();
+      ++means;
+    }
     double sums[4] = {loss_sum, mean_sum, static_cast<double>(counted), static_cast<double>(means)};
     comm.allreduce_sum(sums, 4);
     loss_sum = sums[0], mean_sum = sums[1], counted = static_cast<int64_t>(sums[2]), means = static_cast<int64_t>(sums[3]);
@@ -453,6 +458,7 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
               {"compute_s", compute_s},   {"optimizer_s", opt_s},
               {"data_wait_s", data_s},    {"comm_wait_s", grad_sync.last_wait_seconds()},
               {"comm_exposed_s", comm_exposed_s},
+              {"host_waits", backend->host_synchronisations() - waits_before},
               {"rss_bytes", mem.resident_bytes},
               {"rss_anon_bytes", mem.anonymous_bytes()}};
     if (st.swan.tensors > 0) {
