@@ -18,6 +18,8 @@ check() {  # check <description> <expected exit code> <pattern in output> -- com
 }
 models=$src/configs/models
 check "version" 0 "^multinorm [0-9]+\.[0-9]+" -- "$bin" --version
+check "bench model --predict a100" 0 "attention [0-9.]+ ms = [0-9.]+% of the GEMM time" -- "$bin" bench model --config "$models/llama_60m.json" --predict a100
+check "bench model --predict h100: launches" 0 "launches: [0-9]+ per micro-batch, [0-9]+ per update" -- "$bin" bench model --config "$models/llama_60m.json" --predict h100
 check "info 60m params" 0 "total +58,073,600" -- "$bin" info --config "$models/llama_60m.json"
 check "info 60m adam MEM" 0 "adam .* 0\.32G" -- "$bin" info --config "$models/llama_60m.json"
 check "info 60m sinkgd MEM" 0 "sinkgd .* 0\.23G" -- "$bin" info --config "$models/llama_60m.json"
@@ -47,7 +49,7 @@ emu=$(dirname "$bin")/libmultinorm_cuda_emulated.so
 if [ -f "$emu" ]; then
   check "emulated plugin detected" 0 "CUDA emulation on the CPU" -- env MULTINORM_CUDA_PLUGIN="$emu" "$bin" devices
   check "auto never picks the emulation" 0 "backend auto -> cpu \(auto: the CUDA plugin is the CPU emulation" -- env MULTINORM_CUDA_PLUGIN="$emu" "$bin" devices
-  check "bench model on the CUDA backend" 0 "backend cuda-emulated.*|cuBLASLt bf16 GEMM" -- env MULTINORM_CUDA_PLUGIN="$emu" "$bin" bench model --config "$models/llama_tiny.json" --backend cuda --batch 1 --seq 32 --steps 1 --warmup 0 --torch off
+  check "bench model on the CUDA backend: per-kernel table" 0 "attention_forward_mma +4 .*[0-9]+\.[0-9]+ *$" -- env MULTINORM_CUDA_PLUGIN="$emu" "$bin" bench model --config "$models/llama_tiny.json" --backend cuda --batch 1 --seq 32 --steps 1 --warmup 0 --torch off
   check "cuda without a usable plugin" 2 "backend cuda requested, but it cannot be used" -- env MULTINORM_CUDA_PLUGIN="$tmp/none.so" "$bin" bench model --config "$models/llama_tiny.json" --backend cuda --torch off
 fi
 echo "cli_smoke: $passes passed, $fails failed"

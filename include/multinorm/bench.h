@@ -17,9 +17,16 @@ struct ModelBenchOptions {
   std::string precision = "bf16";
   std::string torch = "auto";  // auto | off: run bench/torch_llama_bench.py for the PyTorch baseline
   bool json = false;
+  // a100 | h100: no run; the CUDA kernels' roofline on that GPU from their byte and FLOP counts
+  std::string predict;
+  // With a CUDA backend: the GPU whose peaks the measured table's MFU and predicted column use.
+  std::string peak = "a100";
+  double gemm_efficiency = 0.7, attention_efficiency = 0.35;  // the roofline's fractions of peak
 };
 
 void bench_model(const ModelBenchOptions& o);
+// `bench model --predict`: the per-kernel roofline of a micro-batch and an optimizer update.
+void bench_model_predict(const ModelBenchOptions& o);
 
 struct OptimBenchOptions {
   std::string config;  // model config or run config (its optimizer settings)

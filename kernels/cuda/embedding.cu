@@ -33,7 +33,7 @@ __global__ void embedding_forward_kernel(T* out, const int32_t* tokens, const T*
   }
 }
 
-constexpr int kSortChunk = 2048;  // keys a block sorts in shared memory (16 KB)
+constexpr int kSortChunk = static_cast<int>(cuda_scratch::kEmbeddingSortChunk);  // keys a block sorts in shared memory
 constexpr int kRunsPerBlock = 32; // sorted keys a backward block looks at for run starts
 
 __device__ __forceinline__ int32_t key_token(uint64_t k) { return static_cast<int32_t>(k >> 32); }
@@ -109,16 +109,10 @@ void embedding_forward(T* out, const int32_t* tokens, const T* wte, int64_t BT, 
   if (BT > 0) launch("embedding_forward", embedding_forward_kernel<T>, dim3(static_cast<unsigned>(BT)), dim3(kThreads), 0, stream, out, tokens, wte, C);
 }
 
-int64_t embedding_sort_length(int64_t BT) {
-  int64_t n = 2;
-  while (n < BT) n <<= 1;
-  return n;
-}
-
 template <class T, class G>
 void embedding_backward(G* dwte, const T* dout, const int32_t* tokens, int64_t BT, int64_t C, uint64_t* keys, cudaStream_t stream) {
   if (BT == 0) return;
-  const int64_t n = embedding_sort_length(BT);
+  const int64_t n = cuda_scratch::embedding_sort_length(BT);
   const int chunk = static_cast<int>(n < kSortChunk ? n : kSortChunk);
   const unsigned chunks = static_cast<unsigned>(n / chunk);
   launch("embedding_keys", embedding_keys_kernel, dim3(ceil_div(n, 256)), dim3(256), 0, stream, keys, tokens, BT, n);

@@ -28,8 +28,7 @@ void sum_squares(double* result, double* partials /* kSumSquaresBlocks */, const
 template <class T>
 void embedding_forward(T* out, const int32_t* tokens, const T* wte, int64_t BT, int64_t C, cudaStream_t stream);
 // Deterministic backward, all on the device: positions sorted by (token, position) in `keys`
-// (embedding_sort_length(BT) entries of scratch), then each token's run summed in position order.
-int64_t embedding_sort_length(int64_t BT);
+// (cuda_scratch::embedding_backward_bytes(BT) of scratch), then each token's run summed in position order.
 template <class T, class G>
 void embedding_backward(G* dwte, const T* dout, const int32_t* tokens, int64_t BT, int64_t C, uint64_t* keys, cudaStream_t stream);
 

@@ -12,18 +12,21 @@ constexpr int64_t kRmsnormBackwardBlocks = 256;      // fixed: the same reductio
 constexpr int64_t kSinkgdChunks = 128;               // SinkGD's row chunks per pass
 constexpr int64_t kSumSquaresBlocks = 256;           // the FP64 sum of squares' fixed grid
 constexpr int64_t kSwanReduceBlocks = 64;            // SWAN's residual reduction
+constexpr int kSwanPowerSteps = 12;                  // SWAN's power iteration for the largest eigenvalue
 
 // RMSNorm backward: per-block dw partials [min(N, 256), C], floats
 inline int64_t rmsnorm_backward_floats(int64_t N, int64_t C) { return std::min(N, kRmsnormBackwardBlocks) * C; }
 // attention backward: rowsum(dout * out) [B, H, T], bytes
 inline int64_t attention_backward_bytes(int64_t B, int64_t H, int64_t T) { return B * H * T * 4; }
-// embedding backward: positions (BT), distinct tokens (<= BT) and bucket starts (<= BT + 1), int32:
-// sized for the worst case so the buffer never depends on the batch's contents
-inline int64_t embedding_backward_bytes(int64_t BT) {  // the sort's keys: BT rounded up to a power of two, 8 bytes each
+// embedding backward: a bitonic sort of (token, position) keys, BT rounded up to a power of two
+// (at least 2); blocks sort chunks of kEmbeddingSortChunk keys in shared memory (16 KB).
+constexpr int64_t kEmbeddingSortChunk = 2048;
+inline int64_t embedding_sort_length(int64_t BT) {
   int64_t n = 2;
   while (n < BT) n <<= 1;
-  return n * 8;
+  return n;
 }
+inline int64_t embedding_backward_bytes(int64_t BT) { return embedding_sort_length(BT) * 8; }  // the keys
 // sum of squares: the partials and the result, FP64
 inline int64_t sum_squares_bytes() { return (kSumSquaresBlocks + 1) * 8; }
 inline int64_t sum_squares_many_bytes(int64_t tensors) { return (kSumSquaresBlocks + tensors) * 8; }

@@ -27,7 +27,7 @@ namespace multinorm::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kPowerSteps = 12;
+constexpr int kPowerSteps = cuda_scratch::kSwanPowerSteps;
 constexpr int kCheckEvery = 2;
 constexpr int kReduceBlocks = cuda_scratch::kSwanReduceBlocks;
 

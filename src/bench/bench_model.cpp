@@ -13,7 +13,9 @@
 #include "multinorm/bench.h"
 #include "multinorm/error.h"
 #include "multinorm/json_file.h"
+#include "multinorm/kernel_costs.h"
 #include "multinorm/llama_model.h"
+#include "multinorm/optimizer.h"
 #include "multinorm/run_config.h"
 
 namespace multinorm {
@@ -33,7 +35,121 @@ std::string run_command(const std::string& cmd) {
   return out;
 }
 
+
+// The run config the bench's model and optimizer come from: the file's, or the defaults around a model config.
+RunConfig bench_run_config(const std::string& path, const std::string& precision) {
+  const json doc = read_json_file(path);
+  json run_doc = is_model_config(doc) ? json{{"model", {{"config", doc}}}} : load_run_config(path).resolved;
+  run_doc["precision"]["params"] = precision;
+  RunConfig run = run_config_from_json(run_doc, path);
+  if (is_model_config(doc)) run.model.name = load_model_config(path).name;
+  return run;
+}
+
+// Model FLOPs per token: 6 x (GEMM parameters incl. lm_head) + 12 x layers x T x C.
+double model_flops_per_token(const LlamaModel& model, const ModelConfig& cfg, int64_t T, int64_t* gemm_params_out = nullptr) {
+  int64_t gemm_params = 0;
+  for (const auto& t : model.tensors())
+    if (t.group() == TensorGroup::Attention || t.group() == TensorGroup::Mlp || t.group() == TensorGroup::LmHead ||
+        (cfg.tie_word_embeddings && t.group() == TensorGroup::Embedding))
+      gemm_params += t.numel();
+  if (gemm_params_out) *gemm_params_out = gemm_params;
+  return 6.0 * gemm_params + 12.0 * cfg.num_hidden_layers * T * cfg.hidden_size;
+}
+
+struct StepCosts {
+  std::vector<KernelCost> micro_batch, update;
+  std::string optimizer;
+};
+
+// The kernels of one micro-batch's forward and backward and of one optimizer update, recorded from
+// the model and optimizer code itself (kernel_costs.h).
+StepCosts record_step_costs(const RunConfig& run, DType dt, int64_t B, int64_t T) {
+  auto rec = make_cost_recorder();
+  LlamaModel model(*rec, run.model, dt, B, T);
+  Optimizer optimizer(model, run);
+  std::vector<int32_t> tokens(B * T, 0);
+  const MicroBatch mb{tokens.data(), tokens.data(), nullptr, B, T};
+  take_kernel_costs(*rec);  // not the set-up's
+  model.forward_backward(mb, 1.0f);
+  StepCosts c;
+  c.micro_batch = take_kernel_costs(*rec);
+  optimizer.step(1, 1);
+  c.update = take_kernel_costs(*rec);
+  c.optimizer = run.optimizer.name;
+  return c;
+}
+
+void print_roofline(const std::vector<KernelCost>& ks, const DevicePeak& peak, const RooflineAssumptions& a) {
+  std::vector<std::pair<double, const KernelCost*>> rows;
+  double step = 0;
+  for (const auto& k : ks) {
+    rows.push_back({roofline_seconds(k, peak, a), &k});
+    step += rows.back().first;
+  }
+  std::sort(rows.begin(), rows.end(), [](const auto& x, const auto& y) { return x.first > y.first; });
+  std::printf("    %-30s %8s %10s %10s %9s %10s  %-7s %6s\n", "kernel", "launches", "MB", "GFLOP", "FLOP/B", "time us", "bound", "share");
+  for (const auto& [sec, k] : rows)
+    std::printf("    %-30s %8lld %10.2f %10.3f %9.1f %10.1f  %-7s %5.1f%%\n", k->name.c_str(), (long long)k->launches, k->bytes / 1e6,
+                k->flops / 1e9, k->bytes > 0 ? k->flops / k->bytes : 0.0, sec * 1e6, roofline_memory_bound(*k, peak, a) ? "memory" : "compute",
+                step > 0 ? 100.0 * sec / step : 0.0);
+}
+
+bool is_attention(const std::string& name) { return name.rfind("attention_", 0) == 0; }
+bool is_gemm(const KernelCost& k) { return k.unit == CostUnit::GemmTensorCore || k.unit == CostUnit::GemmFp32; }
+
 }  // namespace
+
+void bench_model_predict(const ModelBenchOptions& o) {
+  const DevicePeak* peak = find_device_peak(o.predict);
+  if (!peak) throw Error("bench model --predict: unknown GPU '" + o.predict + "' (a100, h100)");
+  const RunConfig run = bench_run_config(o.config, o.precision);
+  const DType dt = parse_dtype(o.precision);
+  const int64_t B = o.batch, T = o.seq;
+  const StepCosts c = record_step_costs(run, dt, B, T);
+  RooflineAssumptions a;
+  a.gemm = o.gemm_efficiency;
+  a.attention = o.attention_efficiency;
+  auto secs = [&](const std::vector<KernelCost>& ks, auto&& keep) {
+    double s = 0;
+    for (const auto& k : ks)
+      if (keep(k)) s += roofline_seconds(k, *peak, a);
+    return s;
+  };
+  auto all = [](const KernelCost&) { return true; };
+  const double step = secs(c.micro_batch, all), update = secs(c.update, all);
+  const double gemm = secs(c.micro_batch, [](const KernelCost& k) { return is_gemm(k); });
+  const double attention = secs(c.micro_batch, [](const KernelCost& k) { return is_attention(k.name); });
+  int64_t launches = 0, update_launches = 0;
+  for (const auto& k : c.micro_batch) launches += k.launches;
+  for (const auto& k : c.update) update_launches += k.launches;
+  int64_t gemm_params = 0;
+  double flops_token = 0;
+  {
+    auto rec = make_cost_recorder();
+    LlamaModel m(*rec, run.model, dt, 1, 1);
+    flops_token = model_flops_per_token(m, run.model, T, &gemm_params);
+  }
+  const double mfu = flops_token * B * T / step / (peak->bf16_tflops * 1e12);
+  std::printf("bench model --predict %s: %s, micro-batch %lld x %lld, %s; a roofline from the kernels' byte and FLOP counts, not a measurement\n",
+              peak->name.c_str(), run.model.name.c_str(), (long long)B, (long long)T, o.precision.c_str());
+  std::printf("  peaks: %.1f TFLOP/s BF16 dense, %.1f FP32, %.0f GB/s; assumed: cuBLASLt GEMMs at %.0f%% of peak, mma.sync attention at %.0f%%,\n"
+              "  FP32 FMA kernels at %.0f%%, memory-bound kernels at %.0f%% of the bandwidth\n",
+              peak->bf16_tflops, peak->fp32_tflops, peak->bandwidth_gbs, 100 * a.gemm, 100 * a.attention, 100 * a.simt, 100 * a.memory);
+  std::printf("  one micro-batch, forward and backward:\n");
+  print_roofline(c.micro_batch, *peak, a);
+  std::printf("  one optimizer update (%s, whole model on one GPU):\n", c.optimizer.c_str());
+  print_roofline(c.update, *peak, a);
+  std::printf("  micro-batch %.3f ms: GEMMs %.3f ms, attention %.3f ms = %.1f%% of the GEMM time, every other kernel %.3f ms = %.1f%% of the micro-batch\n",
+              step * 1e3, gemm * 1e3, attention * 1e3, gemm > 0 ? 100 * attention / gemm : 0.0, (step - gemm) * 1e3,
+              step > 0 ? 100 * (step - gemm) / step : 0.0);
+  std::printf("  %.0f tokens/s per GPU, MFU %.1f%% (%.1f MFLOP per token: 6 x %lld GEMM params + 12 x L x T x C; optimizer not included)\n",
+              B * T / step, 100 * mfu, flops_token / 1e6, (long long)gemm_params);
+  std::printf("  optimizer update %.3f ms (%.1f%% of one micro-batch; divide by the micro-batches an update accumulates)\n", update * 1e3,
+              step > 0 ? 100 * update / step : 0.0);
+  std::printf("  launches: %lld per micro-batch, %lld per update: %.2f-%.2f ms of launch overhead at 3-5 us each (what a CUDA graph replay saves)\n",
+              (long long)launches, (long long)update_launches, (launches + update_launches) * 3e-3, (launches + update_launches) * 5e-3);
+}
 
 void bench_model(const ModelBenchOptions& o) {
   const json doc = read_json_file(o.config);
@@ -50,13 +166,8 @@ void bench_model(const ModelBenchOptions& o) {
   for (int64_t i = 0; i < BT; ++i) targets[i] = tokens[(i + 1) % BT];
   const MicroBatch mb{tokens.data(), targets.data(), nullptr, B, T};
 
-  // FLOPs per token.
   int64_t gemm_params = 0;
-  for (const auto& t : model.tensors())
-    if (t.group() == TensorGroup::Attention || t.group() == TensorGroup::Mlp || t.group() == TensorGroup::LmHead ||
-        (cfg.tie_word_embeddings && t.group() == TensorGroup::Embedding))
-      gemm_params += t.numel();
-  const double flops_token = 6.0 * gemm_params + 12.0 * cfg.num_hidden_layers * T * cfg.hidden_size;
+  const double flops_token = model_flops_per_token(model, cfg, T, &gemm_params);
 
   // Rounds: one training step, then the model's GEMMs on the same backend (each shape once warm, then
   // timed once), so each round's ratio compares the two under the same machine conditions. This
@@ -116,6 +227,38 @@ void bench_model(const ModelBenchOptions& o) {
   const double train_tps = BT / train_s;
   const double achieved = flops_token * train_tps / 1e9;
 
+  // A device backend: one more step with a CUDA event pair around every launch, joined by kernel name
+  // with the recorded byte and FLOP counts of the same step (kernel_costs.h).
+  struct KernelRow {
+    std::string name;
+    int64_t launches = 0, predicted_launches = 0;
+    double ms = 0, bytes = 0, flops = 0, predicted_s = 0;
+  };
+  std::vector<KernelRow> kernel_rows;
+  const DevicePeak* peak = find_device_peak(o.peak);
+  RooflineAssumptions assume;
+  assume.gemm = o.gemm_efficiency;
+  assume.attention = o.attention_efficiency;
+  if (!be->host_memory()) {
+    RunConfig run = bench_run_config(o.config, o.precision);
+    std::map<std::string, KernelCost> costs;
+    for (const KernelCost& k : record_step_costs(run, dt, B, T).micro_batch) costs[k.name] = k;
+    be->set_profiling(true);
+    model.forward_backward(mb, 1.0f / BT);
+    const std::vector<KernelTime> measured = be->take_profile();
+    be->set_profiling(false);
+    for (const KernelTime& t : measured) {
+      KernelRow r{t.name, t.launches, 0, t.ms, 0, 0, 0};
+      if (auto it = costs.find(t.name); it != costs.end()) {
+        r.predicted_launches = it->second.launches;
+        r.bytes = it->second.bytes;
+        r.flops = it->second.flops;
+        r.predicted_s = roofline_seconds(it->second, *peak, assume);
+      }
+      kernel_rows.push_back(r);
+    }
+  }
+
   // (b) PyTorch on the same model and batch.
   double torch_tps = 0;
   std::string torch_mode = "not measured";
@@ -147,6 +290,10 @@ void bench_model(const ModelBenchOptions& o) {
               {"torch_tokens_per_s", torch_tps}, {"torch_mode", torch_mode},
               {"ratio_to_torch", torch_tps > 0 ? train_tps / torch_tps : 0.0}};
     if (be->host_memory()) j["attention_flops_share"] = cpu::attention_blocked_flops_share(T, split_heads);
+    for (const KernelRow& r : kernel_rows)
+      j["kernels"].push_back({{"name", r.name}, {"launches", r.launches}, {"ms", r.ms}, {"bytes", r.bytes}, {"flops", r.flops},
+                              {"predicted_ms_" + peak->name, r.predicted_s * 1e3}});
+    if (!kernel_rows.empty()) j["mfu_" + peak->name] = achieved * 1e9 / (peak->bf16_tflops * 1e12);
     for (size_t i = 0; i < train_profile.seconds.size(); ++i)
       j["profile_s"][op_name(static_cast<Op>(i))] = train_profile.seconds[i] / o.steps;
     std::printf("%s\n", j.dump(2).c_str());
@@ -175,6 +322,22 @@ void bench_model(const ModelBenchOptions& o) {
                 100.0 * cpu::attention_blocked_flops_share(T, split_heads), 100.0 * (1 - causal),
                 100.0 * (split_heads ? 3 : 1) * causal / 6,
                 split_heads ? " (heads split over threads: S and dP again in a query pass)" : "");
+  }
+  if (!kernel_rows.empty()) {
+    std::printf("  per kernel (CUDA events, one step; bytes and FLOPs from the kernels' counts; predicted: the %s roofline):\n",
+                peak->name.c_str());
+    std::printf("    %-30s %8s %10s %9s %9s %12s %8s\n", "kernel", "launches", "time us", "GB/s", "TFLOP/s", "predicted us", "ratio");
+    double total_ms = 0;
+    for (const KernelRow& r : kernel_rows) total_ms += r.ms;
+    for (const KernelRow& r : kernel_rows) {
+      const double s = r.ms / 1e3;
+      std::printf("    %-30s %8lld %10.1f %9.1f %9.2f %12.1f %8.2f%s\n", r.name.c_str(), (long long)r.launches, r.ms * 1e3,
+                  s > 0 ? r.bytes / s / 1e9 : 0.0, s > 0 ? r.flops / s / 1e12 : 0.0, r.predicted_s * 1e6,
+                  r.predicted_s > 0 ? s / r.predicted_s : 0.0,
+                  r.predicted_launches != r.launches ? "  (launch count differs from the cost model's)" : "");
+    }
+    std::printf("    kernels %.3f ms of a %.3f ms step; MFU %.1f%% of the %s's %.0f TFLOP/s BF16\n", total_ms, train_s * 1e3,
+                100.0 * achieved * 1e9 / (peak->bf16_tflops * 1e12), peak->name.c_str(), peak->bf16_tflops);
   }
   std::printf("  where a training step's time goes:\n");
   double total = 0;

@@ -11,7 +11,7 @@ void add_bench_command(CLI::App& app) {
   bench->footer("Example: multinorm bench model --config configs/models/llama_60m.json");
   bench->require_subcommand(1);
   auto* model = bench->add_subcommand("model", "Training throughput vs the oneDNN GEMM peak and PyTorch CPU");
-  model->footer("Example: multinorm bench model --config configs/models/llama_60m.json --batch 8 --seq 256");
+  model->footer("Example: multinorm bench model --config configs/models/llama_1b.json --batch 32 --seq 256 --predict a100");
   static ModelBenchOptions o;
   model->add_option("--config,-c", o.config, "model config or run config")->required();
   model->add_option("--batch", o.batch, "micro-batch (sequences)");
@@ -23,7 +23,16 @@ void add_bench_command(CLI::App& app) {
   model->add_option("--precision", o.precision, "bf16 or fp32")->check(CLI::IsMember({"bf16", "fp32"}));
   model->add_option("--torch", o.torch, "auto: also measure PyTorch (python3-torch); off: skip")->check(CLI::IsMember({"auto", "off"}));
   model->add_flag("--json", o.json, "machine-readable output");
-  model->callback([] { bench_model(o); });
+  model->add_option("--predict", o.predict,
+                    "a100 or h100: run nothing; print the CUDA kernels' time on that GPU from their bytes and FLOPs (a roofline)")
+      ->check(CLI::IsMember({"a100", "h100"}));
+  model->add_option("--peak", o.peak, "with --backend cuda: the GPU (a100, h100) for the MFU and the predicted column")
+      ->check(CLI::IsMember({"a100", "h100"}));
+  model->add_option("--gemm-efficiency", o.gemm_efficiency, "roofline: cuBLASLt GEMMs' fraction of the peak FLOP rate")
+      ->check(CLI::Range(0.01, 1.0));
+  model->add_option("--attention-efficiency", o.attention_efficiency, "roofline: the mma.sync attention kernels' fraction of peak")
+      ->check(CLI::Range(0.01, 1.0));
+  model->callback([] { o.predict.empty() ? bench_model(o) : bench_model_predict(o); });
 
   auto* optim = bench->add_subcommand("optim", "One optimizer step per optimizer: SinkGD/Adam and SWAN/SinkGD ratios, bandwidth");
   optim->footer("Example: multinorm bench optim --config configs/models/llama_130m.json");

@@ -1,0 +1,57 @@
+// What the CUDA backend's kernels cost, computed from the ops a step really issues. make_cost_recorder()
+// is a Backend that executes nothing: each op records the kernels the CUDA backend launches for it
+// (the same names as its profiler's, the same launch counts, tested against the emulated backend)
+// with the bytes they move through device memory and the FLOPs they do. `multinorm bench model
+// --predict a100|h100` turns the records into a roofline; on a GPU, `bench model --backend cuda`
+// puts them beside the measured per-kernel times. The formulas are docs/cuda.md's kernel table.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "multinorm/backend.h"
+
+namespace multinorm {
+
+// What bounds a kernel's compute: the BF16 tensor cores through cuBLASLt, our own mma.sync kernels
+// (attention), FP32 GEMMs through cuBLASLt (SWAN), FP32 FMAs in our kernels, or nothing (memory).
+enum class CostUnit { GemmTensorCore, KernelTensorCore, GemmFp32, KernelFp32, Memory };
+const char* cost_unit_name(CostUnit u);
+
+struct KernelCost {
+  std::string name;  // as the CUDA profiler names it ("rmsnorm_forward", "gemm bf16 (cuBLASLt)", ...)
+  CostUnit unit = CostUnit::Memory;
+  int64_t launches = 0;
+  double bytes = 0, flops = 0;  // device-memory traffic (each byte read or written once) and FLOPs
+};
+
+// A Backend that records instead of computing (allocate() hands out addresses that must never be
+// dereferenced: every op and copy is a no-op; sum_squares returns 1e30, so that an update records
+// gradient clipping's launches, the worst case). SWAN is recorded with every Newton-Schulz step (an
+// ns_tolerance may stop it earlier on real data).
+std::unique_ptr<Backend> make_cost_recorder();
+// The kernels recorded since the last take, by name in first-launch order (launches, bytes and
+// FLOPs summed). `recorder` must come from make_cost_recorder().
+std::vector<KernelCost> take_kernel_costs(Backend& recorder);
+
+// A GPU's peaks (dense, no sparsity) from its datasheet.
+struct DevicePeak {
+  std::string name;
+  double bf16_tflops = 0, fp32_tflops = 0, bandwidth_gbs = 0;
+};
+// "a100" (A100 SXM4 80 GB) or "h100" (H100 SXM5); nullptr for another name.
+const DevicePeak* find_device_peak(const std::string& name);
+
+// The fractions of peak the roofline assumes: stated, not measured.
+struct RooflineAssumptions {
+  double gemm = 0.7;       // cuBLASLt's BF16 and FP32 GEMMs
+  double attention = 0.35; // our mma.sync attention: half of cuBLASLt's (synchronous tile loads)
+  double simt = 0.5;       // FP32 FMA kernels
+  double memory = 0.8;     // memory-bound kernels, of the peak bandwidth
+};
+// The kernel's time on `peak`: the larger of its compute time and its memory time.
+double roofline_seconds(const KernelCost& k, const DevicePeak& peak, const RooflineAssumptions& a);
+bool roofline_memory_bound(const KernelCost& k, const DevicePeak& peak, const RooflineAssumptions& a);
+
+}  // namespace multinorm

@@ -1,0 +1,320 @@
+// The cost recorder (include/multinorm/kernel_costs.h): every Backend op records the kernels the CUDA
+// backend launches for it, with the same names and launch counts (kernels/cuda/*.cu; the launch plans
+// it shares with them are in kernels/cuda/scratch_sizes.h), and what each moves and computes.
+//
+// Bytes count each element read or written once from device memory (what a kernel that streams its
+// operands costs; L2 hits make a real kernel cheaper, re-reads dearer). s = storage bytes of an
+// element (2 BF16, 4 FP32). Shapes as in backend.h: BT rows of width C, H heads of D, F the MLP width.
+#include "multinorm/kernel_costs.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "../../kernels/cuda/scratch_sizes.h"
+#include "multinorm/error.h"
+
+namespace multinorm {
+
+const char* cost_unit_name(CostUnit u) {
+  switch (u) {
+    case CostUnit::GemmTensorCore: return "tensor cores (cuBLASLt)";
+    case CostUnit::KernelTensorCore: return "tensor cores (mma.sync)";
+    case CostUnit::GemmFp32: return "FP32 (cuBLASLt)";
+    case CostUnit::KernelFp32: return "FP32 FMA";
+    case CostUnit::Memory: return "memory";
+  }
+  return "?";
+}
+
+namespace {
+
+double s_of(const Buf& b) { return static_cast<double>(dtype_bytes(b.dtype)); }
+
+class CostRecorder final : public Backend {
+ public:
+  std::vector<KernelCost> take() {
+    std::vector<KernelCost> out;
+    out.swap(costs_);
+    index_.clear();
+    return out;
+  }
+
+  std::string name() const override { return "cost-recorder"; }
+  int threads() const override { return 1; }
+  bool host_memory() const override { return false; }
+  void synchronize() override {}
+  int64_t workspace_bytes() const override { return 0; }
+
+  // Addresses only: 256-byte aligned (the attention dispatch's 16-byte test passes, as on a GPU),
+  // from a range no host allocation uses. Never dereferenced.
+  void* allocate(int64_t bytes) override {
+    void* p = reinterpret_cast<void*>(next_);
+    next_ += (static_cast<uintptr_t>(std::max<int64_t>(bytes, 1)) + 255) / 256 * 256;
+    return p;
+  }
+  void release(void*) override {}
+  void to_device(void*, const void*, int64_t) override {}
+  void to_host(void*, const void*, int64_t) override {}
+  void zero(Buf x, int64_t n) override { add("memset", CostUnit::Memory, 1, n * s_of(x), 0); }
+  void convert(Buf dst, Buf src, int64_t n) override {
+    if (n > 0) add("convert", CostUnit::Memory, 1, n * (s_of(dst) + s_of(src)), 0);
+  }
+
+  void matmul(Buf out, Buf a, Buf, int64_t M, int64_t N, int64_t K, bool, bool, bool accumulate) override {
+    if (M == 0 || N == 0) return;
+    if (K == 0) {
+      if (!accumulate) zero(out, M * N);
+      return;
+    }
+    const bool bf16 = a.dtype == DType::BF16;
+    const double bytes = double(M * K + K * N) * s_of(a) + double(M * N) * s_of(out) * (accumulate ? 2 : 1);
+    add(bf16 ? "gemm bf16 (cuBLASLt)" : "gemm fp32 (cuBLASLt)", bf16 ? CostUnit::GemmTensorCore : CostUnit::GemmFp32, 1, bytes,
+        2.0 * M * N * K);
+  }
+
+  // ---- model ops ------------------------------------------------------------------------------
+  void embedding_forward(Buf out, const int32_t*, Buf, int64_t BT, int64_t C) override {
+    if (BT > 0) add("embedding_forward", CostUnit::Memory, 1, 2.0 * BT * C * s_of(out) + 4.0 * BT, 0);
+  }
+  // Keys (token << 32 | position) sorted bitonically: n = BT rounded up to a power of two; one
+  // launch sorts every chunk in shared memory, then for each larger merge size k a global launch per
+  // stride j >= chunk and a local launch for the strides below it; each launch reads and writes the
+  // n keys. Then one pass: dout read once, the touched dwte rows (at most BT distinct tokens: the
+  // bound is used) read and written.
+  void embedding_backward(Buf dwte, Buf dout, const int32_t*, int64_t BT, int64_t C) override {
+    if (BT == 0) return;
+    const int64_t n = cuda_scratch::embedding_sort_length(BT);
+    const int64_t chunk = std::min(n, cuda_scratch::kEmbeddingSortChunk);
+    int64_t local = 1, global = 0;
+    for (int64_t k = 2 * chunk; k <= n; k <<= 1) {
+      for (int64_t j = k / 2; j >= chunk; j >>= 1) ++global;
+      ++local;
+    }
+    add("embedding_keys", CostUnit::Memory, 1, 4.0 * BT + 8.0 * n, 0);
+    add("embedding_sort_local", CostUnit::Memory, local, local * 16.0 * n, 0);
+    if (global) add("embedding_sort_global", CostUnit::Memory, global, global * 16.0 * n, 0);
+    add("embedding_backward", CostUnit::Memory, 1, BT * (C * s_of(dout) + 8.0) + 2.0 * BT * C * s_of(dwte), double(BT) * C);
+  }
+  void rmsnorm_forward(Buf out, float*, Buf x, Buf w, int64_t N, int64_t C, float) override {
+    if (N > 0) add("rmsnorm_forward", CostUnit::Memory, 1, N * C * (s_of(x) + s_of(out)) + C * s_of(w) + 4.0 * N, 4.0 * N * C);
+  }
+  // Rows: dout (FP32) and x read, dx (FP32) written (and read when accumulating), each block's dw
+  // partial written; then the partials of min(N, 256) blocks summed into dw.
+  void rmsnorm_backward(float*, Buf dw, const float*, Buf x, Buf w, const float*, int64_t N, int64_t C, bool accumulate_dx) override {
+    if (N == 0) return;
+    const double P = static_cast<double>(std::min(N, cuda_scratch::kRmsnormBackwardBlocks));
+    add("rmsnorm_backward_rows", CostUnit::Memory, 1, N * C * (8.0 + s_of(x) + (accumulate_dx ? 4.0 : 0.0)) + C * s_of(w) + 4.0 * N + 4.0 * P * C,
+        8.0 * N * C);
+    add("rmsnorm_backward_dw", CostUnit::Memory, 1, 4.0 * P * C + 2.0 * C * s_of(dw), P * C);
+  }
+  // The q and k sections (2 C of each 3 C row) read and written.
+  void rope_forward(Buf qkv, const float*, int64_t B, int64_t T, int64_t H, int64_t D) override { rope(qkv, B * T, H * D, T, D); }
+  void rope_backward(Buf dqkv, const float*, int64_t B, int64_t T, int64_t H, int64_t D) override { rope(dqkv, B * T, H * D, T, D); }
+
+  // Causal attention over n = T (T + 1) / 2 (query, key) pairs per (b, h). The tensor-core kernels
+  // (BF16, D 64 or 128) take 64 queries a block: Q read and O written once, and each block streams
+  // the K and V rows up to its diagonal, on average T/2 rows of 2 D: (2 + T/64) B T C s. The SIMT
+  // kernels take 16 queries a block: (2 + T/16) B T C s. FLOPs: S = Q K^T and O = P V, 2 n D each.
+  void attention_forward(Buf out, float*, Buf qkv, int64_t B, int64_t T, int64_t H, int64_t D) override {
+    if (B * T * H == 0) return;
+    const double BTC = double(B) * T * H * D, pairs = double(B) * H * T * (T + 1) / 2.0, s = s_of(qkv);
+    if (mma(qkv, D)) add("attention_forward_mma", CostUnit::KernelTensorCore, 1, (2 + T / 64.0) * BTC * s + 4.0 * B * H * T, 4 * pairs * D);
+    else add("attention_forward", CostUnit::KernelFp32, 1, (2 + T / 16.0) * BTC * s + 4.0 * B * H * T, 4 * pairs * D);
+    (void)out;
+  }
+  // delta = rowsum(dO * O): dO and O read. dK/dV (a block per 64 keys): K and V read, dK and dV
+  // written, the Q, dO rows from each key tile's diagonal down streamed (T/2 on average, two of D):
+  // (4 + T/64) B T C s; it forms S, dP, then dV += P^T dO and dK += dS^T Q: 8 n D. dQ (a block per 64
+  // queries): Q and dO read, dQ written, K and V streamed up to the diagonal: (3 + T/64) B T C s; S,
+  // dP and dQ = dS K: 6 n D. The SIMT kernels: the same products, 16-row tiles.
+  void attention_backward(Buf dqkv, Buf dout, Buf qkv, Buf out, const float*, int64_t B, int64_t T, int64_t H, int64_t D) override {
+    if (B * T * H == 0) return;
+    const double BTC = double(B) * T * H * D, pairs = double(B) * H * T * (T + 1) / 2.0, s = s_of(qkv), lse = 4.0 * B * H * T;
+    add("attention_delta", CostUnit::Memory, 1, BTC * (s_of(dout) + s_of(out)) + lse, 2 * BTC);
+    const bool tc = mma(qkv, D);
+    const double tile = tc ? 64.0 : 16.0;
+    const CostUnit unit = tc ? CostUnit::KernelTensorCore : CostUnit::KernelFp32;
+    add(tc ? "attention_backward_dkdv_mma" : "attention_backward_dkdv", unit, 1, (4 + T / tile) * BTC * s + 2 * lse, 8 * pairs * D);
+    add(tc ? "attention_backward_dq_mma" : "attention_backward_dq", unit, 1, (3 + T / tile) * BTC * s + 2 * lse, 6 * pairs * D);
+    (void)dqkv;
+  }
+  void attention_decode(Buf out, Buf, Buf, Buf, int64_t pos, int64_t H, int64_t D) override {
+    add("attention_decode", CostUnit::Memory, 1, (2.0 * (pos + 1) + 4) * H * D * s_of(out), 4.0 * (pos + 1) * H * D);
+  }
+  void swiglu_forward(Buf out, Buf, int64_t N, int64_t F) override {
+    if (N * F > 0) add("swiglu_forward", CostUnit::Memory, 1, 3.0 * N * F * s_of(out), 6.0 * N * F);
+  }
+  // gate_up and dout read, dgate_up written (2 F); out written too when given.
+  void swiglu_backward(Buf dgate_up, Buf out, Buf, Buf, int64_t N, int64_t F) override {
+    if (N * F > 0) add("swiglu_backward", CostUnit::Memory, 1, (out.ptr ? 6.0 : 5.0) * N * F * s_of(dgate_up), 12.0 * N * F);
+  }
+  // Logits (FP32) read twice (max and sum, then the gradient), dlogits written, targets, mask, loss.
+  void cross_entropy(float*, Buf dlogits, const float*, const int32_t*, const uint8_t*, int64_t N, int64_t V, float) override {
+    if (N == 0) return;
+    add("cross_entropy", CostUnit::Memory, 1, 8.0 * N * V + (dlogits.ptr ? N * V * s_of(dlogits) : 0.0) + 9.0 * N, 5.0 * N * V);
+  }
+
+  // ---- optimizer ops ----------------------------------------------------------------------------
+  // A fixed grid of partial sums, then one block over them. The result is huge (finite): a gradient
+  // norm from it exceeds any grad_clip, so a clipped update's scale launches are counted.
+  double sum_squares(Buf x, int64_t n) override {
+    add("sum_squares_partial", CostUnit::Memory, 1, n * s_of(x) + 8.0 * cuda_scratch::kSumSquaresBlocks, 2.0 * n);
+    add("sum_squares_final", CostUnit::Memory, 1, 8.0 * (cuda_scratch::kSumSquaresBlocks + 1), double(cuda_scratch::kSumSquaresBlocks));
+    return 1e30;
+  }
+  void scale(Buf x, int64_t n, float) override {
+    if (n > 0) add("scale", CostUnit::Memory, 1, 2.0 * n * s_of(x), double(n));
+  }
+  void sinkgd_update(Buf w, Buf g, int64_t m, int64_t n, const SinkGDArgs& a) override {
+    const SinkGDTensor t{w, g, m, n, a.write.tensor};
+    sinkgd_update_many(&t, 1, a);
+  }
+  // Launch groups as the CUDA backend makes them. Per iteration: the rows pass reads G and writes a
+  // column partial per row chunk; the columns pass sums the partials. Then W and G read, W written.
+  void sinkgd_update_many(const SinkGDTensor* tensors, int64_t count, const SinkGDArgs& a) override {
+    auto shape = [&](int64_t i) { return std::pair<int64_t, int64_t>{tensors[i].m, tensors[i].n}; };
+    for (int64_t begin = 0; begin < count;) {
+      int64_t floats = 0;
+      int64_t end = cuda_scratch::sinkgd_many_launch_end(begin, count, shape, &floats);
+      for (int64_t i = begin + 1; i < end; ++i)
+        if (tensors[i].w.dtype != tensors[begin].w.dtype || tensors[i].g.dtype != tensors[begin].g.dtype) end = i;
+      double rows = 0, cols = 0, apply = 0, mn = 0;
+      for (int64_t i = begin; i < end; ++i) {
+        const SinkGDTensor& t = tensors[i];
+        const double partials = 4.0 * std::min(t.m, cuda_scratch::kSinkgdChunks) * t.n;
+        rows += double(t.m) * t.n * s_of(t.g) + partials + 4.0 * t.m;
+        cols += partials + 4.0 * t.n;
+        apply += double(t.m) * t.n * (s_of(t.g) + 2 * s_of(t.w)) + 4.0 * (t.m + t.n);
+        mn += double(t.m) * t.n;
+      }
+      const int64_t L = a.iterations;
+      if (L > 0) {
+        add("sinkgd_rows", CostUnit::Memory, L, L * rows, 4.0 * L * mn);
+        add("sinkgd_cols", CostUnit::Memory, L, L * cols, 0.0);
+      }
+      add("sinkgd_apply", CostUnit::Memory, 1, apply, 5.0 * mn);
+      begin = end;
+    }
+  }
+  // The Newton-Schulz path without a tolerance (every step runs; the exact path is a host fallback):
+  // rows normalised into X (FP32), A = X X^T (k = min(m, n)), ||A||_F twice, the regularisation, a
+  // power iteration, then per step P = Z Y and its residual, Y <- Y T and Z <- T Z (FP32 k x k GEMMs),
+  // the final iterate's P and residual, U = Z X, a finiteness count and the apply.
+  void swan_update(Buf w, Buf g, int64_t m, int64_t n, const SwanArgs& a) override {
+    const double k = static_cast<double>(std::min(m, n)), M = static_cast<double>(std::max(m, n)), mn = double(m) * n;
+    const int steps = a.exact ? 0 : a.ns_steps;
+    add("swan_normalize_rows", CostUnit::Memory, 1, mn * (s_of(g) + 4), 3.0 * mn);
+    if (a.exact) throw Error("cost model: SWAN's exact path runs on the host (LAPACK), not on the device");
+    gemm_fp32(k, k, M);  // A
+    for (int r = 0; r < 2; ++r) sum_squares(Buf{nullptr, DType::F32}, static_cast<int64_t>(k * k));
+    add("swan_regularize", CostUnit::Memory, 1, 8.0 * k, k);
+    add("swan_power_init", CostUnit::Memory, 1, 8.0 * k, 0);
+    add("swan_power_matvec", CostUnit::Memory, cuda_scratch::kSwanPowerSteps, cuda_scratch::kSwanPowerSteps * 4.0 * (k * k + 2 * k),
+        cuda_scratch::kSwanPowerSteps * 2.0 * k * k);
+    add("swan_power_normalize", CostUnit::Memory, cuda_scratch::kSwanPowerSteps, cuda_scratch::kSwanPowerSteps * 8.0 * k, 0);
+    add("swan_ns_init", CostUnit::Memory, 1, 12.0 * k * k, 2.0 * k * k);
+    for (int s = 0; s < steps + 1; ++s) {  // P = Z Y and the residual each step, and once for the final iterate
+      gemm_fp32(k, k, k);
+      add("swan_residual", CostUnit::Memory, 1, 4.0 * k * k * (s < steps ? 2 : 1), 3.0 * k * k);
+      add("swan_residual_final", CostUnit::Memory, 1, 8.0 * cuda_scratch::kSwanReduceBlocks, double(cuda_scratch::kSwanReduceBlocks));
+      if (s < steps) gemm_fp32(k, k, k), gemm_fp32(k, k, k);
+    }
+    gemm_fp32(m, n, k);  // U
+    add("memset", CostUnit::Memory, 1, 4, 0);
+    add("swan_count_nonfinite", CostUnit::Memory, 1, 4.0 * mn, mn);
+    add("swan_apply", CostUnit::Memory, 1, mn * (4 + 2 * s_of(w)), 3.0 * mn);
+  }
+  SwanStats take_swan_stats() override { return {}; }
+  // w, g, m, v read; w, m, v written.
+  void adam_update(Buf w, Buf g, Buf m, Buf, int64_t n, const AdamArgs&) override {
+    if (n > 0) add("adam", CostUnit::Memory, 1, n * (2 * s_of(w) + s_of(g) + 4 * s_of(m)), 15.0 * n);
+  }
+  void adam_update_many(const AdamTensor* tensors, int64_t count, const AdamArgs& a) override {
+    if (count == 0) return;
+    const AdamTensor& first = tensors[0];
+    for (int64_t i = 1; i < count; ++i)
+      if (tensors[i].w.dtype != first.w.dtype || tensors[i].g.dtype != first.g.dtype || tensors[i].m.dtype != first.m.dtype) {
+        for (int64_t k = 0; k < count; ++k) adam_update(tensors[k].w, tensors[k].g, tensors[k].m, tensors[k].v, tensors[k].n, a);
+        return;
+      }
+    for (int64_t begin = 0; begin < count; begin += cuda_scratch::kAdamManyPerLaunch) {
+      const int64_t end = std::min(count, begin + cuda_scratch::kAdamManyPerLaunch);
+      double bytes = 0, n = 0;
+      for (int64_t i = begin; i < end; ++i)
+        bytes += tensors[i].n * (2 * s_of(tensors[i].w) + s_of(tensors[i].g) + 4 * s_of(tensors[i].m)), n += tensors[i].n;
+      add("adam_many", CostUnit::Memory, 1, bytes, 15.0 * n);
+    }
+  }
+  void sgd_update(Buf w, Buf g, Buf buf, int64_t n, const SgdArgs&) override {
+    if (n > 0) add("sgd", CostUnit::Memory, 1, n * (2 * s_of(w) + s_of(g) + (buf.ptr ? 2 * s_of(buf) : 0.0)), 3.0 * n);
+  }
+
+ private:
+  void add(const char* name, CostUnit unit, int64_t launches, double bytes, double flops) {
+    auto it = index_.find(name);
+    if (it == index_.end()) {
+      it = index_.emplace(name, costs_.size()).first;
+      costs_.push_back({name, unit, 0, 0, 0});
+    }
+    KernelCost& k = costs_[it->second];
+    k.launches += launches;
+    k.bytes += bytes;
+    k.flops += flops;
+  }
+  void rope(Buf x, int64_t BT, int64_t C, int64_t T, int64_t D) {
+    if (BT > 0 && T > 0 && D > 0) add("rope", CostUnit::Memory, 1, 4.0 * BT * C * s_of(x) + 8.0 * T * D / 2, 3.0 * BT * C);
+  }
+  static bool mma(const Buf& qkv, int64_t D) { return qkv.dtype == DType::BF16 && (D == 64 || D == 128); }
+  void gemm_fp32(double M, double N, double K) {
+    add("gemm fp32 (cuBLASLt)", CostUnit::GemmFp32, 1, 4.0 * (M * K + K * N + M * N), 2.0 * M * N * K);
+  }
+
+  uintptr_t next_ = uintptr_t(1) << 46;
+  std::vector<KernelCost> costs_;
+  std::map<std::string, size_t> index_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cost_recorder() { return std::make_unique<CostRecorder>(); }
+
+std::vector<KernelCost> take_kernel_costs(Backend& recorder) {
+  auto* r = dynamic_cast<CostRecorder*>(&recorder);
+  if (!r) throw Error("take_kernel_costs: the backend is not a cost recorder (" + recorder.name() + ")");
+  return r->take();
+}
+
+// Datasheet peaks, dense. A100 SXM4 80 GB: 312 TFLOP/s BF16 tensor core, 19.5 FP32, HBM2e 2,039 GB/s.
+// H100 SXM5: 989.4 BF16 tensor core, 67 FP32, HBM3 3,350 GB/s.
+const DevicePeak* find_device_peak(const std::string& name) {
+  static const DevicePeak peaks[] = {{"a100", 312.0, 19.5, 2039.0}, {"h100", 989.4, 67.0, 3350.0}};
+  for (const DevicePeak& p : peaks)
+    if (p.name == name) return &p;
+  return nullptr;
+}
+
+namespace {
+double compute_seconds(const KernelCost& k, const DevicePeak& p, const RooflineAssumptions& a) {
+  switch (k.unit) {
+    case CostUnit::GemmTensorCore: return k.flops / (p.bf16_tflops * 1e12 * a.gemm);
+    case CostUnit::KernelTensorCore: return k.flops / (p.bf16_tflops * 1e12 * a.attention);
+    case CostUnit::GemmFp32: return k.flops / (p.fp32_tflops * 1e12 * a.gemm);
+    case CostUnit::KernelFp32: return k.flops / (p.fp32_tflops * 1e12 * a.simt);
+    case CostUnit::Memory: return 0.0;
+  }
+  return 0.0;
+}
+double memory_seconds(const KernelCost& k, const DevicePeak& p, const RooflineAssumptions& a) {
+  return k.bytes / (p.bandwidth_gbs * 1e9 * a.memory);
+}
+}  // namespace
+
+double roofline_seconds(const KernelCost& k, const DevicePeak& p, const RooflineAssumptions& a) {
+  return std::max(compute_seconds(k, p, a), memory_seconds(k, p, a));
+}
+bool roofline_memory_bound(const KernelCost& k, const DevicePeak& p, const RooflineAssumptions& a) {
+  return memory_seconds(k, p, a) >= compute_seconds(k, p, a);
+}
+
+}  // namespace multinorm
