@@ -98,6 +98,12 @@ if command -v mpirun > /dev/null; then
     checks=$((checks + 1))
     if ! close "$a" "$b" 5e-4; then echo "FAIL: BF16 on 2 emulated ranks, update $u: $a, one rank: $b"; fails=$((fails + 1)); fi
   done
+  # A layer a bucket: the two FP32 staging slots are reused, each narrowed back after the compute
+  # stream waits for its all-reduce's mark; the same bits as one bucket.
+  "${mpi[@]}" "$bin" train -c run.json --set backend=cuda --set parallel.bucket_mb=0.01 --set output_dir=runs/nccl2_bf16_tiny --quiet > /dev/null
+  checks=$((checks + 1))
+  cmp -s runs/nccl2_bf16/checkpoints/step_00000006/model.safetensors runs/nccl2_bf16_tiny/checkpoints/step_00000006/model.safetensors ||
+    { echo "FAIL: BF16 on 2 emulated ranks: tiny buckets and one bucket differ"; fails=$((fails + 1)); }
 fi
 echo "cuda_training: $((checks - fails)) of $checks checks passed"
 [ "$fails" -eq 0 ]

@@ -107,6 +107,32 @@ for n in 3 1; do
 done
 passes=$((passes + 1))
 
+# 3b. BF16 gradients are summed in FP32 in two staging slots of the largest bucket: tiny buckets (a
+# layer each, so the slots are reused many times, narrowed back while later buckets are in flight)
+# give the same bits as one bucket (every element's sum is the same FP32 addition either way; two
+# ranks, so the order of a sum cannot differ), replicated and sharded, overlapped or not. The log
+# states the staging: two slots of the largest bucket, not the arena.
+bf16=(--set precision.params=bf16 --set precision.optimizer_states=bf16)
+for shard in false true; do
+  mpi 2 "$bin" train -c run.json "${bf16[@]}" --set parallel.shard_optimizer=$shard --set parallel.bucket_mb=1000 \
+    --set output_dir=bf16_one_$shard > bf16_one_$shard.log 2>&1
+  for overlap in true false; do
+    mpi 2 "$bin" train -c run.json "${bf16[@]}" --set parallel.shard_optimizer=$shard --set parallel.overlap=$overlap \
+      --set output_dir=bf16_tiny_${shard}_$overlap > bf16_tiny_${shard}_$overlap.log 2>&1
+    for f in model.safetensors optimizer.bin; do
+      cmp bf16_one_$shard/checkpoints/step_00000006/$f bf16_tiny_${shard}_$overlap/checkpoints/step_00000006/$f ||
+        { echo "FAIL: BF16 gradients in tiny buckets (shard $shard, overlap $overlap) differ from one bucket: $f"; exit 1; }
+    done
+  done
+done
+one=$(grep -o 'in 1 bucket(s) of ~1000 MiB (FP32 staging [0-9.]* MiB' bf16_one_false.log | grep -o '[0-9.]* MiB$')
+tiny=$(grep -oE 'in [0-9]+ bucket\(s\) of ~0 MiB \(FP32 staging [0-9.]+ MiB' bf16_tiny_false_true.log | grep -oE '[0-9.]+ MiB$')
+# one bucket: one slot of the whole arena; a layer a bucket: two slots of the largest bucket (the embedding)
+[ -n "$one" ] && [ -n "$tiny" ] && /usr/bin/python3 -c "import sys; o, t = float('$one'.split()[0]), float('$tiny'.split()[0]); sys.exit(0 if 0 < t < o else 1)" ||
+  { echo "FAIL: FP32 staging: one bucket '$one', tiny buckets '$tiny'"; exit 1; }
+echo "  BF16 gradients, 2 ranks: tiny buckets = one bucket, bit for bit; FP32 staging $tiny (one bucket: $one)"
+passes=$((passes + 1))
+
 # 4. No hangs. A long run (checkpoint every 2 updates); rank 1 is killed, or stopped, mid-run.
 # pid_of_rank RUN_DIR RANK: the process of that rank (its environment names the rank).
 pid_of_rank() {

@@ -37,6 +37,12 @@ class Communicator {
   virtual bool progress() = 0;
   // Completes every started collective, or throws after timeout_s naming the oldest pending one.
   virtual void wait_all() = 0;
+  // A mark after the collectives started so far (valid until the next wait_all), and an order on
+  // it: after_mark(m) makes the backend's later work run after every collective started before m.
+  // A device communicator makes the compute stream wait for an event (the host does not wait); MPI,
+  // whose collectives the host drives, completes those requests (with the timeout of wait_all).
+  virtual int64_t mark() = 0;
+  virtual void after_mark(int64_t mark) = 0;
 };
 
 }  // namespace multinorm

@@ -41,6 +41,9 @@ class GradientSync final : public GradientListener {
   // Gradient bytes each rank sends per update (the reduction dtype; a ring's 2(N-1)/N is left out).
   int64_t reduced_bytes() const { return reduced_bytes_; }
   int buckets() const { return static_cast<int>(buckets_.size()); }
+  // Device (or host) bytes of the FP32 staging that BF16 gradients are reduced in: two slots (one
+  // with one bucket) of the largest bucket; 0 with FP32 gradients or one rank.
+  int64_t staging_bytes() const { return slots_ * slot_elements_ * 4; }
 
   void gradients_ready(int64_t begin, int64_t end) override;
   void progress() override;
@@ -49,8 +52,12 @@ class GradientSync final : public GradientListener {
   struct Bucket {
     int64_t begin = 0, end = 0;  // arena elements
     int ranges = 0, ready = 0;   // gradient_ready_order() ranges it holds, and those reported
+    int64_t mark = -1;           // the communicator's mark after its collectives (with staging)
   };
-  void start(const Bucket& b);
+  static constexpr int64_t kStagingSlots = 2;
+  void start(size_t i);
+  void narrow_back(size_t i);
+  Buf slot(size_t i) const;  // bucket i's staging slot
   LlamaModel& model_;
   Communicator& comm_;
   ShardPlan plan_;
@@ -59,7 +66,9 @@ class GradientSync final : public GradientListener {
   std::vector<int> bucket_of_range_;  // gradient_ready_order() index -> bucket
   size_t next_ = 0;                   // the next bucket to start (buckets start in order)
   int64_t ranges_seen_ = 0;
-  void* staging_ = nullptr;           // FP32 copy of BF16 gradients: summed in FP32, rounded once
+  void* staging_ = nullptr;           // FP32 slots for BF16 gradients: summed in FP32, rounded once
+  int64_t slots_ = 0, slot_elements_ = 0;  // staging slots, each of the largest bucket
+  size_t narrowed_ = 0;               // buckets [0, narrowed_) are back in the arena
   double last_wait_s_ = 0;
   int64_t reduced_bytes_ = 0;
 };

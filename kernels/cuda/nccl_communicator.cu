@@ -96,12 +96,27 @@ class NcclCommunicator final : public Communicator {
     check(ncclBroadcast(buf, buf, static_cast<size_t>(n), nccl_type(t), root, comm_, stream_), what);
   }
   bool progress() override { return pending_.empty(); }  // NCCL progresses on its own
+  // An event recorded on the NCCL stream after the collectives so far; the compute stream waits on it.
+  int64_t mark() override {
+    if (marks_used_ == marks_.size()) {
+      cudaEvent_t e = nullptr;
+      MN_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "creating an NCCL mark event");
+      marks_.push_back(e);
+    }
+    MN_CUDA_CHECK(cudaEventRecord(marks_[marks_used_], stream_), "recording an NCCL mark");
+    return static_cast<int64_t>(marks_used_++);
+  }
+  void after_mark(int64_t m) override {
+    if (m < 0 || static_cast<size_t>(m) >= marks_used_) throw Error("NCCL: after_mark(" + std::to_string(m) + "): no such mark since the last wait_all");
+    MN_CUDA_CHECK(cudaStreamWaitEvent(compute_, marks_[static_cast<size_t>(m)], 0), "ordering compute after a collective");
+  }
   void wait_all() override {
     if (pending_.empty()) return;
     MN_CUDA_CHECK(cudaEventRecord(done_, stream_), "recording the NCCL completion event");
     const std::string what = pending_ + (count_ > 1 ? " (and " + std::to_string(count_ - 1) + " more)" : "");
     pending_.clear();
     count_ = 0;
+    marks_used_ = 0;
     poll(what, done_);
     // Later compute (the optimizer reading reduced gradients) is ordered after the collectives.
     MN_CUDA_CHECK(cudaStreamWaitEvent(compute_, done_, 0), "ordering compute after the collectives");
@@ -131,6 +146,8 @@ class NcclCommunicator final : public Communicator {
     comm_ = nullptr;
   }
   void release() {
+    for (cudaEvent_t e : marks_) cudaEventDestroy(e);
+    marks_.clear();
     if (done_) cudaEventDestroy(done_);
     if (ready_) cudaEventDestroy(ready_);
     if (stream_) cudaStreamDestroy(stream_);
@@ -174,6 +191,8 @@ class NcclCommunicator final : public Communicator {
   ncclComm_t comm_ = nullptr;
   std::string pending_;  // the first collective started since the last wait_all()
   int count_ = 0;
+  std::vector<cudaEvent_t> marks_;  // mark() events, reused: the first marks_used_ are recorded since the last wait_all
+  size_t marks_used_ = 0;
   bool failed_ = false;
 };
 

@@ -1,5 +1,6 @@
 #include "multinorm/data_parallel.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "multinorm/error.h"
@@ -29,7 +30,13 @@ GradientSync::GradientSync(LlamaModel& model, Communicator& comm, const ShardPla
     ++b.ranges;
     bucket_of_range_.push_back(static_cast<int>(buckets_.size()) - 1);
   }
-  if (comm_.size() > 1 && model_.grad_dtype() != DType::F32) staging_ = model_.backend().allocate(model_.num_params() * 4);
+  // BF16 gradients are summed in FP32 and rounded once: each bucket is widened into one of two
+  // staging slots, reduced there and narrowed back, so staging holds two buckets, not the arena.
+  if (comm_.size() > 1 && model_.grad_dtype() != DType::F32) {
+    for (const Bucket& b : buckets_) slot_elements_ = std::max(slot_elements_, b.end - b.begin);
+    slots_ = std::min<int64_t>(kStagingSlots, static_cast<int64_t>(buckets_.size()));
+    staging_ = model_.backend().allocate(slots_ * slot_elements_ * 4);
+  }
   reduced_bytes_ = model_.num_params() * 4;
 }
 
@@ -47,7 +54,7 @@ void GradientSync::arm() {
 void GradientSync::gradients_ready(int64_t, int64_t) {
   if (!armed_) return;
   ++buckets_[static_cast<size_t>(bucket_of_range_[static_cast<size_t>(ranges_seen_++)])].ready;
-  while (next_ < buckets_.size() && buckets_[next_].ready == buckets_[next_].ranges) start(buckets_[next_++]);
+  while (next_ < buckets_.size() && buckets_[next_].ready == buckets_[next_].ranges) start(next_++);
 }
 
 void GradientSync::progress() {
@@ -55,29 +62,54 @@ void GradientSync::progress() {
 }
 
 // Sums one bucket over the ranks: all-reduce, or with a sharded optimizer a reduce of each run of
-// tensors with one owner to that owner.
-void GradientSync::start(const Bucket& b) {
+// tensors with one owner to that owner. With staging, bucket i takes slot i % 2: the bucket that
+// held the slot before (i - 2) is narrowed back first, once its collectives are done (on a device,
+// the compute stream waits for them; the host does not).
+void GradientSync::start(size_t i) {
   Backend& be = model_.backend();
-  const Buf grads = staging_ ? Buf{staging_, DType::F32} : model_.grads();
-  if (staging_) be.convert(grads.at(b.begin), model_.grads().at(b.begin), b.end - b.begin);
-  if (!plan_.sharded()) {
-    comm_.all_reduce_sum(grads.at(b.begin).ptr, b.end - b.begin, DType::F32, "all-reduce of a gradient bucket");
-    return;
+  Bucket& b = buckets_[i];
+  Buf grads = model_.grads();
+  int64_t base = 0;  // arena element at grads' start
+  if (staging_) {
+    if (i >= static_cast<size_t>(slots_)) narrow_back(i - static_cast<size_t>(slots_));
+    grads = slot(i);
+    base = b.begin;
+    be.convert(grads, model_.grads().at(b.begin), b.end - b.begin);
   }
-  for (const OwnerRun& r : owner_runs(plan_, model_.tensors(), b.begin, b.end))
-    comm_.reduce_sum(grads.at(r.begin).ptr, r.end - r.begin, DType::F32, r.owner, "reduce of gradients to their owner");
+  if (!plan_.sharded()) {
+    comm_.all_reduce_sum(grads.at(b.begin - base).ptr, b.end - b.begin, DType::F32, "all-reduce of a gradient bucket");
+  } else {
+    for (const OwnerRun& r : owner_runs(plan_, model_.tensors(), b.begin, b.end))
+      comm_.reduce_sum(grads.at(r.begin - base).ptr, r.end - r.begin, DType::F32, r.owner, "reduce of gradients to their owner");
+  }
+  if (staging_) b.mark = comm_.mark();
+}
+
+Buf GradientSync::slot(size_t i) const {
+  return Buf{staging_, DType::F32}.at(static_cast<int64_t>(i % static_cast<size_t>(slots_)) * slot_elements_);
+}
+
+// The reduced FP32 sums of bucket i back into the BF16 arena, rounded once.
+void GradientSync::narrow_back(size_t i) {
+  const Bucket& b = buckets_[i];
+  comm_.after_mark(b.mark);
+  model_.backend().convert(model_.grads().at(b.begin), slot(i), b.end - b.begin);
+  narrowed_ = i + 1;
 }
 
 void GradientSync::finish() {
   model_.set_gradient_listener(nullptr);
   if (comm_.size() == 1) return;
-  while (next_ < buckets_.size()) start(buckets_[next_++]);
+  while (next_ < buckets_.size()) start(next_++);
   const auto t = std::chrono::steady_clock::now();
   comm_.wait_all();
   last_wait_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-  if (staging_) model_.backend().convert(model_.grads(), Buf{staging_, DType::F32}, model_.num_params());
-  for (Bucket& b : buckets_) b.ready = 0;
+  if (staging_)
+    for (size_t i = narrowed_; i < buckets_.size(); ++i)  // the last two buckets: their collectives are done
+      model_.backend().convert(model_.grads().at(buckets_[i].begin), slot(i), buckets_[i].end - buckets_[i].begin);
+  for (Bucket& b : buckets_) b.ready = 0, b.mark = -1;
   next_ = 0;
+  narrowed_ = 0;
   ranges_seen_ = 0;
   armed_ = false;
 }

@@ -2,6 +2,7 @@
 // duplicate of MPI_COMM_WORLD, moved on by progress() calls between the backward pass's layers
 // (Open MPI progresses non-blocking collectives inside MPI calls only) and completed by wait_all()
 // with the run's timeout.
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -61,14 +62,27 @@ class MpiCommunicator final : public Communicator {
     if (reqs_.empty()) return true;
     int done = 0;
     check(MPI_Testall(static_cast<int>(reqs_.size()), reqs_.data(), &done, MPI_STATUSES_IGNORE), whats_.front());
-    if (done) reqs_.clear(), whats_.clear();
+    if (done) completed_ += static_cast<int64_t>(reqs_.size()), reqs_.clear(), whats_.clear();
     return done != 0;
   }
   void wait_all() override {
     if (reqs_.empty()) return;
     const std::string what = whats_.front() + (reqs_.size() > 1 ? " (and " + std::to_string(reqs_.size() - 1) + " more)" : "");
     whats_.clear();
+    completed_ += static_cast<int64_t>(reqs_.size());
     mpi::wait_all(reqs_, comm_.timeout(), what);
+  }
+  // Marks count requests: the requests started before a mark are the first (mark - completed_) pending.
+  int64_t mark() override { return completed_ + static_cast<int64_t>(reqs_.size()); }
+  void after_mark(int64_t m) override {
+    const int64_t k = std::min<int64_t>(m - completed_, static_cast<int64_t>(reqs_.size()));
+    if (k <= 0) return;
+    std::vector<MPI_Request> first(reqs_.begin(), reqs_.begin() + k);
+    const std::string what = whats_.front() + (k > 1 ? " (and " + std::to_string(k - 1) + " more)" : "");
+    reqs_.erase(reqs_.begin(), reqs_.begin() + k);
+    whats_.erase(whats_.begin(), whats_.begin() + k);
+    completed_ += k;
+    mpi::wait_all(first, comm_.timeout(), what);
   }
 
  private:
@@ -94,6 +108,7 @@ class MpiCommunicator final : public Communicator {
   MPI_Comm mc_ = MPI_COMM_NULL;
   std::vector<MPI_Request> reqs_;
   std::vector<std::string> whats_;
+  int64_t completed_ = 0;  // requests started and completed before reqs_[0]
 };
 #endif
 
@@ -114,6 +129,8 @@ class SingleRankCommunicator final : public Communicator {
   void broadcast(void*, int64_t, DType, int, const char*) override {}
   bool progress() override { return true; }
   void wait_all() override {}
+  int64_t mark() override { return 0; }
+  void after_mark(int64_t) override {}
 };
 
 }  // namespace

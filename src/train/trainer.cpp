@@ -227,9 +227,9 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
       (long long)accum, (long long)run.batch.micro_batch, world, run.batch.loss_normalization.c_str(),
       dtype_name(run.precision.params), dtype_name(run.precision.grads));
   if (world > 1)
-    log("  data parallel: %d ranks, gradients over %s in %d bucket(s) of ~%.0f MiB, %s; optimizer %s (state on this rank "
+    log("  data parallel: %d ranks, gradients over %s in %d bucket(s) of ~%.0f MiB (FP32 staging %.2f MiB), %s; optimizer %s (state on this rank "
         "%.1f of %.1f MiB); collective timeout %.0f s\n",
-        world, grad_comm->name().c_str(), grad_sync.buckets(), run.parallel.bucket_mb,
+        world, grad_comm->name().c_str(), grad_sync.buckets(), run.parallel.bucket_mb, grad_sync.staging_bytes() / 1048576.0,
         run.parallel.overlap ? "overlapped with the last micro-batch's backward" : "after the backward pass",
         plan.sharded() ? "sharded by tensor (ZeRO-1)" : "replicated", optimizer.local_state_bytes() / 1048576.0,
         optimizer.state_bytes() / 1048576.0, run.parallel.timeout_s);
