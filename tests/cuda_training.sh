@@ -51,6 +51,15 @@ for opt in sinkgd swan adam adamw sgd; do
   checks=$((checks + 1))
   if [ "$waits" != "0 " ]; then echo "FAIL: $opt on cpu: host waits per update: $waits(expected 0)"; fails=$((fails + 1)); fi
 done
+# CUDA graphs (on by default): the micro-batches replayed from a captured graph give the bits of
+# eager launches (cuda_graphs=false), and the run says it replayed.
+"$bin" train -c run.json --set optimizer.name=sinkgd --set backend=cuda --set cuda_graphs=false --set output_dir=runs/cuda_eager --quiet > /dev/null
+checks=$((checks + 1))
+cmp -s runs/cuda_eager/checkpoints/step_00000006/model.safetensors runs/cuda_sinkgd/checkpoints/step_00000006/model.safetensors ||
+  { echo "FAIL: CUDA graphs: replayed and eager runs differ"; fails=$((fails + 1)); }
+checks=$((checks + 1))
+log=$("$bin" train -c run.json --set optimizer.name=sinkgd --set backend=cuda --set output_dir=runs/cuda_log --max-updates 2 2>&1)
+grep -qE "CUDA graphs: 1 capture\(s\), 3 micro-batches replayed" <<<"$log" || { echo "FAIL: CUDA graphs: no replay logged"; fails=$((fails + 1)); }
 # A checkpoint crosses backends: 3 updates on the CPU, 3 more on CUDA, and the other way round,
 # against the uninterrupted CPU run.
 "$bin" train -c run.json --set optimizer.name=adam --set output_dir=runs/c2g --max-updates 3 --quiet > /dev/null

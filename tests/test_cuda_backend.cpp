@@ -16,6 +16,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <numeric>
 #include <tuple>
@@ -812,6 +813,79 @@ TEST(CostModel, RooflineTakesTheLargerOfComputeAndMemoryTime) {
   const KernelCost gemm{"gemm bf16 (cuBLASLt)", CostUnit::GemmTensorCore, 1, 1e6, 312e12 * 0.7 * 2e-3};  // 2 ms of FLOPs
   EXPECT_NEAR(roofline_seconds(gemm, *a100, a), 2e-3, 1e-12);
   EXPECT_FALSE(roofline_memory_bound(gemm, *a100, a));
+}
+
+// CUDA graphs: a micro-batch replayed from its captured graph gives the bits of the eager run, on
+// new tokens each time (the graph reads the buffers the upload fills); a new grad_scale runs
+// eagerly and is captured in turn. Capturing allocates nothing: the emulation refuses an allocation
+// (like a host wait or a pageable copy) during a capture, as a GPU does in global capture mode.
+TEST(CudaBackend, GraphReplayEqualsEagerBitForBit) {
+  const CudaProbe* p = cuda_plugin();
+  if (!p) GTEST_SKIP() << "no CUDA plugin";
+  auto be = make_cuda_backend(*p);
+  ModelConfig cfg;
+  cfg.name = "graph_test";
+  cfg.vocab_size = 101;
+  cfg.hidden_size = 128;  // 2 heads of 64: the tensor-core attention too
+  cfg.intermediate_size = 40;
+  cfg.num_hidden_layers = 2;
+  cfg.num_attention_heads = 2;
+  cfg.max_position_embeddings = 32;
+  LlamaModel eager(*be, cfg, DType::BF16, 2, 19), graphed(*be, cfg, DType::BF16, 2, 19);
+  eager.init_random(3);
+  graphed.init_random(3);
+  graphed.set_graphs(true);
+  const int64_t replays = be->graph_replays();
+  const float scales[] = {0.5f, 0.5f, 0.5f, 0.25f, 0.25f, 0.25f};
+  for (int call = 0; call < 6; ++call) {
+    std::vector<int32_t> tokens = random_ids(38, cfg.vocab_size, 40 + call), targets = random_ids(38, cfg.vocab_size, 60 + call);
+    const MicroBatch mb{tokens.data(), targets.data(), nullptr, 2, 19};
+    eager.queue_forward_backward(mb, scales[call]);
+    graphed.queue_forward_backward(mb, scales[call]);
+    const auto le = eager.take_queued_losses(), lg = graphed.take_queued_losses();
+    EXPECT_EQ(le[0].sum, lg[0].sum) << "call " << call;
+    EXPECT_EQ(eager.grads_to_host(), graphed.grads_to_host()) << "call " << call << ": accumulated gradients";
+  }
+  // Per scale: eager, capture (then a replay), replay.
+  EXPECT_EQ(graphed.graph_captures(), 2);
+  EXPECT_EQ(be->graph_replays() - replays, 4);
+  EXPECT_EQ(eager.graph_captures(), 0);
+}
+
+TEST(CudaBackend, CaptureRefusesAllocationsHostWaitsAndPageableCopies) {
+  const CudaProbe* p = cuda_plugin();
+  if (!p || !p->emulated) GTEST_SKIP() << "the emulated plugin checks capture rules";
+  auto be = make_cuda_backend(*p);
+  void* dev = be->allocate(64);
+  std::vector<float> host(16, 1.0f);
+  const std::vector<std::pair<const char*, std::function<void()>>> planted = {
+      {"cudaMalloc", [&] { be->release(be->allocate(64)); }},
+      {"cudaStreamSynchronize", [&] { be->synchronize(); }},
+      {"pageable", [&] { be->to_device(dev, host.data(), 64); }},
+  };
+  for (const auto& [call, fn] : planted) {
+    ASSERT_TRUE(be->begin_capture());
+    try {
+      fn();
+      be->end_capture();
+      FAIL() << call << " during a capture was accepted";
+    } catch (const Error& e) {
+      be->abandon_capture();
+      EXPECT_NE(std::string(e.what()).find("capturing"), std::string::npos) << call << ": " << e.what();
+    }
+  }
+  // A legal capture: a memset and a kernel, replayed.
+  ASSERT_TRUE(be->begin_capture());
+  be->zero(Buf{dev, DType::F32}, 16);
+  be->scale(Buf{dev, DType::F32}, 16, 2.0f);
+  const int64_t g = be->end_capture();
+  be->to_device(dev, host.data(), 64);
+  be->replay(g);
+  std::vector<float> out(16, -1.0f);
+  be->to_host(out.data(), dev, 64);
+  EXPECT_EQ(out, std::vector<float>(16, 0.0f)) << "the replay zeroes, then scales";
+  be->release_graph(g);
+  be->release(dev);
 }
 
 // to_host_queued: the destination keeps its bytes until the host waits for the device, then has the

@@ -117,6 +117,21 @@ class Backend {
   virtual void set_profiling(bool on) { (void)on; }
   virtual std::vector<KernelTime> take_profile() { return {}; }
 
+  // ---- graphs: a sequence of ops recorded once and replayed (CUDA graphs) ---------------------
+  // Between begin_capture() and end_capture() the ops issued are recorded, not run: they may not
+  // allocate, wait for the device, or copy to or from the host (a device backend's capture fails
+  // at end_capture naming the call). end_capture() returns a graph id; replay(id) runs the recorded
+  // ops in order, on the same buffers, as one launch. begin_capture() returns false when the backend
+  // has no graphs (the CPU; the CUDA backend while profiling): then run the ops eagerly.
+  // abandon_capture() ends a capture that an error interrupted, discarding it.
+  virtual bool begin_capture() { return false; }
+  virtual int64_t end_capture() { throw Error(name() + ": no graph capture"); }
+  virtual void abandon_capture() {}
+  virtual void replay(int64_t graph) { (void)graph; throw Error(name() + ": no graphs"); }
+  virtual void release_graph(int64_t graph) { (void)graph; }
+  // Graph replays so far.
+  virtual int64_t graph_replays() const { return 0; }
+
   // ---- memory ---------------------------------------------------------------------------------
   virtual void* allocate(int64_t bytes) = 0;  // zero-filled, 64-byte aligned
   virtual void release(void* ptr) = 0;

@@ -111,6 +111,13 @@ class LlamaModel {
   // after the optimizer's gradient-norm read, the update's one wait).
   void queue_forward_backward(const MicroBatch& mb, float grad_scale);
   std::vector<LossSum> take_queued_losses();
+  // With graphs on and a backend that has them (CUDA), queue_forward_backward records its forward
+  // and backward ops once as a graph and replays it: the first call of a shape (B, T) and grad_scale
+  // runs eagerly (scratch buffers grow then), the second captures, later ones replay, each one
+  // launch instead of hundreds. Another shape or grad_scale runs eagerly and is captured in turn;
+  // with a gradient listener (data parallelism's last micro-batch) or profiling the ops run eagerly.
+  void set_graphs(bool on);
+  int64_t graph_captures() const { return graph_captures_; }
   // Logits of every position, [B*T, V] FP32 on the host (sampling, cross-checks).
   void logits(const MicroBatch& mb, float* host_logits);
 
@@ -174,6 +181,15 @@ class LlamaModel {
   };
   std::vector<QueuedLosses> queued_;  // slots reused from one update to the next
   size_t queued_count_ = 0;
+  struct StepGraph {  // the captured forward and backward of one shape and grad_scale
+    int64_t B = -1, T = -1;
+    float grad_scale = 0;
+    int64_t graph = -1;  // -1: seen once, not captured yet
+  };
+  bool graphs_ = false;
+  StepGraph step_graph_;
+  int64_t graph_captures_ = 0;
+  void forward_backward_ops(int64_t B, int64_t T, float grad_scale);
   std::vector<uint8_t> host_mask_;  // the loss mask of the uploaded micro-batch
   std::vector<LayerWeights> w_, dw_;
   std::vector<LayerActs> a_;

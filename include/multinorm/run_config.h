@@ -108,6 +108,7 @@ struct RunConfig {
   ParallelConfig parallel;
   DivergenceConfig divergence;
   std::string backend;  // auto | cpu | cuda
+  bool cuda_graphs = true;  // the CUDA backend replays a captured micro-batch (LlamaModel::set_graphs)
   int64_t threads = 0;
   int64_t seed = 0;
   std::string output_dir;

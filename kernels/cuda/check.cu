@@ -130,7 +130,9 @@ void discard_queued_copies(cudaStream_t stream) {
 void check_after_launch(const char* name, dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream) {
   cudaError_t e = cudaGetLastError();
 #ifndef NDEBUG
-  if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (e == cudaSuccess) e = cudaStreamIsCapturing(stream, &capture);
+  if (e == cudaSuccess && capture == cudaStreamCaptureStatusNone) e = cudaStreamSynchronize(stream);  // not while capturing
 #else
   (void)stream;
 #endif

@@ -75,6 +75,8 @@ class CudaBackend final : public Backend {
   }
   ~CudaBackend() override {
     discard_queued_copies(stream_);
+    for (cudaGraphExec_t g : graphs_)
+      if (g) cudaGraphExecDestroy(g);
     gemm_.reset();
     cudaStreamDestroy(stream_);
   }
@@ -92,6 +94,40 @@ class CudaBackend final : public Backend {
   void synchronize() override { wait_for_stream(stream_, "synchronize"); }
   int64_t host_synchronisations() const override { return host_waits(); }
   void set_profiling(bool on) override { profiler::set(on); }
+
+  // ---- graphs -------------------------------------------------------------------------------------
+  // Thread-local capture mode: an allocation or a host wait by this thread during a capture is an
+  // error, not a silently broken graph (NCCL's own threads stay free to call the runtime). Not while
+  // profiling (its events would be graph nodes).
+  bool begin_capture() override {
+    if (profiler::g_on) return false;
+    MN_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "beginning a graph capture");
+    return true;
+  }
+  int64_t end_capture() override {
+    cudaGraph_t graph = nullptr;
+    MN_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph), "ending a graph capture (an op allocated, waited or copied to the host)");
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    MN_CUDA_CHECK(e, "instantiating a captured graph");
+    graphs_.push_back(exec);
+    return static_cast<int64_t>(graphs_.size()) - 1;
+  }
+  void abandon_capture() override {
+    cudaGraph_t graph = nullptr;
+    if (cudaStreamEndCapture(stream_, &graph) == cudaSuccess && graph) cudaGraphDestroy(graph);
+    cudaGetLastError();
+  }
+  void replay(int64_t id) override {
+    MN_CUDA_CHECK(cudaGraphLaunch(graph(id), stream_), "replaying graph " + std::to_string(id));
+    ++graph_replays_;
+  }
+  void release_graph(int64_t id) override {
+    cudaGraphExecDestroy(graph(id));
+    graphs_[static_cast<size_t>(id)] = nullptr;
+  }
+  int64_t graph_replays() const override { return graph_replays_; }
   std::vector<KernelTime> take_profile() override { return profiler::take(); }
 
   int64_t workspace_bytes() const override {
@@ -103,6 +139,10 @@ class CudaBackend final : public Backend {
   void* allocate(int64_t bytes) override {
     void* p = nullptr;
     const cudaError_t e = cudaMalloc(&p, static_cast<size_t>(bytes ? bytes : 1));
+    if (e == cudaErrorStreamCaptureUnsupported) {
+      cudaGetLastError();
+      throw_cuda_error("cudaMalloc of " + std::to_string(bytes) + " bytes during a graph capture", e);
+    }
     if (e != cudaSuccess) {
       cudaGetLastError();  // clear the sticky allocation error
       size_t free_b = 0, total_b = 0;
@@ -374,6 +414,13 @@ class CudaBackend final : public Backend {
   std::vector<AdamManyItem> many_items_;
   std::vector<cuda::SinkgdManyItem> sinkgd_items_;
   SwanStats swan_;
+  std::vector<cudaGraphExec_t> graphs_;  // by graph id; null once released
+  int64_t graph_replays_ = 0;
+  cudaGraphExec_t graph(int64_t id) const {
+    if (id < 0 || static_cast<size_t>(id) >= graphs_.size() || !graphs_[static_cast<size_t>(id)])
+      throw Error("CUDA backend: no graph " + std::to_string(id));
+    return graphs_[static_cast<size_t>(id)];
+  }
 };
 
 }  // namespace

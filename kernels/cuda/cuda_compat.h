@@ -66,16 +66,25 @@ void launch(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, 
   kernel<<<grid, block, shared_bytes, stream>>>(std::forward<Args>(args)...);
   check_after_launch(name, grid, block, shared_bytes, stream);
 #else
-  (void)stream;  // the emulation runs launches synchronously, in issue order
+  // The emulation runs launches synchronously, in issue order; a capturing stream records them.
   const std::tuple<std::decay_t<Params>...> params(static_cast<std::decay_t<Params>>(std::forward<Args>(args))...);
-  try {
-    ::cuda_emu::launch(name, reinterpret_cast<const void*>(kernel), grid, block, shared_bytes, [&] {
-      auto copy = params;
-      std::apply(kernel, copy);
-    });
-  } catch (const std::exception& ex) {
-    if (timed) profiler::end(stream);
-    throw_launch_error(name, grid, block, shared_bytes, ex.what());
+  auto run = [=] {
+    try {
+      ::cuda_emu::launch(name, reinterpret_cast<const void*>(kernel), grid, block, shared_bytes, [&] {
+        auto copy = params;
+        std::apply(kernel, copy);
+      });
+    } catch (const std::exception& ex) {
+      throw_launch_error(name, grid, block, shared_bytes, ex.what());
+    }
+  };
+  if (!::cuda_emu::record_if_capturing(stream, run)) {
+    try {
+      run();
+    } catch (...) {
+      if (timed) profiler::end(stream);
+      throw;
+    }
   }
 #endif
   if (timed) profiler::end(stream);

@@ -99,6 +99,7 @@ const Schema& run_schema() {
       integer("divergence.max_rollbacks", 3, "rollback: after this many, a trip stops the run", 0, 1 << 30),
       choice("backend", "auto", {"auto", "cpu", "cuda"}, "auto: CUDA when a GPU is usable, else the CPU"),
       integer("threads", 0, "CPU threads (OpenMP); 0 = all cores", 0, 4096),
+      boolean("cuda_graphs", true, "CUDA backend: record a micro-batch's forward and backward once as a CUDA graph and replay it (one launch instead of hundreds)"),
       integer("seed", 0, "seed of the init, the data order and stochastic rounding", 0, kMaxInt),
       string("output_dir", "", "run directory; empty: runs/<name>"),
       integer("log.every", 1, "print a log line every N updates (metrics.jsonl gets every update)", 1, kMaxInt),
@@ -207,6 +208,7 @@ RunConfig run_config_from_json(const json& doc_in, const std::string& source, co
   c.divergence.max_rollbacks = dv["max_rollbacks"].get<int64_t>();
   c.backend = r["backend"].get<std::string>();
   c.threads = r["threads"].get<int64_t>();
+  c.cuda_graphs = r["cuda_graphs"].get<bool>();
   c.seed = r["seed"].get<int64_t>();
   c.output_dir = r["output_dir"].get<std::string>();
   if (c.output_dir.empty()) c.output_dir = "runs/" + c.name;

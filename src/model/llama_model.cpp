@@ -114,6 +114,7 @@ LlamaModel::LlamaModel(Backend& backend, const ModelConfig& config, DType dtype,
 }
 
 LlamaModel::~LlamaModel() {
+  if (step_graph_.graph >= 0) be_.release_graph(step_graph_.graph);
   if (kv_cache_) be_.release(kv_cache_);
   for (void* p : {params_, grads_, acts_, static_cast<void*>(rope_), static_cast<void*>(tokens_),
                   static_cast<void*>(targets_), static_cast<void*>(mask_)})
@@ -333,21 +334,55 @@ LossSum LlamaModel::forward_backward(const MicroBatch& mb, float grad_scale) {
   return take_queued_losses().front();
 }
 
-void LlamaModel::queue_forward_backward(const MicroBatch& mb, float grad_scale) {
+void LlamaModel::forward_backward_ops(int64_t B, int64_t T, float grad_scale) {
   const auto t0 = std::chrono::steady_clock::now();
+  forward_layers(B, T);
+  head(B * T, true, grad_scale, nullptr);  // the head's backward GEMMs count as forward
+  const auto t1 = std::chrono::steady_clock::now();
+  backward_layers(B, T);
+  last_forward_s_ = std::chrono::duration<double>(t1 - t0).count();
+  last_backward_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+}
+
+void LlamaModel::set_graphs(bool on) {
+  graphs_ = on;
+  if (!on && step_graph_.graph >= 0) be_.release_graph(step_graph_.graph);
+  if (!on) step_graph_ = {};
+}
+
+void LlamaModel::queue_forward_backward(const MicroBatch& mb, float grad_scale) {
   const int64_t BT = mb.B * mb.T;
-  upload(mb, true);
-  forward_layers(mb.B, mb.T);
-  head(BT, true, grad_scale, nullptr);  // the head's backward GEMMs count as forward
+  upload(mb, true);  // copies from pageable host memory: never inside a graph
+  StepGraph& g = step_graph_;
+  const bool same = g.B == mb.B && g.T == mb.T && g.grad_scale == grad_scale;
+  if (!graphs_ || listener_ || profile_.enabled) {
+    forward_backward_ops(mb.B, mb.T, grad_scale);
+  } else if (same && g.graph >= 0) {
+    const auto t0 = std::chrono::steady_clock::now();
+    be_.replay(g.graph);
+    last_forward_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    last_backward_s_ = 0;  // one launch: the split is not seen from the host
+  } else if (same && be_.begin_capture()) {
+    try {
+      forward_backward_ops(mb.B, mb.T, grad_scale);
+      g.graph = be_.end_capture();
+    } catch (...) {
+      be_.abandon_capture();
+      throw;
+    }
+    ++graph_captures_;
+    be_.replay(g.graph);  // capturing ran nothing
+  } else {  // a new shape or grad_scale (or no graphs on this backend): eagerly, captured next time
+    if (g.graph >= 0) be_.release_graph(g.graph);
+    g = {mb.B, mb.T, grad_scale, -1};
+    forward_backward_ops(mb.B, mb.T, grad_scale);
+  }
+  // The losses ("saved": the backward does not reuse them) go to the host with the next wait.
   if (queued_count_ == queued_.size()) queued_.emplace_back();
   QueuedLosses& q = queued_[queued_count_++];
   q.losses.resize(static_cast<size_t>(BT));  // a slot's buffer is not touched again until the take
   q.mask.assign(host_mask_.begin(), host_mask_.begin() + BT);
   be_.to_host_queued(q.losses.data(), act_f32("losses"), BT * 4);
-  const auto t1 = std::chrono::steady_clock::now();
-  backward_layers(mb.B, mb.T);
-  last_forward_s_ = std::chrono::duration<double>(t1 - t0).count();
-  last_backward_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
 }
 
 std::vector<LossSum> LlamaModel::take_queued_losses() {

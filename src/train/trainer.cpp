@@ -148,6 +148,7 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
   auto backend = make_backend(choice, static_cast<int>(run.threads));
   LlamaModel model(*backend, run.model, run.precision.params, run.batch.micro_batch, run.batch.seq_len,
                    run.precision.grads);
+  model.set_graphs(run.cuda_graphs);
   if (run.model_init_from.empty()) model.init_random(static_cast<uint64_t>(run.seed));
   else {
     const auto verify = verify_reads_of(run.model_init_from);  // a checkpoint: its files checked as they are read
@@ -498,6 +499,9 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
     ++result.updates;
   }
   if (tty) std::fprintf(stderr, "\n");
+  if (model.graph_captures() > 0)
+    log("  CUDA graphs: %lld capture(s), %lld micro-batches replayed\n", (long long)model.graph_captures(),
+        (long long)backend->graph_replays());
   result.skipped = state.skipped;
   result.seconds = since(t_start);
   result.tokens_per_s = tokens_this_run / std::max(since(t_loop), 1e-9);

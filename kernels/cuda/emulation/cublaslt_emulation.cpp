@@ -71,6 +71,10 @@ bool on_device(const void* p, const Layout& l) {
   return cuda_emu::is_device_memory(p, static_cast<size_t>(((l.cols - 1) * l.ld + l.rows) * bytes_of(l)));
 }
 
+// D = alpha op(A) op(B) + beta C, column-major as cuBLASLt stores it (defined below the C interface).
+void multiply(const Desc& d, const Layout& a, const Layout& b, const Layout& c, const Layout& dl, uint64_t m, uint64_t n, uint64_t k,
+              float al, const void* A, const void* B, float be, const void* C, void* D);
+
 }  // namespace
 
 extern "C" {
@@ -186,7 +190,7 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDe
 
 cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t op, const void* alpha, const void* A, cublasLtMatrixLayout_t Adesc,
                               const void* B, cublasLtMatrixLayout_t Bdesc, const void* beta, const void* C, cublasLtMatrixLayout_t Cdesc,
-                              void* D, cublasLtMatrixLayout_t Ddesc, const cublasLtMatmulAlgo_t* algo, void*, size_t, cudaStream_t) {
+                              void* D, cublasLtMatrixLayout_t Ddesc, const cublasLtMatmulAlgo_t* algo, void*, size_t, cudaStream_t stream) {
   const Desc d = get<Desc>(op);
   const Layout a = get<Layout>(Adesc), b = get<Layout>(Bdesc), c = get<Layout>(Cdesc), dl = get<Layout>(Ddesc);
   uint64_t m, n, k;
@@ -199,6 +203,19 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t op, const v
     if (!aligned(A, al.a) || !aligned(B, al.b) || !aligned(C, al.c) || !aligned(D, al.d)) return CUBLAS_STATUS_NOT_SUPPORTED;
   }
   const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
+  // A capturing stream records the product with the scalars' values now (cuBLASLt reads host
+  // scalars when the call is made, so a graph replays the values captured) and the descriptors as
+  // they are (the backend's plans outlive its graphs).
+  if (cuda_emu::record_if_capturing(stream, [=] { multiply(d, a, b, c, dl, m, n, k, al, A, B, be, C, D); })) return CUBLAS_STATUS_SUCCESS;
+  multiply(d, a, b, c, dl, m, n, k, al, A, B, be, C, D);
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+}  // extern "C"
+
+namespace {
+void multiply(const Desc& d, const Layout& a, const Layout& b, const Layout& c, const Layout& dl, uint64_t m, uint64_t n, uint64_t k,
+              float al, const void* A, const void* B, float be, const void* C, void* D) {
   const bool ta = d.trans_a == CUBLAS_OP_T, tb = d.trans_b == CUBLAS_OP_T;
   std::vector<float> column(m);
   for (uint64_t j = 0; j < n; ++j) {
@@ -213,7 +230,5 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t op, const v
       store(D, dl.type, static_cast<int64_t>(j * dl.ld + i), al * column[i] + prior);
     }
   }
-  return CUBLAS_STATUS_SUCCESS;
 }
-
-}  // extern "C"
+}  // namespace

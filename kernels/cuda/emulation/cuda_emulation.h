@@ -75,6 +75,15 @@ bool is_shared_address(const void* p, size_t bytes);
 // `fn` is the kernel's address: its ptxas figures and cudaFuncSetAttribute limits are found by it.
 void launch(const char* name, const void* fn, dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>& body);
 
+// ---- stream capture (CUDA graphs) ----------------------------------------------------------------
+// While a stream captures (cudaStreamBeginCapture .. cudaStreamEndCapture), the work issued to it
+// (launches, cuBLASLt calls, memsets, copies within device memory or to and from pinned host memory)
+// is recorded instead of run, and cudaGraphLaunch runs the recorded work in order. True when
+// `stream` is capturing and `work` was recorded.
+bool record_if_capturing(cudaStream_t stream, std::function<void()> work);
+// Graph launches so far (the tests count replays).
+int64_t graph_launches();
+
 // ---- atomics: a CAS loop on the raw bits (correct across worker threads) ------------------------
 template <class T, class F>
 T atomic_update(T* address, F f) {

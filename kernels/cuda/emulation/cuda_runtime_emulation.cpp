@@ -5,6 +5,10 @@
 #include <sys/sysinfo.h>
 
 #include <algorithm>
+#include <atomic>
+#include <functional>
+#include <string>
+#include <vector>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -27,7 +31,55 @@ cudaError_t set(cudaError_t e) {
   return e;
 }
 
+// Stream capture: the streams capturing now and what they recorded; pinned host allocations (the
+// only host memory a captured copy may touch: a pageable copy is refused, as CUDA refuses it).
+struct Capture {
+  std::vector<std::function<void()>> work;
+  std::string invalidated_by;  // the first call refused during the capture
+};
+std::mutex g_capture_mu;
+std::map<cudaStream_t, Capture> g_captures;
+std::map<const char*, size_t, std::greater<const char*>> g_pinned;  // start -> bytes
+std::atomic<int64_t> g_graph_launches{0};
+
+bool pinned(const void* p, size_t bytes) {
+  std::lock_guard<std::mutex> lock(g_capture_mu);
+  const char* c = static_cast<const char*>(p);
+  auto it = g_pinned.lower_bound(c);  // the last start at or below p
+  return it != g_pinned.end() && c + bytes <= it->first + it->second;
+}
+// A call that may not happen while any stream captures (global capture mode: allocations, host
+// waits, synchronous copies): the captures are invalidated and the call fails, as on a GPU.
+bool refused_during_capture(const char* call) {
+  std::lock_guard<std::mutex> lock(g_capture_mu);
+  if (g_captures.empty()) return false;
+  for (auto& [stream, c] : g_captures)
+    if (c.invalidated_by.empty()) c.invalidated_by = call;
+  t_last_error = cudaErrorStreamCaptureUnsupported;
+  return true;
+}
+bool capturing(cudaStream_t stream) {
+  std::lock_guard<std::mutex> lock(g_capture_mu);
+  return g_captures.count(stream) > 0;
+}
+
 }  // namespace
+
+bool cuda_emu::record_if_capturing(cudaStream_t stream, std::function<void()> work) {
+  std::lock_guard<std::mutex> lock(g_capture_mu);
+  auto it = g_captures.find(stream);
+  if (it == g_captures.end()) return false;
+  it->second.work.push_back(std::move(work));
+  return true;
+}
+int64_t cuda_emu::graph_launches() { return g_graph_launches.load(); }
+
+struct CUgraph_st {
+  std::vector<std::function<void()>> work;
+};
+struct CUgraphExec_st {
+  std::vector<std::function<void()>> work;
+};
 
 extern "C" {
 
@@ -68,23 +120,35 @@ cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
   return cudaSuccess;
 }
 cudaError_t cudaMalloc(void** p, size_t bytes) {
+  if (refused_during_capture("cudaMalloc")) return cudaErrorStreamCaptureUnsupported;
   // Guarded pages, poisoned with NaN: device_memory.h. A request larger than what is free fails as on a GPU.
   *p = cuda_emu::device::allocate(bytes);
   return *p ? cudaSuccess : set(cudaErrorMemoryAllocation);
 }
 cudaError_t cudaFree(void* p) {
   if (!p) return cudaSuccess;
+  if (refused_during_capture("cudaFree")) return cudaErrorStreamCaptureUnsupported;
   return cuda_emu::device::release(p) ? cudaSuccess : set(cudaErrorInvalidValue);
 }
 cudaError_t cudaMallocHost(void** p, size_t bytes) {
+  if (refused_during_capture("cudaMallocHost")) return cudaErrorStreamCaptureUnsupported;
   *p = std::malloc(bytes ? bytes : 1);
-  return *p ? cudaSuccess : set(cudaErrorMemoryAllocation);
+  if (!*p) return set(cudaErrorMemoryAllocation);
+  std::lock_guard<std::mutex> lock(g_capture_mu);
+  g_pinned[static_cast<const char*>(*p)] = bytes ? bytes : 1;
+  return cudaSuccess;
 }
 cudaError_t cudaFreeHost(void* p) {
+  if (!p) return cudaSuccess;
+  if (refused_during_capture("cudaFreeHost")) return cudaErrorStreamCaptureUnsupported;
+  {
+    std::lock_guard<std::mutex> lock(g_capture_mu);
+    g_pinned.erase(static_cast<const char*>(p));
+  }
   std::free(p);
   return cudaSuccess;
 }
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t) {
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream) {
   if (bytes == 0) return cudaSuccess;
   const bool dst_dev = is_device(dst, bytes), src_dev = is_device(src, bytes);
   bool ok = true;
@@ -95,15 +159,70 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
     default: ok = false;  // the backend always says which way a copy goes
   }
   if (!ok) return set(cudaErrorInvalidValue);
+  if (capturing(stream)) {
+    const void* host = kind == cudaMemcpyHostToDevice ? src : kind == cudaMemcpyDeviceToHost ? dst : nullptr;
+    if (host && !pinned(host, bytes)) {  // a pageable copy is staged by the host at once: not capturable
+      refused_during_capture("cudaMemcpyAsync from or to pageable host memory");
+      return cudaErrorStreamCaptureUnsupported;
+    }
+    cuda_emu::record_if_capturing(stream, [=] { std::memmove(dst, src, bytes); });
+    return cudaSuccess;
+  }
   std::memmove(dst, src, bytes);
   return cudaSuccess;
 }
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  if (refused_during_capture("cudaMemcpy")) return cudaErrorStreamCaptureUnsupported;
   return cudaMemcpyAsync(dst, src, bytes, kind, nullptr);
 }
-cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t) {
+cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t stream) {
   if (bytes && !is_device(p, bytes)) return set(cudaErrorInvalidValue);
+  if (cuda_emu::record_if_capturing(stream, [=] { std::memset(p, value, bytes); })) return cudaSuccess;
   std::memset(p, value, bytes);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode) {
+  std::lock_guard<std::mutex> lock(g_capture_mu);
+  if (g_captures.count(stream)) return set(cudaErrorIllegalState);
+  g_captures[stream];
+  return cudaSuccess;
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
+  std::lock_guard<std::mutex> lock(g_capture_mu);
+  auto it = g_captures.find(stream);
+  if (it == g_captures.end()) return set(cudaErrorIllegalState);
+  Capture c = std::move(it->second);
+  g_captures.erase(it);
+  *graph = nullptr;
+  if (!c.invalidated_by.empty()) {
+    std::fprintf(stderr, "cuda emulation: the capture was invalidated by %s\n", c.invalidated_by.c_str());
+    return set(cudaErrorStreamCaptureInvalidated);
+  }
+  *graph = new CUgraph_st{std::move(c.work)};
+  return cudaSuccess;
+}
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status) {
+  *status = capturing(stream) ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
+  return cudaSuccess;
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
+  if (!graph) return set(cudaErrorInvalidValue);
+  *exec = new CUgraphExec_st{graph->work};
+  return cudaSuccess;
+}
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
+  if (!exec) return set(cudaErrorInvalidValue);
+  if (capturing(stream)) return set(cudaErrorStreamCaptureUnsupported);  // nested graphs are not used here
+  ++g_graph_launches;
+  for (const auto& work : exec->work) work();  // a kernel's error propagates as at an eager launch
+  return cudaSuccess;
+}
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  delete graph;
+  return cudaSuccess;
+}
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  delete exec;
   return cudaSuccess;
 }
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) {
@@ -114,7 +233,9 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
   delete reinterpret_cast<char*>(s);
   return cudaSuccess;
 }
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t) {
+  return refused_during_capture("cudaStreamSynchronize") ? cudaErrorStreamCaptureUnsupported : cudaSuccess;
+}
 // Events: work is done when it is issued here, so an event is complete once recorded; it keeps the
 // host's clock at recording, which is when the (synchronous) work before it ended.
 struct EmulatedEvent {
@@ -134,14 +255,22 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
   delete event_of(e);
   return cudaSuccess;
 }
-cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t stream) {
   if (!e) return set(cudaErrorInvalidValue);
+  // An event inside a capture would be a graph node; this backend never records one there.
+  if (capturing(stream)) {
+    refused_during_capture("cudaEventRecord");
+    return cudaErrorStreamCaptureUnsupported;
+  }
   event_of(e)->recorded = true;
   event_of(e)->at = std::chrono::steady_clock::now();
   return cudaSuccess;
 }
 cudaError_t cudaEventQuery(cudaEvent_t e) { return e ? cudaSuccess : set(cudaErrorInvalidValue); }
-cudaError_t cudaEventSynchronize(cudaEvent_t e) { return e ? cudaSuccess : set(cudaErrorInvalidValue); }
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  if (refused_during_capture("cudaEventSynchronize")) return cudaErrorStreamCaptureUnsupported;
+  return e ? cudaSuccess : set(cudaErrorInvalidValue);
+}
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t stop) {
   if (!start || !stop || !event_of(start)->recorded || !event_of(stop)->recorded) return set(cudaErrorInvalidResourceHandle);
   if (!event_of(start)->timing || !event_of(stop)->timing) return set(cudaErrorInvalidResourceHandle);
@@ -152,7 +281,9 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t e, unsigned) {
   // Waiting on an event never recorded is legal CUDA (a no-op) but always a bug in this backend.
   return e && event_of(e)->recorded ? cudaSuccess : set(cudaErrorInvalidValue);
 }
-cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize(void) {
+  return refused_during_capture("cudaDeviceSynchronize") ? cudaErrorStreamCaptureUnsupported : cudaSuccess;
+}
 cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
   if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize) return set(cuda_emu::limits::set_max_dynamic_shared(func, value));
   return cudaSuccess;  // the others (carve-out, cluster shapes) are hints the emulation has no use for
@@ -169,6 +300,9 @@ const char* cudaGetErrorName(cudaError_t e) {
     case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
     case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
     case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+    case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
+    case cudaErrorIllegalState: return "cudaErrorIllegalState";
     default: return "cudaError";
   }
 }
@@ -178,6 +312,9 @@ const char* cudaGetErrorString(cudaError_t e) {
     case cudaErrorInvalidValue: return "invalid argument (emulation: a pointer is not in emulated device memory, or a copy goes the wrong way)";
     case cudaErrorMemoryAllocation: return "out of memory";
     case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
+    case cudaErrorIllegalState: return "operation not permitted in the current state (a stream already capturing, or not capturing)";
     default: return "emulated CUDA error";
   }
 }
