@@ -22,6 +22,17 @@ namespace multinorm {
 std::unique_ptr<Communicator> make_gradient_communicator(Backend& backend, Comm& comm);
 std::unique_ptr<Communicator> make_mpi_communicator(Comm& comm);
 
+// Buckets: consecutive ranges of the model's gradient_ready_order(), closed once they reach
+// bucket_bytes (FP32); bucket_of_range (optional) gets each range's bucket.
+struct GradientBucket {
+  int64_t begin = 0, end = 0;  // arena elements
+  int ranges = 0;
+};
+std::vector<GradientBucket> gradient_buckets(const LlamaModel& model, int64_t bucket_bytes, std::vector<int>* bucket_of_range);
+// The FP32 staging GradientSync allocates for the model's BF16 gradients over `ranks` ranks: two
+// slots of the largest bucket (one with one bucket); 0 with FP32 gradients or one rank.
+int64_t gradient_staging_bytes(const LlamaModel& model, int64_t bucket_bytes, int ranks);
+
 class GradientSync final : public GradientListener {
  public:
   // bucket_bytes: a bucket closes at the first layer boundary at or past this many bytes (of the

@@ -7,6 +7,9 @@
 #include <map>
 
 #include "multinorm/cli.h"
+#include "multinorm/data_parallel.h"
+#include "multinorm/kernel_costs.h"
+#include "multinorm/llama_model.h"
 #include "multinorm/device.h"
 #include "multinorm/error.h"
 #include "multinorm/json_file.h"
@@ -72,7 +75,12 @@ void run_info(const InfoOptions& o) {
   const auto assign = assign_optimizers(specs, run.optimizer);
   const std::vector<int64_t> sharded = state_bytes_per_rank(plan_shards(assign, run, o.ranks, 0, true), assign, run);
   const int64_t sharded_max = *std::max_element(sharded.begin(), sharded.end());
-  const int64_t staging = o.ranks > 1 && run.precision.grads != DType::F32 ? total * 4 : 0;
+  int64_t staging = 0;
+  if (o.ranks > 1) {  // the model's own buckets, on a backend that allocates nothing
+    auto rec = make_cost_recorder();
+    const LlamaModel model(*rec, run.model, run.precision.params, 1, 1, run.precision.grads);
+    staging = gradient_staging_bytes(model, static_cast<int64_t>(run.parallel.bucket_mb * 1048576.0), o.ranks);
+  }
   const int64_t per_rank_replicated = tm.total() + staging, per_rank_sharded = tm.total() - tm.states + sharded_max + staging;
 
   if (o.as_json) {
@@ -138,7 +146,7 @@ void run_info(const InfoOptions& o) {
     std::printf("  %-34s %10.3f GiB\n", "optimizer states, replicated", gib(tm.states));
     std::printf("  %-34s %10.3f GiB  (largest share; smallest %.3f)\n", "optimizer states, sharded (ZeRO-1)", gib(sharded_max),
                 gib(*std::min_element(sharded.begin(), sharded.end())));
-    if (staging) std::printf("  %-34s %10.3f GiB\n", "FP32 staging of BF16 gradients", gib(staging));
+    if (staging) std::printf("  %-34s %10.3f GiB\n", "FP32 staging (2 gradient buckets)", gib(staging));
     std::printf("  %-34s %10.3f GiB replicated, %.3f GiB sharded\n", "total", gib(per_rank_replicated), gib(per_rank_sharded));
     std::printf("  (whole tensors are owned by one rank, balanced by update cost: the embedding's Adam state stays whole)\n");
   }

@@ -18,18 +18,31 @@ std::unique_ptr<Communicator> make_gradient_communicator(Backend& backend, Comm&
   return backend.create_communicator(id, comm.rank(), comm.size(), comm.timeout());
 }
 
-GradientSync::GradientSync(LlamaModel& model, Communicator& comm, const ShardPlan& plan, int64_t bucket_bytes, bool overlap)
-    : model_(model), comm_(comm), plan_(plan), overlap_(overlap) {
-  // Buckets: consecutive ranges of the backward pass's order, closed once they reach bucket_bytes.
-  const auto order = model_.gradient_ready_order();
-  for (const auto& [begin, end] : order) {
-    if (buckets_.empty() || (buckets_.back().end - buckets_.back().begin) * 4 >= bucket_bytes) buckets_.push_back({begin, end});
-    Bucket& b = buckets_.back();
+std::vector<GradientBucket> gradient_buckets(const LlamaModel& model, int64_t bucket_bytes, std::vector<int>* bucket_of_range) {
+  std::vector<GradientBucket> buckets;
+  for (const auto& [begin, end] : model.gradient_ready_order()) {
+    if (buckets.empty() || (buckets.back().end - buckets.back().begin) * 4 >= bucket_bytes) buckets.push_back({begin, end, 0});
+    GradientBucket& b = buckets.back();
     b.begin = std::min(b.begin, begin);
     b.end = std::max(b.end, end);
     ++b.ranges;
-    bucket_of_range_.push_back(static_cast<int>(buckets_.size()) - 1);
+    if (bucket_of_range) bucket_of_range->push_back(static_cast<int>(buckets.size()) - 1);
   }
+  return buckets;
+}
+
+int64_t gradient_staging_bytes(const LlamaModel& model, int64_t bucket_bytes, int ranks) {
+  if (ranks < 2 || model.grad_dtype() == DType::F32) return 0;
+  const auto buckets = gradient_buckets(model, bucket_bytes, nullptr);
+  int64_t largest = 0;
+  for (const GradientBucket& b : buckets) largest = std::max(largest, b.end - b.begin);
+  return std::min<int64_t>(2, static_cast<int64_t>(buckets.size())) * largest * 4;
+}
+
+GradientSync::GradientSync(LlamaModel& model, Communicator& comm, const ShardPlan& plan, int64_t bucket_bytes, bool overlap)
+    : model_(model), comm_(comm), plan_(plan), overlap_(overlap) {
+  // Buckets: consecutive ranges of the backward pass's order, closed once they reach bucket_bytes.
+  for (const GradientBucket& g : gradient_buckets(model_, bucket_bytes, &bucket_of_range_)) buckets_.push_back({g.begin, g.end, g.ranges});
   // BF16 gradients are summed in FP32 and rounded once: each bucket is widened into one of two
   // staging slots, reduced there and narrowed back, so staging holds two buckets, not the arena.
   if (comm_.size() > 1 && model_.grad_dtype() != DType::F32) {
