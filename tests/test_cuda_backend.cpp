@@ -793,7 +793,9 @@ TEST(CudaBackend, CostModelLaunchesWhatTheBackendLaunches) {
       (void)unused;
       EXPECT_EQ(predicted[0], launched[0]) << name << ", hidden " << hidden << ": a micro-batch's kernels";
       EXPECT_EQ(predicted[1], launched[1]) << name << ", hidden " << hidden << ": an update's kernels";
-      if (hidden == 128) EXPECT_TRUE(predicted[0].count("attention_forward_mma")) << "the tensor-core path";
+      if (hidden == 128) {
+        EXPECT_TRUE(predicted[0].count("attention_forward_mma")) << "the tensor-core path";
+      }
       double expected = 0;
       for (const GemmShape& g : training_step_gemms(run.model, 38)) expected += 2.0 * g.M * g.N * g.K * g.count;
       EXPECT_DOUBLE_EQ(flops[0], expected) << name << ", hidden " << hidden << ": GEMM FLOPs of a micro-batch";
@@ -815,6 +817,19 @@ TEST(CostModel, RooflineTakesTheLargerOfComputeAndMemoryTime) {
   EXPECT_FALSE(roofline_memory_bound(gemm, *a100, a));
 }
 
+// A small model of two heads (vocabulary 101, MLP 40) for the graph tests.
+static ModelConfig graph_test_config(int64_t hidden, int64_t layers) {
+  ModelConfig cfg;
+  cfg.name = "graph_test";
+  cfg.vocab_size = 101;
+  cfg.hidden_size = hidden;
+  cfg.intermediate_size = 40;
+  cfg.num_hidden_layers = layers;
+  cfg.num_attention_heads = 2;
+  cfg.max_position_embeddings = 32;
+  return cfg;
+}
+
 // CUDA graphs: a micro-batch replayed from its captured graph gives the bits of the eager run, on
 // new tokens each time (the graph reads the buffers the upload fills); a new grad_scale runs
 // eagerly and is captured in turn. Capturing allocates nothing: the emulation refuses an allocation
@@ -823,14 +838,7 @@ TEST(CudaBackend, GraphReplayEqualsEagerBitForBit) {
   const CudaProbe* p = cuda_plugin();
   if (!p) GTEST_SKIP() << "no CUDA plugin";
   auto be = make_cuda_backend(*p);
-  ModelConfig cfg;
-  cfg.name = "graph_test";
-  cfg.vocab_size = 101;
-  cfg.hidden_size = 128;  // 2 heads of 64: the tensor-core attention too
-  cfg.intermediate_size = 40;
-  cfg.num_hidden_layers = 2;
-  cfg.num_attention_heads = 2;
-  cfg.max_position_embeddings = 32;
+  const ModelConfig cfg = graph_test_config(128, 2);  // 2 heads of 64: the tensor-core attention too
   LlamaModel eager(*be, cfg, DType::BF16, 2, 19), graphed(*be, cfg, DType::BF16, 2, 19);
   eager.init_random(3);
   graphed.init_random(3);
@@ -850,6 +858,43 @@ TEST(CudaBackend, GraphReplayEqualsEagerBitForBit) {
   EXPECT_EQ(graphed.graph_captures(), 2);
   EXPECT_EQ(be->graph_replays() - replays, 4);
   EXPECT_EQ(eager.graph_captures(), 0);
+  EXPECT_FALSE(graphed.graphs_turned_off());
+  // A larger micro-batch on the same backend grows its scratch buffers: the graph, which holds their
+  // old addresses, is not replayed (on a GPU it would write freed memory) but run eagerly.
+  {
+    LlamaModel bigger(*be, cfg, DType::BF16, 4, 19);
+    bigger.init_random(3);
+    std::vector<int32_t> tokens = random_ids(76, cfg.vocab_size, 80), targets = random_ids(76, cfg.vocab_size, 81);
+    bigger.forward_backward(MicroBatch{tokens.data(), targets.data(), nullptr, 4, 19}, 0.25f);
+  }
+  std::vector<int32_t> tokens = random_ids(38, cfg.vocab_size, 90), targets = random_ids(38, cfg.vocab_size, 91);
+  const MicroBatch mb{tokens.data(), targets.data(), nullptr, 2, 19};
+  const int64_t before_stale = be->graph_replays();
+  eager.queue_forward_backward(mb, 0.25f);
+  graphed.queue_forward_backward(mb, 0.25f);
+  EXPECT_EQ(eager.take_queued_losses()[0].sum, graphed.take_queued_losses()[0].sum);
+  EXPECT_EQ(eager.grads_to_host(), graphed.grads_to_host()) << "after the scratch moved";
+  EXPECT_EQ(be->graph_replays(), before_stale) << "a stale graph was replayed";
+}
+
+// A loss scale that changes every other micro-batch (token_mean with two micro-batches an update)
+// would capture a graph per update and replay it once: after two such captures graphs turn off.
+TEST(CudaBackend, GraphsTurnOffWhenEveryCaptureIsReplayedOnlyOnce) {
+  const CudaProbe* p = cuda_plugin();
+  if (!p) GTEST_SKIP() << "no CUDA plugin";
+  auto be = make_cuda_backend(*p);
+  const ModelConfig cfg = graph_test_config(32, 1);
+  LlamaModel m(*be, cfg, DType::BF16, 2, 9);
+  m.init_random(3);
+  m.set_graphs(true);
+  std::vector<int32_t> tokens = random_ids(18, 101, 5), targets = random_ids(18, 101, 6);
+  const MicroBatch mb{tokens.data(), targets.data(), nullptr, 2, 9};
+  for (const float scale : {0.5f, 0.5f, 0.25f, 0.25f, 0.125f, 0.125f, 0.0625f, 0.0625f}) {
+    m.queue_forward_backward(mb, scale);
+    m.take_queued_losses();
+  }
+  EXPECT_EQ(m.graph_captures(), 2) << "the third pair should run eagerly";
+  EXPECT_TRUE(m.graphs_turned_off());
 }
 
 TEST(CudaBackend, CaptureRefusesAllocationsHostWaitsAndPageableCopies) {
@@ -862,6 +907,8 @@ TEST(CudaBackend, CaptureRefusesAllocationsHostWaitsAndPageableCopies) {
       {"cudaMalloc", [&] { be->release(be->allocate(64)); }},
       {"cudaStreamSynchronize", [&] { be->synchronize(); }},
       {"pageable", [&] { be->to_device(dev, host.data(), 64); }},
+      // a queued copy would run at every replay, delivered once: refused before CUDA sees it
+      {"queued copy", [&] { be->to_host_queued(host.data(), dev, 64); }},
   };
   for (const auto& [call, fn] : planted) {
     ASSERT_TRUE(be->begin_capture());

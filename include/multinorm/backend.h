@@ -127,7 +127,9 @@ class Backend {
   virtual bool begin_capture() { return false; }
   virtual int64_t end_capture() { throw Error(name() + ": no graph capture"); }
   virtual void abandon_capture() {}
-  virtual void replay(int64_t graph) { (void)graph; throw Error(name() + ": no graphs"); }
+  // false: not replayed, because a buffer the graph uses was reallocated since its capture (a larger
+  // shape grew a scratch buffer) or the backend is profiling: release it and run the ops eagerly.
+  virtual bool replay(int64_t graph) { (void)graph; throw Error(name() + ": no graphs"); }
   virtual void release_graph(int64_t graph) { (void)graph; }
   // Graph replays so far.
   virtual int64_t graph_replays() const { return 0; }

@@ -99,6 +99,8 @@ class LlamaModel {
   std::vector<float> grads_to_host() const;
   void params_from_host(const std::vector<float>& values);
   void zero_grads();
+  // Bumped by zero_grads() and every backward pass: what the gradient arena holds has changed.
+  int64_t gradient_version() const { return grad_version_; }
 
   // Mean-free loss sums; forward() only evaluates. forward_backward() accumulates into the gradient
   // arena the gradient of grad_scale * (sum of counted per-position losses).
@@ -116,8 +118,11 @@ class LlamaModel {
   // runs eagerly (scratch buffers grow then), the second captures, later ones replay, each one
   // launch instead of hundreds. Another shape or grad_scale runs eagerly and is captured in turn;
   // with a gradient listener (data parallelism's last micro-batch) or profiling the ops run eagerly.
+  // A capture replayed only once before the key changed is wasted (the loss scale changing every
+  // update: token_mean, or micro_batch_mean over padded batches); after two, graphs turn off.
   void set_graphs(bool on);
   int64_t graph_captures() const { return graph_captures_; }
+  bool graphs_turned_off() const { return wasted_captures_ >= kMaxWastedCaptures; }
   // Logits of every position, [B*T, V] FP32 on the host (sampling, cross-checks).
   void logits(const MicroBatch& mb, float* host_logits);
 
@@ -181,6 +186,7 @@ class LlamaModel {
   };
   std::vector<QueuedLosses> queued_;  // slots reused from one update to the next
   size_t queued_count_ = 0;
+  int64_t grad_version_ = 0;
   struct StepGraph {  // the captured forward and backward of one shape and grad_scale
     int64_t B = -1, T = -1;
     float grad_scale = 0;
@@ -188,7 +194,9 @@ class LlamaModel {
   };
   bool graphs_ = false;
   StepGraph step_graph_;
-  int64_t graph_captures_ = 0;
+  int64_t graph_captures_ = 0, replays_of_graph_ = 0, wasted_captures_ = 0;
+  static constexpr int64_t kMaxWastedCaptures = 2;
+  void drop_step_graph();
   void forward_backward_ops(int64_t B, int64_t T, float grad_scale);
   std::vector<uint8_t> host_mask_;  // the loss mask of the uploaded micro-batch
   std::vector<LayerWeights> w_, dw_;

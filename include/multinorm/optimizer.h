@@ -122,7 +122,8 @@ class Optimizer {
   int64_t state_bytes_ = 0, matrix_state_bytes_ = 0, local_state_bytes_ = 0;
   DType state_dtype_;
   double lr_scale_ = 1.0;
-  int64_t measured_update_ = -1;  // the update measure_gradient_norm() last measured
+  int64_t measured_update_ = -1;   // the update measure_gradient_norm() last measured
+  int64_t measured_version_ = -1;  // and the model's gradient_version() then
   double measured_norm_ = 0;
 };
 

@@ -44,6 +44,7 @@ std::atomic<int64_t> g_host_waits{0};
 // larger chunk is made and the old one kept until its copies are delivered (the device may still be
 // writing it). With nothing pending the offset goes back to 0: after the first update no allocation.
 struct QueuedCopy {
+  uint64_t seq;  // queue order
   cudaStream_t stream;
   void* host_dst;
   const char* staged;
@@ -52,6 +53,7 @@ struct QueuedCopy {
 struct PinnedStaging {
   std::mutex mu;
   std::vector<QueuedCopy> pending;
+  uint64_t next_seq = 0;
   char* chunk = nullptr;
   int64_t capacity = 0, used = 0;
   std::vector<char*> retired;  // outgrown chunks that pending copies still point into
@@ -60,10 +62,13 @@ PinnedStaging& staging() {
   static PinnedStaging* s = new PinnedStaging;  // never destroyed: backends may outlive static destructors
   return *s;
 }
-void deliver(PinnedStaging& s, cudaStream_t stream) {
+// Delivers the copies on `stream` queued before `before` (those queued before the wait began: a
+// copy another thread queues meanwhile may not have run yet).
+void deliver(PinnedStaging& s, cudaStream_t stream, uint64_t before) {
   size_t kept = 0;
-  for (const QueuedCopy& c : s.pending) {
-    if (c.stream == stream) std::memcpy(c.host_dst, c.staged, static_cast<size_t>(c.bytes));
+  for (size_t i = 0; i < s.pending.size(); ++i) {
+    const QueuedCopy c = s.pending[i];
+    if (c.seq < before && c.stream == stream) std::memcpy(c.host_dst, c.staged, static_cast<size_t>(c.bytes));
     else s.pending[kept++] = c;
   }
   s.pending.resize(kept);
@@ -77,15 +82,24 @@ void deliver(PinnedStaging& s, cudaStream_t stream) {
 
 void wait_for_stream(cudaStream_t stream, const std::string& what) {
   g_host_waits.fetch_add(1, std::memory_order_relaxed);
-  MN_CUDA_CHECK(cudaStreamSynchronize(stream), what);
   PinnedStaging& s = staging();
+  uint64_t before = 0;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    before = s.next_seq;
+  }
+  MN_CUDA_CHECK(cudaStreamSynchronize(stream), what);
   std::lock_guard<std::mutex> lock(s.mu);
-  if (!s.pending.empty()) deliver(s, stream);
+  if (!s.pending.empty()) deliver(s, stream, before);
 }
 int64_t host_waits() { return g_host_waits.load(std::memory_order_relaxed); }
 
 void queue_copy_to_host(void* host_dst, const void* device_src, int64_t bytes, cudaStream_t stream) {
   if (bytes <= 0) return;
+  // In a graph the copy would run at every replay, long after this bookkeeping delivered it once.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  MN_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture), "a queued device-to-host copy");
+  if (capture != cudaStreamCaptureStatusNone) throw Error("a queued device-to-host copy while the stream is capturing a graph (queue it after the replay)");
   PinnedStaging& s = staging();
   std::lock_guard<std::mutex> lock(s.mu);
   const int64_t need = (bytes + 255) / 256 * 256;  // each copy 256-byte aligned in the chunk
@@ -104,7 +118,7 @@ void queue_copy_to_host(void* host_dst, const void* device_src, int64_t bytes, c
   s.used += need;
   MN_CUDA_CHECK(cudaMemcpyAsync(staged, device_src, static_cast<size_t>(bytes), cudaMemcpyDeviceToHost, stream),
                 "a queued device-to-host copy (" + std::to_string(bytes) + " bytes)");
-  s.pending.push_back({stream, host_dst, staged, bytes});
+  s.pending.push_back({s.next_seq++, stream, host_dst, staged, bytes});
 }
 
 int64_t queued_copies(cudaStream_t stream) {

@@ -44,6 +44,8 @@ std::string shape(std::initializer_list<int64_t> dims) {
 // hot path once every shape has been seen).
 class Scratch {
  public:
+  // `moves` (optional) is bumped whenever the buffer moves: a graph captured before holds its old address.
+  explicit Scratch(int64_t* moves = nullptr) : moves_(moves) {}
   ~Scratch() { cudaFree(ptr_); }
   void* get(size_t bytes, const char* what) {
     if (bytes > bytes_) {
@@ -56,6 +58,7 @@ class Scratch {
         throw_cuda_error(std::string("cudaMalloc of ") + std::to_string(bytes) + " bytes of scratch for " + what, e);
       }
       bytes_ = bytes;
+      if (moves_) ++*moves_;
     }
     return ptr_;
   }
@@ -64,6 +67,7 @@ class Scratch {
  private:
   void* ptr_ = nullptr;
   size_t bytes_ = 0;
+  int64_t* moves_;
 };
 
 class CudaBackend final : public Backend {
@@ -112,6 +116,7 @@ class CudaBackend final : public Backend {
     cudaGraphDestroy(graph);
     MN_CUDA_CHECK(e, "instantiating a captured graph");
     graphs_.push_back(exec);
+    graph_generations_.push_back(step_scratch_moves_);
     return static_cast<int64_t>(graphs_.size()) - 1;
   }
   void abandon_capture() override {
@@ -119,9 +124,12 @@ class CudaBackend final : public Backend {
     if (cudaStreamEndCapture(stream_, &graph) == cudaSuccess && graph) cudaGraphDestroy(graph);
     cudaGetLastError();
   }
-  void replay(int64_t id) override {
-    MN_CUDA_CHECK(cudaGraphLaunch(graph(id), stream_), "replaying graph " + std::to_string(id));
+  bool replay(int64_t id) override {
+    const cudaGraphExec_t g = graph(id);
+    if (profiler::g_on || graph_generations_[static_cast<size_t>(id)] != step_scratch_moves_) return false;
+    MN_CUDA_CHECK(cudaGraphLaunch(g, stream_), "replaying graph " + std::to_string(id));
     ++graph_replays_;
+    return true;
   }
   void release_graph(int64_t id) override {
     cudaGraphExecDestroy(graph(id));
@@ -410,11 +418,15 @@ class CudaBackend final : public Backend {
   int device_;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<LtGemm> gemm_;
-  Scratch rms_scratch_, attn_scratch_, reduce_scratch_, bucket_scratch_, opt_scratch_, many_scratch_;
+  // The scratch a micro-batch's forward and backward use (and so its graph) counts its moves.
+  int64_t step_scratch_moves_ = 0;
+  Scratch rms_scratch_{&step_scratch_moves_}, attn_scratch_{&step_scratch_moves_}, bucket_scratch_{&step_scratch_moves_};
+  Scratch reduce_scratch_, opt_scratch_, many_scratch_;
   std::vector<AdamManyItem> many_items_;
   std::vector<cuda::SinkgdManyItem> sinkgd_items_;
   SwanStats swan_;
   std::vector<cudaGraphExec_t> graphs_;  // by graph id; null once released
+  std::vector<int64_t> graph_generations_;  // step_scratch_moves_ at each capture
   int64_t graph_replays_ = 0;
   cudaGraphExec_t graph(int64_t id) const {
     if (id < 0 || static_cast<size_t>(id) >= graphs_.size() || !graphs_[static_cast<size_t>(id)])

@@ -66,7 +66,7 @@ struct StepCosts {
 // the model and optimizer code itself (kernel_costs.h).
 StepCosts record_step_costs(const RunConfig& run, DType dt, int64_t B, int64_t T) {
   auto rec = make_cost_recorder();
-  LlamaModel model(*rec, run.model, dt, B, T);
+  LlamaModel model(*rec, run.model, dt, B, T, run.precision.grads);
   Optimizer optimizer(model, run);
   std::vector<int32_t> tokens(B * T, 0);
   const MicroBatch mb{tokens.data(), tokens.data(), nullptr, B, T};

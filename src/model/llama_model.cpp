@@ -114,7 +114,7 @@ LlamaModel::LlamaModel(Backend& backend, const ModelConfig& config, DType dtype,
 }
 
 LlamaModel::~LlamaModel() {
-  if (step_graph_.graph >= 0) be_.release_graph(step_graph_.graph);
+  if (step_graph_.graph >= 0) be_.release_graph(step_graph_.graph);  // not drop_step_graph: nothing to count
   if (kv_cache_) be_.release(kv_cache_);
   for (void* p : {params_, grads_, acts_, static_cast<void*>(rope_), static_cast<void*>(tokens_),
                   static_cast<void*>(targets_), static_cast<void*>(mask_)})
@@ -193,7 +193,10 @@ static std::vector<float> arena_to_host(Backend& be, Buf arena, int64_t n) {
 
 std::vector<float> LlamaModel::params_to_host() const { return arena_to_host(be_, params(), nparams_); }
 std::vector<float> LlamaModel::grads_to_host() const { return arena_to_host(be_, grads(), nparams_); }
-void LlamaModel::zero_grads() { be_.zero(grads(), nparams_); }
+void LlamaModel::zero_grads() {
+  be_.zero(grads(), nparams_);
+  ++grad_version_;
+}
 
 // ---------------------------------------------------------------------------------------------
 // Inputs
@@ -346,23 +349,37 @@ void LlamaModel::forward_backward_ops(int64_t B, int64_t T, float grad_scale) {
 
 void LlamaModel::set_graphs(bool on) {
   graphs_ = on;
-  if (!on && step_graph_.graph >= 0) be_.release_graph(step_graph_.graph);
-  if (!on) step_graph_ = {};
+  if (!on) drop_step_graph();
+}
+
+void LlamaModel::drop_step_graph() {
+  if (step_graph_.graph >= 0) {
+    be_.release_graph(step_graph_.graph);
+    if (replays_of_graph_ <= 1) ++wasted_captures_;  // replayed only by its own capture
+  }
+  step_graph_ = {};
+  replays_of_graph_ = 0;
 }
 
 void LlamaModel::queue_forward_backward(const MicroBatch& mb, float grad_scale) {
   const int64_t BT = mb.B * mb.T;
   upload(mb, true);  // copies from pageable host memory: never inside a graph
+  ++grad_version_;
   StepGraph& g = step_graph_;
   const bool same = g.B == mb.B && g.T == mb.T && g.grad_scale == grad_scale;
-  if (!graphs_ || listener_ || profile_.enabled) {
-    forward_backward_ops(mb.B, mb.T, grad_scale);
-  } else if (same && g.graph >= 0) {
+  const bool use_graphs = graphs_ && !graphs_turned_off() && !listener_ && !profile_.enabled;
+  bool done = false;
+  if (use_graphs && same && g.graph >= 0) {
     const auto t0 = std::chrono::steady_clock::now();
-    be_.replay(g.graph);
-    last_forward_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    last_backward_s_ = 0;  // one launch: the split is not seen from the host
-  } else if (same && be_.begin_capture()) {
+    done = be_.replay(g.graph);
+    if (done) {
+      ++replays_of_graph_;
+      last_forward_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      last_backward_s_ = 0;  // one launch: the split is not seen from the host
+    } else {
+      drop_step_graph();  // stale (a scratch buffer moved) or profiling: eagerly, captured again later
+    }
+  } else if (use_graphs && same && be_.begin_capture()) {
     try {
       forward_backward_ops(mb.B, mb.T, grad_scale);
       g.graph = be_.end_capture();
@@ -371,11 +388,16 @@ void LlamaModel::queue_forward_backward(const MicroBatch& mb, float grad_scale) 
       throw;
     }
     ++graph_captures_;
-    be_.replay(g.graph);  // capturing ran nothing
-  } else {  // a new shape or grad_scale (or no graphs on this backend): eagerly, captured next time
-    if (g.graph >= 0) be_.release_graph(g.graph);
-    g = {mb.B, mb.T, grad_scale, -1};
-    forward_backward_ops(mb.B, mb.T, grad_scale);
+    if (!be_.replay(g.graph)) throw Error("model: a graph just captured could not be replayed");  // capturing ran nothing
+    replays_of_graph_ = 1;
+    done = true;
+  }
+  if (!done) {  // eagerly; a new shape or loss scale is captured when it comes again
+    if (use_graphs && !same) {
+      drop_step_graph();
+      g = {mb.B, mb.T, grad_scale, -1};
+    }
+    forward_backward_ops(mb.B, mb.T, grad_scale);  // a graph kept meanwhile is checked for staleness at replay
   }
   // The losses ("saved": the backward does not reuse them) go to the host with the next wait.
   if (queued_count_ == queued_.size()) queued_.emplace_back();

@@ -70,6 +70,7 @@ double Optimizer::measure_gradient_norm(int64_t update) {
   for (double q : squares) sum += q;
   measured_norm_ = std::sqrt(sum);
   measured_update_ = update;
+  measured_version_ = model_.gradient_version();
   return measured_norm_;
 }
 
@@ -82,7 +83,7 @@ StepStats Optimizer::step(int64_t update, int64_t applied) {
   const bool scaled = run_.optimizer.name == "sinkgd" || run_.optimizer.name == "swan";
   st.lr_matrix = lr_t * (scaled ? run_.optimizer.alpha : 1.0);
   st.lr_fallback = lr_t;
-  if (measured_update_ != update) measure_gradient_norm(update);
+  if (measured_update_ != update || measured_version_ != model_.gradient_version()) measure_gradient_norm(update);
   measured_update_ = -1;  // an update's gradients are measured for one step
   st.grad_norm = measured_norm_;
   if (!std::isfinite(st.grad_norm)) return st;  // the trainer decides (stop or skip); nothing is applied

@@ -77,12 +77,14 @@ class MpiCommunicator final : public Communicator {
   void after_mark(int64_t m) override {
     const int64_t k = std::min<int64_t>(m - completed_, static_cast<int64_t>(reqs_.size()));
     if (k <= 0) return;
+    // Waited on a copy of the handles; they leave reqs_ only once complete, so a timeout (which
+    // throws) leaves them tracked and the destructor does not free the communicator under them.
     std::vector<MPI_Request> first(reqs_.begin(), reqs_.begin() + k);
     const std::string what = whats_.front() + (k > 1 ? " (and " + std::to_string(k - 1) + " more)" : "");
+    mpi::wait_all(first, comm_.timeout(), what);
     reqs_.erase(reqs_.begin(), reqs_.begin() + k);
     whats_.erase(whats_.begin(), whats_.begin() + k);
     completed_ += k;
-    mpi::wait_all(first, comm_.timeout(), what);
   }
 
  private:

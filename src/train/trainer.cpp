@@ -500,8 +500,10 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
   }
   if (tty) std::fprintf(stderr, "\n");
   if (model.graph_captures() > 0)
-    log("  CUDA graphs: %lld capture(s), %lld micro-batches replayed\n", (long long)model.graph_captures(),
-        (long long)backend->graph_replays());
+    log("  CUDA graphs: %lld capture(s), %lld micro-batches replayed%s\n", (long long)model.graph_captures(),
+        (long long)backend->graph_replays(),
+        model.graphs_turned_off() ? "; turned off: the loss scale changed before a capture was reused "
+                                    "(token_mean, or micro_batch_mean over padded batches)" : "");
   result.skipped = state.skipped;
   result.seconds = since(t_start);
   result.tokens_per_s = tokens_this_run / std::max(since(t_loop), 1e-9);
