@@ -8,11 +8,13 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <map>
 
 #include "doctor_checks.h"
 #include "multinorm/device.h"
 #include "multinorm/error.h"
 #include "multinorm/json_file.h"
+#include "multinorm/kernel_costs.h"
 #include "multinorm/llama_model.h"
 #include "multinorm/memory_estimate.h"
 #include "multinorm/optimizer.h"
@@ -73,7 +75,10 @@ std::string largest_fitting(const DoctorOptions& o, size_t free_bytes) {
   return best;
 }
 
-// One training step timed (after two warm-up steps), then one more profiled: per-kernel device times.
+// Training steps as the trainer runs them (queued micro-batch, the gradient-norm read, the update),
+// timed with every launch issued by the host (eager) and with the micro-batch replayed from a CUDA
+// graph; then one more profiled: per-kernel device times beside the cost model's roofline for this
+// GPU (kernel_costs.h) when it is an A100 or H100.
 json timed_step(Backend& gpu, const ModelConfig& cfg, const DoctorOptions& o, const json& device) {
   const int64_t B = o.batch, T = std::min(o.seq, cfg.max_position_embeddings), BT = B * T;
   const RunConfig run = step_run(cfg, B, T);
@@ -86,17 +91,30 @@ json timed_step(Backend& gpu, const ModelConfig& cfg, const DoctorOptions& o, co
   int64_t update = 0;
   auto step = [&] {
     model.zero_grads();
-    model.forward_backward(mb, 1.0f / static_cast<float>(BT));
+    model.queue_forward_backward(mb, 1.0f / static_cast<float>(BT));
     ++update;
+    opt.measure_gradient_norm(update);  // the update's one host wait, which brings the queued loss
+    model.take_queued_losses();
     opt.step(update, update);
   };
+  int64_t waits_per_step = 0;
+  auto timed = [&] {  // seconds a step; counts the host's waits inside the steps
+    gpu.synchronize();
+    const int64_t w0 = gpu.host_synchronisations();
+    const auto t0 = Clock::now();
+    for (int s = 0; s < o.steps; ++s) step();
+    const int64_t w1 = gpu.host_synchronisations();
+    gpu.synchronize();
+    waits_per_step = (w1 - w0) / std::max(1, o.steps);
+    return std::chrono::duration<double>(Clock::now() - t0).count() / std::max(1, o.steps);
+  };
+  model.set_graphs(false);
   for (int w = 0; w < o.warmup; ++w) step();
-  gpu.synchronize();
-  const auto t0 = Clock::now();
-  for (int s = 0; s < o.steps; ++s) step();
-  gpu.synchronize();
-  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count() / std::max(1, o.steps);
-  gpu.set_profiling(true);
+  const double eager_seconds = timed();
+  model.set_graphs(true);
+  step(), step();  // eager, then captured
+  const double seconds = timed();
+  gpu.set_profiling(true);  // profiled steps run eagerly
   step();
   const std::vector<KernelTime> kernels = gpu.take_profile();
   gpu.set_profiling(false);
@@ -111,14 +129,36 @@ json timed_step(Backend& gpu, const ModelConfig& cfg, const DoctorOptions& o, co
   const std::string name = device.value("name", std::string());
   const double peak = bf16_dense_peak_tflops(name), tflops = flops / seconds / 1e12;
   double kernel_ms = 0;
-  for (const KernelTime& k : kernels) kernel_ms += k.ms;
+  int64_t launches = 0;
+  for (const KernelTime& k : kernels) kernel_ms += k.ms, launches += k.launches;
   json j = {{"model", cfg.name}, {"batch", B}, {"seq", T}, {"optimizer", "sinkgd (matrices) + adam"}, {"step_seconds", seconds},
-            {"tokens_per_s", BT / seconds}, {"tflops", tflops}, {"flops_per_step", flops}, {"kernel_ms", kernel_ms}};
+            {"step_seconds_eager", eager_seconds}, {"graph_speedup", eager_seconds / seconds}, {"launches_per_step", launches},
+            {"host_waits_per_step", waits_per_step}, {"tokens_per_s", BT / seconds}, {"tflops", tflops}, {"flops_per_step", flops},
+            {"kernel_ms", kernel_ms}};
   if (peak > 0) j["peak_tflops"] = peak, j["mfu"] = tflops / peak;
   else j["mfu_note"] = "no BF16 peak known for '" + name + "': MFU not computed";
+  // The cost model's roofline of the same step on this GPU, kernel by kernel.
+  const DevicePeak* roof = find_device_peak(name.find("H100") != std::string::npos ? "h100" : name.find("A100") != std::string::npos ? "a100" : "");
+  std::map<std::string, KernelCost> costs;
+  if (roof) {
+    auto rec = make_cost_recorder();
+    LlamaModel m(*rec, cfg, DType::BF16, B, T);
+    Optimizer ro(m, run);
+    take_kernel_costs(*rec);
+    m.forward_backward(mb, 1.0f / static_cast<float>(BT));
+    ro.step(1, 1);
+    for (KernelCost& k : take_kernel_costs(*rec)) costs[k.name] = k;
+    j["predicted_on"] = roof->name;
+  }
   json table = json::array();
-  for (const KernelTime& k : kernels)
-    table.push_back({{"name", k.name}, {"launches", k.launches}, {"ms", k.ms}, {"share", kernel_ms > 0 ? k.ms / kernel_ms : 0.0}});
+  for (const KernelTime& k : kernels) {
+    json row = {{"name", k.name}, {"launches", k.launches}, {"ms", k.ms}, {"share", kernel_ms > 0 ? k.ms / kernel_ms : 0.0}};
+    if (auto it = costs.find(k.name); it != costs.end()) {
+      row["bytes"] = it->second.bytes, row["flops"] = it->second.flops;
+      row["predicted_ms"] = roofline_seconds(it->second, *roof, RooflineAssumptions{}) * 1e3;
+    }
+    table.push_back(row);
+  }
   j["kernels"] = table;
   return j;
 }
@@ -130,13 +170,21 @@ void print_step(const json& s, bool emulated) {
               s["tflops"].get<double>());
   if (s.contains("mfu")) std::printf(", MFU %.1f%% of %.0f TFLOP/s (BF16 dense)\n", 100 * s["mfu"].get<double>(), s["peak_tflops"].get<double>());
   else std::printf(" (%s)\n", s["mfu_note"].get<std::string>().c_str());
+  std::printf("  eager (every launch from the host): %.4f s a step; the micro-batch as a CUDA graph: %.2fx that speed\n",
+              s["step_seconds_eager"].get<double>(), s["graph_speedup"].get<double>());
+  std::printf("  %lld kernel launches and %lld host wait(s) a step (one micro-batch, the norm's read, the update)\n",
+              static_cast<long long>(s["launches_per_step"].get<int64_t>()), static_cast<long long>(s["host_waits_per_step"].get<int64_t>()));
   if (emulated) std::printf("  (the emulated plugin: these are the CPU emulation's times, not a GPU's)\n");
-  std::printf("  %-36s %8s %10s %6s\n", "kernel (slowest first)", "launches", "ms", "share");
+  const bool predicted = s.contains("predicted_on");
+  std::printf("  %-36s %8s %10s %6s%s\n", "kernel (slowest first)", "launches", "ms", "share",
+              predicted ? ("   predicted ms (" + s["predicted_on"].get<std::string>() + " roofline)").c_str() : "");
   int shown = 0;
   for (const auto& k : s["kernels"]) {
     if (++shown > 12) break;
-    std::printf("  %-36s %8lld %10.3f %5.1f%%\n", k["name"].get<std::string>().c_str(), static_cast<long long>(k["launches"].get<int64_t>()),
+    std::printf("  %-36s %8lld %10.3f %5.1f%%", k["name"].get<std::string>().c_str(), static_cast<long long>(k["launches"].get<int64_t>()),
                 k["ms"].get<double>(), 100 * k["share"].get<double>());
+    if (k.contains("predicted_ms")) std::printf("   %10.3f", k["predicted_ms"].get<double>());
+    std::printf("\n");
   }
 }
 
