@@ -29,15 +29,17 @@ struct GradientBucket {
   int ranges = 0;
 };
 std::vector<GradientBucket> gradient_buckets(const LlamaModel& model, int64_t bucket_bytes, std::vector<int>* bucket_of_range);
-// The FP32 staging GradientSync allocates for the model's BF16 gradients over `ranks` ranks: two
-// slots of the largest bucket (one with one bucket); 0 with FP32 gradients or one rank.
-int64_t gradient_staging_bytes(const LlamaModel& model, int64_t bucket_bytes, int ranks);
+// The FP32 staging GradientSync allocates for the model's BF16 gradients over `ranks` ranks:
+// staging_buckets slots of the largest bucket (at most one a bucket); 0 with FP32 gradients or one rank.
+int64_t gradient_staging_bytes(const LlamaModel& model, int64_t bucket_bytes, int ranks, int64_t staging_buckets);
 
 class GradientSync final : public GradientListener {
  public:
   // bucket_bytes: a bucket closes at the first layer boundary at or past this many bytes (of the
   // reduction dtype, FP32). overlap = false reduces every bucket after the backward pass.
-  GradientSync(LlamaModel& model, Communicator& comm, const ShardPlan& plan, int64_t bucket_bytes, bool overlap);
+  // staging_buckets: with BF16 gradients, the FP32 slots buckets are summed in (parallel.staging_buckets).
+  GradientSync(LlamaModel& model, Communicator& comm, const ShardPlan& plan, int64_t bucket_bytes, bool overlap,
+               int64_t staging_buckets = 2);
   ~GradientSync() override;
   GradientSync(const GradientSync&) = delete;
   GradientSync& operator=(const GradientSync&) = delete;
@@ -52,8 +54,8 @@ class GradientSync final : public GradientListener {
   // Gradient bytes each rank sends per update (the reduction dtype; a ring's 2(N-1)/N is left out).
   int64_t reduced_bytes() const { return reduced_bytes_; }
   int buckets() const { return static_cast<int>(buckets_.size()); }
-  // Device (or host) bytes of the FP32 staging that BF16 gradients are reduced in: two slots (one
-  // with one bucket) of the largest bucket; 0 with FP32 gradients or one rank.
+  // Device (or host) bytes of the FP32 staging that BF16 gradients are reduced in: staging_buckets
+  // slots (at most one a bucket) of the largest bucket; 0 with FP32 gradients or one rank.
   int64_t staging_bytes() const { return slots_ * slot_elements_ * 4; }
 
   void gradients_ready(int64_t begin, int64_t end) override;
@@ -65,7 +67,6 @@ class GradientSync final : public GradientListener {
     int ranges = 0, ready = 0;   // gradient_ready_order() ranges it holds, and those reported
     int64_t mark = -1;           // the communicator's mark after its collectives (with staging)
   };
-  static constexpr int64_t kStagingSlots = 2;
   void start(size_t i);
   void narrow_back(size_t i);
   Buf slot(size_t i) const;  // bucket i's staging slot

@@ -89,6 +89,7 @@ struct PrecisionConfig {
 struct ParallelConfig {
   double bucket_mb = 25;        // gradient bucket size, MiB of FP32
   bool overlap = true;          // reduce buckets during the last micro-batch's backward pass
+  int64_t staging_buckets = 2;  // FP32 staging slots for BF16 gradients (GradientSync)
   bool shard_optimizer = true;  // ZeRO-1: each tensor updated (and its state kept) by one rank
   double timeout_s = 600;       // a collective waiting longer ends the run, naming rank and update
 };

@@ -79,7 +79,7 @@ void run_info(const InfoOptions& o) {
   if (o.ranks > 1) {  // the model's own buckets, on a backend that allocates nothing
     auto rec = make_cost_recorder();
     const LlamaModel model(*rec, run.model, run.precision.params, 1, 1, run.precision.grads);
-    staging = gradient_staging_bytes(model, static_cast<int64_t>(run.parallel.bucket_mb * 1048576.0), o.ranks);
+    staging = gradient_staging_bytes(model, static_cast<int64_t>(run.parallel.bucket_mb * 1048576.0), o.ranks, run.parallel.staging_buckets);
   }
   const int64_t per_rank_replicated = tm.total() + staging, per_rank_sharded = tm.total() - tm.states + sharded_max + staging;
 
@@ -146,7 +146,7 @@ void run_info(const InfoOptions& o) {
     std::printf("  %-34s %10.3f GiB\n", "optimizer states, replicated", gib(tm.states));
     std::printf("  %-34s %10.3f GiB  (largest share; smallest %.3f)\n", "optimizer states, sharded (ZeRO-1)", gib(sharded_max),
                 gib(*std::min_element(sharded.begin(), sharded.end())));
-    if (staging) std::printf("  %-34s %10.3f GiB\n", "FP32 staging (2 gradient buckets)", gib(staging));
+    if (staging) std::printf("  %-34s %10.3f GiB\n", ("FP32 staging (" + std::to_string(run.parallel.staging_buckets) + " gradient buckets)").c_str(), gib(staging));
     std::printf("  %-34s %10.3f GiB replicated, %.3f GiB sharded\n", "total", gib(per_rank_replicated), gib(per_rank_sharded));
     std::printf("  (whole tensors are owned by one rank, balanced by update cost: the embedding's Adam state stays whole)\n");
   }

@@ -88,6 +88,7 @@ const Schema& run_schema() {
       choice("precision.optimizer_states", "bf16", {"bf16", "fp32"}, "storage of optimizer states (Adam m and v, SGD momentum)"),
       positive("parallel.bucket_mb", 25.0, "data parallelism: gradients are reduced in buckets of about this many MiB (FP32), whole layers", 1 << 20),
       boolean("parallel.overlap", true, "reduce each bucket as soon as the last micro-batch's backward pass has finished its layers, hidden under the layers below"),
+      integer("parallel.staging_buckets", 2, "BF16 gradients are summed in FP32 staging of this many buckets: the backward pass runs at most this many buckets ahead of the reduction (more hides a slower network, at a bucket of FP32 each)", 1, 64),
       boolean("parallel.shard_optimizer", true, "ZeRO-1: each tensor is updated by one rank (balanced by cost), which alone keeps its optimizer state and broadcasts the new weights"),
       positive("parallel.timeout_s", 600.0, "a collective that waits longer than this for the other ranks ends the run, naming the rank and the update", 1e7),
       choice("divergence.action", "stop", {"stop", "skip", "rollback"}, "when the divergence monitor trips: stop (exit status 3, result.json says diverged), skip the update (a loss spike; the other trips stop), or roll back to the last good checkpoint with a lower learning rate"),
@@ -196,6 +197,7 @@ RunConfig run_config_from_json(const json& doc_in, const std::string& source, co
   c.precision.optimizer_states = parse_dtype(r["precision"]["optimizer_states"].get<std::string>());
   c.parallel.bucket_mb = r["parallel"]["bucket_mb"].get<double>();
   c.parallel.overlap = r["parallel"]["overlap"].get<bool>();
+  c.parallel.staging_buckets = r["parallel"]["staging_buckets"].get<int64_t>();
   c.parallel.shard_optimizer = r["parallel"]["shard_optimizer"].get<bool>();
   c.parallel.timeout_s = r["parallel"]["timeout_s"].get<double>();
   const json& dv = r["divergence"];

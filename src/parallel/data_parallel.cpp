@@ -31,15 +31,16 @@ std::vector<GradientBucket> gradient_buckets(const LlamaModel& model, int64_t bu
   return buckets;
 }
 
-int64_t gradient_staging_bytes(const LlamaModel& model, int64_t bucket_bytes, int ranks) {
+int64_t gradient_staging_bytes(const LlamaModel& model, int64_t bucket_bytes, int ranks, int64_t staging_buckets) {
   if (ranks < 2 || model.grad_dtype() == DType::F32) return 0;
   const auto buckets = gradient_buckets(model, bucket_bytes, nullptr);
   int64_t largest = 0;
   for (const GradientBucket& b : buckets) largest = std::max(largest, b.end - b.begin);
-  return std::min<int64_t>(2, static_cast<int64_t>(buckets.size())) * largest * 4;
+  return std::min<int64_t>(staging_buckets, static_cast<int64_t>(buckets.size())) * largest * 4;
 }
 
-GradientSync::GradientSync(LlamaModel& model, Communicator& comm, const ShardPlan& plan, int64_t bucket_bytes, bool overlap)
+GradientSync::GradientSync(LlamaModel& model, Communicator& comm, const ShardPlan& plan, int64_t bucket_bytes, bool overlap,
+                           int64_t staging_buckets)
     : model_(model), comm_(comm), plan_(plan), overlap_(overlap) {
   // Buckets: consecutive ranges of the backward pass's order, closed once they reach bucket_bytes.
   for (const GradientBucket& g : gradient_buckets(model_, bucket_bytes, &bucket_of_range_)) buckets_.push_back({g.begin, g.end, g.ranges});
@@ -47,7 +48,8 @@ GradientSync::GradientSync(LlamaModel& model, Communicator& comm, const ShardPla
   // staging slots, reduced there and narrowed back, so staging holds two buckets, not the arena.
   if (comm_.size() > 1 && model_.grad_dtype() != DType::F32) {
     for (const Bucket& b : buckets_) slot_elements_ = std::max(slot_elements_, b.end - b.begin);
-    slots_ = std::min<int64_t>(kStagingSlots, static_cast<int64_t>(buckets_.size()));
+    if (staging_buckets < 1) throw Error("parallel.staging_buckets must be at least 1, got " + std::to_string(staging_buckets));
+    slots_ = std::min<int64_t>(staging_buckets, static_cast<int64_t>(buckets_.size()));
     staging_ = model_.backend().allocate(slots_ * slot_elements_ * 4);
   }
   reduced_bytes_ = model_.num_params() * 4;
@@ -75,9 +77,9 @@ void GradientSync::progress() {
 }
 
 // Sums one bucket over the ranks: all-reduce, or with a sharded optimizer a reduce of each run of
-// tensors with one owner to that owner. With staging, bucket i takes slot i % 2: the bucket that
-// held the slot before (i - 2) is narrowed back first, once its collectives are done (on a device,
-// the compute stream waits for them; the host does not).
+// tensors with one owner to that owner. With S staging slots, bucket i takes slot i % S: the bucket
+// that held the slot before (i - S) is narrowed back first, once its collectives are done (on a
+// device, the compute stream waits for them; the host does not).
 void GradientSync::start(size_t i) {
   Backend& be = model_.backend();
   Bucket& b = buckets_[i];

@@ -161,7 +161,7 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
       plan_shards(assign_optimizers(model.tensors(), run.optimizer), run, world, rank, run.parallel.shard_optimizer);
   Optimizer optimizer(model, run, OptimizerSharding{plan, grad_comm.get(), &comm});
   GradientSync grad_sync(model, *grad_comm, plan, static_cast<int64_t>(run.parallel.bucket_mb * 1048576.0),
-                         run.parallel.overlap);
+                         run.parallel.overlap, run.parallel.staging_buckets);
 
   auto train_data = std::make_shared<const ShardSet>(expand_globs(run.data.train), run.batch.seq_len, run.model.vocab_size);
   std::shared_ptr<const ShardSet> val_data;
