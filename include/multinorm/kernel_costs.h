@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "multinorm/backend.h"
+#include "multinorm/llama_model.h"
+#include "multinorm/run_config.h"
 
 namespace multinorm {
 
@@ -34,6 +36,19 @@ std::unique_ptr<Backend> make_cost_recorder();
 // The kernels recorded since the last take, by name in first-launch order (launches, bytes and
 // FLOPs summed). `recorder` must come from make_cost_recorder().
 std::vector<KernelCost> take_kernel_costs(Backend& recorder);
+
+// Model FLOPs per token, the convention `bench model` and `doctor` report MFU with: 6 x (GEMM
+// parameters, lm_head included) + 12 x layers x T x C (attention without the causal saving).
+double model_flops_per_token(const LlamaModel& model, int64_t T, int64_t* gemm_params = nullptr);
+
+// The kernels of one micro-batch's forward and backward and of one optimizer update of `run`'s
+// model and optimizer at B x T, recorded from the model and optimizer code itself.
+struct StepCosts {
+  std::vector<KernelCost> micro_batch, update;
+  double flops_per_token = 0;  // model_flops_per_token
+  int64_t gemm_params = 0;
+};
+StepCosts record_step_costs(const RunConfig& run, DType dtype, int64_t B, int64_t T);
 
 // A GPU's peaks (dense, no sparsity) from its datasheet.
 struct DevicePeak {

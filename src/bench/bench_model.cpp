@@ -15,7 +15,6 @@
 #include "multinorm/json_file.h"
 #include "multinorm/kernel_costs.h"
 #include "multinorm/llama_model.h"
-#include "multinorm/optimizer.h"
 #include "multinorm/run_config.h"
 
 namespace multinorm {
@@ -35,7 +34,6 @@ std::string run_command(const std::string& cmd) {
   return out;
 }
 
-
 // The run config the bench's model and optimizer come from: the file's, or the defaults around a model config.
 RunConfig bench_run_config(const std::string& path, const std::string& precision) {
   const json doc = read_json_file(path);
@@ -44,40 +42,6 @@ RunConfig bench_run_config(const std::string& path, const std::string& precision
   RunConfig run = run_config_from_json(run_doc, path);
   if (is_model_config(doc)) run.model.name = load_model_config(path).name;
   return run;
-}
-
-// Model FLOPs per token: 6 x (GEMM parameters incl. lm_head) + 12 x layers x T x C.
-double model_flops_per_token(const LlamaModel& model, const ModelConfig& cfg, int64_t T, int64_t* gemm_params_out = nullptr) {
-  int64_t gemm_params = 0;
-  for (const auto& t : model.tensors())
-    if (t.group() == TensorGroup::Attention || t.group() == TensorGroup::Mlp || t.group() == TensorGroup::LmHead ||
-        (cfg.tie_word_embeddings && t.group() == TensorGroup::Embedding))
-      gemm_params += t.numel();
-  if (gemm_params_out) *gemm_params_out = gemm_params;
-  return 6.0 * gemm_params + 12.0 * cfg.num_hidden_layers * T * cfg.hidden_size;
-}
-
-struct StepCosts {
-  std::vector<KernelCost> micro_batch, update;
-  std::string optimizer;
-};
-
-// The kernels of one micro-batch's forward and backward and of one optimizer update, recorded from
-// the model and optimizer code itself (kernel_costs.h).
-StepCosts record_step_costs(const RunConfig& run, DType dt, int64_t B, int64_t T) {
-  auto rec = make_cost_recorder();
-  LlamaModel model(*rec, run.model, dt, B, T, run.precision.grads);
-  Optimizer optimizer(model, run);
-  std::vector<int32_t> tokens(B * T, 0);
-  const MicroBatch mb{tokens.data(), tokens.data(), nullptr, B, T};
-  take_kernel_costs(*rec);  // not the set-up's
-  model.forward_backward(mb, 1.0f);
-  StepCosts c;
-  c.micro_batch = take_kernel_costs(*rec);
-  optimizer.step(1, 1);
-  c.update = take_kernel_costs(*rec);
-  c.optimizer = run.optimizer.name;
-  return c;
 }
 
 void print_roofline(const std::vector<KernelCost>& ks, const DevicePeak& peak, const RooflineAssumptions& a) {
@@ -123,13 +87,8 @@ void bench_model_predict(const ModelBenchOptions& o) {
   int64_t launches = 0, update_launches = 0;
   for (const auto& k : c.micro_batch) launches += k.launches;
   for (const auto& k : c.update) update_launches += k.launches;
-  int64_t gemm_params = 0;
-  double flops_token = 0;
-  {
-    auto rec = make_cost_recorder();
-    LlamaModel m(*rec, run.model, dt, 1, 1);
-    flops_token = model_flops_per_token(m, run.model, T, &gemm_params);
-  }
+  const int64_t gemm_params = c.gemm_params;
+  const double flops_token = c.flops_per_token;
   const double mfu = flops_token * B * T / step / (peak->bf16_tflops * 1e12);
   std::printf("bench model --predict %s: %s, micro-batch %lld x %lld, %s; a roofline from the kernels' byte and FLOP counts, not a measurement\n",
               peak->name.c_str(), run.model.name.c_str(), (long long)B, (long long)T, o.precision.c_str());
@@ -138,7 +97,7 @@ void bench_model_predict(const ModelBenchOptions& o) {
               peak->bf16_tflops, peak->fp32_tflops, peak->bandwidth_gbs, 100 * a.gemm, 100 * a.attention, 100 * a.simt, 100 * a.memory);
   std::printf("  one micro-batch, forward and backward:\n");
   print_roofline(c.micro_batch, *peak, a);
-  std::printf("  one optimizer update (%s, whole model on one GPU):\n", c.optimizer.c_str());
+  std::printf("  one optimizer update (%s, whole model on one GPU):\n", run.optimizer.name.c_str());
   print_roofline(c.update, *peak, a);
   std::printf("  micro-batch %.3f ms: GEMMs %.3f ms, attention %.3f ms = %.1f%% of the GEMM time, every other kernel %.3f ms = %.1f%% of the micro-batch\n",
               step * 1e3, gemm * 1e3, attention * 1e3, gemm > 0 ? 100 * attention / gemm : 0.0, (step - gemm) * 1e3,
@@ -147,8 +106,9 @@ void bench_model_predict(const ModelBenchOptions& o) {
               B * T / step, 100 * mfu, flops_token / 1e6, (long long)gemm_params);
   std::printf("  optimizer update %.3f ms (%.1f%% of one micro-batch; divide by the micro-batches an update accumulates)\n", update * 1e3,
               step > 0 ? 100 * update / step : 0.0);
-  std::printf("  launches: %lld per micro-batch, %lld per update: %.2f-%.2f ms of launch overhead at 3-5 us each (what a CUDA graph replay saves)\n",
-              (long long)launches, (long long)update_launches, (launches + update_launches) * 3e-3, (launches + update_launches) * 5e-3);
+  std::printf("  launches: %lld per micro-batch (%.2f-%.2f ms of launch overhead at 3-5 us each: what its CUDA graph replay saves), "
+              "%lld per update (%.2f-%.2f ms, not captured)\n",
+              (long long)launches, launches * 3e-3, launches * 5e-3, (long long)update_launches, update_launches * 3e-3, update_launches * 5e-3);
 }
 
 void bench_model(const ModelBenchOptions& o) {
@@ -167,7 +127,7 @@ void bench_model(const ModelBenchOptions& o) {
   const MicroBatch mb{tokens.data(), targets.data(), nullptr, B, T};
 
   int64_t gemm_params = 0;
-  const double flops_token = model_flops_per_token(model, cfg, T, &gemm_params);
+  const double flops_token = model_flops_per_token(model, T, &gemm_params);
 
   // Rounds: one training step, then the model's GEMMs on the same backend (each shape once warm, then
   // timed once), so each round's ratio compares the two under the same machine conditions. This

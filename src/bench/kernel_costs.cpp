@@ -13,6 +13,7 @@
 
 #include "../../kernels/cuda/scratch_sizes.h"
 #include "multinorm/error.h"
+#include "multinorm/optimizer.h"
 
 namespace multinorm {
 
@@ -278,6 +279,33 @@ class CostRecorder final : public Backend {
 }  // namespace
 
 std::unique_ptr<Backend> make_cost_recorder() { return std::make_unique<CostRecorder>(); }
+
+double model_flops_per_token(const LlamaModel& model, int64_t T, int64_t* gemm_params_out) {
+  const ModelConfig& cfg = model.config();
+  int64_t gemm_params = 0;
+  for (const auto& t : model.tensors())
+    if (t.group() == TensorGroup::Attention || t.group() == TensorGroup::Mlp || t.group() == TensorGroup::LmHead ||
+        (cfg.tie_word_embeddings && t.group() == TensorGroup::Embedding))
+      gemm_params += t.numel();
+  if (gemm_params_out) *gemm_params_out = gemm_params;
+  return 6.0 * gemm_params + 12.0 * cfg.num_hidden_layers * T * cfg.hidden_size;
+}
+
+StepCosts record_step_costs(const RunConfig& run, DType dtype, int64_t B, int64_t T) {
+  auto rec = make_cost_recorder();
+  LlamaModel model(*rec, run.model, dtype, B, T, run.precision.grads);
+  Optimizer optimizer(model, run);
+  std::vector<int32_t> tokens(static_cast<size_t>(B * T), 0);
+  const MicroBatch mb{tokens.data(), tokens.data(), nullptr, B, T};
+  take_kernel_costs(*rec);  // not the set-up's
+  model.forward_backward(mb, 1.0f);
+  StepCosts c;
+  c.micro_batch = take_kernel_costs(*rec);
+  optimizer.step(1, 1);
+  c.update = take_kernel_costs(*rec);
+  c.flops_per_token = model_flops_per_token(model, T, &c.gemm_params);
+  return c;
+}
 
 std::vector<KernelCost> take_kernel_costs(Backend& recorder) {
   auto* r = dynamic_cast<CostRecorder*>(&recorder);

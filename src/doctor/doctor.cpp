@@ -119,13 +119,7 @@ json timed_step(Backend& gpu, const ModelConfig& cfg, const DoctorOptions& o, co
   const std::vector<KernelTime> kernels = gpu.take_profile();
   gpu.set_profiling(false);
 
-  // FLOPs per token as bench model counts them: 6 x GEMM parameters + 12 x layers x T x C.
-  int64_t gemm_params = 0;
-  for (const auto& t : model.tensors())
-    if (t.group() == TensorGroup::Attention || t.group() == TensorGroup::Mlp || t.group() == TensorGroup::LmHead ||
-        (cfg.tie_word_embeddings && t.group() == TensorGroup::Embedding))
-      gemm_params += t.numel();
-  const double flops = (6.0 * gemm_params + 12.0 * cfg.num_hidden_layers * T * cfg.hidden_size) * BT;
+  const double flops = model_flops_per_token(model, T) * BT;
   const std::string name = device.value("name", std::string());
   const double peak = bf16_dense_peak_tflops(name), tflops = flops / seconds / 1e12;
   double kernel_ms = 0;
@@ -139,15 +133,14 @@ json timed_step(Backend& gpu, const ModelConfig& cfg, const DoctorOptions& o, co
   else j["mfu_note"] = "no BF16 peak known for '" + name + "': MFU not computed";
   // The cost model's roofline of the same step on this GPU, kernel by kernel.
   const DevicePeak* roof = find_device_peak(name.find("H100") != std::string::npos ? "h100" : name.find("A100") != std::string::npos ? "a100" : "");
-  std::map<std::string, KernelCost> costs;
+  std::map<std::string, KernelCost> costs;  // the profiled step: a micro-batch and an update
   if (roof) {
-    auto rec = make_cost_recorder();
-    LlamaModel m(*rec, cfg, DType::BF16, B, T);
-    Optimizer ro(m, run);
-    take_kernel_costs(*rec);
-    m.forward_backward(mb, 1.0f / static_cast<float>(BT));
-    ro.step(1, 1);
-    for (KernelCost& k : take_kernel_costs(*rec)) costs[k.name] = k;
+    const StepCosts c = record_step_costs(run, DType::BF16, B, T);
+    for (const std::vector<KernelCost>* part : {&c.micro_batch, &c.update})
+      for (const KernelCost& k : *part) {
+        KernelCost& sum = costs.emplace(k.name, KernelCost{k.name, k.unit, 0, 0, 0}).first->second;
+        sum.launches += k.launches, sum.bytes += k.bytes, sum.flops += k.flops;
+      }
     j["predicted_on"] = roof->name;
   }
   json table = json::array();
