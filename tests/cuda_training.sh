@@ -40,26 +40,39 @@ for opt in sinkgd swan adam adamw sgd; do
     checks=$((checks + 1))
     if ! close "$a" "$b" $tol; then echo "FAIL: $opt update $u: cuda loss $a, cpu loss $b (tolerance $tol)"; fails=$((fails + 1)); fi
   done
-  # One host wait per update of two micro-batches (the gradient norm's read, which brings the queued
-  # losses); SWAN adds its Newton-Schulz reads. The CPU reports none.
+  # One host wait per update of two micro-batches: the update's statistics, which bring the queued
+  # losses, read after the next update's micro-batches are queued (deferred_stats auto), so no wait
+  # but the last update's leaves the GPU without work (host_drains 0); SWAN reads its statistics
+  # before the step and adds its Newton-Schulz reads. The CPU reports none.
   if [ $opt != swan ]; then
     waits=$(grep -o '"host_waits":[0-9]*' runs/cuda_$opt/metrics.jsonl | cut -d: -f2 | sort -u | tr '\n' ' ')
     checks=$((checks + 1))
     if [ "$waits" != "1 " ]; then echo "FAIL: $opt on cuda: host waits per update: $waits(expected 1)"; fails=$((fails + 1)); fi
+    drains=$(grep '"type":"train"' runs/cuda_$opt/metrics.jsonl | grep -o '"host_drains":[0-9]*' | cut -d: -f2 | tr '\n' ' ')
+    checks=$((checks + 1))
+    if [ "$drains" != "0 0 0 0 0 1 " ]; then echo "FAIL: $opt on cuda: drains per update: $drains(expected 0 but the last)"; fails=$((fails + 1)); fi
   fi
   waits=$(grep -o '"host_waits":[0-9]*' runs/cpu_$opt/metrics.jsonl | cut -d: -f2 | sort -u | tr '\n' ' ')
   checks=$((checks + 1))
   if [ "$waits" != "0 " ]; then echo "FAIL: $opt on cpu: host waits per update: $waits(expected 0)"; fails=$((fails + 1)); fi
 done
-# CUDA graphs (on by default): the micro-batches replayed from a captured graph give the bits of
-# eager launches (cuda_graphs=false), and the run says it replayed.
+# CUDA graphs (on by default): the micro-batches and the optimizer's update replayed from captured
+# graphs give the bits of eager launches (cuda_graphs=false), as the statistics read before each
+# step (deferred_stats=off) give those read a step later; the run says what it replayed.
 "$bin" train -c run.json --set optimizer.name=sinkgd --set backend=cuda --set cuda_graphs=false --set output_dir=runs/cuda_eager --quiet > /dev/null
-checks=$((checks + 1))
-cmp -s runs/cuda_eager/checkpoints/step_00000006/model.safetensors runs/cuda_sinkgd/checkpoints/step_00000006/model.safetensors ||
-  { echo "FAIL: CUDA graphs: replayed and eager runs differ"; fails=$((fails + 1)); }
+"$bin" train -c run.json --set optimizer.name=sinkgd --set backend=cuda --set deferred_stats=off --set output_dir=runs/cuda_sync --quiet > /dev/null
+for other in cuda_eager cuda_sync; do
+  checks=$((checks + 1))
+  cmp -s runs/$other/checkpoints/step_00000006/model.safetensors runs/cuda_sinkgd/checkpoints/step_00000006/model.safetensors ||
+    { echo "FAIL: CUDA graphs and deferred statistics: $other and the default run differ"; fails=$((fails + 1)); }
+done
 checks=$((checks + 1))
 log=$("$bin" train -c run.json --set optimizer.name=sinkgd --set backend=cuda --set output_dir=runs/cuda_log --max-updates 2 2>&1)
 grep -qE "CUDA graphs: 1 capture\(s\), 3 micro-batches replayed" <<<"$log" || { echo "FAIL: CUDA graphs: no replay logged"; fails=$((fails + 1)); }
+checks=$((checks + 1))
+grep -qE "the optimizer's update 1 capture\(s\), 1 updates replayed" <<<"$log" || { echo "FAIL: CUDA graphs: the optimizer's replay not logged: $log"; fails=$((fails + 1)); }
+checks=$((checks + 1))
+grep -q "update statistics: deferred" <<<"$log" || { echo "FAIL: deferred statistics not logged: $log"; fails=$((fails + 1)); }
 # A checkpoint crosses backends: 3 updates on the CPU, 3 more on CUDA, and the other way round,
 # against the uninterrupted CPU run.
 "$bin" train -c run.json --set optimizer.name=adam --set output_dir=runs/c2g --max-updates 3 --quiet > /dev/null

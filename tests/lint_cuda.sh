@@ -6,8 +6,9 @@
 #     in kernels/cuda/warp_matrix.cuh only, whose every primitive has an emulated path that follows
 #     the PTX ISA's fragment layouts (tests/test_warp_matrix.cpp);
 #   - no grid-wide synchronisation (cooperative groups' grid sync, spinning on another block's flag);
-#   - the host waits for the device only through wait_for_stream (check.cu), which counts the waits
-#     (environment.cu's NCCL self-test, outside the backend, excepted);
+#   - the host waits for the device only through check.cu (wait_for_stream, wait_for_event, the upload
+#     ring), which counts the waits (environment.cu's NCCL self-test, outside the backend, and the
+#     profiler's event reads, which only profiling runs make, excepted);
 #   - a grid-wide index or stride (blockIdx.x * blockDim.x, gridDim.x * blockDim.x) is formed in 64
 #     bits: in 32 bits it wraps past 2^31 elements (a 7B model's gradient arena is 6.7e9).
 # A rule is broken when a pattern appears in code (comment lines are skipped).
@@ -40,9 +41,9 @@ if [ -n "$hits" ]; then
   echo "$hits"
   fail=1
 fi
-# every host wait goes through wait_for_stream (kernels/cuda/check.cu), which counts it
-hits=$(grep -nHE 'cudaStreamSynchronize|cudaDeviceSynchronize' $files | grep -vE '^[^:]+:[0-9]+:\s*//' |
-  grep -vE '^kernels/cuda/(check|environment)\.cu:' || true)
+# every host wait goes through kernels/cuda/check.cu, which counts it
+hits=$(grep -nHE 'cudaStreamSynchronize|cudaDeviceSynchronize|cudaEventSynchronize' $files | grep -vE '^[^:]+:[0-9]+:\s*//' |
+  grep -vE '^kernels/cuda/(check|environment|profiler)\.cu:' || true)
 if [ -n "$hits" ]; then
   echo "lint_cuda: a host wait outside wait_for_stream (kernels/cuda/check.cu), which counts them:"
   echo "$hits"

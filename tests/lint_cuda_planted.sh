@@ -23,6 +23,9 @@ __global__ void bad(float* x, long n) {
 }
 void host() { bad<<<1, 1>>>(nullptr, 0); cudaStreamSynchronize(0); }
 CU
+cat >"$d/kernels/cuda/planted_event.cu" <<'CU'
+void wait_for(cudaEvent_t e) { cudaEventSynchronize(e); }
+CU
 out=$(bash "$lint" "$d")
 rc=$?
 status=0
@@ -30,5 +33,6 @@ status=0
 for m in "<<< >>>" "extern __shared__" "inline assembly" "architecture branch" "grid-wide synchronisation" "formed in 32 bits" "host wait outside wait_for_stream"; do
   grep -qF "$m" <<<"$out" || { echo "lint_cuda_planted: no '$m' message"; status=1; }
 done
+grep -qF "planted_event.cu" <<<"$out" || { echo "lint_cuda_planted: an event wait outside check.cu is not reported"; status=1; }
 [ $status -eq 0 ] && echo "lint_cuda_planted: every rule fires"
 exit $status

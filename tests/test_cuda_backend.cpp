@@ -16,6 +16,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <map>
 #include <numeric>
@@ -897,7 +898,7 @@ TEST(CudaBackend, GraphsTurnOffWhenEveryCaptureIsReplayedOnlyOnce) {
   EXPECT_TRUE(m.graphs_turned_off());
 }
 
-TEST(CudaBackend, CaptureRefusesAllocationsHostWaitsAndPageableCopies) {
+TEST(CudaBackend, CaptureRefusesAllocationsHostWaitsAndUploads) {
   const CudaProbe* p = cuda_plugin();
   if (!p || !p->emulated) GTEST_SKIP() << "the emulated plugin checks capture rules";
   auto be = make_cuda_backend(*p);
@@ -906,9 +907,17 @@ TEST(CudaBackend, CaptureRefusesAllocationsHostWaitsAndPageableCopies) {
   const std::vector<std::pair<const char*, std::function<void()>>> planted = {
       {"cudaMalloc", [&] { be->release(be->allocate(64)); }},
       {"cudaStreamSynchronize", [&] { be->synchronize(); }},
-      {"pageable", [&] { be->to_device(dev, host.data(), 64); }},
+      // an upload (through the pinned ring: a replay would copy whatever the ring holds then)
+      {"to_device", [&] { be->to_device(dev, host.data(), 64); }},
       // a queued copy would run at every replay, delivered once: refused before CUDA sees it
       {"queued copy", [&] { be->to_host_queued(host.data(), dev, 64); }},
+      // a multi-tensor launch whose descriptor table was never uploaded (only an eager call uploads it)
+      {"descriptor table", [&] {
+         const Buf x{dev, DType::F32};
+         const int64_t n = 16;
+         double out = 0;
+         be->sum_squares_many(&x, &n, 1, &out);
+       }},
   };
   for (const auto& [call, fn] : planted) {
     ASSERT_TRUE(be->begin_capture());
@@ -962,6 +971,229 @@ TEST(CudaBackend, QueuedCopiesArriveAtTheNextWait) {
   be->to_host(&seven, static_cast<float*>(dev) + 6, 4);
   EXPECT_EQ(one, 7.0f);
   EXPECT_EQ(seven, 7.0f);
+  be->release(dev);
+}
+
+// A small run config for the optimizer-update tests: a layer of 32, the given optimizer, a
+// warm-up and cosine schedule over 5 updates, clipping at `clip`, stochastic rounding.
+static RunConfig update_test_run(const std::string& optimizer, double clip) {
+  const json j = json::parse(R"({
+    "model": {"config": {"vocab_size": 101, "hidden_size": 32, "intermediate_size": 40, "num_hidden_layers": 1,
+                         "num_attention_heads": 2, "max_position_embeddings": 32}},
+    "batch": {"global_batch": 2, "micro_batch": 2, "seq_len": 19},
+    "schedule": {"total_steps": 5, "warmup_steps": 1},
+    "optimizer": {"momentum": 0.9, "rounding": "stochastic"}})");
+  return run_config_from_json(j, "test", {"optimizer.name=" + optimizer, "optimizer.grad_clip=" + std::to_string(clip)});
+}
+
+// The update's statistics where the gradients are (Backend::update_statistics): the norm is the
+// square root of the per-tensor FP64 sums of squares added in tensor order (bit for bit the
+// sum_squares_many values, and within 1e-12 of an FP64 sum of the stored values), the clip factor
+// grad_clip / norm in FP32, a non-finite norm the skip flag. clip_gradients applies the factor read
+// where it runs: the bits of scale(), nothing when the factor is 1 or the update is skipped.
+TEST(CudaBackend, UpdateStatisticsAndClippingWhereTheGradientsAre) {
+  for (const std::string name : {"cpu", "cuda"}) {
+    auto be = make_test_backend(name, 2);
+    if (!be) continue;
+    const std::vector<int64_t> ns = {1000, 70000, 3};
+    std::deque<DeviceBuffer> xs;  // not movable
+    std::vector<Vec> values;
+    for (size_t i = 0; i < ns.size(); ++i) values.push_back(random_vec(static_cast<size_t>(ns[i]), 30 + static_cast<uint32_t>(i), 0.01)),
+                                           xs.emplace_back(*be, values.back(), DType::BF16);
+    std::vector<Buf> bufs;
+    for (auto& x : xs) bufs.push_back(x.buf());
+    auto* s = static_cast<UpdateScalars*>(be->allocate(sizeof(UpdateScalars)));
+    auto stats = [&](double clip) {
+      be->update_statistics(s, bufs.data(), ns.data(), 3, clip);
+      UpdateStatistics st;
+      be->to_host(&st, &s->stats, sizeof st);
+      return st;
+    };
+    double squares[3], ordered = 0, fp64 = 0;
+    be->sum_squares_many(bufs.data(), ns.data(), 3, squares);
+    for (double q : squares) ordered += q;
+    for (size_t i = 0; i < ns.size(); ++i)
+      for (double v : xs[i].get()) fp64 += v * v;  // the stored BF16 values, widened
+    const UpdateStatistics loose = stats(0), tight = stats(0.5 * std::sqrt(fp64));
+    EXPECT_EQ(loose.grad_norm, std::sqrt(ordered)) << name;
+    EXPECT_NEAR(loose.grad_norm, std::sqrt(fp64), 1e-12 * std::sqrt(fp64)) << name;
+    EXPECT_FALSE(loose.clipped || loose.skip) << name;
+    EXPECT_EQ(loose.clip_factor, 1.0f) << name;
+    EXPECT_TRUE(tight.clipped) << name;
+    EXPECT_EQ(tight.clip_factor, static_cast<float>(0.5 * std::sqrt(fp64) / tight.grad_norm)) << name;
+    // The factor read where clip_gradients runs: the bits of scale() by it.
+    DeviceBuffer expected(*be, values[1], DType::BF16);
+    be->scale(expected.buf(), ns[1], tight.clip_factor);
+    be->clip_gradients(xs[1].buf(), ns[1], s);
+    EXPECT_EQ(xs[1].get(), expected.get()) << name;
+    stats(0);  // factor 1: nothing moves
+    be->clip_gradients(xs[1].buf(), ns[1], s);
+    EXPECT_EQ(xs[1].get(), expected.get()) << name << ": clipping with a factor of 1";
+    // An inf: not finite, skipped; clipping does nothing then either.
+    const uint16_t inf = 0x7f80;
+    be->to_device(static_cast<char*>(bufs[2].ptr) + 2, &inf, 2);
+    const UpdateStatistics bad = stats(0.5);
+    EXPECT_TRUE(bad.skip && !bad.clipped) << name;
+    be->clip_gradients(xs[1].buf(), ns[1], s);
+    EXPECT_EQ(xs[1].get(), expected.get()) << name << ": clipping a skipped update";
+    be->release(s);
+  }
+}
+
+// An update queued without a host wait (Optimizer::queue_step: its statistics on the device, the
+// kernels reading the clip factor and the skip flag there; on CUDA replayed from a graph from the
+// second update on) gives the bits of step() (the norm read first, launches issued one by one), on
+// both backends, for every host-free optimizer: BF16 weights, stochastic rounding, a warm-up and
+// cosine schedule, a clip that bites on some updates. A NaN planted in a gradient at update 3 makes
+// both skip it: no weight or state moves, and Adam's next update uses t = 3.
+TEST(CudaBackend, QueuedUpdatesEqualStepsAndSkipNonFiniteNormsOnTheDevice) {
+  for (const std::string backend : {"cpu", "cuda"}) {
+    auto be = make_test_backend(backend, 2);
+    if (!be) continue;
+    for (const char* name : {"sinkgd", "adam", "sgd"}) {
+      const RunConfig run = update_test_run(name, 60.0);  // norms: 100-130 at loss scale 2 (clipped), 29-49 at 0.5
+      LlamaModel ma(*be, run.model, DType::BF16, 2, 19), mb(*be, run.model, DType::BF16, 2, 19);
+      ma.init_random(4);
+      mb.init_random(4);
+      Optimizer stepped(ma, run), queued(mb, run);
+      queued.set_graphs(true);
+      int64_t applied = 0, clipped = 0;
+      std::vector<float> before = mb.params_to_host();
+      for (int64_t update = 1; update <= 5; ++update) {
+        std::vector<int32_t> tokens = random_ids(38, 101, 70 + update), targets = random_ids(38, 101, 80 + update);
+        const MicroBatch batch{tokens.data(), targets.data(), nullptr, 2, 19};
+        for (LlamaModel* m : {&ma, &mb}) {
+          m->zero_grads();
+          m->forward_backward(batch, update % 2 ? 2.0f : 0.5f);  // the norm on both sides of the clip
+          if (update == 3) {
+            const uint16_t nan = 0x7fc0;
+            be->to_device(static_cast<char*>(m->grads().ptr) + 14, &nan, 2);
+          }
+        }
+        const StepStats a = stepped.step(update, applied + 1);
+        queued.queue_step(update, applied + 1);
+        be->wait_for_fence(be->fence());
+        const StepStats b = queued.queued_step_stats();
+        EXPECT_EQ(a.skipped, update == 3) << backend << " " << name;
+        EXPECT_EQ(b.skipped, a.skipped) << backend << " " << name << " update " << update;
+        EXPECT_EQ(b.lr_matrix, a.lr_matrix);
+        const std::vector<float> after = mb.params_to_host();
+        EXPECT_EQ(after, ma.params_to_host()) << backend << " " << name << " update " << update << ": weights";
+        if (a.skipped) {
+          EXPECT_EQ(after, before) << backend << " " << name << ": a skipped update moved weights";
+          continue;
+        }
+        EXPECT_EQ(b.grad_norm, a.grad_norm) << backend << " " << name << " update " << update;
+        EXPECT_EQ(b.clipped, a.clipped) << backend << " " << name << " update " << update;
+        clipped += a.clipped;
+        ++applied;
+        before = after;
+      }
+      EXPECT_EQ(queued.states_to_host(), stepped.states_to_host()) << backend << " " << name << ": optimizer states";
+      EXPECT_GT(clipped, 0) << name;
+      EXPECT_LT(clipped, 4) << name;
+      if (backend == "cuda") {  // update 1 eager, 2 captured, 2-5 replayed (the skipped one too: its kernels return at once)
+        EXPECT_EQ(queued.graph_captures(), 1) << name;
+        EXPECT_EQ(queued.graph_replays(), 4) << name;
+      }
+      EXPECT_EQ(stepped.graph_captures(), 0) << name;
+    }
+  }
+}
+
+// The trainer's pipeline (deferred_stats): update k's step is queued behind its micro-batches, and
+// its statistics and losses are read after update k + 1's micro-batches are queued. That read is the
+// update's one host wait, and it leaves the device work (not a drain); before it the host has the
+// previous update's statistics, not these (a read of the pinned copy before the event would be
+// stale on a GPU: the emulation delivers only at the wait). The losses and norms equal a
+// synchronous run's on its own backend, bit for bit.
+TEST(CudaBackend, DeferredUpdatesWaitOncePerUpdateAndNeverDrain) {
+  const CudaProbe* p = cuda_plugin();
+  if (!p) GTEST_SKIP() << "no CUDA plugin";
+  auto be = make_cuda_backend(*p), ref_be = make_cuda_backend(*p);
+  const RunConfig run = update_test_run("adamw", 0.5);
+  LlamaModel m(*be, run.model, DType::BF16, 2, 19), ref(*ref_be, run.model, DType::BF16, 2, 19);
+  m.init_random(4);
+  ref.init_random(4);
+  m.set_graphs(true);
+  Optimizer o(m, run), ro(ref, run);
+  o.set_graphs(true);
+  std::vector<std::vector<int32_t>> ids;
+  for (int i = 0; i < 24; ++i) ids.push_back(random_ids(38, 101, 100 + i));  // tokens 0-11, targets 12-23
+  auto batch = [&](int64_t k, int a) { return MicroBatch{ids[2 * k + a].data(), ids[2 * k + a + 12].data(), nullptr, 2, 19}; };
+  auto queue_micro_batches = [&](int64_t k) {
+    m.zero_grads();
+    m.queue_forward_backward(batch(k, 0), 0.5f);
+    m.queue_forward_backward(batch(k, 1), 0.25f);
+  };
+  queue_micro_batches(1);
+  o.queue_step(1, 1);
+  int64_t fence = be->fence();
+  double previous_norm = 0;
+  for (int64_t k = 2; k <= 5; ++k) {
+    const int64_t waits = be->host_synchronisations(), drains = be->host_drains();
+    queue_micro_batches(k);
+    EXPECT_EQ(o.queued_step_stats().grad_norm, previous_norm) << "update " << k - 1 << "'s statistics arrived before the wait";
+    be->wait_for_fence(fence);
+    const std::vector<LossSum> losses = m.take_queued_losses(2);
+    const StepStats st = o.queued_step_stats();
+    EXPECT_EQ(be->host_synchronisations() - waits, 1) << "host waits, update " << k - 1;
+    EXPECT_EQ(be->host_drains() - drains, 0) << "drains, update " << k - 1;
+    // The synchronous update k - 1 on its own backend.
+    ref.zero_grads();
+    const LossSum r0 = ref.forward_backward(batch(k - 1, 0), 0.5f), r1 = ref.forward_backward(batch(k - 1, 1), 0.25f);
+    const StepStats rs = ro.step(k - 1, k - 1);
+    ASSERT_EQ(losses.size(), 2u);
+    EXPECT_EQ(losses[0].sum, r0.sum) << "update " << k - 1;
+    EXPECT_EQ(losses[1].sum, r1.sum) << "update " << k - 1;
+    EXPECT_EQ(st.grad_norm, rs.grad_norm) << "update " << k - 1;
+    previous_norm = st.grad_norm;
+    o.queue_step(k, k);
+    fence = be->fence();
+  }
+  be->wait_for_fence(fence);
+  m.take_queued_losses();
+  EXPECT_EQ(o.graph_captures(), 1);
+  ref.zero_grads();
+  ref.forward_backward(batch(5, 0), 0.5f), ref.forward_backward(batch(5, 1), 0.25f);
+  ro.step(5, 5);
+  EXPECT_EQ(m.params_to_host(), ref.params_to_host()) << "the weights after five updates";
+}
+
+// Fences: waiting for one delivers the queued copies issued before it and not those after; it is a
+// host wait, a drain only when no work was issued after it; waiting again, or for a fence a whole-
+// stream wait has passed, is free.
+TEST(CudaBackend, FencesDeliverTheCopiesBeforeThemAndCountDrains) {
+  const CudaProbe* p = cuda_plugin();
+  if (!p) GTEST_SKIP() << "no CUDA plugin";
+  auto be = make_cuda_backend(*p);
+  std::vector<float> src = {1, 2, 3, 4};
+  void* dev = be->allocate(16);
+  be->to_device(dev, src.data(), 16);
+  float a = 0, b = 0;
+  be->to_host_queued(&a, dev, 4);
+  const int64_t f1 = be->fence();
+  be->to_host_queued(&b, static_cast<float*>(dev) + 1, 4);
+  be->scale(Buf{dev, DType::F32}, 4, 2.0f);  // work after the second copy
+  const int64_t f2 = be->fence();
+  const int64_t waits = be->host_synchronisations(), drains = be->host_drains();
+  be->wait_for_fence(f1);
+  EXPECT_EQ(a, 1.0f);
+  EXPECT_EQ(b, 0.0f) << "a copy issued after the fence was delivered";
+  EXPECT_EQ(be->host_synchronisations() - waits, 1);
+  EXPECT_EQ(be->host_drains() - drains, 0) << "work was queued after the fence";
+  be->wait_for_fence(f1);
+  EXPECT_EQ(be->host_synchronisations() - waits, 1) << "a second wait for a passed fence";
+  be->wait_for_fence(f2);
+  EXPECT_EQ(b, 2.0f);
+  EXPECT_EQ(be->host_synchronisations() - waits, 2);
+  EXPECT_EQ(be->host_drains() - drains, 1) << "nothing was queued after the last fence";
+  const int64_t f3 = be->fence();
+  be->synchronize();
+  const int64_t after_sync = be->host_synchronisations();
+  be->wait_for_fence(f3);
+  EXPECT_EQ(be->host_synchronisations(), after_sync) << "a fence the stream's synchronisation passed";
+  EXPECT_THROW(be->wait_for_fence(f3 + 5), Error);
   be->release(dev);
 }
 

@@ -411,3 +411,35 @@ TEST(CudaEmulation, DynamicSharedMemoryStartsAsNaN) {
   launch("read_uninitialised", read_uninitialised, dim3(2), dim3(32), 32 * sizeof(float), nullptr, out.p);
   for (float v : out.get()) EXPECT_TRUE(std::isnan(v));
 }
+
+// Stream capture as a GPU does it: a copy from pageable memory is refused (the driver stages it at
+// the call, so a graph cannot repeat it) and invalidates the capture; a copy from pinned memory is
+// recorded and reads the pinned bytes when the graph runs, not when it was captured: why the backend
+// refuses to_device while capturing (a replay would copy whatever its pinned upload ring holds then).
+TEST(CudaEmulation, CaptureRefusesPageableCopiesAndReplaysPinnedOnesFromTheirBytesThen) {
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  DeviceArray<float> dev(4, 0.0f);
+  std::vector<float> pageable = {1, 2, 3, 4};
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  EXPECT_EQ(cudaMemcpyAsync(dev.p, pageable.data(), 16, cudaMemcpyHostToDevice, stream), cudaErrorStreamCaptureUnsupported);
+  cudaGraph_t graph = nullptr;
+  EXPECT_EQ(cudaStreamEndCapture(stream, &graph), cudaErrorStreamCaptureInvalidated);
+  cudaGetLastError();
+  float* pinned = nullptr;
+  ASSERT_EQ(cudaMallocHost(reinterpret_cast<void**>(&pinned), 16), cudaSuccess);
+  std::copy(pageable.begin(), pageable.end(), pinned);
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(dev.p, pinned, 16, cudaMemcpyHostToDevice, stream), cudaSuccess);
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  EXPECT_EQ(dev.get(), std::vector<float>(4, 0.0f)) << "a captured copy ran";
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  pinned[0] = 9;  // after the capture, before the replay
+  ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+  EXPECT_EQ(dev.get(), (std::vector<float>{9, 2, 3, 4}));
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaFreeHost(pinned);
+  cudaStreamDestroy(stream);
+}

@@ -80,13 +80,15 @@ TrainOptions quiet() {
 
 class Resume : public ::testing::TestWithParam<std::string> {};
 
+// The split run reads each update's statistics after queuing the next update's micro-batches
+// (deferred_stats on; SWAN cannot), the straight one before each step: the same bits, resumed or not.
 TEST_P(Resume, TwoNStraightEqualsNPlusResumePlusN) {
   TempDir dir;
   write_shards(dir.path());
-  const RunConfig straight = tiny_run(dir.path(), GetParam(), dir.path() + "/straight");
+  const RunConfig straight = tiny_run(dir.path(), GetParam(), dir.path() + "/straight", {"deferred_stats=off"});
   const TrainResult a = train(straight, quiet());
   EXPECT_EQ(a.updates, 8);
-  const RunConfig split = tiny_run(dir.path(), GetParam(), dir.path() + "/split");
+  const RunConfig split = tiny_run(dir.path(), GetParam(), dir.path() + "/split", {GetParam() == "swan" ? "deferred_stats=off" : "deferred_stats=on"});
   TrainOptions first = quiet();
   first.max_updates = 4;
   EXPECT_EQ(train(split, first).updates, 4);
@@ -177,10 +179,13 @@ TEST(Trainer, CheckpointsAreAtomicKeptAndCheckedForCompatibility) {
   EXPECT_THROW(read_checkpoint(latest_checkpoint(out), m, nullptr, wide), ConfigError);
 }
 
-TEST(Trainer, NonFiniteUpdatesStopWithTheStepOrAreSkipped) {
+// The same with the statistics read before each step and after the next update's micro-batches
+// (deferred_stats): the device skips the non-finite update itself, the host counts it a step later.
+class NonFinite : public ::testing::TestWithParam<std::string> {};
+TEST_P(NonFinite, UpdatesStopWithTheStepOrAreSkipped) {
   TempDir dir;
   write_shards(dir.path());
-  RunConfig run = tiny_run(dir.path(), "sgd", dir.path() + "/nan");
+  RunConfig run = tiny_run(dir.path(), "sgd", dir.path() + "/nan", {"deferred_stats=" + GetParam()});
   run.optimizer.fallback = "sgd";
   run.optimizer.lr = 1e30;  // weights explode after the first update
   run.schedule.warmup_steps = 0;
@@ -212,6 +217,49 @@ TEST(Trainer, NonFiniteUpdatesStopWithTheStepOrAreSkipped) {
   const TrainResult r = train(run, skip);
   EXPECT_EQ(r.updates, 8);
   EXPECT_EQ(r.skipped, 7);
+}
+INSTANTIATE_TEST_SUITE_P(DeferredStats, NonFinite, ::testing::Values("off", "on"));
+
+// A divergence rollback with deferred statistics, where the trip is seen while the next update's
+// micro-batches are already queued: the same run as with the statistics read before each step (the
+// same metrics, divergence lines and final checkpoint), one rollback, completed.
+TEST(Trainer, DeferredStatisticsRollBackLikeImmediateOnes) {
+  TempDir dir;
+  write_shards(dir.path());
+  for (const std::string mode : {"off", "on"}) {
+    const std::string out = dir.path() + "/" + mode;
+    TrainOptions first = quiet();
+    first.max_updates = 4;
+    train(tiny_run(dir.path(), "adam", out, {"deferred_stats=" + mode}), first);
+    TrainOptions resume = quiet();
+    resume.resume = true;
+    resume.allow_config_change = true;
+    // lr 1e6: update 5 is applied and blows the weights up, update 6's loss trips; the rollback to
+    // update 4 with lr x 1e-9 completes: 5 updates recorded by this run (5, then 5-8 again).
+    const TrainResult r = train(tiny_run(dir.path(), "adam", out,
+                                         {"deferred_stats=" + mode, "optimizer.lr=1e6", "divergence.action=rollback",
+                                          "divergence.rollback_lr_factor=1e-9"}),
+                                resume);
+    EXPECT_EQ(r.updates, 5) << mode;
+    EXPECT_EQ(read_json_file(out + "/result.json")["rollbacks"].get<int64_t>(), 1) << mode;
+  }
+  auto lines = [&](const std::string& mode) {  // every line without its timings
+    std::vector<json> out;
+    std::ifstream in(dir.path() + "/" + mode + "/metrics.jsonl");
+    std::string line;
+    while (std::getline(in, line)) {
+      json j = json::parse(line);
+      for (const char* k : {"tokens_per_s", "nonpad_tokens_per_s", "step_s", "forward_s", "backward_s", "compute_s", "optimizer_s",
+                            "data_wait_s", "comm_wait_s", "comm_exposed_s", "rss_bytes", "rss_anon_bytes", "seconds", "host_waits", "host_drains"})
+        j.erase(k);
+      out.push_back(j);
+    }
+    return out;
+  };
+  EXPECT_EQ(lines("on"), lines("off"));
+  const std::string a = latest_checkpoint(dir.path() + "/off"), b = latest_checkpoint(dir.path() + "/on");
+  EXPECT_EQ(file_bytes(a + "/model.safetensors"), file_bytes(b + "/model.safetensors"));
+  EXPECT_EQ(file_bytes(a + "/optimizer.bin"), file_bytes(b + "/optimizer.bin"));
 }
 
 TEST(Trainer, EvaluationMatchesAFreshEvaluationOfTheCheckpoint) {

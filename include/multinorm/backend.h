@@ -18,6 +18,7 @@
 #include "multinorm/communicator.h"
 #include "multinorm/dtype.h"
 #include "multinorm/error.h"
+#include "multinorm/update_scalars.h"
 #include "multinorm/write_back.h"
 
 namespace multinorm {
@@ -33,11 +34,16 @@ struct Buf {
 
 // Arguments of the per-tensor optimizer ops. Every update computes u in FP32 and writes
 //   w <- w * (1 - lr * decoupled_decay) - lr * u      (rounded per WriteBack)
+// With `scalars` set, the op takes its learning rate (and what is derived from it), Adam's bias
+// corrections and write.step from that slot of the UpdateScalars in backend memory when it runs, and
+// changes nothing when the update's statistics say skip (update_scalars.h); lr, step and write.step
+// here are then not used.
 struct SinkGDArgs {
   float lr = 0, decoupled_decay = 0;
   int iterations = 5;  // L
   float eps = 1e-8f;   // floor on row/column norms
   WriteBack write;
+  ScalarsRef scalars;
 };
 struct SwanArgs {
   float lr = 0, decoupled_decay = 0;
@@ -47,6 +53,7 @@ struct SwanArgs {
   float ns_tolerance = 0;    // stop when ||I - Y Z||_F / sqrt(m) < tolerance (0: all steps)
   float eps = 1e-8f;
   WriteBack write;
+  ScalarsRef scalars;
 };
 struct AdamArgs {
   float lr = 0, eps = 1e-8f;
@@ -55,6 +62,7 @@ struct AdamArgs {
   float decoupled_decay = 0;  // torch.optim.AdamW's: w *= 1 - lr * decoupled_decay
   int64_t step = 1;           // t of the bias correction, from 1
   WriteBack write;
+  ScalarsRef scalars;
 };
 // One tensor of a multi-tensor SinkGD update: its buffers, shape and stochastic-rounding tensor id.
 struct SinkGDTensor {
@@ -71,6 +79,7 @@ struct AdamTensor {
 struct SgdArgs {
   float lr = 0, momentum = 0, decoupled_decay = 0;
   WriteBack write;
+  ScalarsRef scalars;
 };
 // What the SWAN calls since the last take_swan_stats() reported: Newton-Schulz is never accepted
 // silently. The residual is ||I - Z Y||_F / sqrt(k) of the final iterate (0 on the exact path).
@@ -102,6 +111,16 @@ class Backend {
   // How many times so far the host has waited for this device (a device-to-host copy, a stream
   // synchronisation): each wait drains the queue of work the device had ahead. 0 for the CPU backend.
   virtual int64_t host_synchronisations() const { return 0; }
+  // Of those, the waits after which the device had nothing left to do (a stream synchronisation, or
+  // a fence with no work issued after it): each leaves the GPU idle until the host queues more.
+  virtual int64_t host_drains() const { return 0; }
+  // A fence: a point in the queue of work issued so far (an event on a device; 0 on the CPU, whose
+  // ops are done when they return). wait_for_fence(f) waits until the work issued before f has
+  // finished, while the work issued after it keeps the device busy, and delivers the to_host_queued
+  // copies issued before f. Fences are increasing; waiting for one at or before the latest waited is
+  // free and not counted.
+  virtual int64_t fence() { return 0; }
+  virtual void wait_for_fence(int64_t fence) { (void)fence; }
   // Bytes of scratch the backend holds now (grown on first use, reused after; counted by
   // multinorm info as backend_scratch_bytes).
   virtual int64_t workspace_bytes() const = 0;
@@ -223,6 +242,14 @@ class Backend {
     for (int64_t i = 0; i < count; ++i) out[i] = sum_squares(xs[i], ns[i]);
   }
   virtual void scale(Buf x, int64_t n, float factor) = 0;
+  // An update's statistics, computed where the gradients are, with no host wait: s->stats (backend
+  // memory) <- the global norm of the `count` tensors (their sum_squares_many values added in
+  // tensor order, then the square root), the clip factor for grad_clip (0: no clipping) and the skip
+  // flag (norm not finite) (optim_math::finish_statistics). The host reads them when it likes.
+  virtual void update_statistics(UpdateScalars* s, const Buf* xs, const int64_t* ns, int64_t count, double grad_clip) = 0;
+  // x[n] *= s->stats.clip_factor, read where the op runs; nothing when the factor is 1 or the update
+  // is skipped. The same bits as scale(x, n, factor).
+  virtual void clip_gradients(Buf x, int64_t n, const UpdateScalars* s) = 0;
   // SinkGD on W[m,n] (fused: X = diag(u) G diag(v) is never materialised); see kernels/cpu/sinkgd.cpp
   virtual void sinkgd_update(Buf w, Buf g, int64_t m, int64_t n, const SinkGDArgs& args) = 0;
   // SinkGD on many tensors with the same arguments (args.write.tensor is replaced by each tensor's

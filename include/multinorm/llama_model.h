@@ -107,12 +107,14 @@ class LlamaModel {
   LossSum forward(const MicroBatch& mb);
   LossSum forward_backward(const MicroBatch& mb, float grad_scale);
   // forward_backward without a host crossing: the per-position losses are copied to the host when the
-  // host next waits for the device (Backend::to_host_queued), so a training update's micro-batches
-  // queue back to back. take_queued_losses() returns the sums of the micro-batches queued since the
-  // last take, in order; it waits for the device only when nothing has since (the trainer takes them
-  // after the optimizer's gradient-norm read, the update's one wait).
+  // host next waits for the device (Backend::to_host_queued, then a fence), so a training update's
+  // micro-batches queue back to back. take_queued_losses() returns the sums of the micro-batches
+  // queued since the last take, in order; take_queued_losses(n) the first n of them, leaving the
+  // later ones queued. Each waits, up to the fence after the last micro-batch it returns, only when
+  // no wait since has (the trainer takes them after the wait for the update's statistics).
   void queue_forward_backward(const MicroBatch& mb, float grad_scale);
   std::vector<LossSum> take_queued_losses();
+  std::vector<LossSum> take_queued_losses(int64_t n);
   // With graphs on and a backend that has them (CUDA), queue_forward_backward records its forward
   // and backward ops once as a graph and replays it: the first call of a shape (B, T) and grad_scale
   // runs eagerly (scratch buffers grow then), the second captures, later ones replay, each one
@@ -183,6 +185,7 @@ class LlamaModel {
   struct QueuedLosses {  // one micro-batch's losses on their way to the host, and its mask
     std::vector<float> losses;
     std::vector<uint8_t> mask;
+    int64_t fence = 0;  // after their copy (Backend::fence)
   };
   std::vector<QueuedLosses> queued_;  // slots reused from one update to the next
   size_t queued_count_ = 0;

@@ -2,7 +2,10 @@
 // one tensor through the backend's fused kernel; rules are built by name from the registry
 // (src/optim/registry.cpp). An Optimizer assigns a rule to every parameter (param_groups.h), owns
 // the state arena, and runs one update: learning-rate schedule, optional global-norm clipping,
-// every tensor's rule.
+// every tensor's rule. An update's scalars (learning rates, Adam's bias corrections, the norm, the
+// clip factor, the skip flag) live in the backend's memory (update_scalars.h), where its kernels
+// read them: the host need not wait for the norm before queuing the update (queue_step), and on
+// CUDA the update's launches are captured once as a graph and replayed.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -28,6 +31,7 @@ struct UpdateContext {
   uint64_t seed = 0;      // run seed (stochastic rounding)
   uint64_t tensor = 0;    // tensor index (stochastic rounding)
   bool stochastic = false;
+  ScalarsRef scalars;     // the update's scalars in backend memory (the ops read lr, steps, skip there)
 };
 
 // One tensor's update, for rules that update several tensors in one backend call.
@@ -43,6 +47,11 @@ class TensorRule {
   virtual ~TensorRule() = default;
   virtual std::string name() const = 0;
   virtual int state_slots() const = 0;      // per-element state tensors (Adam: m, v)
+  // This rule's scalars for an update (UpdateScalars::rule), from ctx's lr and applied count.
+  virtual RuleScalars scalars(const UpdateContext& ctx) const = 0;
+  // Whether its ops run without host waits (so they can be queued ahead and captured in a graph):
+  // SWAN reads its Newton-Schulz residual on the host and falls back to the host's exact path.
+  virtual bool host_free() const { return true; }
   virtual bool matrices_only() const { return false; }
   virtual void update(Backend& be, const TensorSpec& t, Buf w, Buf g, Buf* states, const UpdateContext& ctx) const = 0;
   // Several tensors whose contexts differ only in the tensor id (a multi-tensor launch where the
@@ -65,6 +74,7 @@ struct StepStats {
   double lr_multiplier = 0, lr_matrix = 0, lr_fallback = 0;
   double grad_norm = 0;  // before clipping
   bool clipped = false;
+  bool skipped = false;  // the norm was not finite: nothing was applied
   SwanStats swan;        // Newton-Schulz convergence of this update's SWAN tensors
 };
 
@@ -86,12 +96,28 @@ class Optimizer {
   // the updates applied so far including this one (update minus skipped ones). Nothing is applied,
   // and no state advances, when the gradient norm is not finite.
   StepStats step(int64_t update, int64_t applied);
-  // The gradient norm step(update, ...) will use, measured now: the per-tensor FP64 sums of squares,
-  // read from the device in one crossing (with sharding, summed over the ranks: every rank calls it).
-  // The trainer calls it before step so that this read, the update's one host wait, also delivers
-  // the micro-batches' queued losses, which it checks before anything is applied. step() measures
-  // itself when this was not called for the same update.
+  // The gradient norm step(update, ...) will use, measured now: the statistics computed where the
+  // gradients are (Backend::update_statistics) and read in one crossing (with sharding, the
+  // per-tensor sums are read and summed over the ranks: every rank calls it). The trainer calls it
+  // before step so that this read, the update's one host wait, also delivers the micro-batches'
+  // queued losses, which it checks before anything is applied. step() measures itself when this was
+  // not called for the same update.
   double measure_gradient_norm(int64_t update);
+  // step() without any host wait: the update's scalars, its statistics on the device, clipping and
+  // every rule are queued; the kernels read the clip factor and the skip flag where they run, so a
+  // non-finite norm applies nothing, as in step(). The statistics are queued for the host
+  // (to_host_queued): queued_step_stats() has them once a wait after this call delivered them (a
+  // fence). Needs can_queue_steps().
+  void queue_step(int64_t update, int64_t applied);
+  StepStats queued_step_stats() const;
+  // Empty when queue_step() is possible; otherwise why not (SWAN's host reads; a sharded optimizer,
+  // whose norm is summed over the ranks on the host).
+  std::string why_steps_cannot_be_queued() const;
+  // With graphs on and a backend that has them, the update's clipping and rules are captured at the
+  // second update and replayed after (one launch); the statistics and the scalars' upload stay out.
+  void set_graphs(bool on) { graphs_ = on; }
+  int64_t graph_captures() const { return graph_captures_; }
+  int64_t graph_replays() const { return graph_replays_; }
   // Every later update's learning rate times `scale` (the divergence monitor's rollback lowers it).
   void set_lr_scale(double scale) { lr_scale_ = scale; }
 
@@ -111,6 +137,15 @@ class Optimizer {
 
  private:
   void broadcast_weights();
+  // lr_multiplier, lr_matrix and lr_fallback of update `update`.
+  StepStats learning_rates(int64_t update) const;
+  // The host part of the update's scalars, to the backend's memory.
+  void write_scalars(const StepStats& lr, int64_t update, int64_t applied);
+  // Clipping and every rule (replayed from the graph when there is one); then SWAN's statistics and
+  // the owners' broadcast.
+  void apply(StepStats& st);
+  void apply_ops();
+  bool rules_host_free() const;
   LlamaModel& model_;
   RunConfig run_;
   std::vector<ParamAssignment> assign_;
@@ -124,7 +159,14 @@ class Optimizer {
   double lr_scale_ = 1.0;
   int64_t measured_update_ = -1;   // the update measure_gradient_norm() last measured
   int64_t measured_version_ = -1;  // and the model's gradient_version() then
-  double measured_norm_ = 0;
+  UpdateScalars* scalars_ = nullptr;  // backend memory: what the update's ops read
+  UpdateScalars host_scalars_;        // the host part's next contents
+  std::vector<int> slot_;             // per tensor: its (rule, learning-rate group) slot
+  UpdateStatistics measured_;         // the statistics measure_gradient_norm() read
+  UpdateStatistics queued_;           // queue_step()'s, delivered by a later wait
+  StepStats queued_lr_;               // the learning rates of the update queue_step() queued
+  bool graphs_ = false;
+  int64_t graph_ = -1, eager_applies_ = 0, graph_captures_ = 0, graph_replays_ = 0;
 };
 
 }  // namespace multinorm

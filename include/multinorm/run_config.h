@@ -109,7 +109,8 @@ struct RunConfig {
   ParallelConfig parallel;
   DivergenceConfig divergence;
   std::string backend;  // auto | cpu | cuda
-  bool cuda_graphs = true;  // the CUDA backend replays a captured micro-batch (LlamaModel::set_graphs)
+  bool cuda_graphs = true;  // the CUDA backend replays a captured micro-batch and update (LlamaModel::set_graphs, Optimizer::set_graphs)
+  std::string deferred_stats = "auto";  // auto | on | off: the trainer reads update k's statistics after queuing k + 1's micro-batches
   int64_t threads = 0;
   int64_t seed = 0;
   std::string output_dir;

@@ -1,5 +1,7 @@
-// Per-element optimizer math shared by the CPU kernels and the CUDA kernels: one definition of the
-// Adam step and of the scalars it uses (formed on the host from AdamArgs, identically for both).
+// Optimizer math shared by the CPU kernels and the CUDA kernels: one definition of the Adam step and
+// of the scalars it uses (formed on the host from AdamArgs, identically for both), of every rule's
+// per-update scalars, and of an update's statistics (norm, clip factor, skip flag) from its
+// per-tensor sums of squares.
 #pragma once
 #include <cmath>
 
@@ -11,11 +13,8 @@ namespace multinorm::optim_math {
 // Adam/AdamW (torch semantics) for one element, with the scalars below:
 //   g += l2_decay w;  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
 //   returns w (1 - lr decoupled_decay) - lr / (1 - b1^t) m / (sqrt(v) / sqrt(1 - b2^t) + eps)
-struct AdamScalars {
-  float b1, c1, b2, c2;           // beta1, 1 - beta1, beta2, 1 - beta2 (1 - beta formed in FP64, as torch)
-  float step_size, inv_sqrt_bc2;  // lr / (1 - beta1^t), 1 / sqrt(1 - beta2^t)
-  float eps, l2_decay, keep;      // keep = 1 - lr * decoupled_decay
-};
+// (AdamScalars: include/multinorm/update_scalars.h)
+using multinorm::AdamScalars;
 
 inline AdamScalars adam_scalars(const AdamArgs& a) {
   AdamScalars s;
@@ -26,6 +25,34 @@ inline AdamScalars adam_scalars(const AdamArgs& a) {
   s.b1 = static_cast<float>(a.beta1), s.c1 = static_cast<float>(1.0 - a.beta1);
   s.b2 = static_cast<float>(a.beta2), s.c2 = static_cast<float>(1.0 - a.beta2);
   s.eps = a.eps, s.l2_decay = a.l2_decay;
+  return s;
+}
+
+// A rule's scalars for one update (UpdateScalars::rule): the learning rate and 1 - lr wd, formed here
+// on the host for every backend; Adam's add its step's scalars.
+inline RuleScalars rule_scalars(float lr, float decoupled_decay) {
+  RuleScalars r;
+  r.lr = lr;
+  r.keep = 1.0f - lr * decoupled_decay;
+  return r;
+}
+inline RuleScalars rule_scalars(const AdamArgs& a) {
+  RuleScalars r = rule_scalars(a.lr, a.decoupled_decay);
+  r.adam = adam_scalars(a);
+  return r;
+}
+
+// An update's statistics from the per-tensor FP64 sums of squares, added in tensor order: the same
+// number on every backend and rank layout (a rank that does not hold a tensor adds its zero). Run by
+// one device thread (CUDA) or the host.
+MN_HOST_DEVICE UpdateStatistics finish_statistics(const double* squares, int64_t count, double grad_clip) {
+  double sum = 0;
+  for (int64_t i = 0; i < count; ++i) sum += squares[i];
+  UpdateStatistics s;
+  s.grad_norm = sqrt(sum);
+  s.skip = !(s.grad_norm <= 1.7976931348623157e308);  // NaN or inf (the norm is >= 0): not finite
+  s.clipped = !s.skip && grad_clip > 0 && s.grad_norm > grad_clip;
+  s.clip_factor = s.clipped ? static_cast<float>(grad_clip / s.grad_norm) : 1.0f;
   return s;
 }
 

@@ -11,9 +11,8 @@
 namespace multinorm::cpu {
 
 template <class T, class G, class S>
-void adam_update(T* w, const G* g, S* m, S* v, int64_t n, const AdamArgs& a) {
-  const optim_math::AdamScalars s = optim_math::adam_scalars(a);
-  if (!a.write.stochastic) {  // one vector loop (stochastic rounding hashes each element's index)
+void adam_update(T* w, const G* g, S* m, S* v, int64_t n, const AdamScalars& s, const WriteBack& wb) {
+  if (!wb.stochastic) {  // one vector loop (stochastic rounding hashes each element's index)
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < n; ++i) {
       float mi = to_f32(m[i]), vi = to_f32(v[i]);
@@ -30,7 +29,7 @@ void adam_update(T* w, const G* g, S* m, S* v, int64_t n, const AdamArgs& a) {
     const float wi = optim_math::adam_element(to_f32(w[i]), to_f32(g[i]), mi, vi, s);
     m[i] = from_f32<S>(mi);
     v[i] = from_f32<S>(vi);
-    w[i] = write_weight<T>(wi, a.write, static_cast<uint64_t>(i));
+    w[i] = write_weight<T>(wi, wb, static_cast<uint64_t>(i));
   }
 }
 
@@ -51,7 +50,7 @@ void sgd_update(T* w, const G* g, S* buf, int64_t n, const SgdArgs& a) {
 // (weights, gradients, states): every state dtype for FP32/FP32, BF16/BF16 and BF16 weights with FP32
 // gradients.
 #define MULTINORM_INSTANTIATE(T, G, S)                                                   \
-  template void adam_update<T, G, S>(T*, const G*, S*, S*, int64_t, const AdamArgs&); \
+  template void adam_update<T, G, S>(T*, const G*, S*, S*, int64_t, const AdamScalars&, const WriteBack&); \
   template void sgd_update<T, G, S>(T*, const G*, S*, int64_t, const SgdArgs&);
 MULTINORM_INSTANTIATE(float, float, float)
 MULTINORM_INSTANTIATE(float, float, bf16)

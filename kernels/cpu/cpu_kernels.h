@@ -245,7 +245,8 @@ int64_t sinkgd_one_core_floats(int64_t m, int64_t n);
 void sinkgd_update_many(const SinkGDTensor* tensors, int64_t count, const SinkGDArgs& args, Workspace& ws,
                         int64_t one_core_bytes = 0);
 template <class T, class G> SwanReport swan_update(T* w, const G* g, int64_t m, int64_t n, const SwanArgs& a, OneDnnMatmul& gemm, Workspace& ws);
-template <class T, class G, class S> void adam_update(T* w, const G* g, S* m, S* v, int64_t n, const AdamArgs& a);
+// Adam with its step's scalars (optim_math::adam_scalars, or the update's UpdateScalars slot)
+template <class T, class G, class S> void adam_update(T* w, const G* g, S* m, S* v, int64_t n, const AdamScalars& s, const WriteBack& wb);
 template <class T, class G, class S> void sgd_update(T* w, const G* g, S* buf, int64_t n, const SgdArgs& a);
 template <class T> double sum_squares(const T* x, int64_t n);
 template <class T> void scale(T* x, int64_t n, float factor);

@@ -1,5 +1,7 @@
 // The elementwise optimizers, one pass each (Adam's per-element step and scalars:
-// kernels/common/optim_math.h, shared with the CPU; the same write-back rounding).
+// kernels/common/optim_math.h, shared with the CPU; the same write-back rounding). With an
+// UpdateScalars (device memory) the scalars come from its slot when the kernel runs, and a skipped
+// update writes nothing (take_update_scalars): one more 64-byte read per block, from L2.
 //   Adam: reads w, g, m, v and writes w, m, v: per element sizeof(T) * 2 + sizeof(G) + 4 sizeof(S)
 //         bytes (BF16 everything: 12 B), ~15 FLOPs
 //   SGD:  reads w, g (+ buf) and writes w (+ buf): 2 sizeof(T) + sizeof(G) [+ 2 sizeof(S)] bytes
@@ -11,7 +13,9 @@ namespace multinorm::cuda {
 namespace {
 
 template <class T, class G, class S>
-__global__ void adam_kernel(T* w, const G* g, S* m, S* v, int64_t n, AdamScalars a, WriteBack wb) {
+__global__ void adam_kernel(T* w, const G* g, S* m, S* v, int64_t n, RuleScalars r, WriteBack wb, const UpdateScalars* s, int slot) {
+  if (!take_update_scalars(s, slot, r, wb)) return;
+  const AdamScalars& a = r.adam;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     float mi = to_float(m[i]), vi = to_float(v[i]);
     const float wi = optim_math::adam_element(to_float(w[i]), to_float(g[i]), mi, vi, a);
@@ -24,7 +28,9 @@ __global__ void adam_kernel(T* w, const G* g, S* m, S* v, int64_t n, AdamScalars
 // One launch over many tensors: block b serves the item whose block range holds b (a short scan of
 // at most kAdamManyPerLaunch items, L2-resident), kAdamManyElementsPerBlock elements each.
 template <class T, class G, class S>
-__global__ void adam_many_kernel(const AdamManyItem* items, int64_t count, AdamScalars a, WriteBack wb) {
+__global__ void adam_many_kernel(const AdamManyItem* items, int64_t count, RuleScalars r, WriteBack wb, const UpdateScalars* s, int slot) {
+  if (!take_update_scalars(s, slot, r, wb)) return;
+  const AdamScalars& a = r.adam;
   int64_t i = 0;
   while (i + 1 < count && items[i + 1].first_block <= int64_t(blockIdx.x)) ++i;
   const AdamManyItem it = items[i];
@@ -45,7 +51,9 @@ __global__ void adam_many_kernel(const AdamManyItem* items, int64_t count, AdamS
 }
 
 template <class T, class G, class S>
-__global__ void sgd_kernel(T* w, const G* g, S* buf, int64_t n, float lr, float momentum, float keep, WriteBack wb) {
+__global__ void sgd_kernel(T* w, const G* g, S* buf, int64_t n, RuleScalars r, float momentum, WriteBack wb, const UpdateScalars* s, int slot) {
+  if (!take_update_scalars(s, slot, r, wb)) return;
+  const float lr = r.lr, keep = r.keep;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     float d = to_float(g[i]);
     if (buf) {
@@ -61,25 +69,27 @@ unsigned grid_for(int64_t n) { return static_cast<unsigned>(std::min<int64_t>(ce
 }  // namespace
 
 template <class T, class G, class S>
-void adam(T* w, const G* g, S* m, S* v, int64_t n, const AdamScalars& a, const WriteBack& wb, cudaStream_t stream) {
-  if (n > 0) launch("adam", adam_kernel<T, G, S>, dim3(grid_for(n)), dim3(256), 0, stream, w, g, m, v, n, a, wb);
+void adam(T* w, const G* g, S* m, S* v, int64_t n, const RuleScalars& r, const WriteBack& wb, ScalarsRef s, cudaStream_t stream) {
+  if (n > 0) launch("adam", adam_kernel<T, G, S>, dim3(grid_for(n)), dim3(256), 0, stream, w, g, m, v, n, r, wb, s.at, s.slot);
 }
 template <class T, class G, class S>
-void adam_many(const AdamManyItem* items, int64_t count, int64_t blocks, const AdamScalars& a, const WriteBack& wb, cudaStream_t stream) {
+void adam_many(const AdamManyItem* items, int64_t count, int64_t blocks, const RuleScalars& r, const WriteBack& wb, ScalarsRef s,
+               cudaStream_t stream) {
   if (count > 0 && blocks > 0)
-    launch("adam_many", adam_many_kernel<T, G, S>, dim3(static_cast<unsigned>(blocks)), dim3(256), 0, stream, items, count, a, wb);
+    launch("adam_many", adam_many_kernel<T, G, S>, dim3(static_cast<unsigned>(blocks)), dim3(256), 0, stream, items, count, r, wb, s.at,
+           s.slot);
 }
 
 template <class T, class G, class S>
-void sgd(T* w, const G* g, S* buf, int64_t n, float lr, float momentum, float keep, const WriteBack& wb, cudaStream_t stream) {
-  if (n > 0) launch("sgd", sgd_kernel<T, G, S>, dim3(grid_for(n)), dim3(256), 0, stream, w, g, buf, n, lr, momentum, keep, wb);
+void sgd(T* w, const G* g, S* buf, int64_t n, const RuleScalars& r, float momentum, const WriteBack& wb, ScalarsRef s, cudaStream_t stream) {
+  if (n > 0) launch("sgd", sgd_kernel<T, G, S>, dim3(grid_for(n)), dim3(256), 0, stream, w, g, buf, n, r, momentum, wb, s.at, s.slot);
 }
 
 // (weights, gradients, states) as the CPU backend instantiates them.
 #define MULTINORM_INSTANTIATE(T, G, S)                                                                                 \
-  template void adam<T, G, S>(T*, const G*, S*, S*, int64_t, const AdamScalars&, const WriteBack&, cudaStream_t); \
-  template void sgd<T, G, S>(T*, const G*, S*, int64_t, float, float, float, const WriteBack&, cudaStream_t); \
-  template void adam_many<T, G, S>(const AdamManyItem*, int64_t, int64_t, const AdamScalars&, const WriteBack&, cudaStream_t);
+  template void adam<T, G, S>(T*, const G*, S*, S*, int64_t, const RuleScalars&, const WriteBack&, ScalarsRef, cudaStream_t); \
+  template void sgd<T, G, S>(T*, const G*, S*, int64_t, const RuleScalars&, float, const WriteBack&, ScalarsRef, cudaStream_t); \
+  template void adam_many<T, G, S>(const AdamManyItem*, int64_t, int64_t, const RuleScalars&, const WriteBack&, ScalarsRef, cudaStream_t);
 MULTINORM_INSTANTIATE(float, float, float)
 MULTINORM_INSTANTIATE(float, float, bf16)
 MULTINORM_INSTANTIATE(bf16, bf16, float)

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -38,7 +39,7 @@ void allow_dynamic_shared(const char* name, const void* kernel, size_t bytes) {
 }
 
 namespace {
-std::atomic<int64_t> g_host_waits{0};
+std::atomic<int64_t> g_host_waits{0}, g_host_drains{0}, g_work_issued{0};
 
 // Queued device-to-host copies. One pinned chunk is bump-allocated; when a copy does not fit, a
 // larger chunk is made and the old one kept until its copies are delivered (the device may still be
@@ -57,6 +58,7 @@ struct PinnedStaging {
   char* chunk = nullptr;
   int64_t capacity = 0, used = 0;
   std::vector<char*> retired;  // outgrown chunks that pending copies still point into
+  std::map<cudaStream_t, int64_t> stream_waits;  // wait_for_stream calls per stream
 };
 PinnedStaging& staging() {
   static PinnedStaging* s = new PinnedStaging;  // never destroyed: backends may outlive static destructors
@@ -80,8 +82,28 @@ void deliver(PinnedStaging& s, cudaStream_t stream, uint64_t before) {
 }
 }  // namespace
 
+void note_work_issued() { g_work_issued.fetch_add(1, std::memory_order_relaxed); }
+int64_t work_issued() { return g_work_issued.load(std::memory_order_relaxed); }
+int64_t host_drains() { return g_host_drains.load(std::memory_order_relaxed); }
+
+uint64_t queued_copies_issued() {
+  PinnedStaging& s = staging();
+  std::lock_guard<std::mutex> lock(s.mu);
+  return s.next_seq;
+}
+
+void wait_for_event(cudaEvent_t event, cudaStream_t stream, uint64_t copies_before, int64_t work_at_record, const std::string& what) {
+  g_host_waits.fetch_add(1, std::memory_order_relaxed);
+  if (work_issued() == work_at_record) g_host_drains.fetch_add(1, std::memory_order_relaxed);
+  MN_CUDA_CHECK(cudaEventSynchronize(event), what);
+  PinnedStaging& s = staging();
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (!s.pending.empty()) deliver(s, stream, copies_before);
+}
+
 void wait_for_stream(cudaStream_t stream, const std::string& what) {
   g_host_waits.fetch_add(1, std::memory_order_relaxed);
+  g_host_drains.fetch_add(1, std::memory_order_relaxed);
   PinnedStaging& s = staging();
   uint64_t before = 0;
   {
@@ -90,7 +112,14 @@ void wait_for_stream(cudaStream_t stream, const std::string& what) {
   }
   MN_CUDA_CHECK(cudaStreamSynchronize(stream), what);
   std::lock_guard<std::mutex> lock(s.mu);
+  ++s.stream_waits[stream];
   if (!s.pending.empty()) deliver(s, stream, before);
+}
+int64_t stream_waits(cudaStream_t stream) {
+  PinnedStaging& s = staging();
+  std::lock_guard<std::mutex> lock(s.mu);
+  const auto it = s.stream_waits.find(stream);
+  return it == s.stream_waits.end() ? 0 : it->second;
 }
 int64_t host_waits() { return g_host_waits.load(std::memory_order_relaxed); }
 
@@ -118,6 +147,7 @@ void queue_copy_to_host(void* host_dst, const void* device_src, int64_t bytes, c
   s.used += need;
   MN_CUDA_CHECK(cudaMemcpyAsync(staged, device_src, static_cast<size_t>(bytes), cudaMemcpyDeviceToHost, stream),
                 "a queued device-to-host copy (" + std::to_string(bytes) + " bytes)");
+  note_work_issued();
   s.pending.push_back({s.next_seq++, stream, host_dst, staged, bytes});
 }
 
@@ -139,6 +169,71 @@ void discard_queued_copies(cudaStream_t stream) {
     s.retired.clear();
     s.used = 0;
   }
+}
+
+namespace {
+// Host-to-device copies staged in a pinned ring: a copy from pageable memory may make the driver
+// wait for the stream before it stages the bytes (the CUDA runtime's API synchronisation notes),
+// which would stall the host behind every queued kernel. An upload takes the next bytes of the ring
+// and records an event after its copy; the ring's bytes are written again only once that event has
+// passed (the host waits for it, counted, only when it has run a whole ring ahead of the device).
+struct PinnedUploads {
+  std::mutex mu;
+  char* ring = nullptr;
+  int64_t head = 0;
+  struct InFlight {
+    int64_t begin, end;
+    cudaEvent_t done;
+    int64_t work;  // work_issued() when it was recorded
+  };
+  std::deque<InFlight> in_flight;  // in ring order
+  std::vector<cudaEvent_t> spare;
+};
+PinnedUploads& uploads() {
+  static PinnedUploads* u = new PinnedUploads;  // never destroyed, as the staging above
+  return *u;
+}
+}  // namespace
+
+void upload_to_device(void* device_dst, const void* host_src, int64_t bytes, cudaStream_t stream, const std::string& what) {
+  if (bytes <= 0) return;
+  if (bytes > kPinnedUploadBytes / 4) throw Error(what + ": " + std::to_string(bytes) + " bytes is more than a staged upload takes");
+  PinnedUploads& u = uploads();
+  std::lock_guard<std::mutex> lock(u.mu);
+  if (!u.ring)
+    MN_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&u.ring), static_cast<size_t>(kPinnedUploadBytes)), "the pinned ring of host-to-device uploads");
+  const int64_t need = (bytes + 255) / 256 * 256;
+  if (u.head + need > kPinnedUploadBytes) u.head = 0;
+  const int64_t begin = u.head, end = begin + need;
+  // Free the ring's bytes [begin, end): the uploads there, the oldest in flight, must have been copied.
+  while (!u.in_flight.empty()) {
+    const PinnedUploads::InFlight& f = u.in_flight.front();
+    const bool overlaps = f.begin < end && begin < f.end;
+    const cudaError_t q = cudaEventQuery(f.done);
+    if (q != cudaSuccess && q != cudaErrorNotReady) MN_CUDA_CHECK(q, what);
+    if (q == cudaErrorNotReady) {
+      if (!overlaps) break;
+      g_host_waits.fetch_add(1, std::memory_order_relaxed);
+      if (work_issued() == f.work) g_host_drains.fetch_add(1, std::memory_order_relaxed);
+      MN_CUDA_CHECK(cudaEventSynchronize(f.done), what + " (waiting for the pinned upload ring)");
+    }
+    u.spare.push_back(f.done);
+    u.in_flight.pop_front();
+  }
+  std::memcpy(u.ring + begin, host_src, static_cast<size_t>(bytes));
+  MN_CUDA_CHECK(cudaMemcpyAsync(device_dst, u.ring + begin, static_cast<size_t>(bytes), cudaMemcpyHostToDevice, stream),
+                what + " (" + std::to_string(bytes) + " bytes)");
+  note_work_issued();
+  cudaEvent_t done = nullptr;
+  if (!u.spare.empty()) {
+    done = u.spare.back();
+    u.spare.pop_back();
+  } else {
+    MN_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "an upload's event");
+  }
+  MN_CUDA_CHECK(cudaEventRecord(done, stream), what + " (its event)");
+  u.in_flight.push_back({begin, end, done, work_issued()});
+  u.head = end;
 }
 
 void check_after_launch(const char* name, dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream) {

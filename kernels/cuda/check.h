@@ -17,11 +17,34 @@ namespace multinorm::cuda {
 // A wait also delivers the copies queue_copy_to_host() queued on that stream.
 void wait_for_stream(cudaStream_t stream, const std::string& what);
 int64_t host_waits();
+// Work issued to the device so far (kernel launches, cuBLASLt calls, copies, graph launches): a fence
+// remembers the count, so that waiting for it can tell whether the device had work left after it.
+void note_work_issued();
+int64_t work_issued();
+// The copies queue_copy_to_host() has issued so far: a fence remembers the count too.
+uint64_t queued_copies_issued();
+// The host waits for `event` (recorded on `stream` when work_issued() was work_at_record and
+// queued_copies_issued() copies_before), then delivers the queued copies issued before it. Counted
+// by host_waits(); by host_drains() too when no work was issued after the event. The work issued
+// after it keeps the device busy meanwhile.
+void wait_for_event(cudaEvent_t event, cudaStream_t stream, uint64_t copies_before, int64_t work_at_record, const std::string& what);
+// The waits after which the device had nothing queued (every wait_for_stream, and event waits with
+// no work after the event): each leaves the GPU idle until the host issues more.
+int64_t host_drains();
+// wait_for_stream calls on `stream` so far (a fence recorded before the latest one is finished).
+int64_t stream_waits(cudaStream_t stream);
 // A device-to-host copy queued on `stream` without waiting: the bytes go by cudaMemcpyAsync into
 // pinned staging (pageable memory would make the copy synchronous) and reach `host_dst` when the
 // host next waits for the stream (wait_for_stream). host_dst must stay valid until then; until
 // then it keeps its old bytes. The staging grows on first use and is reused once delivered.
 void queue_copy_to_host(void* host_dst, const void* device_src, int64_t bytes, cudaStream_t stream);
+// A host-to-device copy through a pinned ring (kPinnedUploadBytes, allocated on first use): the host
+// bytes are copied at once (the caller may reuse host_src when this returns) and the device copy is
+// queued with no wait for the stream, which a copy from pageable memory may make. At most a quarter
+// of the ring per copy. Not while the stream captures a graph (the replays would read whatever the
+// ring holds then).
+constexpr int64_t kPinnedUploadBytes = 8ll << 20;
+void upload_to_device(void* device_dst, const void* host_src, int64_t bytes, cudaStream_t stream, const std::string& what);
 // Copies queued on `stream` and not yet delivered.
 int64_t queued_copies(cudaStream_t stream);
 // For a stream about to be destroyed: waits for it (not counted, errors ignored) and drops its

@@ -5,6 +5,12 @@
 //   sum_squares<T>: reads n*sizeof(T) bytes, 2n FLOPs (FP64 accumulation); a fixed grid of
 //                   kSumSquaresBlocks blocks and a one-block final sum in fixed order: the same bits
 //                   on every run and every GPU
+//   sum_squares_many<T>: the same per tensor for a list, in two launches whatever its length (the
+//                   partials grid is kSumSquaresBlocks x tensors, the final one block per tensor)
+//   update_statistics: one thread adds the tensors' sums in order (8 bytes each), the norm, clip
+//                   factor and skip flag written to the update's scalars
+//   clip_gradients<T>: reads the factor; when it is not 1, reads and writes n*sizeof(T) bytes
+#include "../common/optim_math.h"
 #include "device_utils.cuh"
 #include "kernels.h"
 
@@ -46,6 +52,43 @@ __global__ void sum_partials_kernel(double* result, const double* partials, int 
   if (threadIdx.x == 0) *result = s;
 }
 
+// Block (b, t): tensor t's partial b, as sum_squares_partial_kernel computes it for that tensor alone.
+template <class T>
+__global__ void sum_squares_many_partial_kernel(double* partials, const SumSquaresItem* items) {
+  const SumSquaresItem it = items[blockIdx.y];
+  const T* x = static_cast<const T*>(it.x);
+  double s = 0.0;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < it.n; i += int64_t(gridDim.x) * blockDim.x) {
+    const double v = to_float(x[i]);
+    s += v * v;
+  }
+  __shared__ double scratch[32];
+  s = block_sum(s, scratch);
+  if (threadIdx.x == 0) partials[int64_t(blockIdx.y) * gridDim.x + blockIdx.x] = s;
+}
+
+// Block t: tensor t's partials summed as sum_partials_kernel sums them.
+__global__ void sum_squares_many_final_kernel(double* results, const double* partials, int count) {
+  double s = 0.0;
+  const double* p = partials + int64_t(blockIdx.x) * count;
+  for (int i = threadIdx.x; i < count; i += blockDim.x) s += p[i];
+  __shared__ double scratch[32];
+  s = block_sum(s, scratch);
+  if (threadIdx.x == 0) results[blockIdx.x] = s;
+}
+
+__global__ void update_statistics_kernel(UpdateScalars* s, const double* squares, int64_t count, double grad_clip) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) s->stats = optim_math::finish_statistics(squares, count, grad_clip);
+}
+
+template <class T>
+__global__ void clip_gradients_kernel(T* x, int64_t n, const UpdateScalars* s) {
+  const float factor = s->stats.clip_factor;
+  if (s->stats.skip || factor == 1.0f) return;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    x[i] = from_float<T>(to_float(x[i]) * factor);
+}
+
 unsigned grid_for(int64_t n) { return static_cast<unsigned>(std::min<int64_t>(ceil_div(n, 256), 4096)); }
 
 }  // namespace
@@ -64,6 +107,22 @@ void sum_squares(double* result, double* partials, const T* x, int64_t n, cudaSt
   launch("sum_squares_final", sum_partials_kernel, dim3(1), dim3(kReduceThreads), 0, stream, result, partials, kSumSquaresBlocks);
 }
 
+template <class T>
+void sum_squares_many(double* results, double* partials, const SumSquaresItem* items, int64_t count, cudaStream_t stream) {
+  if (count == 0) return;
+  launch("sum_squares_many_partial", sum_squares_many_partial_kernel<T>, dim3(kSumSquaresBlocks, static_cast<unsigned>(count)),
+         dim3(kReduceThreads), 0, stream, partials, items);
+  launch("sum_squares_many_final", sum_squares_many_final_kernel, dim3(static_cast<unsigned>(count)), dim3(kReduceThreads), 0, stream, results,
+         partials, kSumSquaresBlocks);
+}
+void update_statistics(UpdateScalars* s, const double* squares, int64_t count, double grad_clip, cudaStream_t stream) {
+  launch("update_statistics", update_statistics_kernel, dim3(1), dim3(32), 0, stream, s, squares, count, grad_clip);
+}
+template <class T>
+void clip_gradients(T* x, int64_t n, const UpdateScalars* s, cudaStream_t stream) {
+  if (n > 0) launch("clip_gradients", clip_gradients_kernel<T>, dim3(grid_for(n)), dim3(256), 0, stream, x, n, s);
+}
+
 template void convert<float, float>(float*, const float*, int64_t, cudaStream_t);
 template void convert<float, bf16>(float*, const bf16*, int64_t, cudaStream_t);
 template void convert<bf16, float>(bf16*, const float*, int64_t, cudaStream_t);
@@ -72,5 +131,9 @@ template void scale<float>(float*, int64_t, float, cudaStream_t);
 template void scale<bf16>(bf16*, int64_t, float, cudaStream_t);
 template void sum_squares<float>(double*, double*, const float*, int64_t, cudaStream_t);
 template void sum_squares<bf16>(double*, double*, const bf16*, int64_t, cudaStream_t);
+template void sum_squares_many<float>(double*, double*, const SumSquaresItem*, int64_t, cudaStream_t);
+template void sum_squares_many<bf16>(double*, double*, const SumSquaresItem*, int64_t, cudaStream_t);
+template void clip_gradients<float>(float*, int64_t, const UpdateScalars*, cudaStream_t);
+template void clip_gradients<bf16>(bf16*, int64_t, const UpdateScalars*, cudaStream_t);
 
 }  // namespace multinorm::cuda

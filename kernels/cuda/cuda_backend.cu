@@ -3,10 +3,14 @@
 // libmultinorm_cuda.so, and by g++ into libmultinorm_cuda_emulated.so, where every kernel runs on the
 // CPU through the emulation layer (a test instrument). Host/device crossings are explicit: to_device /
 // to_host and the results of sum_squares (one read for the whole list in sum_squares_many);
-// to_host_queued copies are delivered by the next of those waits.
+// to_host_queued copies are delivered by the next of those waits, or by a fence's wait
+// (wait_for_fence) for those issued before the fence.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <deque>
 #include <memory>
+#include <unordered_map>
 #include <string>
 #include <vector>
 
@@ -41,11 +45,10 @@ std::string shape(std::initializer_list<int64_t> dims) {
 }
 
 // A device buffer that grows on first use of a larger size and is reused after (no allocation on the
-// hot path once every shape has been seen).
+// hot path once every shape has been seen). Its generation counts its moves: a graph captured before
+// a move holds the old address and is not replayed (CudaBackend::replay).
 class Scratch {
  public:
-  // `moves` (optional) is bumped whenever the buffer moves: a graph captured before holds its old address.
-  explicit Scratch(int64_t* moves = nullptr) : moves_(moves) {}
   ~Scratch() { cudaFree(ptr_); }
   void* get(size_t bytes, const char* what) {
     if (bytes > bytes_) {
@@ -58,16 +61,76 @@ class Scratch {
         throw_cuda_error(std::string("cudaMalloc of ") + std::to_string(bytes) + " bytes of scratch for " + what, e);
       }
       bytes_ = bytes;
-      if (moves_) ++*moves_;
+      ++generation_;
     }
     return ptr_;
   }
   size_t bytes() const { return bytes_; }
+  const int64_t* generation() const { return &generation_; }
 
  private:
   void* ptr_ = nullptr;
   size_t bytes_ = 0;
-  int64_t* moves_;
+  int64_t generation_ = 0;
+};
+
+// Device copies of the multi-tensor launches' descriptor tables, found by their bytes. An optimizer
+// update passes the same tables every time (the same tensors, the same scratch), so each is uploaded
+// once; a graph captured later finds its tables on the device (an upload from pageable memory cannot
+// be captured), and nothing rewrites them while the graph may read them. When the buffer
+// (cuda_scratch::kDescriptorCacheBytes) is full it starts over in place: the new uploads are
+// stream-ordered after every launch that read the old tables, and the generation moves, so a graph
+// holding them is not replayed.
+class DescriptorCache {
+ public:
+  ~DescriptorCache() { cudaFree(base_); }
+  const void* get(const void* table, size_t bytes, bool capturing, cudaStream_t stream, const char* what) {
+    const char* p = static_cast<const char*>(table);
+    uint64_t h = 1469598103934665603ull;  // FNV-1a
+    for (size_t i = 0; i < bytes; ++i) h = (h ^ static_cast<uint8_t>(p[i])) * 1099511628211ull;
+    const auto found = index_.equal_range(h);
+    for (auto it = found.first; it != found.second; ++it)
+      if (it->second.bytes == bytes && std::memcmp(shadow_.data() + it->second.offset, p, bytes) == 0) return base_ + it->second.offset;
+    if (capturing)
+      throw Error(std::string(what) + ": its descriptor table is not on the device, and the stream is capturing a graph (an upload from pageable "
+                                      "memory cannot be captured: the ops must run once eagerly before their capture)");
+    constexpr size_t kCapacity = static_cast<size_t>(cuda_scratch::kDescriptorCacheBytes);
+    if (bytes > kCapacity) throw Error(std::string(what) + ": a descriptor table of " + std::to_string(bytes) + " bytes exceeds the cache");
+    if (!base_) {
+      void* b = nullptr;
+      const cudaError_t e = cudaMalloc(&b, kCapacity);
+      if (e != cudaSuccess) {
+        cudaGetLastError();
+        throw_cuda_error(std::string("cudaMalloc of the descriptor cache for ") + what, e);
+      }
+      base_ = static_cast<char*>(b);
+      shadow_.resize(kCapacity);
+    }
+    size_t offset = (used_ + 255) / 256 * 256;
+    if (offset + bytes > kCapacity) {  // start over in place (see above)
+      index_.clear();
+      offset = 0;
+      ++generation_;
+    }
+    MN_CUDA_CHECK(cudaMemcpyAsync(base_ + offset, table, bytes, cudaMemcpyHostToDevice, stream), std::string(what) + " (descriptors)");
+    note_work_issued();  // a pageable source is staged before cudaMemcpyAsync returns
+    std::memcpy(shadow_.data() + offset, p, bytes);
+    index_.emplace(h, Entry{offset, bytes});
+    used_ = offset + bytes;
+    return base_ + offset;
+  }
+  size_t bytes() const { return base_ ? static_cast<size_t>(cuda_scratch::kDescriptorCacheBytes) : 0; }
+  const int64_t* generation() const { return &generation_; }
+
+ private:
+  struct Entry {
+    size_t offset, bytes;
+  };
+  char* base_ = nullptr;
+  std::vector<char> shadow_;  // the device bytes, to compare with
+  std::unordered_multimap<uint64_t, Entry> index_;
+  size_t used_ = 0;
+  int64_t generation_ = 0;
 };
 
 class CudaBackend final : public Backend {
@@ -79,8 +142,10 @@ class CudaBackend final : public Backend {
   }
   ~CudaBackend() override {
     discard_queued_copies(stream_);
-    for (cudaGraphExec_t g : graphs_)
-      if (g) cudaGraphExecDestroy(g);
+    for (const CapturedGraph& g : graphs_)
+      if (g.exec) cudaGraphExecDestroy(g.exec);
+    for (const Fence& f : fences_) cudaEventDestroy(f.event);
+    for (cudaEvent_t e : spare_events_) cudaEventDestroy(e);
     gemm_.reset();
     cudaStreamDestroy(stream_);
   }
@@ -97,50 +162,89 @@ class CudaBackend final : public Backend {
   bool host_memory() const override { return false; }
   void synchronize() override { wait_for_stream(stream_, "synchronize"); }
   int64_t host_synchronisations() const override { return host_waits(); }
+  int64_t host_drains() const override { return cuda::host_drains(); }
+  // A fence is an event recorded on the stream with the counts of work and queued copies issued
+  // before it; its events are reused once waited.
+  int64_t fence() override {
+    Fence f;
+    if (!spare_events_.empty()) {
+      f.event = spare_events_.back();
+      spare_events_.pop_back();
+    } else {
+      MN_CUDA_CHECK(cudaEventCreateWithFlags(&f.event, cudaEventDisableTiming), "creating a fence's event");
+    }
+    MN_CUDA_CHECK(cudaEventRecord(f.event, stream_), "recording a fence");
+    f.id = ++fences_recorded_;
+    f.copies = queued_copies_issued();
+    f.work = work_issued();
+    f.stream_waits = stream_waits(stream_);
+    fences_.push_back(f);
+    return f.id;
+  }
+  void wait_for_fence(int64_t id) override {
+    if (id <= fences_waited_) return;
+    if (id > fences_recorded_) throw Error("CUDA backend: wait_for_fence(" + std::to_string(id) + "): no such fence");
+    while (!fences_.empty() && fences_.front().id <= id) {
+      const Fence f = fences_.front();
+      fences_.pop_front();
+      // A wait for the whole stream since the fence was recorded finished it and delivered its copies.
+      if (f.id == id && stream_waits(stream_) == f.stream_waits) wait_for_event(f.event, stream_, f.copies, f.work, "waiting for a fence");
+      spare_events_.push_back(f.event);
+    }
+    fences_waited_ = id;
+  }
   void set_profiling(bool on) override { profiler::set(on); }
 
   // ---- graphs -------------------------------------------------------------------------------------
   // Thread-local capture mode: an allocation or a host wait by this thread during a capture is an
   // error, not a silently broken graph (NCCL's own threads stay free to call the runtime). Not while
   // profiling (its events would be graph nodes).
+  // A graph remembers the generation of every scratch buffer and descriptor table its ops used
+  // (recorded while capturing), and is not replayed once one of them has moved.
   bool begin_capture() override {
     if (profiler::g_on) return false;
     MN_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "beginning a graph capture");
+    capturing_ = true;
+    capture_deps_.clear();
     return true;
   }
   int64_t end_capture() override {
+    capturing_ = false;
     cudaGraph_t graph = nullptr;
     MN_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph), "ending a graph capture (an op allocated, waited or copied to the host)");
     cudaGraphExec_t exec = nullptr;
     const cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
     cudaGraphDestroy(graph);
     MN_CUDA_CHECK(e, "instantiating a captured graph");
-    graphs_.push_back(exec);
-    graph_generations_.push_back(step_scratch_moves_);
+    graphs_.push_back({exec, capture_deps_});
     return static_cast<int64_t>(graphs_.size()) - 1;
   }
   void abandon_capture() override {
+    capturing_ = false;
     cudaGraph_t graph = nullptr;
     if (cudaStreamEndCapture(stream_, &graph) == cudaSuccess && graph) cudaGraphDestroy(graph);
     cudaGetLastError();
   }
   bool replay(int64_t id) override {
-    const cudaGraphExec_t g = graph(id);
-    if (profiler::g_on || graph_generations_[static_cast<size_t>(id)] != step_scratch_moves_) return false;
-    MN_CUDA_CHECK(cudaGraphLaunch(g, stream_), "replaying graph " + std::to_string(id));
+    const CapturedGraph& g = graph(id);
+    if (profiler::g_on) return false;
+    for (const auto& [generation, captured] : g.deps)
+      if (*generation != captured) return false;
+    MN_CUDA_CHECK(cudaGraphLaunch(g.exec, stream_), "replaying graph " + std::to_string(id));
+    note_work_issued();
     ++graph_replays_;
     return true;
   }
   void release_graph(int64_t id) override {
-    cudaGraphExecDestroy(graph(id));
-    graphs_[static_cast<size_t>(id)] = nullptr;
+    cudaGraphExecDestroy(graph(id).exec);
+    graphs_[static_cast<size_t>(id)] = {};
   }
   int64_t graph_replays() const override { return graph_replays_; }
   std::vector<KernelTime> take_profile() override { return profiler::take(); }
 
   int64_t workspace_bytes() const override {
     return static_cast<int64_t>(gemm_->workspace_bytes() + rms_scratch_.bytes() + attn_scratch_.bytes() + reduce_scratch_.bytes() +
-                                bucket_scratch_.bytes() + opt_scratch_.bytes() + many_scratch_.bytes());
+                                bucket_scratch_.bytes() + opt_scratch_.bytes() + descriptors_.bytes());
   }
 
   // ---- memory -----------------------------------------------------------------------------------
@@ -165,10 +269,18 @@ class CudaBackend final : public Backend {
     wait_for_stream(stream_, "release (waiting for the stream)");
     MN_CUDA_CHECK(cudaFree(ptr), "release");
   }
+  // Small copies (a micro-batch's tokens, an update's scalars) go through the pinned upload ring, so
+  // the host never waits for the stream to stage them; large ones (weights, checkpoints) straight
+  // from pageable memory, staged before cudaMemcpyAsync returns. Either way the caller may reuse src.
   void to_device(void* dst, const void* src, int64_t bytes) override {
+    if (capturing_) throw Error("to_device (" + std::to_string(bytes) + " bytes) while the stream is capturing a graph (copy before the capture or the replay)");
+    if (bytes <= kPinnedUploadBytes / 4) {
+      upload_to_device(dst, src, bytes, stream_, "to_device");
+      return;
+    }
     MN_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyHostToDevice, stream_),
                   "to_device (" + std::to_string(bytes) + " bytes)");
-    // A pageable source is staged before cudaMemcpyAsync returns, so the caller may reuse it.
+    note_work_issued();
   }
   void to_host(void* dst, const void* src, int64_t bytes) override {
     MN_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToHost, stream_),
@@ -181,6 +293,7 @@ class CudaBackend final : public Backend {
   }
   void zero(Buf x, int64_t n) override {
     MN_CUDA_CHECK(cudaMemsetAsync(x.ptr, 0, static_cast<size_t>(n * dtype_bytes(x.dtype)), stream_), "zero " + shape({n}));
+    note_work_issued();
   }
   void convert(Buf dst, Buf src, int64_t n) override {
     with_type(dst.dtype, [&](auto* d) {
@@ -207,7 +320,7 @@ class CudaBackend final : public Backend {
   }
   void embedding_backward(Buf dwte, Buf dout, const int32_t* tokens, int64_t BT, int64_t C) override {
     // Positions bucketed by token on the device (a sort of (token, position) keys): no host crossing.
-    auto* keys = static_cast<uint64_t*>(bucket_scratch_.get(cuda_scratch::embedding_backward_bytes(BT), "embedding_backward"));
+    auto* keys = static_cast<uint64_t*>(scratch(bucket_scratch_, cuda_scratch::embedding_backward_bytes(BT), "embedding_backward"));
     with_types(dout.dtype, dwte.dtype, "embedding_backward", [&](auto* t, auto* g) {
       using T = std::remove_pointer_t<decltype(t)>;
       using G = std::remove_pointer_t<decltype(g)>;
@@ -224,11 +337,11 @@ class CudaBackend final : public Backend {
   void rmsnorm_backward(float* dx, Buf dw, const float* dout, Buf x, Buf w, const float* rstd, int64_t N, int64_t C, bool accumulate_dx) override {
     same_dtype({x, w}, "rmsnorm_backward");
     if (C * 4 > 48 * 1024) throw Error("rmsnorm_backward: width " + std::to_string(C) + " exceeds the 12,288 channels of one block's shared partial");
-    auto* scratch = static_cast<float*>(rms_scratch_.get(rmsnorm_backward_scratch(N, C) * 4, "rmsnorm_backward"));
+    auto* partials = static_cast<float*>(scratch(rms_scratch_, rmsnorm_backward_scratch(N, C) * 4, "rmsnorm_backward"));
     with_types(w.dtype, dw.dtype, "rmsnorm_backward", [&](auto* t, auto* g) {
       using T = std::remove_pointer_t<decltype(t)>;
       using G = std::remove_pointer_t<decltype(g)>;
-      cuda::rmsnorm_backward(dx, as<G>(dw), dout, as<T>(x), as<T>(w), rstd, N, C, accumulate_dx, scratch, stream_);
+      cuda::rmsnorm_backward(dx, as<G>(dw), dout, as<T>(x), as<T>(w), rstd, N, C, accumulate_dx, partials, stream_);
     });
   }
   void rope_forward(Buf qkv, const float* cs, int64_t B, int64_t T_, int64_t H, int64_t D) override {
@@ -246,10 +359,10 @@ class CudaBackend final : public Backend {
   }
   void attention_backward(Buf dqkv, Buf dout, Buf qkv, Buf out, const float* lse, int64_t B, int64_t T_, int64_t H, int64_t D) override {
     same_dtype({dqkv, dout, qkv, out}, "attention_backward");
-    auto* scratch = static_cast<float*>(attn_scratch_.get(cuda_scratch::attention_backward_bytes(B, H, T_), "attention_backward"));
+    auto* delta = static_cast<float*>(scratch(attn_scratch_, cuda_scratch::attention_backward_bytes(B, H, T_), "attention_backward"));
     with_type(dqkv.dtype, [&](auto* t) {
       using T = std::remove_pointer_t<decltype(t)>;
-      cuda::attention_backward(as<T>(dqkv), as<T>(dout), as<T>(qkv), as<T>(out), lse, B, T_, H, D, scratch, stream_);
+      cuda::attention_backward(as<T>(dqkv), as<T>(dout), as<T>(qkv), as<T>(out), lse, B, T_, H, D, delta, stream_);
     });
   }
   void attention_decode(Buf out, Buf qkv, Buf k_cache, Buf v_cache, int64_t pos, int64_t H, int64_t D) override {
@@ -284,7 +397,7 @@ class CudaBackend final : public Backend {
 
   // ---- optimizer ops ------------------------------------------------------------------------------
   double sum_squares(Buf x, int64_t n) override {
-    auto* d = static_cast<double*>(reduce_scratch_.get(cuda_scratch::sum_squares_bytes(), "sum_squares"));
+    auto* d = static_cast<double*>(scratch(reduce_scratch_, cuda_scratch::sum_squares_bytes(), "sum_squares"));
     with_type(x.dtype, [&](auto* t) { cuda::sum_squares(d, d + 1, as<std::remove_pointer_t<decltype(t)>>(x), n, stream_); });
     double r = 0;
     to_host(&r, d, sizeof(double));
@@ -292,11 +405,15 @@ class CudaBackend final : public Backend {
   }
   void sum_squares_many(const Buf* xs, const int64_t* ns, int64_t count, double* out) override {
     if (count == 0) return;
-    // [results: count | partials: kSumSquaresBlocks]; the launches are stream-ordered, so they share the partials
-    auto* d = static_cast<double*>(reduce_scratch_.get(cuda_scratch::sum_squares_many_bytes(count), "sum_squares_many"));
-    for (int64_t i = 0; i < count; ++i)
-      with_type(xs[i].dtype, [&](auto* t) { cuda::sum_squares(d + i, d + count, as<std::remove_pointer_t<decltype(t)>>(xs[i]), ns[i], stream_); });
+    const double* d = queue_sum_squares_many(xs, ns, count);
     to_host(out, d, count * static_cast<int64_t>(sizeof(double)));
+  }
+  void update_statistics(UpdateScalars* s, const Buf* xs, const int64_t* ns, int64_t count, double grad_clip) override {
+    const double* squares = queue_sum_squares_many(xs, ns, count);
+    cuda::update_statistics(s, squares, count, grad_clip, stream_);
+  }
+  void clip_gradients(Buf x, int64_t n, const UpdateScalars* s) override {
+    with_type(x.dtype, [&](auto* t) { cuda::clip_gradients(as<std::remove_pointer_t<decltype(t)>>(x), n, s, stream_); });
   }
   void scale(Buf x, int64_t n, float factor) override {
     with_type(x.dtype, [&](auto* t) { cuda::scale(as<std::remove_pointer_t<decltype(t)>>(x), n, factor, stream_); });
@@ -308,41 +425,38 @@ class CudaBackend final : public Backend {
   // The tensors in launches of cuda_scratch::sinkgd_many_launch_end's making (one launch per pass for
   // all of a launch's tensors), each tensor with its own scratch; one dtype pair per launch.
   void sinkgd_update_many(const SinkGDTensor* tensors, int64_t count, const SinkGDArgs& a) override {
-    auto* dev = static_cast<cuda::SinkgdManyItem*>(many_scratch_.get(cuda_scratch::sinkgd_many_bytes(), "sinkgd_update_many"));
+    const RuleScalars rule = optim_math::rule_scalars(a.lr, a.decoupled_decay);
     auto shape = [&](int64_t i) { return std::pair<int64_t, int64_t>{tensors[i].m, tensors[i].n}; };
     for (int64_t begin = 0; begin < count;) {
       int64_t floats = 0;
       int64_t end = cuda_scratch::sinkgd_many_launch_end(begin, count, shape, &floats);
       for (int64_t i = begin + 1; i < end; ++i)  // a launch holds one dtype pair
         if (tensors[i].w.dtype != tensors[begin].w.dtype || tensors[i].g.dtype != tensors[begin].g.dtype) end = i;
-      auto* scratch = static_cast<float*>(opt_scratch_.get(static_cast<size_t>(floats) * 4, "sinkgd_update_many"));
+      auto* uv = static_cast<float*>(scratch(opt_scratch_, static_cast<size_t>(floats) * 4, "sinkgd_update_many"));
       sinkgd_items_.clear();
       for (int64_t i = begin; i < end; ++i) {
         const SinkGDTensor& t = tensors[i];
-        sinkgd_items_.push_back(cuda::sinkgd_item(t.w.ptr, t.g.ptr, t.m, t.n, scratch, t.tensor));
-        scratch += sinkgd_scratch(t.m, t.n);
+        sinkgd_items_.push_back(cuda::sinkgd_item(t.w.ptr, t.g.ptr, t.m, t.n, uv, t.tensor));
+        uv += sinkgd_scratch(t.m, t.n);
       }
       const cuda::SinkgdLayout layout = cuda::sinkgd_layout(sinkgd_items_.data(), end - begin);
-      // Rewriting the descriptors is stream-ordered after the previous launches, and a pageable
-      // source is staged before cudaMemcpyAsync returns: no synchronisation needed.
-      MN_CUDA_CHECK(cudaMemcpyAsync(dev, sinkgd_items_.data(), sinkgd_items_.size() * sizeof(cuda::SinkgdManyItem),
-                                    cudaMemcpyHostToDevice, stream_),
-                    "sinkgd_update_many (descriptors)");
+      const auto* dev = static_cast<const cuda::SinkgdManyItem*>(
+          descriptors(sinkgd_items_.data(), sinkgd_items_.size() * sizeof(cuda::SinkgdManyItem), "sinkgd_update_many"));
       with_types(tensors[begin].w.dtype, tensors[begin].g.dtype, "sinkgd_update_many", [&](auto* t, auto* gt) {
         using T = std::remove_pointer_t<decltype(t)>;
         using G = std::remove_pointer_t<decltype(gt)>;
-        cuda::sinkgd_many<T, G>(dev, end - begin, layout, a.iterations, a.eps, a.lr, 1.0f - a.lr * a.decoupled_decay, a.write, stream_);
+        cuda::sinkgd_many<T, G>(dev, end - begin, layout, a.iterations, a.eps, rule, a.write, a.scalars, stream_);
       });
       begin = end;
     }
   }
   void swan_update(Buf w, Buf g, int64_t m, int64_t n, const SwanArgs& a) override {
-    void* scratch = opt_scratch_.get(static_cast<size_t>(swan_scratch_bytes(m, n)), "swan_update");
-    const SwanParams p{a.lr, a.decoupled_decay, a.eps, a.ns_tolerance, a.ns_steps, a.standardize, a.exact, a.write};
+    void* work = scratch(opt_scratch_, static_cast<size_t>(swan_scratch_bytes(m, n)), "swan_update");
+    const SwanParams p{a.lr, a.decoupled_decay, a.eps, a.ns_tolerance, a.ns_steps, a.standardize, a.exact, a.write, a.scalars};
     with_types(w.dtype, g.dtype, "swan_update", [&](auto* t, auto* gt) {
       using T = std::remove_pointer_t<decltype(t)>;
       using G = std::remove_pointer_t<decltype(gt)>;
-      const SwanResult r = cuda::swan(as<T>(w), as<G>(g), m, n, p, *gemm_, scratch, stream_);
+      const SwanResult r = cuda::swan(as<T>(w), as<G>(g), m, n, p, *gemm_, work, stream_);
       ++swan_.tensors;  // the same bookkeeping as the CPU backend's
       swan_.worst_residual = std::max(swan_.worst_residual, std::isnan(r.residual) ? 0.0 : r.residual);
       if (r.fell_back) ++swan_.fallbacks;
@@ -356,13 +470,13 @@ class CudaBackend final : public Backend {
   }
   void adam_update(Buf w, Buf g, Buf m, Buf v, int64_t n, const AdamArgs& a) override {
     same_dtype({m, v}, "adam_update states");
-    const AdamScalars s = optim_math::adam_scalars(a);
+    const RuleScalars r = optim_math::rule_scalars(a);
     with_types(w.dtype, g.dtype, "adam_update", [&](auto* t, auto* gt) {
       using T = std::remove_pointer_t<decltype(t)>;
       using G = std::remove_pointer_t<decltype(gt)>;
       with_type(m.dtype, [&](auto* st) {
         using S = std::remove_pointer_t<decltype(st)>;
-        cuda::adam(as<T>(w), as<G>(g), as<S>(m), as<S>(v), n, s, a.write, stream_);
+        cuda::adam(as<T>(w), as<G>(g), as<S>(m), as<S>(v), n, r, a.write, a.scalars, stream_);
       });
     });
   }
@@ -378,12 +492,9 @@ class CudaBackend final : public Backend {
         }
         return;
       }
-    const AdamScalars s = optim_math::adam_scalars(a);
-    auto* dev = static_cast<AdamManyItem*>(many_scratch_.get(cuda_scratch::adam_many_bytes(), "adam_update_many"));
+    const RuleScalars r = optim_math::rule_scalars(a);
     for (int64_t begin = 0; begin < count; begin += cuda_scratch::kAdamManyPerLaunch) {
       const int64_t end = std::min(count, begin + cuda_scratch::kAdamManyPerLaunch);
-      // Rewriting the device descriptors is stream-ordered after the previous chunk's launch, and a
-      // pageable source is staged before cudaMemcpyAsync returns: no synchronisation needed.
       many_items_.clear();
       int64_t blocks = 0;
       for (int64_t i = begin; i < end; ++i) {
@@ -391,14 +502,13 @@ class CudaBackend final : public Backend {
         many_items_.push_back({t.w.ptr, t.g.ptr, t.m.ptr, t.v.ptr, t.n, t.tensor, blocks});
         blocks += (t.n + kAdamManyElementsPerBlock - 1) / kAdamManyElementsPerBlock;
       }
-      MN_CUDA_CHECK(cudaMemcpyAsync(dev, many_items_.data(), many_items_.size() * sizeof(AdamManyItem), cudaMemcpyHostToDevice, stream_),
-                    "adam_update_many (descriptors)");
+      const auto* dev = static_cast<const AdamManyItem*>(descriptors(many_items_.data(), many_items_.size() * sizeof(AdamManyItem), "adam_update_many"));
       with_types(first.w.dtype, first.g.dtype, "adam_update_many", [&](auto* t, auto* gt) {
         using T = std::remove_pointer_t<decltype(t)>;
         using G = std::remove_pointer_t<decltype(gt)>;
         with_type(first.m.dtype, [&](auto* st) {
           using S = std::remove_pointer_t<decltype(st)>;
-          cuda::adam_many<T, G, S>(dev, static_cast<int64_t>(many_items_.size()), blocks, s, a.write, stream_);
+          cuda::adam_many<T, G, S>(dev, static_cast<int64_t>(many_items_.size()), blocks, r, a.write, a.scalars, stream_);
         });
       });
     }
@@ -409,30 +519,79 @@ class CudaBackend final : public Backend {
       using G = std::remove_pointer_t<decltype(gt)>;
       with_type(buf.dtype, [&](auto* st) {
         using S = std::remove_pointer_t<decltype(st)>;
-        cuda::sgd(as<T>(w), as<G>(g), as<S>(buf), n, a.lr, a.momentum, 1.0f - a.lr * a.decoupled_decay, a.write, stream_);
+        cuda::sgd(as<T>(w), as<G>(g), as<S>(buf), n, optim_math::rule_scalars(a.lr, a.decoupled_decay), a.momentum, a.write, a.scalars, stream_);
       });
     });
   }
 
  private:
+  // A scratch buffer for an op; while capturing, the graph depends on its generation.
+  void* scratch(Scratch& s, size_t bytes, const char* what) {
+    void* p = s.get(bytes, what);
+    if (capturing_) depend_on(s.generation());
+    return p;
+  }
+  // A multi-tensor launch's descriptor table on the device (uploaded once: DescriptorCache).
+  const void* descriptors(const void* table, size_t bytes, const char* what) {
+    const void* p = descriptors_.get(table, bytes, capturing_, stream_, what);
+    if (capturing_) depend_on(descriptors_.generation());
+    return p;
+  }
+  void depend_on(const int64_t* generation) {
+    for (const auto& d : capture_deps_)
+      if (d.first == generation) return;
+    capture_deps_.push_back({generation, *generation});
+  }
+  // The per-tensor sums of squares of xs, queued: [results: count | partials: kSumSquaresBlocks x
+  // count] in the reduce scratch, two launches for each run of tensors of one dtype.
+  const double* queue_sum_squares_many(const Buf* xs, const int64_t* ns, int64_t count) {
+    auto* d = static_cast<double*>(scratch(reduce_scratch_, cuda_scratch::sum_squares_many_bytes(count), "sum_squares_many"));
+    for (int64_t begin = 0; begin < count;) {
+      int64_t end = begin + 1;
+      while (end < count && xs[end].dtype == xs[begin].dtype) ++end;
+      sum_items_.clear();
+      for (int64_t i = begin; i < end; ++i) sum_items_.push_back({xs[i].ptr, ns[i]});
+      const auto* items = static_cast<const SumSquaresItem*>(descriptors(sum_items_.data(), sum_items_.size() * sizeof(SumSquaresItem), "sum_squares_many"));
+      with_type(xs[begin].dtype, [&](auto* t) {
+        cuda::sum_squares_many<std::remove_pointer_t<decltype(t)>>(d + begin, d + count, items, end - begin, stream_);
+      });
+      begin = end;
+    }
+    return d;
+  }
+
   int device_;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<LtGemm> gemm_;
-  // The scratch a micro-batch's forward and backward use (and so its graph) counts its moves.
-  int64_t step_scratch_moves_ = 0;
-  Scratch rms_scratch_{&step_scratch_moves_}, attn_scratch_{&step_scratch_moves_}, bucket_scratch_{&step_scratch_moves_};
-  Scratch reduce_scratch_, opt_scratch_, many_scratch_;
+  Scratch rms_scratch_, attn_scratch_, bucket_scratch_, reduce_scratch_, opt_scratch_;
+  DescriptorCache descriptors_;
   std::vector<AdamManyItem> many_items_;
   std::vector<cuda::SinkgdManyItem> sinkgd_items_;
+  std::vector<SumSquaresItem> sum_items_;
   SwanStats swan_;
-  std::vector<cudaGraphExec_t> graphs_;  // by graph id; null once released
-  std::vector<int64_t> graph_generations_;  // step_scratch_moves_ at each capture
+  struct CapturedGraph {
+    cudaGraphExec_t exec = nullptr;                          // null once released
+    std::vector<std::pair<const int64_t*, int64_t>> deps;    // (generation, its value at the capture)
+  };
+  std::vector<CapturedGraph> graphs_;  // by graph id
+  bool capturing_ = false;
+  std::vector<std::pair<const int64_t*, int64_t>> capture_deps_;
   int64_t graph_replays_ = 0;
-  cudaGraphExec_t graph(int64_t id) const {
-    if (id < 0 || static_cast<size_t>(id) >= graphs_.size() || !graphs_[static_cast<size_t>(id)])
+  const CapturedGraph& graph(int64_t id) const {
+    if (id < 0 || static_cast<size_t>(id) >= graphs_.size() || !graphs_[static_cast<size_t>(id)].exec)
       throw Error("CUDA backend: no graph " + std::to_string(id));
     return graphs_[static_cast<size_t>(id)];
   }
+  struct Fence {
+    int64_t id = 0;
+    cudaEvent_t event = nullptr;
+    uint64_t copies = 0;       // queued copies issued before it
+    int64_t work = 0;          // work issued before it
+    int64_t stream_waits = 0;  // whole-stream waits before it
+  };
+  std::deque<Fence> fences_;  // recorded, not waited yet, in order
+  std::vector<cudaEvent_t> spare_events_;
+  int64_t fences_recorded_ = 0, fences_waited_ = 0;
 };
 
 }  // namespace

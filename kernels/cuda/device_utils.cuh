@@ -7,6 +7,7 @@
 
 #include "../common/rounding.h"
 #include "cuda_compat.h"
+#include "multinorm/update_scalars.h"
 
 namespace multinorm::cuda {
 
@@ -39,6 +40,17 @@ __device__ __forceinline__ bf16 store_weight<bf16>(float value, const WriteBack&
   __nv_bfloat16_raw raw;
   raw.x = stochastic_bf16_bits(bits, rounding_hash(wb.seed, wb.step, wb.tensor, index));
   return bf16(raw);
+}
+
+// An optimizer kernel's per-update scalars: with s (device memory) set, its rule's slot and the
+// update's stochastic-rounding step, read when the kernel runs (the launch arguments r and wb.step
+// stand otherwise). False when the update's statistics say skip: the kernel then writes nothing.
+__device__ __forceinline__ bool take_update_scalars(const UpdateScalars* s, int slot, RuleScalars& r, WriteBack& wb) {
+  if (!s) return true;
+  if (s->stats.skip) return false;
+  r = s->rule[slot];
+  wb.step = s->update;
+  return true;
 }
 
 // 16 bytes of T: one vectorised load/store (LDG.128 / STG.128) on the GPU.

@@ -23,6 +23,19 @@ void scale(T* x, int64_t n, float factor, cudaStream_t stream);
 constexpr int kSumSquaresBlocks = static_cast<int>(cuda_scratch::kSumSquaresBlocks);
 template <class T>
 void sum_squares(double* result, double* partials /* kSumSquaresBlocks */, const T* x, int64_t n, cudaStream_t stream);
+// The same for `count` tensors of one dtype in two launches (results[i] the bits sum_squares gives
+// tensor i): `items` (device memory) their pointers and lengths, partials kSumSquaresBlocks x count.
+struct SumSquaresItem {
+  const void* x;
+  int64_t n;
+};
+template <class T>
+void sum_squares_many(double* results, double* partials, const SumSquaresItem* items, int64_t count, cudaStream_t stream);
+// s->stats from the per-tensor sums (optim_math::finish_statistics), one device thread.
+void update_statistics(UpdateScalars* s, const double* squares, int64_t count, double grad_clip, cudaStream_t stream);
+// x[n] *= s->stats.clip_factor, read on the device; nothing when it is 1 or the update is skipped.
+template <class T>
+void clip_gradients(T* x, int64_t n, const UpdateScalars* s, cudaStream_t stream);
 
 // ---- embedding.cu --------------------------------------------------------------------------------
 template <class T>
@@ -76,11 +89,13 @@ template <class T>
 void attention_decode(T* out, const T* qkv, T* k_cache, T* v_cache, int64_t pos, int64_t H, int64_t D, cudaStream_t stream);
 
 // ---- optimizers (adam.cu, sinkgd.cu, swan.cu) ----------------------------------------------------------
-// Adam/AdamW with torch semantics, one pass (reads w, g, m, v; writes w, m, v). The scalars are
-// formed on the host exactly as the CPU backend forms them.
-using optim_math::AdamScalars;  // kernels/common/optim_math.h
+// Every optimizer launcher takes its scalars (lr, keep, Adam's) as `r`, formed on the host exactly as
+// the CPU backend forms them (optim_math::rule_scalars), and an UpdateScalars slot `s`: when s.at is
+// set, the kernels read the scalars and the write step from there when they run and write nothing
+// for a skipped update (r and wb.step are then unused).
+// Adam/AdamW with torch semantics, one pass (reads w, g, m, v; writes w, m, v).
 template <class T, class G, class S>
-void adam(T* w, const G* g, S* m, S* v, int64_t n, const AdamScalars& a, const WriteBack& wb, cudaStream_t stream);
+void adam(T* w, const G* g, S* m, S* v, int64_t n, const RuleScalars& r, const WriteBack& wb, ScalarsRef s, cudaStream_t stream);
 // Multi-tensor Adam: `items` (device memory) describes up to kAdamManyPerLaunch tensors sharing
 // dtypes and arguments; one launch of `blocks` blocks (each tensor's first block in its item).
 struct AdamManyItem {
@@ -95,10 +110,11 @@ struct AdamManyItem {
 static_assert(sizeof(AdamManyItem) == cuda_scratch::kAdamManyItemBytes, "the memory plan counts this size");
 constexpr int kAdamManyElementsPerBlock = 1024;
 template <class T, class G, class S>
-void adam_many(const AdamManyItem* items, int64_t count, int64_t blocks, const AdamScalars& a, const WriteBack& wb, cudaStream_t stream);
+void adam_many(const AdamManyItem* items, int64_t count, int64_t blocks, const RuleScalars& r, const WriteBack& wb, ScalarsRef s,
+               cudaStream_t stream);
 // SGD (torch): buf = momentum buf + g (no buffer: buf = nullptr), w <- w keep - lr buf
 template <class T, class G, class S>
-void sgd(T* w, const G* g, S* buf, int64_t n, float lr, float momentum, float keep, const WriteBack& wb, cudaStream_t stream);
+void sgd(T* w, const G* g, S* buf, int64_t n, const RuleScalars& r, float momentum, const WriteBack& wb, ScalarsRef s, cudaStream_t stream);
 
 // SinkGD on many W[m,n] at once, fused: L passes over each G (row scales u, column scales v in FP32),
 // then one pass writing W; each pass is one launch for every tensor of the call. `items` (device
@@ -123,8 +139,8 @@ struct SinkgdLayout {
 };
 SinkgdLayout sinkgd_layout(SinkgdManyItem* items, int64_t count);
 template <class T, class G>
-void sinkgd_many(const SinkgdManyItem* items, int64_t count, const SinkgdLayout& layout, int iterations, float eps, float lr, float keep,
-                 const WriteBack& wb, cudaStream_t stream);
+void sinkgd_many(const SinkgdManyItem* items, int64_t count, const SinkgdLayout& layout, int iterations, float eps, const RuleScalars& r,
+                 const WriteBack& wb, ScalarsRef s, cudaStream_t stream);
 
 // SWAN on W[m,n] (swan.cu): row normalisation, Newton-Schulz through cuBLASLt in FP32, or the exact
 // FP64 path on the host. scratch: swan_scratch_bytes(m, n) bytes.
@@ -134,6 +150,7 @@ struct SwanParams {
   int ns_steps;
   bool standardize, exact;
   WriteBack write;
+  ScalarsRef scalars;  // as the other optimizers' (the apply kernels read them)
 };
 struct SwanResult {
   double residual = 0;     // ||I - Z Y||_F / sqrt(k) of the final iterate (0 on the exact path)

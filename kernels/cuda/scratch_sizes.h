@@ -29,7 +29,11 @@ inline int64_t embedding_sort_length(int64_t BT) {
 inline int64_t embedding_backward_bytes(int64_t BT) { return embedding_sort_length(BT) * 8; }  // the keys
 // sum of squares: the partials and the result, FP64
 inline int64_t sum_squares_bytes() { return (kSumSquaresBlocks + 1) * 8; }
-inline int64_t sum_squares_many_bytes(int64_t tensors) { return (kSumSquaresBlocks + tensors) * 8; }
+// sum_squares_many and the update's statistics: each tensor's result and partials, FP64
+inline int64_t sum_squares_many_bytes(int64_t tensors) { return (kSumSquaresBlocks + 1) * tensors * 8; }
+// The multi-tensor launches' descriptor tables (SinkGD, Adam, the sums of squares), uploaded once and
+// kept on the device (cuda_backend.cu's DescriptorCache): one buffer, allocated on first use.
+constexpr int64_t kDescriptorCacheBytes = 1 << 20;
 // SinkGD on [m, n]: u (m), v (n), column partials per row chunk, floats
 inline int64_t sinkgd_floats(int64_t m, int64_t n) { return m + n + std::min(m, kSinkgdChunks) * n; }
 // multi-tensor SinkGD: the tensors go, in the call's order, in launches of at most
@@ -38,7 +42,6 @@ inline int64_t sinkgd_floats(int64_t m, int64_t n) { return m + n + std::min(m, 
 constexpr int64_t kSinkgdManyPerLaunch = 64;
 constexpr int64_t kSinkgdManyFloats = 16ll << 20;  // 64 MB
 constexpr int64_t kSinkgdManyItemBytes = 96;       // 3 pointers, 8 integers, 2 floats
-inline int64_t sinkgd_many_bytes() { return kSinkgdManyPerLaunch * kSinkgdManyItemBytes; }
 // The end of the launch that starts at tensor `begin` of `count`, shape(i) giving tensor i's
 // (m, n); *floats is set to the launch's scratch.
 template <class Shape>
@@ -63,7 +66,8 @@ inline int64_t swan_bytes(int64_t m, int64_t n) {
 // multi-tensor Adam: the tensor descriptors of one launch (at most kAdamManyPerLaunch tensors)
 constexpr int64_t kAdamManyPerLaunch = 256;
 constexpr int64_t kAdamManyItemBytes = 56;  // 4 pointers, length, tensor id, first block
-inline int64_t adam_many_bytes() { return kAdamManyPerLaunch * kAdamManyItemBytes; }
+static_assert(kAdamManyPerLaunch * kAdamManyItemBytes <= kDescriptorCacheBytes && kSinkgdManyPerLaunch * kSinkgdManyItemBytes <= kDescriptorCacheBytes,
+              "a launch's table fits the descriptor cache");
 // tensors at most this long are updated together (src/optim/optimizer.cpp)
 constexpr int64_t kMultiTensorElements = 1 << 16;
 

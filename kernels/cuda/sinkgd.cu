@@ -101,7 +101,8 @@ __device__ void sinkgd_rows(const G* g, float* u, const float* v, float* col, fl
 // One row pass of one tensor's chunk (a block): u from v, and the chunk's column partial of u^2 G^2,
 // 16 bytes at a time where the rows allow (packable: base aligned, n a multiple of the pack).
 template <class G>
-__global__ void sinkgd_rows_kernel(const SinkgdManyItem* items, int64_t count, bool first_pass, float eps) {
+__global__ void sinkgd_rows_kernel(const SinkgdManyItem* items, int64_t count, bool first_pass, float eps, const UpdateScalars* scalars) {
+  if (scalars && scalars->stats.skip) return;  // a skipped update: no pass (the scratch is not read after)
   MN_DYNAMIC_SHARED(float, col);
   __shared__ float scratch[32];
   const SinkgdManyItem& it = items[item_of_block(items, count, [](const SinkgdManyItem& x) { return x.first_row_block; })];
@@ -122,7 +123,8 @@ __global__ void sinkgd_rows_kernel(const SinkgdManyItem* items, int64_t count, b
   for (int64_t j = threadIdx.x; j < n; j += blockDim.x) partials[chunk * n + j] = col[j];
 }
 
-__global__ void sinkgd_cols_kernel(const SinkgdManyItem* items, int64_t count, float eps) {
+__global__ void sinkgd_cols_kernel(const SinkgdManyItem* items, int64_t count, float eps, const UpdateScalars* scalars) {
+  if (scalars && scalars->stats.skip) return;
   const SinkgdManyItem& it = items[item_of_block(items, count, [](const SinkgdManyItem& x) { return x.first_col_block; })];
   const int64_t n = it.n, j = (int64_t(blockIdx.x) - it.first_col_block) * blockDim.x + threadIdx.x;
   if (j >= n) return;
@@ -169,7 +171,10 @@ __device__ void sinkgd_apply(T* w, const G* g, const float* u, const float* v, b
 
 // The W write over one tensor's block of kApplyElementsPerBlock elements (a multiple of every P).
 template <class T, class G>
-__global__ void sinkgd_apply_kernel(const SinkgdManyItem* items, int64_t count, bool scaled, float lr, float keep, WriteBack wb) {
+__global__ void sinkgd_apply_kernel(const SinkgdManyItem* items, int64_t count, bool scaled, RuleScalars r, WriteBack wb, const UpdateScalars* s,
+                                    int slot) {
+  if (!take_update_scalars(s, slot, r, wb)) return;
+  const float lr = r.lr, keep = r.keep;
   const SinkgdManyItem& it = items[item_of_block(items, count, [](const SinkgdManyItem& x) { return x.first_apply_block; })];
   T* w = static_cast<T*>(it.w);
   const G* g = static_cast<const G*>(it.g);
@@ -217,23 +222,24 @@ SinkgdLayout sinkgd_layout(SinkgdManyItem* items, int64_t count) {
 }
 
 template <class T, class G>
-void sinkgd_many(const SinkgdManyItem* items, int64_t count, const SinkgdLayout& l, int iterations, float eps, float lr, float keep,
-                 const WriteBack& wb, cudaStream_t stream) {
+void sinkgd_many(const SinkgdManyItem* items, int64_t count, const SinkgdLayout& l, int iterations, float eps, const RuleScalars& r,
+                 const WriteBack& wb, ScalarsRef s, cudaStream_t stream) {
   if (count == 0 || l.apply_blocks == 0) return;
   for (int it = 0; it < iterations; ++it) {
     launch("sinkgd_rows", sinkgd_rows_kernel<G>, dim3(static_cast<unsigned>(l.row_blocks)), dim3(kThreads), l.max_n * sizeof(float), stream,
-           items, count, it == 0, eps);
-    launch("sinkgd_cols", sinkgd_cols_kernel, dim3(static_cast<unsigned>(l.col_blocks)), dim3(kThreads), 0, stream, items, count, eps);
+           items, count, it == 0, eps, s.at);
+    launch("sinkgd_cols", sinkgd_cols_kernel, dim3(static_cast<unsigned>(l.col_blocks)), dim3(kThreads), 0, stream, items, count, eps, s.at);
   }
   launch("sinkgd_apply", sinkgd_apply_kernel<T, G>, dim3(static_cast<unsigned>(l.apply_blocks)), dim3(kThreads), 0, stream, items, count,
-         iterations > 0, lr, keep, wb);
+         iterations > 0, r, wb, s.at, s.slot);
 }
 
-template void sinkgd_many<float, float>(const SinkgdManyItem*, int64_t, const SinkgdLayout&, int, float, float, float, const WriteBack&,
-                                        cudaStream_t);
-template void sinkgd_many<bf16, bf16>(const SinkgdManyItem*, int64_t, const SinkgdLayout&, int, float, float, float, const WriteBack&,
-                                      cudaStream_t);
-template void sinkgd_many<bf16, float>(const SinkgdManyItem*, int64_t, const SinkgdLayout&, int, float, float, float, const WriteBack&,
-                                       cudaStream_t);
+#define MULTINORM_INSTANTIATE(T, G)                                                                                          \
+  template void sinkgd_many<T, G>(const SinkgdManyItem*, int64_t, const SinkgdLayout&, int, float, const RuleScalars&, const WriteBack&, \
+                                  ScalarsRef, cudaStream_t);
+MULTINORM_INSTANTIATE(float, float)
+MULTINORM_INSTANTIATE(bf16, bf16)
+MULTINORM_INSTANTIATE(bf16, float)
+#undef MULTINORM_INSTANTIATE
 
 }  // namespace multinorm::cuda

@@ -127,16 +127,24 @@ __global__ void residual_final_kernel(double* resid, const double* partials, int
   if (threadIdx.x == 0) *resid = sqrt(s / double(k));
 }
 
-// U scaled by step / sqrt(c) written into W; U not finite anywhere: resid set to NaN (fallback)
+// U scaled by step / sqrt(c) written into W, step = lr sqrt(max(m, n)) (the lr, keep and write step
+// from the update's scalars when given: take_update_scalars)
 template <class T>
-__global__ void swan_apply_kernel(T* w, const float* U, int64_t total, const double* c, float step, float keep, WriteBack wb) {
+__global__ void swan_apply_kernel(T* w, const float* U, int64_t total, const double* c, RuleScalars r, float sqrt_max, WriteBack wb,
+                                  const UpdateScalars* s, int slot) {
+  if (!take_update_scalars(s, slot, r, wb)) return;
+  const float keep = r.keep, step = r.lr * sqrt_max;
   const float scale = step * float(1.0 / sqrt(*c));
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x)
     w[e] = store_weight<T>(to_float(w[e]) * keep - scale * U[e], wb, static_cast<uint64_t>(e));
 }
 
 template <class T>
-__global__ void swan_apply_exact_kernel(T* w, const double* Ud, int64_t total, double step, float keep, WriteBack wb) {
+__global__ void swan_apply_exact_kernel(T* w, const double* Ud, int64_t total, RuleScalars r, float sqrt_max, WriteBack wb,
+                                        const UpdateScalars* s, int slot) {
+  if (!take_update_scalars(s, slot, r, wb)) return;
+  const float keep = r.keep;
+  const double step = r.lr * sqrt_max;
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x)
     w[e] = store_weight<T>(float(to_float(w[e]) * keep - step * Ud[e]), wb, static_cast<uint64_t>(e));
 }
@@ -176,8 +184,8 @@ SwanResult swan(T* w, const G* g, int64_t m, int64_t n, const SwanParams& a, LtG
   double* c = lambda + 1;
   double* resid = c + 1;
   unsigned* nonfinite = reinterpret_cast<unsigned*>(resid + 1);
-  const float keep = 1.0f - a.lr * a.decoupled_decay;
-  const float step = a.lr * std::sqrt(static_cast<float>(std::max(m, n)));  // ||U||_F = sqrt(mn)
+  const RuleScalars rule = optim_math::rule_scalars(a.lr, a.decoupled_decay);
+  const float sqrt_max = std::sqrt(static_cast<float>(std::max(m, n)));  // step = lr sqrt(max(m, n)): ||U||_F = sqrt(mn)
 
   launch("swan_normalize_rows", normalize_rows_kernel<G>, dim3(static_cast<unsigned>(m)), dim3(kThreads), 0, stream, X, g, n, a.standardize,
          std::sqrt(static_cast<float>(n)), a.eps);
@@ -228,7 +236,8 @@ SwanResult swan(T* w, const G* g, int64_t m, int64_t n, const SwanParams& a, LtG
     MN_CUDA_CHECK(cudaMemcpyAsync(&bad, nonfinite, sizeof(bad), cudaMemcpyDeviceToHost, stream), "swan (finiteness)");
     wait_for_stream(stream, "swan (finiteness)");
     if (std::isfinite(result.residual) && bad == 0) {
-      launch("swan_apply", swan_apply_kernel<T>, dim3(grid_for(m * n)), dim3(kThreads), 0, stream, w, U, m * n, c, step, keep, a.write);
+      launch("swan_apply", swan_apply_kernel<T>, dim3(grid_for(m * n)), dim3(kThreads), 0, stream, w, U, m * n, c, rule, sqrt_max, a.write,
+             a.scalars.at, a.scalars.slot);
       return result;
     }
     result.residual = std::nan("");
@@ -242,8 +251,8 @@ SwanResult swan(T* w, const G* g, int64_t m, int64_t n, const SwanParams& a, LtG
   polar_exact_fp64(Ud.data(), hx.data(), m, n, M.data(), Ah.data(), B.data(), Zh.data());
   double* dU = reinterpret_cast<double*>(X);  // X and U [m n floats each] are contiguous: m n doubles
   MN_CUDA_CHECK(cudaMemcpyAsync(dU, Ud.data(), m * n * 8, cudaMemcpyHostToDevice, stream), "swan exact path (U to the device)");
-  launch("swan_apply_exact", swan_apply_exact_kernel<T>, dim3(grid_for(m * n)), dim3(kThreads), 0, stream, w, dU, m * n, static_cast<double>(step),
-         keep, a.write);
+  launch("swan_apply_exact", swan_apply_exact_kernel<T>, dim3(grid_for(m * n)), dim3(kThreads), 0, stream, w, dU, m * n, rule, sqrt_max, a.write,
+         a.scalars.at, a.scalars.slot);
   wait_for_stream(stream, "swan exact path");  // Ud (host) must outlive the copy
   return result;
 }

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "../../kernels/common/dtype_dispatch.h"
+#include "../../kernels/common/optim_math.h"
 #include "../../kernels/cpu/cpu_kernels.h"
 #include "../../kernels/cpu/matmul_packed.h"
 #include "../../kernels/cpu/matmul_onednn.h"
@@ -191,17 +192,31 @@ class CpuBackend final : public Backend {
   void scale(Buf x, int64_t n, float factor) override {
     with_type(x.dtype, [&](auto* t) { cpu::scale(as<std::remove_pointer_t<decltype(t)>>(x), n, factor); });
   }
-  void sinkgd_update(Buf w, Buf g, int64_t m, int64_t n, const SinkGDArgs& args) override {
+  // The statistics in host memory: the same numbers as the CUDA kernels' (finish_statistics).
+  void update_statistics(UpdateScalars* s, const Buf* xs, const int64_t* ns, int64_t count, double grad_clip) override {
+    std::vector<double> squares(static_cast<size_t>(count));
+    sum_squares_many(xs, ns, count, squares.data());
+    s->stats = optim_math::finish_statistics(squares.data(), count, grad_clip);
+  }
+  void clip_gradients(Buf x, int64_t n, const UpdateScalars* s) override {
+    if (!s->stats.skip && s->stats.clip_factor != 1.0f) scale(x, n, s->stats.clip_factor);
+  }
+  void sinkgd_update(Buf w, Buf g, int64_t m, int64_t n, const SinkGDArgs& in) override {
+    SinkGDArgs args = in;
+    if (!resolve(args)) return;
     with_types(w.dtype, g.dtype, "sinkgd_update", [&](auto* t, auto* gt) {
       using T = std::remove_pointer_t<decltype(t)>;
       using G = std::remove_pointer_t<decltype(gt)>;
       cpu::sinkgd_update(as<T>(w), as<G>(g), m, n, args, ws_);
     });
   }
-  void sinkgd_update_many(const SinkGDTensor* tensors, int64_t count, const SinkGDArgs& args) override {
-    cpu::sinkgd_update_many(tensors, count, args, ws_);
+  void sinkgd_update_many(const SinkGDTensor* tensors, int64_t count, const SinkGDArgs& in) override {
+    SinkGDArgs args = in;
+    if (resolve(args)) cpu::sinkgd_update_many(tensors, count, args, ws_);
   }
-  void swan_update(Buf w, Buf g, int64_t m, int64_t n, const SwanArgs& args) override {
+  void swan_update(Buf w, Buf g, int64_t m, int64_t n, const SwanArgs& in) override {
+    SwanArgs args = in;
+    if (!resolve(args)) return;
     with_types(w.dtype, g.dtype, "swan_update", [&](auto* t, auto* gt) {
       using T = std::remove_pointer_t<decltype(t)>;
       using G = std::remove_pointer_t<decltype(gt)>;
@@ -212,14 +227,17 @@ class CpuBackend final : public Backend {
       else if (!args.exact && args.ns_tolerance > 0 && !(r.residual < args.ns_tolerance)) ++swan_.unconverged;
     });
   }
-  void adam_update(Buf w, Buf g, Buf m, Buf v, int64_t n, const AdamArgs& args) override {
+  void adam_update(Buf w, Buf g, Buf m, Buf v, int64_t n, const AdamArgs& in) override {
     same_dtype({m, v}, "adam_update states");
+    AdamArgs args = in;
+    const AdamScalars a = in.scalars.at ? in.scalars.at->rule[in.scalars.slot].adam : optim_math::adam_scalars(in);
+    if (!resolve(args)) return;
     with_types(w.dtype, g.dtype, "adam_update", [&](auto* t, auto* gt) {
       using T = std::remove_pointer_t<decltype(t)>;
       using G = std::remove_pointer_t<decltype(gt)>;
       with_type(m.dtype, [&](auto* s) {
         using S = std::remove_pointer_t<decltype(s)>;
-        cpu::adam_update(as<T>(w), as<G>(g), as<S>(m), as<S>(v), n, args);
+        cpu::adam_update(as<T>(w), as<G>(g), as<S>(m), as<S>(v), n, a, args.write);
       });
     });
   }
@@ -230,7 +248,9 @@ class CpuBackend final : public Backend {
       adam_update(tensors[i].w, tensors[i].g, tensors[i].m, tensors[i].v, tensors[i].n, a);
     }
   }
-  void sgd_update(Buf w, Buf g, Buf buf, int64_t n, const SgdArgs& args) override {
+  void sgd_update(Buf w, Buf g, Buf buf, int64_t n, const SgdArgs& in) override {
+    SgdArgs args = in;
+    if (!resolve(args)) return;
     with_types(w.dtype, g.dtype, "sgd_update", [&](auto* t, auto* gt) {
       using T = std::remove_pointer_t<decltype(t)>;
       using G = std::remove_pointer_t<decltype(gt)>;
@@ -248,6 +268,18 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  // The update's scalars (host memory here) into an op's arguments: its slot's learning rate and the
+  // write step; false when the update is skipped. The kernels derive keep (and Adam's scalars, taken
+  // from the slot above) from them as the slot's were formed (optim_math::rule_scalars).
+  template <class Args>
+  static bool resolve(Args& a) {
+    if (!a.scalars.at) return true;
+    const UpdateScalars& s = *a.scalars.at;
+    if (s.stats.skip) return false;
+    a.lr = s.rule[a.scalars.slot].lr;
+    a.write.step = s.update;
+    return true;
+  }
   SwanStats swan_;
   int threads_;
   cpu::OneDnnMatmul gemm_;

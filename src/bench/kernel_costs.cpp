@@ -157,12 +157,36 @@ class CostRecorder final : public Backend {
   }
 
   // ---- optimizer ops ----------------------------------------------------------------------------
-  // A fixed grid of partial sums, then one block over them. The result is huge (finite): a gradient
-  // norm from it exceeds any grad_clip, so a clipped update's scale launches are counted.
+  // A fixed grid of partial sums, then one block over them.
   double sum_squares(Buf x, int64_t n) override {
     add("sum_squares_partial", CostUnit::Memory, 1, n * s_of(x) + 8.0 * cuda_scratch::kSumSquaresBlocks, 2.0 * n);
     add("sum_squares_final", CostUnit::Memory, 1, 8.0 * (cuda_scratch::kSumSquaresBlocks + 1), double(cuda_scratch::kSumSquaresBlocks));
-    return 1e30;
+    return 0;
+  }
+  // The same for every tensor in two launches per run of one dtype.
+  void sum_squares_many(const Buf* xs, const int64_t* ns, int64_t count, double* out) override {
+    const double P = static_cast<double>(cuda_scratch::kSumSquaresBlocks);
+    for (int64_t begin = 0; begin < count;) {
+      int64_t end = begin + 1;
+      while (end < count && xs[end].dtype == xs[begin].dtype) ++end;
+      double bytes = 0, n = 0;
+      for (int64_t i = begin; i < end; ++i) bytes += ns[i] * s_of(xs[i]), n += double(ns[i]);
+      const double tensors = double(end - begin);
+      add("sum_squares_many_partial", CostUnit::Memory, 1, bytes + 8.0 * P * tensors + 16.0 * tensors, 2.0 * n);
+      add("sum_squares_many_final", CostUnit::Memory, 1, 8.0 * (P + 1) * tensors, P * tensors);
+      begin = end;
+    }
+    for (int64_t i = 0; i < count; ++i) out[i] = 0;
+  }
+  // The sums of squares, then one thread adding them in order.
+  void update_statistics(UpdateScalars*, const Buf* xs, const int64_t* ns, int64_t count, double) override {
+    std::vector<double> unused(static_cast<size_t>(count));
+    sum_squares_many(xs, ns, count, unused.data());
+    add("update_statistics", CostUnit::Memory, 1, 8.0 * count + sizeof(UpdateStatistics), double(count));
+  }
+  // Launched every update; counted as clipping (x read and written), the worst case.
+  void clip_gradients(Buf x, int64_t n, const UpdateScalars*) override {
+    if (n > 0) add("clip_gradients", CostUnit::Memory, 1, 2.0 * n * s_of(x), double(n));
   }
   void scale(Buf x, int64_t n, float) override {
     if (n > 0) add("scale", CostUnit::Memory, 1, 2.0 * n * s_of(x), double(n));

@@ -100,7 +100,8 @@ const Schema& run_schema() {
       integer("divergence.max_rollbacks", 3, "rollback: after this many, a trip stops the run", 0, 1 << 30),
       choice("backend", "auto", {"auto", "cpu", "cuda"}, "auto: CUDA when a GPU is usable, else the CPU"),
       integer("threads", 0, "CPU threads (OpenMP); 0 = all cores", 0, 4096),
-      boolean("cuda_graphs", true, "CUDA backend: record a micro-batch's forward and backward once as a CUDA graph and replay it (one launch instead of hundreds)"),
+      boolean("cuda_graphs", true, "CUDA backend: record a micro-batch's forward and backward, and the optimizer's update, once as CUDA graphs and replay them (one launch instead of hundreds)"),
+      choice("deferred_stats", "auto", {"auto", "on", "off"}, "read an update's loss and gradient norm only after the next update's micro-batches are queued, so the GPU never waits for the host between updates (the kernels read the clip factor and the skip flag on the device). auto: on the CUDA backend when the run allows it (not SWAN, not a sharded optimizer, not divergence.action skip with spike detection); on: also on the CPU, an error where not allowed; off: read before each step"),
       integer("seed", 0, "seed of the init, the data order and stochastic rounding", 0, kMaxInt),
       string("output_dir", "", "run directory; empty: runs/<name>"),
       integer("log.every", 1, "print a log line every N updates (metrics.jsonl gets every update)", 1, kMaxInt),
@@ -211,6 +212,7 @@ RunConfig run_config_from_json(const json& doc_in, const std::string& source, co
   c.backend = r["backend"].get<std::string>();
   c.threads = r["threads"].get<int64_t>();
   c.cuda_graphs = r["cuda_graphs"].get<bool>();
+  c.deferred_stats = r["deferred_stats"].get<std::string>();
   c.seed = r["seed"].get<int64_t>();
   c.output_dir = r["output_dir"].get<std::string>();
   if (c.output_dir.empty()) c.output_dir = "runs/" + c.name;

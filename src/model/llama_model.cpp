@@ -14,6 +14,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -405,15 +406,22 @@ void LlamaModel::queue_forward_backward(const MicroBatch& mb, float grad_scale) 
   q.losses.resize(static_cast<size_t>(BT));  // a slot's buffer is not touched again until the take
   q.mask.assign(host_mask_.begin(), host_mask_.begin() + BT);
   be_.to_host_queued(q.losses.data(), act_f32("losses"), BT * 4);
+  q.fence = be_.fence();
 }
 
-std::vector<LossSum> LlamaModel::take_queued_losses() {
+std::vector<LossSum> LlamaModel::take_queued_losses() { return take_queued_losses(static_cast<int64_t>(queued_count_)); }
+
+std::vector<LossSum> LlamaModel::take_queued_losses(int64_t n) {
   std::vector<LossSum> sums;
-  if (queued_count_ == 0) return sums;
-  be_.deliver_queued_copies();  // no wait when one since the last queue delivered them
-  for (size_t k = 0; k < queued_count_; ++k)
+  if (n > static_cast<int64_t>(queued_count_))
+    throw Error("model: " + std::to_string(n) + " queued micro-batches' losses asked for, " + std::to_string(queued_count_) + " queued");
+  if (n == 0) return sums;
+  be_.wait_for_fence(queued_[static_cast<size_t>(n - 1)].fence);  // free when a wait since has passed it
+  for (int64_t k = 0; k < n; ++k)
     sums.push_back(sum_losses(queued_[k].losses.data(), queued_[k].mask.data(), static_cast<int64_t>(queued_[k].mask.size())));
-  queued_count_ = 0;
+  // The later ones move to the front (their buffers, which pending copies write, move with them).
+  std::rotate(queued_.begin(), queued_.begin() + n, queued_.begin() + static_cast<int64_t>(queued_count_));
+  queued_count_ -= static_cast<size_t>(n);
   return sums;
 }
 

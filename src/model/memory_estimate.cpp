@@ -121,7 +121,6 @@ int64_t cuda_backend_scratch_bytes(const ModelConfig& m, int64_t B, int64_t T, c
   namespace cs = cuda_scratch;  // the sizes the backend allocates by (kernels/cuda/scratch_sizes.h)
   const int64_t C = m.hidden_size, H = m.num_attention_heads, BT = B * T;
   int64_t optimizer = 0;  // one buffer, grown to the largest need
-  int64_t many = 0;       // multi-tensor descriptors: Adam's when small Adam tensors exist, SinkGD's
   // SinkGD's launches hold the scratch of all their tensors (sinkgd_many_launch_end): at most the
   // cap or all of the matrices' together, or one tensor that alone needs more. An upper bound for
   // any share of the matrices a data-parallel rank updates, and exact where they fit one launch.
@@ -129,19 +128,17 @@ int64_t cuda_backend_scratch_bytes(const ModelConfig& m, int64_t B, int64_t T, c
   const auto specs = llama_parameters(m);  // outlives the assignments, which point into it
   const int64_t tensors = static_cast<int64_t>(specs.size());  // sum_squares_many: one result each
   for (const auto& a : assign_optimizers(specs, matrix_optimizer, "adam", matrix_params)) {
-    if (a.tensor->numel() <= cs::kMultiTensorElements && a.optimizer.rfind("adam", 0) == 0) many = std::max(many, cs::adam_many_bytes());
     if (!a.matrix) continue;
     const int64_t r = a.tensor->rows(), c = a.tensor->cols();
     if (matrix_optimizer == "sinkgd") {
       sinkgd_all += cs::sinkgd_floats(r, c), sinkgd_largest = std::max(sinkgd_largest, cs::sinkgd_floats(r, c));
-      many = std::max(many, cs::sinkgd_many_bytes());
     } else if (matrix_optimizer == "swan") {
       optimizer = std::max(optimizer, cs::swan_bytes(r, c));
     }
   }
   optimizer = std::max(optimizer, std::max(sinkgd_largest, std::min(sinkgd_all, cs::kSinkgdManyFloats)) * 4);
   return cs::kGemmWorkspaceBytes + cs::rmsnorm_backward_floats(BT, C) * 4 + cs::attention_backward_bytes(B, H, T) +
-         cs::embedding_backward_bytes(BT) + cs::sum_squares_many_bytes(tensors) + optimizer + many;
+         cs::embedding_backward_bytes(BT) + cs::sum_squares_many_bytes(tensors) + optimizer + cs::kDescriptorCacheBytes;
 }
 
 ActivationPlan training_activation_plan(const RunConfig& run, bool cuda) {

@@ -1,6 +1,7 @@
 // Adam and AdamW (torch.optim semantics): two state tensors, m and v. The fused kernel is
 // kernels/cpu/adam.cpp. `adam` applies optimizer.weight_decay as torch.optim.Adam does (L2, added
 // to the gradient); `adamw` decoupled, as torch.optim.AdamW.
+#include "../../kernels/common/optim_math.h"
 #include "multinorm/optimizer.h"
 
 namespace multinorm {
@@ -11,6 +12,7 @@ class Adam final : public TensorRule {
   Adam(const OptimizerConfig& c, bool decoupled) : c_(c), decoupled_(decoupled) {}
   std::string name() const override { return decoupled_ ? "adamw" : "adam"; }
   int state_slots() const override { return 2; }
+  RuleScalars scalars(const UpdateContext& ctx) const override { return optim_math::rule_scalars(args(ctx)); }
   void update(Backend& be, const TensorSpec& t, Buf w, Buf g, Buf* states, const UpdateContext& ctx) const override {
     be.adam_update(w, g, states[0], states[1], t.numel(), args(ctx));
   }
@@ -31,6 +33,7 @@ class Adam final : public TensorRule {
     (decoupled_ ? a.decoupled_decay : a.l2_decay) = static_cast<float>(c_.weight_decay);
     a.step = ctx.applied;  // skipped updates do not advance the bias correction
     a.write = {ctx.stochastic, ctx.seed, static_cast<uint64_t>(ctx.update), ctx.tensor};
+    a.scalars = ctx.scalars;
     return a;
   }
 

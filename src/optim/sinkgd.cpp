@@ -1,4 +1,5 @@
 // SinkGD: stateless; the fused kernel is kernels/cpu/sinkgd.cpp (math there and in docs/optimizers.md).
+#include "../../kernels/common/optim_math.h"
 #include "multinorm/optimizer.h"
 
 namespace multinorm {
@@ -9,6 +10,7 @@ class SinkGD final : public TensorRule {
   explicit SinkGD(const OptimizerConfig& c) : c_(c) {}
   std::string name() const override { return "sinkgd"; }
   int state_slots() const override { return 0; }
+  RuleScalars scalars(const UpdateContext& ctx) const override { return optim_math::rule_scalars(ctx.lr, static_cast<float>(c_.weight_decay)); }
   bool matrices_only() const override { return true; }
   void update(Backend& be, const TensorSpec& t, Buf w, Buf g, Buf*, const UpdateContext& ctx) const override {
     be.sinkgd_update(w, g, t.rows(), t.cols(), args(ctx));
@@ -30,6 +32,7 @@ class SinkGD final : public TensorRule {
     a.iterations = static_cast<int>(c_.sinkgd.iterations);
     a.eps = static_cast<float>(c_.sinkgd.eps);
     a.write = {ctx.stochastic, ctx.seed, static_cast<uint64_t>(ctx.update), ctx.tensor};
+    a.scalars = ctx.scalars;
     return a;
   }
 

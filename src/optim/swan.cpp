@@ -1,4 +1,5 @@
 // SWAN: stateless; the kernel is kernels/cpu/swan.cpp (math there and in docs/optimizers.md).
+#include "../../kernels/common/optim_math.h"
 #include "multinorm/optimizer.h"
 
 namespace multinorm {
@@ -9,6 +10,9 @@ class Swan final : public TensorRule {
   explicit Swan(const OptimizerConfig& c) : c_(c) {}
   std::string name() const override { return "swan"; }
   int state_slots() const override { return 0; }
+  RuleScalars scalars(const UpdateContext& ctx) const override { return optim_math::rule_scalars(ctx.lr, static_cast<float>(c_.weight_decay)); }
+  // Newton-Schulz's residual is read on the host (the tolerance, the statistics, the exact fallback).
+  bool host_free() const override { return false; }
   bool matrices_only() const override { return true; }
   void update(Backend& be, const TensorSpec& t, Buf w, Buf g, Buf*, const UpdateContext& ctx) const override {
     SwanArgs a;
@@ -20,6 +24,7 @@ class Swan final : public TensorRule {
     a.ns_tolerance = static_cast<float>(c_.swan.ns_tolerance);
     a.eps = static_cast<float>(c_.swan.eps);
     a.write = {ctx.stochastic, ctx.seed, static_cast<uint64_t>(ctx.update), ctx.tensor};
+    a.scalars = ctx.scalars;
     be.swan_update(w, g, t.rows(), t.cols(), a);
   }
 

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 
 #include "multinorm/c4_reader.h"
 #include "multinorm/checkpoint.h"
@@ -160,6 +161,7 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
   const ShardPlan plan =
       plan_shards(assign_optimizers(model.tensors(), run.optimizer), run, world, rank, run.parallel.shard_optimizer);
   Optimizer optimizer(model, run, OptimizerSharding{plan, grad_comm.get(), &comm});
+  optimizer.set_graphs(run.cuda_graphs);
   GradientSync grad_sync(model, *grad_comm, plan, static_cast<int64_t>(run.parallel.bucket_mb * 1048576.0),
                          run.parallel.overlap, run.parallel.staging_buckets);
 
@@ -241,6 +243,16 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
         tm.cuda ? "CUDA device" : "CPU host", gib(tm.weights), gib(tm.grads), gib(tm.states), gib(tm.activations), gib(tm.backend_scratch),
         gib(tm.total()));
   }
+  // Deferred statistics (deferred_stats): the host queues each update's step behind its micro-batches
+  // and reads its statistics one update later. Not where the host must decide before the step.
+  std::string not_deferrable = optimizer.why_steps_cannot_be_queued();
+  if (not_deferrable.empty() && run.divergence.action == "skip" && run.divergence.spike_factor > 0)
+    not_deferrable = "divergence.action skip decides on a loss spike before the update's step";
+  if (run.deferred_stats == "on" && !not_deferrable.empty())
+    throw ConfigError(run.source + ": deferred_stats: on, but " + not_deferrable + " (set it to auto or off)");
+  const bool deferred = run.deferred_stats == "on" || (run.deferred_stats == "auto" && not_deferrable.empty() && choice.kind == BackendKind::Cuda);
+  log("  update statistics: %s\n", deferred ? "deferred (each update's loss and gradient norm are read after the next update's micro-batches are queued)"
+                                            : (std::string("read before each step") + (not_deferrable.empty() ? "" : " (" + not_deferrable + ")")).c_str());
   std::ofstream metrics;  // rank 0's; the other ranks' stream stays closed and writes nothing
   if (comm.root()) metrics.open(run.output_dir + "/metrics.jsonl", std::ios::app);
   const bool tty = ::isatty(STDERR_FILENO) && !opt.quiet && comm.root();
@@ -319,14 +331,20 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
     return true;
   };
 
-  const auto t_loop = Clock::now();
-  const int64_t first = state.step + 1;
-  int64_t tokens_this_run = 0;
-  int64_t swan_warnings = 0;  // updates whose Newton-Schulz did not converge
-  for (int64_t k = first; k <= last; ++k) {
+  // One update's host-side record from the queuing of its micro-batches to the end of its bookkeeping.
+  struct UpdateWork {
+    int64_t k = 0;
+    int64_t micro_batches = 0;  // queued, in order: their losses come back with the update
+    LoaderCursor cursor;        // the data position once its batches are consumed
+    Clock::time_point t_compute;
+    double data_s = 0, compute_s = 0, opt_s = 0, comm_wait_s = 0, comm_exposed_s = 0, forward_s = 0, backward_s = 0;
+    int64_t fence = 0;          // deferred: after its step and its statistics' copy
+  };
+  // The update's data and micro-batches, queued with no host wait; the gradient reduction finished.
+  auto queue_micro_batches = [&](int64_t k) {
+    UpdateWork w;
+    w.k = k;
     Comm::set_activity("update " + std::to_string(k));
-    const auto t_step = Clock::now();
-    const int64_t waits_before = backend->host_synchronisations();
     const double wait_before = loader_owner->wait_seconds();
     std::vector<Batch> batches;
     int64_t total_count = 0;  // counted targets of the whole global step, all ranks
@@ -335,11 +353,10 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
       total_count += batches.back().count;
     }
     comm.allreduce_sum(&total_count, 1);
-    const double data_s = loader_owner->wait_seconds() - wait_before;
+    w.data_s = loader_owner->wait_seconds() - wait_before;
+    w.cursor = batches.back().after;
     model.zero_grads();
-    double loss_sum = 0, mean_sum = 0;
-    int64_t counted = 0, means = 0;
-    const auto t_compute = Clock::now();
+    w.t_compute = Clock::now();
     int64_t last_counted = -1;  // the last micro-batch with a counted target: its backward pass starts the reduction
     for (int64_t a = 0; a < accum; ++a)
       if (batches[static_cast<size_t>(a)].count > 0) last_counted = a;
@@ -351,8 +368,10 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
       // rank's counted targets, micro-batch mean by every rank's micro-batches.
       const float scale = token_mean ? 1.0f / static_cast<float>(total_count)
                                      : 1.0f / (static_cast<float>(b.count) * static_cast<float>(accum * world));
-      model.queue_forward_backward(b.view(), scale);  // no host wait: the losses come with the norm's read
+      model.queue_forward_backward(b.view(), scale);  // no host wait: the losses come with the update's statistics
+      ++w.micro_batches;
     }
+    w.forward_s = model.last_forward_seconds(), w.backward_s = model.last_backward_seconds();
     // When this rank's backward pass ended (wall clock: one clock for the ranks of a node, NTP's
     // across nodes): the latest over the ranks tells how much of this rank's communication wait was
     // waiting for a slower rank rather than for the collectives (metrics: comm_exposed_s).
@@ -360,10 +379,16 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
     grad_sync.finish();
     double latest_backward_end = backward_end;
     if (world > 1) comm.allreduce_max(&latest_backward_end, 1);
-    const double comm_exposed_s = std::max(0.0, grad_sync.last_wait_seconds() - (latest_backward_end - backward_end));
-    // The update's one host wait: the gradient norm's sums of squares, which brings the queued losses.
-    optimizer.measure_gradient_norm(k);
-    for (const LossSum& l : model.take_queued_losses()) {
+    w.comm_wait_s = grad_sync.last_wait_seconds();
+    w.comm_exposed_s = std::max(0.0, w.comm_wait_s - (latest_backward_end - backward_end));
+    w.compute_s = since(w.t_compute);
+    return w;
+  };
+  // The update's loss over every rank from its micro-batches' queued losses (delivered by a wait).
+  auto take_loss = [&](const UpdateWork& w, int64_t* counted_out) {
+    double loss_sum = 0, mean_sum = 0;
+    int64_t counted = 0, means = 0;
+    for (const LossSum& l : model.take_queued_losses(w.micro_batches)) {
       loss_sum += l.sum;
       counted += l.count;
       mean_sum += l.mean();
@@ -371,37 +396,22 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
     }
     double sums[4] = {loss_sum, mean_sum, static_cast<double>(counted), static_cast<double>(means)};
     comm.allreduce_sum(sums, 4);
-    loss_sum = sums[0], mean_sum = sums[1], counted = static_cast<int64_t>(sums[2]), means = static_cast<int64_t>(sums[3]);
-    const double compute_s = since(t_compute);
-    const double loss = token_mean ? loss_sum / std::max<int64_t>(counted, 1) : mean_sum / std::max<int64_t>(means, 1);
-    state.cursor = batches.back().after;
-    const auto t_opt = Clock::now();
-    StepStats st;
-    bool finite = std::isfinite(loss), spike_skipped = false;
-    if (finite)
-      if (const auto trip = monitor.check_loss(loss)) {
-        if (run.divergence.action == "skip") {
-          spike_skipped = true;
-          log("%supdate %lld: %s; the update is skipped (divergence.action skip)\n", tty ? "\n" : "", (long long)k, trip->describe().c_str());
-          metrics << json{{"type", "divergence"}, {"step", k}, {"reason", trip->reason}, {"value", trip->value},
-                          {"threshold", trip->threshold}, {"action", "skip"}}.dump()
-                  << "\n";
-        } else if (on_trip(*trip, k)) {
-          k = state.step;  // rolled back: on from the checkpoint's next update
-          continue;
-        }
-      }
-    if (finite && !spike_skipped) {
-      st = optimizer.step(k, k - state.skipped);
-      finite = std::isfinite(st.grad_norm);
-      if (finite)
-        if (const auto trip = monitor.check_grad_norm(st.grad_norm))
-          if (on_trip(*trip, k)) {
-            k = state.step;
-            continue;
-          }
-    }
-    const double opt_s = since(t_opt);
+    *counted_out = static_cast<int64_t>(sums[2]);
+    return token_mean ? sums[0] / std::max<int64_t>(*counted_out, 1) : sums[1] / std::max<double>(sums[3], 1.0);
+  };
+
+  const auto t_loop = Clock::now();
+  auto t_last_end = t_loop;  // when the previous update's bookkeeping ended: an update's step_s is the time since
+  int64_t waits_mark = backend->host_synchronisations(), drains_mark = backend->host_drains();
+  const int64_t first = state.step + 1;
+  int64_t tokens_this_run = 0;
+  int64_t swan_warnings = 0;  // updates whose Newton-Schulz did not converge
+  // What follows an update's step: skip accounting, the metrics line, the log, evaluation and
+  // checkpoint. True when a divergence trip rolled the run back (state is the checkpoint's then).
+  auto record_update = [&](const UpdateWork& w, double loss, int64_t counted, const StepStats& st, bool finite,
+                           bool spike_skipped) -> bool {
+    const int64_t k = w.k;
+    state.cursor = w.cursor;
     if (spike_skipped) {
       ++state.skipped;
     } else if (!finite) {
@@ -409,10 +419,7 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
       // a divergence trip (stop, or rollback).
       const DivergenceTrip trip{std::isfinite(loss) ? "non-finite gradient norm" : "non-finite loss", std::isfinite(loss) ? st.grad_norm : loss, 0.0};
       const bool skip = opt.skip_nonfinite || run.divergence.action == "skip";
-      if (!skip && on_trip(trip, k)) {
-        k = state.step;
-        continue;
-      }
+      if (!skip && on_trip(trip, k)) return true;
       ++state.skipped;
       ++state.skipped_in_a_row;
       log("%supdate %lld: %s, skipped (%lld so far, %lld in a row)\n", tty ? "\n" : "", (long long)k, trip.reason.c_str(),
@@ -422,10 +429,8 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
       if (state.skipped_in_a_row >= opt.max_consecutive_skips &&
           on_trip(DivergenceTrip{std::to_string(state.skipped_in_a_row) + " consecutive non-finite updates (--max-consecutive-skips)",
                                  static_cast<double>(state.skipped_in_a_row), static_cast<double>(opt.max_consecutive_skips)},
-                  k)) {
-        k = state.step;
-        continue;
-      }
+                  k))
+        return true;
     } else {
       state.skipped_in_a_row = 0;
     }
@@ -444,7 +449,7 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
     const int64_t raw = accum * world * run.batch.micro_batch * run.batch.seq_len;
     state.tokens_seen += raw;
     tokens_this_run += raw;
-    const double step_s = since(t_step);
+    const double step_s = std::chrono::duration<double>(Clock::now() - t_last_end).count();
     result.last_loss = loss;
     // RSS counts the token shards' mapped pages, which grow as the run reads more of its data (and
     // which the kernel may drop); the anonymous part is the process's own memory.
@@ -455,11 +460,12 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
               {"clipped", st.clipped},    {"skipped", skipped},
               {"tokens", state.tokens_seen}, {"tokens_per_s", raw / step_s},
               {"nonpad_tokens_per_s", counted / step_s}, {"step_s", step_s},
-              {"forward_s", model.last_forward_seconds()}, {"backward_s", model.last_backward_seconds()},
-              {"compute_s", compute_s},   {"optimizer_s", opt_s},
-              {"data_wait_s", data_s},    {"comm_wait_s", grad_sync.last_wait_seconds()},
-              {"comm_exposed_s", comm_exposed_s},
-              {"host_waits", backend->host_synchronisations() - waits_before},
+              {"forward_s", w.forward_s}, {"backward_s", w.backward_s},
+              {"compute_s", w.compute_s}, {"optimizer_s", w.opt_s},
+              {"data_wait_s", w.data_s},  {"comm_wait_s", w.comm_wait_s},
+              {"comm_exposed_s", w.comm_exposed_s},
+              {"host_waits", backend->host_synchronisations() - waits_mark},
+              {"host_drains", backend->host_drains() - drains_mark},
               {"rss_bytes", mem.resident_bytes},
               {"rss_anon_bytes", mem.anonymous_bytes()}};
     if (st.swan.tensors > 0) {
@@ -482,7 +488,7 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
                    "update %lld/%lld loss %.4f lr %.3e/%.3e grad_norm %.4f tok/s %.0f (non-pad %.0f) step %.3fs "
                    "(fwd %.3f bwd %.3f opt %.3f data %.3f) rss %.0f MiB (anon %.0f) ETA %s\n",
                    (long long)k, (long long)last, loss, st.lr_matrix, st.lr_fallback, st.grad_norm, raw / step_s,
-                   counted / step_s, step_s, model.last_forward_seconds(), model.last_backward_seconds(), opt_s, data_s,
+                   counted / step_s, step_s, w.forward_s, w.backward_s, w.opt_s, w.data_s,
                    mem.resident_bytes / 1048576.0, mem.anonymous_bytes() / 1048576.0, format_eta(eta).c_str());
     }
     const bool end = k == last;
@@ -490,20 +496,108 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
       do_eval(k);
       // Stuck at ln V: the validation loss, or without validation data the training loss.
       if (const auto trip = monitor.check_eval(val_data ? result.eval.loss : loss))
-        if (on_trip(*trip, k)) {
-          k = state.step;
-          continue;
-        }
+        if (on_trip(*trip, k)) return true;
     }
     if ((run.checkpoint.every > 0 && k % run.checkpoint.every == 0) || end) do_checkpoint();
     ++result.updates;
+    t_last_end = Clock::now();
+    waits_mark = backend->host_synchronisations(), drains_mark = backend->host_drains();
+    return false;
+  };
+
+  if (deferred) {
+    // Update k's step is queued right behind its micro-batches; its statistics (loss, norm, flags)
+    // are read after update k + 1's micro-batches are queued, so the device never waits for the host
+    // between updates. Everything the host decides on update k (a divergence trip, a skip's count,
+    // the metrics line, an evaluation, a checkpoint) comes before update k + 1's step is queued: k + 1's
+    // micro-batches read the weights and write only gradients, which a rollback zeroes anyway.
+    std::optional<UpdateWork> pending;
+    int64_t k = first;
+    while (true) {
+      const bool more = k <= last;
+      UpdateWork next;
+      if (more) next = queue_micro_batches(k);
+      if (pending) {
+        UpdateWork w = *pending;
+        pending.reset();
+        Comm::set_activity("the statistics of update " + std::to_string(w.k));
+        backend->wait_for_fence(w.fence);  // not a drain: update k's micro-batches are queued behind it
+        int64_t counted = 0;
+        const double loss = take_loss(w, &counted);
+        const StepStats st = optimizer.queued_step_stats();
+        // The device skipped the update when its norm was not finite. A non-finite loss always makes
+        // the norm non-finite (a non-finite logit gives its row of the loss gradient NaNs, and the
+        // lm_head gradient with them); were it ever not so, the update has been applied: a trip.
+        bool finite = std::isfinite(loss) && !st.skipped, rolled_back = false;
+        if (!std::isfinite(loss) && !st.skipped)
+          rolled_back = on_trip(DivergenceTrip{"non-finite loss with a finite gradient norm (applied: deferred_stats)", loss, 0.0}, w.k);
+        else if (finite)
+          if (const auto trip = monitor.check_loss(loss)) rolled_back = on_trip(*trip, w.k);
+        if (!rolled_back && finite)
+          if (const auto trip = monitor.check_grad_norm(st.grad_norm)) rolled_back = on_trip(*trip, w.k);
+        if (!rolled_back) rolled_back = record_update(w, loss, counted, st, finite, false);
+        if (rolled_back) {
+          if (more) model.take_queued_losses();  // update k's micro-batches: their gradients are zeroed next
+          k = state.step + 1;
+          continue;
+        }
+      }
+      if (!more) break;
+      const auto t_opt = Clock::now();
+      optimizer.queue_step(k, k - state.skipped);  // the skipped count covers every update before k
+      next.fence = backend->fence();
+      next.opt_s = since(t_opt);
+      pending = next;
+      ++k;
+    }
+  } else {
+    for (int64_t k = first; k <= last; ++k) {
+      UpdateWork w = queue_micro_batches(k);
+      // The update's one host wait: its statistics (norm, clip factor, skip flag), which brings the queued losses.
+      optimizer.measure_gradient_norm(k);
+      int64_t counted = 0;
+      const double loss = take_loss(w, &counted);
+      w.compute_s = since(w.t_compute);
+      state.cursor = w.cursor;
+      const auto t_opt = Clock::now();
+      StepStats st;
+      bool finite = std::isfinite(loss), spike_skipped = false;
+      if (finite)
+        if (const auto trip = monitor.check_loss(loss)) {
+          if (run.divergence.action == "skip") {
+            spike_skipped = true;
+            log("%supdate %lld: %s; the update is skipped (divergence.action skip)\n", tty ? "\n" : "", (long long)k, trip->describe().c_str());
+            metrics << json{{"type", "divergence"}, {"step", k}, {"reason", trip->reason}, {"value", trip->value},
+                            {"threshold", trip->threshold}, {"action", "skip"}}.dump()
+                    << "\n";
+          } else if (on_trip(*trip, k)) {
+            k = state.step;  // rolled back: on from the checkpoint's next update
+            continue;
+          }
+        }
+      if (finite && !spike_skipped) {
+        st = optimizer.step(k, k - state.skipped);
+        finite = !st.skipped;
+        if (finite)
+          if (const auto trip = monitor.check_grad_norm(st.grad_norm))
+            if (on_trip(*trip, k)) {
+              k = state.step;
+              continue;
+            }
+      }
+      w.opt_s = since(t_opt);
+      if (record_update(w, loss, counted, st, finite, spike_skipped)) k = state.step;
+    }
   }
   if (tty) std::fprintf(stderr, "\n");
   if (model.graph_captures() > 0)
     log("  CUDA graphs: %lld capture(s), %lld micro-batches replayed%s\n", (long long)model.graph_captures(),
-        (long long)backend->graph_replays(),
+        (long long)(backend->graph_replays() - optimizer.graph_replays()),
         model.graphs_turned_off() ? "; turned off: the loss scale changed before a capture was reused "
                                     "(token_mean, or micro_batch_mean over padded batches)" : "");
+  if (optimizer.graph_captures() > 0)
+    log("  CUDA graphs: the optimizer's update %lld capture(s), %lld updates replayed\n", (long long)optimizer.graph_captures(),
+        (long long)optimizer.graph_replays());
   result.skipped = state.skipped;
   result.seconds = since(t_start);
   result.tokens_per_s = tokens_this_run / std::max(since(t_loop), 1e-9);

@@ -1,0 +1,59 @@
+// The scalars of one optimizer update that its kernels read from the backend's memory when they run,
+// rather than from their launch arguments. Two reasons:
+//   - the host need not see the gradient norm before it queues the update: the statistics op
+//     (Backend::update_statistics) writes the norm, the clip factor and the skip flag on the device,
+//     and the clipping and update kernels read them there;
+//   - the update's launches are the same every update (the learning rate, Adam's bias corrections and
+//     the stochastic-rounding step are data, not arguments), so one captured CUDA graph serves them all.
+// The host writes the first part (Optimizer, one small copy before the update's ops); the statistics
+// part is written by update_statistics. On the CPU backend the struct is in host memory and its ops
+// read it the same way. Plain data, shared by host and device code.
+#pragma once
+#include <cstdint>
+
+namespace multinorm {
+
+// Adam/AdamW's scalars for one update (optim_math::adam_scalars forms them from AdamArgs).
+struct AdamScalars {
+  float b1, c1, b2, c2;           // beta1, 1 - beta1, beta2, 1 - beta2 (1 - beta formed in FP64, as torch)
+  float step_size, inv_sqrt_bc2;  // lr / (1 - beta1^t), 1 / sqrt(1 - beta2^t)
+  float eps, l2_decay, keep;      // keep = 1 - lr * decoupled_decay
+};
+
+// One rule's scalars for one update, formed on the host (optim_math::rule_scalars): the device does
+// no arithmetic on them (nvcc would contract 1 - lr wd into an FMA: another rounding than the CPU's).
+struct RuleScalars {
+  float lr = 0, keep = 1;  // the learning rate; 1 - lr x decoupled weight decay
+  AdamScalars adam{};      // Adam/AdamW at this update's t (the other rules leave it unused)
+};
+
+// What the statistics op computes on the device for one update.
+struct UpdateStatistics {
+  double grad_norm = 0;   // sqrt of the per-tensor FP64 sums of squares, added in tensor order
+  float clip_factor = 1;  // grad_clip / grad_norm when the norm exceeds grad_clip (> 0), else 1
+  uint32_t skip = 0;      // 1: the norm is not finite: the update's kernels change nothing
+  uint32_t clipped = 0;   // 1: clip_factor < 1 was applied
+  uint32_t reserved = 0;
+};
+
+// Rule slots of one update: one per (rule, learning-rate group) of the optimizer (the paper's: the
+// matrix rule at lr x alpha, and Adam at lr).
+constexpr int kUpdateRuleSlots = 4;
+
+struct UpdateScalars {
+  // ---- written by the host before the update's ops ----
+  RuleScalars rule[kUpdateRuleSlots];
+  uint64_t update = 0;  // the update number: stochastic rounding's step
+  uint64_t reserved = 0;
+  // ---- written by the statistics op (update_statistics) ----
+  UpdateStatistics stats;
+};
+
+// Where an optimizer op finds its update's scalars: `at` (backend memory) and its rule's slot. With
+// at == nullptr the op uses its own arguments (lr, step, write.step) and skips nothing.
+struct ScalarsRef {
+  const UpdateScalars* at = nullptr;
+  int slot = 0;
+};
+
+}  // namespace multinorm
