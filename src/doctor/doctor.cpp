@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <map>
 
 #include "doctor_checks.h"
@@ -75,45 +76,69 @@ std::string largest_fitting(const DoctorOptions& o, size_t free_bytes) {
   return best;
 }
 
-// Training steps as the trainer runs them (queued micro-batch, the gradient-norm read, the update),
-// timed with every launch issued by the host (eager) and with the micro-batch replayed from a CUDA
-// graph; then one more profiled: per-kernel device times beside the cost model's roofline for this
-// GPU (kernel_costs.h) when it is an A100 or H100.
+// Training steps as the trainer runs them, timed two ways: every launch issued by the host and the
+// update's statistics read before its step (cuda_graphs false, deferred_stats off), and as a CUDA run
+// does by default: the micro-batch and the update replayed from CUDA graphs, each update's statistics
+// read after the next update's micro-batch is queued. Then one more step profiled: per-kernel device
+// times beside the cost model's roofline for this GPU (kernel_costs.h) when it is an A100 or H100.
 json timed_step(Backend& gpu, const ModelConfig& cfg, const DoctorOptions& o, const json& device) {
   const int64_t B = o.batch, T = std::min(o.seq, cfg.max_position_embeddings), BT = B * T;
   const RunConfig run = step_run(cfg, B, T);
   LlamaModel model(gpu, cfg, DType::BF16, B, T);
   model.init_random(3);
   Optimizer opt(model, run);
+  opt.set_graphs(false);
   std::vector<int32_t> tokens(BT), targets(BT);
   for (int64_t i = 0; i < BT; ++i) tokens[i] = static_cast<int32_t>((i * 7919 + 13) % cfg.vocab_size), targets[i] = tokens[(i + 1) % BT];
   const MicroBatch mb{tokens.data(), targets.data(), nullptr, B, T};
-  int64_t update = 0;
-  auto step = [&] {
+  int64_t update = 0, fence = 0;
+  bool pending = false;  // a queued update whose statistics are not read yet
+  auto step = [&] {      // the statistics read before the step: one wait, a drain
     model.zero_grads();
     model.queue_forward_backward(mb, 1.0f / static_cast<float>(BT));
     ++update;
-    opt.measure_gradient_norm(update);  // the update's one host wait, which brings the queued loss
+    opt.measure_gradient_norm(update);  // brings the queued loss
     model.take_queued_losses();
     opt.step(update, update);
   };
-  int64_t waits_per_step = 0;
-  auto timed = [&] {  // seconds a step; counts the host's waits inside the steps
-    gpu.synchronize();
-    const int64_t w0 = gpu.host_synchronisations();
+  auto finish_pending = [&] {
+    if (!pending) return;
+    gpu.wait_for_fence(fence);
+    model.take_queued_losses(1);
+    pending = false;
+  };
+  auto deferred_step = [&] {  // the previous update's statistics read behind this micro-batch: one wait, no drain
+    model.zero_grads();
+    model.queue_forward_backward(mb, 1.0f / static_cast<float>(BT));
+    ++update;
+    finish_pending();
+    opt.queue_step(update, update);
+    fence = gpu.fence();
+    pending = true;
+  };
+  struct Timing {
+    double seconds;
+    int64_t waits, drains;  // per step
+  };
+  auto timed = [&](const std::function<void()>& one) {
+    if (!pending) gpu.synchronize();  // a deferred run's update in flight stays, as in a run
+    const int64_t w0 = gpu.host_synchronisations(), d0 = gpu.host_drains();
     const auto t0 = Clock::now();
-    for (int s = 0; s < o.steps; ++s) step();
-    const int64_t w1 = gpu.host_synchronisations();
+    for (int s = 0; s < o.steps; ++s) one();
+    const int64_t w1 = gpu.host_synchronisations(), d1 = gpu.host_drains();
+    finish_pending();
     gpu.synchronize();
-    waits_per_step = (w1 - w0) / std::max(1, o.steps);
-    return std::chrono::duration<double>(Clock::now() - t0).count() / std::max(1, o.steps);
+    const int64_t n = std::max(1, o.steps);
+    return Timing{std::chrono::duration<double>(Clock::now() - t0).count() / n, (w1 - w0) / n, (d1 - d0) / n};
   };
   model.set_graphs(false);
   for (int w = 0; w < o.warmup; ++w) step();
-  const double eager_seconds = timed();
+  const Timing eager = timed(step);
   model.set_graphs(true);
-  step(), step();  // eager, then captured
-  const double seconds = timed();
+  opt.set_graphs(true);
+  deferred_step(), deferred_step(), deferred_step();  // eager, then captured
+  const Timing graphed = timed(deferred_step);
+  const double seconds = graphed.seconds, eager_seconds = eager.seconds;
   gpu.set_profiling(true);  // profiled steps run eagerly
   step();
   const std::vector<KernelTime> kernels = gpu.take_profile();
@@ -127,7 +152,8 @@ json timed_step(Backend& gpu, const ModelConfig& cfg, const DoctorOptions& o, co
   for (const KernelTime& k : kernels) kernel_ms += k.ms, launches += k.launches;
   json j = {{"model", cfg.name}, {"batch", B}, {"seq", T}, {"optimizer", "sinkgd (matrices) + adam"}, {"step_seconds", seconds},
             {"step_seconds_eager", eager_seconds}, {"graph_speedup", eager_seconds / seconds}, {"launches_per_step", launches},
-            {"host_waits_per_step", waits_per_step}, {"tokens_per_s", BT / seconds}, {"tflops", tflops}, {"flops_per_step", flops},
+            {"host_waits_per_step", graphed.waits}, {"host_drains_per_step", graphed.drains}, {"host_waits_per_step_eager", eager.waits},
+            {"host_drains_per_step_eager", eager.drains}, {"tokens_per_s", BT / seconds}, {"tflops", tflops}, {"flops_per_step", flops},
             {"kernel_ms", kernel_ms}};
   if (peak > 0) j["peak_tflops"] = peak, j["mfu"] = tflops / peak;
   else j["mfu_note"] = "no BF16 peak known for '" + name + "': MFU not computed";
@@ -163,10 +189,12 @@ void print_step(const json& s, bool emulated) {
               s["tflops"].get<double>());
   if (s.contains("mfu")) std::printf(", MFU %.1f%% of %.0f TFLOP/s (BF16 dense)\n", 100 * s["mfu"].get<double>(), s["peak_tflops"].get<double>());
   else std::printf(" (%s)\n", s["mfu_note"].get<std::string>().c_str());
-  std::printf("  eager (every launch from the host): %.4f s a step; the micro-batch as a CUDA graph: %.2fx that speed\n",
-              s["step_seconds_eager"].get<double>(), s["graph_speedup"].get<double>());
-  std::printf("  %lld kernel launches and %lld host wait(s) a step (one micro-batch, the norm's read, the update)\n",
-              static_cast<long long>(s["launches_per_step"].get<int64_t>()), static_cast<long long>(s["host_waits_per_step"].get<int64_t>()));
+  std::printf("  eager (every launch from the host, the statistics read before the step): %.4f s a step, %lld host wait(s) and %lld drain(s);\n"
+              "  graphs and deferred statistics (the default): %.2fx that speed, %lld host wait(s) and %lld drain(s) a step\n",
+              s["step_seconds_eager"].get<double>(), static_cast<long long>(s["host_waits_per_step_eager"].get<int64_t>()),
+              static_cast<long long>(s["host_drains_per_step_eager"].get<int64_t>()), s["graph_speedup"].get<double>(),
+              static_cast<long long>(s["host_waits_per_step"].get<int64_t>()), static_cast<long long>(s["host_drains_per_step"].get<int64_t>()));
+  std::printf("  %lld kernel launches a step (one micro-batch and its update)\n", static_cast<long long>(s["launches_per_step"].get<int64_t>()));
   if (emulated) std::printf("  (the emulated plugin: these are the CPU emulation's times, not a GPU's)\n");
   const bool predicted = s.contains("predicted_on");
   std::printf("  %-36s %8s %10s %6s%s\n", "kernel (slowest first)", "launches", "ms", "share",

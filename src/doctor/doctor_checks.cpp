@@ -295,10 +295,21 @@ void DoctorChecks::ops(DType t) {
   check("op", "sum_squares_scale_convert", t, dims({n}), bound, [&] {
     Twin x(c, g, n, t, 16), f(c, g, n, DType::F32, 17), y(c, g, n, t);
     const double sc = c.sum_squares(x.c(), n), sg = g.sum_squares(x.g(), n);
-    c.scale(x.c(), n, 0.25f), g.scale(x.g(), n, 0.25f);
+    // An update's statistics where the gradients are (norm, clip factor), then the clipping that
+    // reads the factor there: half the norm, so the factor is 1/2.
+    auto* stc = static_cast<UpdateScalars*>(c.allocate(sizeof(UpdateScalars)));
+    auto* stg = static_cast<UpdateScalars*>(g.allocate(sizeof(UpdateScalars)));
+    const Buf xc = x.c(), xg = x.g();
+    c.update_statistics(stc, &xc, &n, 1, 0.5 * std::sqrt(sc)), g.update_statistics(stg, &xg, &n, 1, 0.5 * std::sqrt(sc));
+    UpdateStatistics hc, hg;
+    c.to_host(&hc, &stc->stats, sizeof hc), g.to_host(&hg, &stg->stats, sizeof hg);
+    c.clip_gradients(x.c(), n, stc), g.clip_gradients(x.g(), n, stg);
+    c.release(stc), g.release(stg);
+    c.scale(x.c(), n, 0.5f), g.scale(x.g(), n, 0.5f);
     c.convert(y.c(), f.c(), n), g.convert(y.g(), f.g(), n);
     return std::vector<Output>{{"sum of squares", {float(sg)}, {float(sc)}},
-                               {"scaled", x.host(g, x.g().ptr), x.host(c, x.c().ptr)},
+                               {"update statistics: norm, clip factor", {float(hg.grad_norm), hg.clip_factor}, {float(hc.grad_norm), hc.clip_factor}},
+                               {"clipped and scaled", x.host(g, x.g().ptr), x.host(c, x.c().ptr)},
                                {"converted", y.host(g, y.g().ptr), y.host(c, y.c().ptr)}};
   });
 }
@@ -419,10 +430,16 @@ void DoctorChecks::training_updates() {
       mc.init_random(4);
       mg.params_from_host(mc.params_to_host());
       Optimizer oc(mc, run), og(mg, run);
+      // The GPU as a run drives it: each update queued with no host wait, the second one captured as
+      // a graph and replayed, where the rule allows (not SWAN).
+      const bool queued = og.why_steps_cannot_be_queued().empty();
+      og.set_graphs(true);
       for (int64_t update = 1; update <= 2; ++update) {
         mc.zero_grads(), mg.zero_grads();
         mc.forward_backward(mb, 0.5f), mg.forward_backward(mb, 0.5f);
-        oc.step(update, update), og.step(update, update);
+        oc.step(update, update);
+        if (queued) og.queue_step(update, update), gpu_.wait_for_fence(gpu_.fence());
+        else og.step(update, update);
       }
       const std::vector<float> pc = mc.params_to_host(), pg = mg.params_to_host();
       std::vector<Output> out;
