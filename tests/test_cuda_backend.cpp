@@ -945,18 +945,19 @@ TEST(CudaBackend, CaptureRefusesAllocationsHostWaitsAndUploads) {
 }
 
 // to_host_queued: the destination keeps its bytes until the host waits for the device, then has the
-// copy's; copies past the first pinned chunk (64 KB) while others are pending all arrive; a
+// copy's; copies past the first pinned ring (four copies of 96 KB) while others are pending all
+// arrive (a larger ring takes over, the old one is kept until its copies are delivered); a
 // destination written before the wait would be a stale read on a GPU.
 TEST(CudaBackend, QueuedCopiesArriveAtTheNextWait) {
   const CudaProbe* p = cuda_plugin();
   if (!p) GTEST_SKIP() << "no CUDA plugin";
   auto be = make_cuda_backend(*p);
-  const int64_t n = 24 * 1024;  // 96 KB a copy: the second and third outgrow the first chunk
+  const int64_t n = 24 * 1024;  // 96 KB a copy: the fifth and sixth outgrow the first ring
   std::vector<float> src(n);
   std::iota(src.begin(), src.end(), 1.0f);
   void* dev = be->allocate(n * 4);
   be->to_device(dev, src.data(), n * 4);
-  std::vector<std::vector<float>> dst(3, std::vector<float>(n, -1.0f));
+  std::vector<std::vector<float>> dst(6, std::vector<float>(n, -1.0f));
   for (auto& d : dst) be->to_host_queued(d.data(), dev, n * 4);
   for (auto& d : dst) EXPECT_EQ(d[0], -1.0f) << "delivered before any wait";
   const int64_t waits = be->host_synchronisations();
@@ -971,6 +972,26 @@ TEST(CudaBackend, QueuedCopiesArriveAtTheNextWait) {
   be->to_host(&seven, static_cast<float*>(dev) + 6, 4);
   EXPECT_EQ(one, 7.0f);
   EXPECT_EQ(seven, 7.0f);
+  // A host that always keeps the next copy queued (deferred statistics) goes round the rings: 200
+  // uploads and copies back of 96 KB (19 MB each way, the rings 8 MB and 384 KB), each copy delivered
+  // by the fence after it, never before.
+  std::vector<std::vector<float>> back(2, std::vector<float>(n, -1.0f));
+  int64_t previous = 0;
+  for (int i = 0; i < 200; ++i) {
+    src[0] = static_cast<float>(i);
+    be->to_device(dev, src.data(), n * 4);
+    be->to_host_queued(back[i % 2].data(), dev, n * 4);
+    const int64_t f = be->fence();
+    if (i > 0) {
+      be->wait_for_fence(previous);
+      EXPECT_EQ(back[(i - 1) % 2][0], i - 1) << "copy " << i - 1;
+      EXPECT_EQ(back[(i - 1) % 2][n - 1], src[n - 1]);
+      EXPECT_EQ(back[i % 2][0], i > 1 ? i - 2 : -1) << "copy " << i << " delivered before its fence";
+    }
+    previous = f;
+  }
+  be->wait_for_fence(previous);
+  EXPECT_EQ(back[199 % 2][0], 199);
   be->release(dev);
 }
 
@@ -1092,7 +1113,9 @@ TEST(CudaBackend, QueuedUpdatesEqualStepsAndSkipNonFiniteNormsOnTheDevice) {
       EXPECT_EQ(queued.states_to_host(), stepped.states_to_host()) << backend << " " << name << ": optimizer states";
       EXPECT_GT(clipped, 0) << name;
       EXPECT_LT(clipped, 4) << name;
-      if (backend == "cuda") {  // update 1 eager, 2 captured, 2-5 replayed (the skipped one too: its kernels return at once)
+      // Update 1 eager (and it moves no buffer: the stepped optimizer's first update on this backend
+      // grew the scratch), 2 captured, 2-5 replayed (the skipped one too: its kernels return at once).
+      if (backend == "cuda") {
         EXPECT_EQ(queued.graph_captures(), 1) << name;
         EXPECT_EQ(queued.graph_replays(), 4) << name;
       }
@@ -1158,6 +1181,48 @@ TEST(CudaBackend, DeferredUpdatesWaitOncePerUpdateAndNeverDrain) {
   ref.forward_backward(batch(5, 0), 0.5f), ref.forward_backward(batch(5, 1), 0.25f);
   ro.step(5, 5);
   EXPECT_EQ(m.params_to_host(), ref.params_to_host()) << "the weights after five updates";
+}
+
+// The optimizer's graph when buffers move under it: a scratch buffer grown by another model's update
+// between a settled eager update and the capture makes the capture miss a descriptor table (the
+// tables hold the old address): the capture is abandoned and the update runs eagerly, the next one is
+// captured; a buffer grown after the capture makes the graph stale: not replayed, run eagerly, captured
+// again. Every update gives the bits of one never captured.
+TEST(CudaBackend, OptimizerGraphsSurviveBuffersMovingUnderThem) {
+  const CudaProbe* p = cuda_plugin();
+  if (!p) GTEST_SKIP() << "no CUDA plugin";
+  auto be = make_cuda_backend(*p);
+  const RunConfig run = update_test_run("sinkgd", 0);
+  LlamaModel graphed(*be, run.model, DType::BF16, 2, 19), eager(*be, run.model, DType::BF16, 2, 19);
+  graphed.init_random(4);
+  eager.init_random(4);
+  Optimizer og(graphed, run), oe(eager, run);
+  og.set_graphs(true);
+  int width = 32;
+  auto grow_optimizer_scratch = [&] {  // a wider model's SinkGD update on the same backend
+    width *= 2;
+    RunConfig wide = run;
+    wide.model.hidden_size = width, wide.model.intermediate_size = 2 * width;
+    LlamaModel m(*be, wide.model, DType::BF16, 2, 19);
+    m.init_random(1);
+    Optimizer o(m, wide);
+    o.step(1, 1);
+  };
+  std::vector<int64_t> captures;
+  for (int64_t update = 1; update <= 7; ++update) {
+    if (update == 3 || update == 6) grow_optimizer_scratch();
+    std::vector<int32_t> tokens = random_ids(38, 101, 50 + update), targets = random_ids(38, 101, 60 + update);
+    const MicroBatch batch{tokens.data(), targets.data(), nullptr, 2, 19};
+    for (LlamaModel* m : {&graphed, &eager}) m->zero_grads(), m->forward_backward(batch, 0.5f);
+    og.step(update, update), oe.step(update, update);
+    EXPECT_EQ(graphed.params_to_host(), eager.params_to_host()) << "update " << update;
+    captures.push_back(og.graph_captures());
+  }
+  // 1 grows, 2 settles, 3 fails to capture (the moved scratch) and runs eagerly, 4 is captured, 5
+  // replays, 6 finds its graph stale and runs eagerly (it moved nothing: settled), 7 is captured.
+  EXPECT_EQ(captures, (std::vector<int64_t>{0, 0, 0, 1, 1, 1, 2}));
+  EXPECT_EQ(og.graph_replays(), 3);
+  EXPECT_EQ(og.graph_capture_error(), "") << "one failed capture does not turn graphs off";
 }
 
 // Fences: waiting for one delivers the queued copies issued before it and not those after; it is a

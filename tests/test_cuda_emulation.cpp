@@ -11,10 +11,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <deque>
 #include <string>
 #include <vector>
 
 #include "../kernels/cuda/cuda_compat.h"
+#include "../kernels/cuda/ring_spans.h"
 #include "emulated_device.h"
 #include "multinorm/error.h"
 
@@ -442,4 +444,68 @@ TEST(CudaEmulation, CaptureRefusesPageableCopiesAndReplaysPinnedOnesFromTheirByt
   cudaGraphDestroy(graph);
   cudaFreeHost(pinned);
   cudaStreamDestroy(stream);
+}
+
+// The pinned staging rings' bookkeeping (kernels/cuda/ring_spans.h): spans handed out in order and
+// given back oldest first never overlap a span still held and stay inside the ring, whatever the
+// sizes (those of a training run: tokens, targets, a mask and a small struct, in turn); a ring given
+// everything back hands out its whole capacity. A planted ring that, on wrapping, frees spans only
+// while the oldest overlaps (the first upload ring did) hands out bytes a pending copy still reads:
+// 13,328 times in 20,000 here, which the check counts.
+TEST(RingSpans, SpansHeldNeverOverlapAndTheRingIsReused) {
+  using multinorm::cuda::RingSpans;
+  struct Span {
+    int64_t begin, end;
+  };
+  auto overlaps = [](const std::deque<Span>& held, int64_t b, int64_t e) {
+    for (const Span& s : held)
+      if (s.begin < e && b < s.end) return true;
+    return false;
+  };
+  // The ring of the project and the planted one, driven alike: returns the overlaps seen. A 32 KiB
+  // ring, six copies in flight (the device that far behind), the sizes varying so that one pass round
+  // the ring ends before the previous one did.
+  auto drive = [&](bool planted) {
+    const int64_t capacity = 32 * 1024;
+    const size_t in_flight = 6;
+    RingSpans ring(capacity);
+    std::deque<Span> held;
+    int64_t planted_head = 0, overlaps_seen = 0, taken = 0;
+    const int64_t sizes[] = {16384, 16384, 4096, 256, 12544, 12544, 3328};
+    for (int i = 0; i < 20000; ++i) {
+      const int64_t bytes = sizes[i % 7] + 256 * (i % 3);
+      while (held.size() > in_flight) {  // the device completes the oldest copies
+        held.pop_front();
+        if (!planted) ring.give_back_oldest();
+      }
+      int64_t begin = -1;
+      if (planted) {  // the first upload ring: wrap, then wait only while the oldest span overlaps
+        if (planted_head + bytes > capacity) planted_head = 0;
+        while (!held.empty() && held.front().begin < planted_head + bytes && planted_head < held.front().end) held.pop_front();
+        begin = planted_head, planted_head += bytes;
+      } else {
+        while ((begin = ring.take(bytes)) < 0 && !held.empty()) held.pop_front(), ring.give_back_oldest();
+        EXPECT_GE(begin, 0) << "an empty ring refused " << bytes << " bytes";
+      }
+      EXPECT_LE(begin + bytes, capacity);
+      overlaps_seen += overlaps(held, begin, begin + bytes);
+      held.push_back({begin, begin + bytes});
+      ++taken;
+    }
+    EXPECT_EQ(taken, 20000);
+    return overlaps_seen;
+  };
+  EXPECT_EQ(drive(false), 0) << "a span handed out over one still held";
+  EXPECT_GT(drive(true), 0) << "the planted ring's overlaps went unseen";
+  RingSpans ring(1024);
+  EXPECT_EQ(ring.take(1024), 0);
+  EXPECT_EQ(ring.take(1), -1);
+  ring.give_back_oldest();
+  EXPECT_EQ(ring.take(512), 0);
+  EXPECT_EQ(ring.take(512), 512);
+  EXPECT_EQ(ring.take(256), -1) << "full";
+  ring.give_back_oldest();
+  EXPECT_EQ(ring.take(256), 0) << "wrapped into the room the oldest gave back";
+  EXPECT_EQ(ring.take(256), 256);
+  EXPECT_EQ(ring.take(1), -1) << "between the newest and the oldest: none";
 }

@@ -152,6 +152,10 @@ class Backend {
   virtual void release_graph(int64_t graph) { (void)graph; }
   // Graph replays so far.
   virtual int64_t graph_replays() const { return 0; }
+  // Moves so far of the buffers a graph may hold the address of (scratch growing, descriptor tables
+  // starting over): a sequence of ops during which it did not change will find its buffers where
+  // they are when it is run again, so it can be captured.
+  virtual int64_t resource_generation() const { return 0; }
 
   // ---- memory ---------------------------------------------------------------------------------
   virtual void* allocate(int64_t bytes) = 0;  // zero-filled, 64-byte aligned

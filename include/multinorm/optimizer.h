@@ -118,6 +118,8 @@ class Optimizer {
   void set_graphs(bool on) { graphs_ = on; }
   int64_t graph_captures() const { return graph_captures_; }
   int64_t graph_replays() const { return graph_replays_; }
+  // Why the optimizer stopped capturing its update (empty while it captures or never tried).
+  std::string graph_capture_error() const { return failed_captures_ >= 2 ? capture_error_ : ""; }
   // Every later update's learning rate times `scale` (the divergence monitor's rollback lowers it).
   void set_lr_scale(double scale) { lr_scale_ = scale; }
 
@@ -166,7 +168,9 @@ class Optimizer {
   UpdateStatistics queued_;           // queue_step()'s, delivered by a later wait
   StepStats queued_lr_;               // the learning rates of the update queue_step() queued
   bool graphs_ = false;
-  int64_t graph_ = -1, eager_applies_ = 0, graph_captures_ = 0, graph_replays_ = 0;
+  bool settled_ = false;  // the last eager update moved no buffer: the next one can be captured
+  int64_t graph_ = -1, graph_captures_ = 0, graph_replays_ = 0, failed_captures_ = 0;
+  std::string capture_error_;
 };
 
 }  // namespace multinorm

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "multinorm/error.h"
+#include "ring_spans.h"
 
 namespace multinorm::cuda {
 
@@ -41,50 +42,65 @@ void allow_dynamic_shared(const char* name, const void* kernel, size_t bytes) {
 namespace {
 std::atomic<int64_t> g_host_waits{0}, g_host_drains{0}, g_work_issued{0};
 
-// Queued device-to-host copies. One pinned chunk is bump-allocated; when a copy does not fit, a
-// larger chunk is made and the old one kept until its copies are delivered (the device may still be
-// writing it). With nothing pending the offset goes back to 0: after the first update no allocation.
+// Queued device-to-host copies, per stream: a pinned ring whose spans are given back as their copies
+// are delivered (a stream's deliveries are always its oldest copies), so a host that always keeps
+// the next update's copies queued (deferred statistics) reuses the same bytes. When the ring is full
+// of undelivered copies, a ring twice the size takes over and the old one is freed once its copies
+// are delivered (the device may still be writing it).
 struct QueuedCopy {
-  uint64_t seq;  // queue order
-  cudaStream_t stream;
+  uint64_t seq;  // queue order, over every stream
   void* host_dst;
   const char* staged;
   int64_t bytes;
+  bool in_ring;  // holds a span of the stream's current ring (else of a retired one)
+};
+struct StreamStaging {
+  char* ring = nullptr;
+  RingSpans spans{0};
+  std::deque<QueuedCopy> pending;  // in queue order
+  struct Retired {
+    char* ring;
+    int64_t bytes, undelivered;
+  };
+  std::vector<Retired> retired;  // outgrown rings, freed once their copies are delivered
+  int64_t stream_waits = 0;  // wait_for_stream calls
 };
 struct PinnedStaging {
   std::mutex mu;
-  std::vector<QueuedCopy> pending;
   uint64_t next_seq = 0;
-  char* chunk = nullptr;
-  int64_t capacity = 0, used = 0;
-  std::vector<char*> retired;  // outgrown chunks that pending copies still point into
-  std::map<cudaStream_t, int64_t> stream_waits;  // wait_for_stream calls per stream
+  std::map<cudaStream_t, StreamStaging> streams;
 };
 PinnedStaging& staging() {
   static PinnedStaging* s = new PinnedStaging;  // never destroyed: backends may outlive static destructors
   return *s;
 }
 // Delivers the copies on `stream` queued before `before` (those queued before the wait began: a
-// copy another thread queues meanwhile may not have run yet).
-void deliver(PinnedStaging& s, cudaStream_t stream, uint64_t before) {
-  size_t kept = 0;
-  for (size_t i = 0; i < s.pending.size(); ++i) {
-    const QueuedCopy c = s.pending[i];
-    if (c.seq < before && c.stream == stream) std::memcpy(c.host_dst, c.staged, static_cast<size_t>(c.bytes));
-    else s.pending[kept++] = c;
+// copy another thread queues meanwhile may not have run yet), oldest first.
+void deliver(StreamStaging& st, uint64_t before) {
+  while (!st.pending.empty() && st.pending.front().seq < before) {
+    const QueuedCopy c = st.pending.front();
+    st.pending.pop_front();
+    std::memcpy(c.host_dst, c.staged, static_cast<size_t>(c.bytes));
+    if (c.in_ring) {
+      st.spans.give_back_oldest();
+    } else {
+      for (StreamStaging::Retired& r : st.retired)
+        if (c.staged >= r.ring && c.staged < r.ring + r.bytes) --r.undelivered;
+    }
   }
-  s.pending.resize(kept);
-  if (s.pending.empty()) {
-    for (char* p : s.retired) cudaFreeHost(p);
-    s.retired.clear();
-    s.used = 0;
-  }
+  for (size_t i = 0; i < st.retired.size();)
+    if (st.retired[i].undelivered == 0) cudaFreeHost(st.retired[i].ring), st.retired.erase(st.retired.begin() + static_cast<long>(i));
+    else ++i;
 }
 }  // namespace
 
 void note_work_issued() { g_work_issued.fetch_add(1, std::memory_order_relaxed); }
 int64_t work_issued() { return g_work_issued.load(std::memory_order_relaxed); }
 int64_t host_drains() { return g_host_drains.load(std::memory_order_relaxed); }
+void count_host_wait(bool drain) {
+  g_host_waits.fetch_add(1, std::memory_order_relaxed);
+  if (drain) g_host_drains.fetch_add(1, std::memory_order_relaxed);
+}
 
 uint64_t queued_copies_issued() {
   PinnedStaging& s = staging();
@@ -93,17 +109,15 @@ uint64_t queued_copies_issued() {
 }
 
 void wait_for_event(cudaEvent_t event, cudaStream_t stream, uint64_t copies_before, int64_t work_at_record, const std::string& what) {
-  g_host_waits.fetch_add(1, std::memory_order_relaxed);
-  if (work_issued() == work_at_record) g_host_drains.fetch_add(1, std::memory_order_relaxed);
+  count_host_wait(work_issued() == work_at_record);
   MN_CUDA_CHECK(cudaEventSynchronize(event), what);
   PinnedStaging& s = staging();
   std::lock_guard<std::mutex> lock(s.mu);
-  if (!s.pending.empty()) deliver(s, stream, copies_before);
+  if (auto it = s.streams.find(stream); it != s.streams.end()) deliver(it->second, copies_before);
 }
 
 void wait_for_stream(cudaStream_t stream, const std::string& what) {
-  g_host_waits.fetch_add(1, std::memory_order_relaxed);
-  g_host_drains.fetch_add(1, std::memory_order_relaxed);
+  count_host_wait(true);
   PinnedStaging& s = staging();
   uint64_t before = 0;
   {
@@ -112,14 +126,15 @@ void wait_for_stream(cudaStream_t stream, const std::string& what) {
   }
   MN_CUDA_CHECK(cudaStreamSynchronize(stream), what);
   std::lock_guard<std::mutex> lock(s.mu);
-  ++s.stream_waits[stream];
-  if (!s.pending.empty()) deliver(s, stream, before);
+  StreamStaging& st = s.streams[stream];
+  ++st.stream_waits;
+  deliver(st, before);
 }
 int64_t stream_waits(cudaStream_t stream) {
   PinnedStaging& s = staging();
   std::lock_guard<std::mutex> lock(s.mu);
-  const auto it = s.stream_waits.find(stream);
-  return it == s.stream_waits.end() ? 0 : it->second;
+  const auto it = s.streams.find(stream);
+  return it == s.streams.end() ? 0 : it->second.stream_waits;
 }
 int64_t host_waits() { return g_host_waits.load(std::memory_order_relaxed); }
 
@@ -131,30 +146,36 @@ void queue_copy_to_host(void* host_dst, const void* device_src, int64_t bytes, c
   if (capture != cudaStreamCaptureStatusNone) throw Error("a queued device-to-host copy while the stream is capturing a graph (queue it after the replay)");
   PinnedStaging& s = staging();
   std::lock_guard<std::mutex> lock(s.mu);
-  const int64_t need = (bytes + 255) / 256 * 256;  // each copy 256-byte aligned in the chunk
-  if (s.used + need > s.capacity) {
-    const int64_t grown = std::max<int64_t>({2 * s.capacity, s.used + need, 64 * 1024});
+  StreamStaging& st = s.streams[stream];
+  const int64_t need = (bytes + 255) / 256 * 256;  // each copy 256-byte aligned in the ring
+  int64_t offset = st.spans.take(need);
+  if (offset < 0) {  // full of undelivered copies (or none yet): a larger ring takes over
+    const int64_t grown = std::max<int64_t>({2 * st.spans.capacity(), 4 * need, 64 * 1024});
     char* fresh = nullptr;
     MN_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&fresh), static_cast<size_t>(grown)),
                   "pinned staging of " + std::to_string(grown) + " bytes for queued device-to-host copies");
-    if (s.chunk) {
-      if (s.pending.empty()) cudaFreeHost(s.chunk);
-      else s.retired.push_back(s.chunk);
+    if (st.ring) {
+      int64_t in_ring = 0;
+      for (QueuedCopy& c : st.pending) in_ring += c.in_ring, c.in_ring = false;
+      if (in_ring == 0) cudaFreeHost(st.ring);
+      else st.retired.push_back({st.ring, st.spans.capacity(), in_ring});
     }
-    s.chunk = fresh, s.capacity = grown, s.used = 0;
+    st.ring = fresh;
+    st.spans = RingSpans(grown);
+    offset = st.spans.take(need);
   }
-  char* staged = s.chunk + s.used;
-  s.used += need;
+  char* staged = st.ring + offset;
   MN_CUDA_CHECK(cudaMemcpyAsync(staged, device_src, static_cast<size_t>(bytes), cudaMemcpyDeviceToHost, stream),
                 "a queued device-to-host copy (" + std::to_string(bytes) + " bytes)");
   note_work_issued();
-  s.pending.push_back({s.next_seq++, stream, host_dst, staged, bytes});
+  st.pending.push_back({s.next_seq++, host_dst, staged, bytes, true});
 }
 
 int64_t queued_copies(cudaStream_t stream) {
   PinnedStaging& s = staging();
   std::lock_guard<std::mutex> lock(s.mu);
-  return std::count_if(s.pending.begin(), s.pending.end(), [&](const QueuedCopy& c) { return c.stream == stream; });
+  const auto it = s.streams.find(stream);
+  return it == s.streams.end() ? 0 : static_cast<int64_t>(it->second.pending.size());
 }
 
 void discard_queued_copies(cudaStream_t stream) {
@@ -162,78 +183,66 @@ void discard_queued_copies(cudaStream_t stream) {
   cudaGetLastError();
   PinnedStaging& s = staging();
   std::lock_guard<std::mutex> lock(s.mu);
-  s.pending.erase(std::remove_if(s.pending.begin(), s.pending.end(), [&](const QueuedCopy& c) { return c.stream == stream; }),
-                  s.pending.end());
-  if (s.pending.empty()) {
-    for (char* p : s.retired) cudaFreeHost(p);
-    s.retired.clear();
-    s.used = 0;
+  const auto it = s.streams.find(stream);
+  if (it == s.streams.end()) return;
+  StreamStaging& st = it->second;
+  for (const auto& r : st.retired) cudaFreeHost(r.ring);
+  if (st.ring) cudaFreeHost(st.ring);
+  s.streams.erase(it);  // a later stream may get this handle
+}
+
+// ---- UploadRing ----------------------------------------------------------------------------------
+
+UploadRing::UploadRing(cudaStream_t stream) : stream_(stream), spans_(kPinnedUploadBytes) {}
+
+UploadRing::~UploadRing() {
+  for (const InFlight& f : in_flight_) cudaEventDestroy(f.done);
+  for (cudaEvent_t e : spare_) cudaEventDestroy(e);
+  if (ring_) cudaFreeHost(ring_);
+}
+
+void UploadRing::give_back_oldest(bool wait, const std::string& what) {
+  const InFlight f = in_flight_.front();
+  if (wait) {
+    count_host_wait(work_issued() == f.work);
+    MN_CUDA_CHECK(cudaEventSynchronize(f.done), what + " (waiting for the pinned upload ring)");
   }
+  in_flight_.pop_front();
+  spans_.give_back_oldest();
+  spare_.push_back(f.done);
 }
 
-namespace {
-// Host-to-device copies staged in a pinned ring: a copy from pageable memory may make the driver
-// wait for the stream before it stages the bytes (the CUDA runtime's API synchronisation notes),
-// which would stall the host behind every queued kernel. An upload takes the next bytes of the ring
-// and records an event after its copy; the ring's bytes are written again only once that event has
-// passed (the host waits for it, counted, only when it has run a whole ring ahead of the device).
-struct PinnedUploads {
-  std::mutex mu;
-  char* ring = nullptr;
-  int64_t head = 0;
-  struct InFlight {
-    int64_t begin, end;
-    cudaEvent_t done;
-    int64_t work;  // work_issued() when it was recorded
-  };
-  std::deque<InFlight> in_flight;  // in ring order
-  std::vector<cudaEvent_t> spare;
-};
-PinnedUploads& uploads() {
-  static PinnedUploads* u = new PinnedUploads;  // never destroyed, as the staging above
-  return *u;
-}
-}  // namespace
-
-void upload_to_device(void* device_dst, const void* host_src, int64_t bytes, cudaStream_t stream, const std::string& what) {
+void UploadRing::upload(void* device_dst, const void* host_src, int64_t bytes, const std::string& what) {
   if (bytes <= 0) return;
   if (bytes > kPinnedUploadBytes / 4) throw Error(what + ": " + std::to_string(bytes) + " bytes is more than a staged upload takes");
-  PinnedUploads& u = uploads();
-  std::lock_guard<std::mutex> lock(u.mu);
-  if (!u.ring)
-    MN_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&u.ring), static_cast<size_t>(kPinnedUploadBytes)), "the pinned ring of host-to-device uploads");
-  const int64_t need = (bytes + 255) / 256 * 256;
-  if (u.head + need > kPinnedUploadBytes) u.head = 0;
-  const int64_t begin = u.head, end = begin + need;
-  // Free the ring's bytes [begin, end): the uploads there, the oldest in flight, must have been copied.
-  while (!u.in_flight.empty()) {
-    const PinnedUploads::InFlight& f = u.in_flight.front();
-    const bool overlaps = f.begin < end && begin < f.end;
-    const cudaError_t q = cudaEventQuery(f.done);
-    if (q != cudaSuccess && q != cudaErrorNotReady) MN_CUDA_CHECK(q, what);
-    if (q == cudaErrorNotReady) {
-      if (!overlaps) break;
-      g_host_waits.fetch_add(1, std::memory_order_relaxed);
-      if (work_issued() == f.work) g_host_drains.fetch_add(1, std::memory_order_relaxed);
-      MN_CUDA_CHECK(cudaEventSynchronize(f.done), what + " (waiting for the pinned upload ring)");
-    }
-    u.spare.push_back(f.done);
-    u.in_flight.pop_front();
+  if (!ring_)
+    MN_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&ring_), static_cast<size_t>(kPinnedUploadBytes)), "the pinned ring of host-to-device uploads");
+  // The uploads already copied give their bytes back (one stream: they complete oldest first).
+  while (!in_flight_.empty()) {
+    const cudaError_t q = cudaEventQuery(in_flight_.front().done);
+    if (q == cudaErrorNotReady) break;
+    MN_CUDA_CHECK(q, what);
+    give_back_oldest(false, what);
   }
-  std::memcpy(u.ring + begin, host_src, static_cast<size_t>(bytes));
-  MN_CUDA_CHECK(cudaMemcpyAsync(device_dst, u.ring + begin, static_cast<size_t>(bytes), cudaMemcpyHostToDevice, stream),
+  const int64_t need = (bytes + 255) / 256 * 256;
+  int64_t offset = spans_.take(need);
+  while (offset < 0) {  // a whole ring ahead of the device: wait for the oldest upload
+    give_back_oldest(true, what);
+    offset = spans_.take(need);
+  }
+  std::memcpy(ring_ + offset, host_src, static_cast<size_t>(bytes));
+  MN_CUDA_CHECK(cudaMemcpyAsync(device_dst, ring_ + offset, static_cast<size_t>(bytes), cudaMemcpyHostToDevice, stream_),
                 what + " (" + std::to_string(bytes) + " bytes)");
   note_work_issued();
   cudaEvent_t done = nullptr;
-  if (!u.spare.empty()) {
-    done = u.spare.back();
-    u.spare.pop_back();
+  if (!spare_.empty()) {
+    done = spare_.back();
+    spare_.pop_back();
   } else {
     MN_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "an upload's event");
   }
-  MN_CUDA_CHECK(cudaEventRecord(done, stream), what + " (its event)");
-  u.in_flight.push_back({begin, end, done, work_issued()});
-  u.head = end;
+  MN_CUDA_CHECK(cudaEventRecord(done, stream_), what + " (its event)");
+  in_flight_.push_back({done, work_issued()});
 }
 
 void check_after_launch(const char* name, dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream) {

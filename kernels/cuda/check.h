@@ -3,9 +3,12 @@
 #pragma once
 #include <cublasLt.h>
 
+#include <deque>
 #include <string>
+#include <vector>
 
 #include "cuda_compat.h"
+#include "ring_spans.h"
 
 namespace multinorm::cuda {
 
@@ -38,13 +41,36 @@ int64_t stream_waits(cudaStream_t stream);
 // host next waits for the stream (wait_for_stream). host_dst must stay valid until then; until
 // then it keeps its old bytes. The staging grows on first use and is reused once delivered.
 void queue_copy_to_host(void* host_dst, const void* device_src, int64_t bytes, cudaStream_t stream);
-// A host-to-device copy through a pinned ring (kPinnedUploadBytes, allocated on first use): the host
-// bytes are copied at once (the caller may reuse host_src when this returns) and the device copy is
-// queued with no wait for the stream, which a copy from pageable memory may make. At most a quarter
-// of the ring per copy. Not while the stream captures a graph (the replays would read whatever the
-// ring holds then).
+// Host-to-device copies staged in a pinned ring (kPinnedUploadBytes, allocated on first use), one per
+// stream: a cudaMemcpyAsync from pageable memory may make the driver wait for the stream before it
+// stages the bytes (the CUDA runtime's notes on API synchronisation), stalling the host behind every
+// queued kernel. upload() copies the bytes into the ring (the caller may reuse host_src when it
+// returns), queues the device copy from there and records an event after it; the ring's bytes are
+// written again once that event has passed; the host waits for it (counted) only when it has run a
+// whole ring ahead of the device. At most a quarter of the ring per copy. Not while the stream
+// captures a graph (a replay would copy whatever the ring holds then).
 constexpr int64_t kPinnedUploadBytes = 8ll << 20;
-void upload_to_device(void* device_dst, const void* host_src, int64_t bytes, cudaStream_t stream, const std::string& what);
+class UploadRing {
+ public:
+  explicit UploadRing(cudaStream_t stream);
+  ~UploadRing();
+  void upload(void* device_dst, const void* host_src, int64_t bytes, const std::string& what);
+
+ private:
+  void give_back_oldest(bool wait, const std::string& what);
+  struct InFlight {
+    cudaEvent_t done;
+    int64_t work;  // work_issued() after its copy
+  };
+  cudaStream_t stream_;
+  char* ring_ = nullptr;
+  RingSpans spans_;
+  std::deque<InFlight> in_flight_;  // oldest first, one per span of spans_
+  std::vector<cudaEvent_t> spare_;
+};
+// A host wait that does not go through the functions above (NCCL's completion poll): counted as one,
+// and as a drain when `drain`.
+void count_host_wait(bool drain);
 // Copies queued on `stream` and not yet delivered.
 int64_t queued_copies(cudaStream_t stream);
 // For a stream about to be destroyed: waits for it (not counted, errors ignored) and drops its

@@ -139,6 +139,7 @@ class CudaBackend final : public Backend {
     MN_CUDA_CHECK(cudaSetDevice(device), "selecting CUDA device " + std::to_string(device));
     MN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "creating the backend's stream");
     gemm_ = std::make_unique<LtGemm>();
+    uploads_ = std::make_unique<UploadRing>(stream_);
   }
   ~CudaBackend() override {
     discard_queued_copies(stream_);
@@ -146,6 +147,7 @@ class CudaBackend final : public Backend {
       if (g.exec) cudaGraphExecDestroy(g.exec);
     for (const Fence& f : fences_) cudaEventDestroy(f.event);
     for (cudaEvent_t e : spare_events_) cudaEventDestroy(e);
+    uploads_.reset();
     gemm_.reset();
     cudaStreamDestroy(stream_);
   }
@@ -166,6 +168,7 @@ class CudaBackend final : public Backend {
   // A fence is an event recorded on the stream with the counts of work and queued copies issued
   // before it; its events are reused once waited.
   int64_t fence() override {
+    if (capturing_) throw Error("a fence while the stream is capturing a graph (its event would be a graph node)");
     Fence f;
     if (!spare_events_.empty()) {
       f.event = spare_events_.back();
@@ -186,9 +189,9 @@ class CudaBackend final : public Backend {
     if (id > fences_recorded_) throw Error("CUDA backend: wait_for_fence(" + std::to_string(id) + "): no such fence");
     while (!fences_.empty() && fences_.front().id <= id) {
       const Fence f = fences_.front();
-      fences_.pop_front();
       // A wait for the whole stream since the fence was recorded finished it and delivered its copies.
       if (f.id == id && stream_waits(stream_) == f.stream_waits) wait_for_event(f.event, stream_, f.copies, f.work, "waiting for a fence");
+      fences_.pop_front();
       spare_events_.push_back(f.event);
     }
     fences_waited_ = id;
@@ -240,6 +243,10 @@ class CudaBackend final : public Backend {
     graphs_[static_cast<size_t>(id)] = {};
   }
   int64_t graph_replays() const override { return graph_replays_; }
+  int64_t resource_generation() const override {
+    return *rms_scratch_.generation() + *attn_scratch_.generation() + *bucket_scratch_.generation() + *reduce_scratch_.generation() +
+           *opt_scratch_.generation() + *descriptors_.generation();
+  }
   std::vector<KernelTime> take_profile() override { return profiler::take(); }
 
   int64_t workspace_bytes() const override {
@@ -275,7 +282,7 @@ class CudaBackend final : public Backend {
   void to_device(void* dst, const void* src, int64_t bytes) override {
     if (capturing_) throw Error("to_device (" + std::to_string(bytes) + " bytes) while the stream is capturing a graph (copy before the capture or the replay)");
     if (bytes <= kPinnedUploadBytes / 4) {
-      upload_to_device(dst, src, bytes, stream_, "to_device");
+      uploads_->upload(dst, src, bytes, "to_device");
       return;
     }
     MN_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyHostToDevice, stream_),
@@ -427,12 +434,27 @@ class CudaBackend final : public Backend {
   void sinkgd_update_many(const SinkGDTensor* tensors, int64_t count, const SinkGDArgs& a) override {
     const RuleScalars rule = optim_math::rule_scalars(a.lr, a.decoupled_decay);
     auto shape = [&](int64_t i) { return std::pair<int64_t, int64_t>{tensors[i].m, tensors[i].n}; };
+    // The launches first, and the scratch grown once to the largest: a table built with the scratch's
+    // address stays valid for the whole call (and the next update finds it in the descriptor cache).
+    std::vector<std::pair<int64_t, int64_t>> launches;  // (end, floats) of each launch
+    int64_t most = 0;
     for (int64_t begin = 0; begin < count;) {
       int64_t floats = 0;
       int64_t end = cuda_scratch::sinkgd_many_launch_end(begin, count, shape, &floats);
       for (int64_t i = begin + 1; i < end; ++i)  // a launch holds one dtype pair
-        if (tensors[i].w.dtype != tensors[begin].w.dtype || tensors[i].g.dtype != tensors[begin].g.dtype) end = i;
-      auto* uv = static_cast<float*>(scratch(opt_scratch_, static_cast<size_t>(floats) * 4, "sinkgd_update_many"));
+        if (tensors[i].w.dtype != tensors[begin].w.dtype || tensors[i].g.dtype != tensors[begin].g.dtype) end = i, floats = -1;
+      if (floats < 0) {  // cut short by a dtype: its own tensors' scratch
+        floats = 0;
+        for (int64_t i = begin; i < end; ++i) floats += sinkgd_scratch(tensors[i].m, tensors[i].n);
+      }
+      launches.emplace_back(end, floats);
+      most = std::max(most, floats);
+      begin = end;
+    }
+    float* const base = static_cast<float*>(scratch(opt_scratch_, static_cast<size_t>(most) * 4, "sinkgd_update_many"));
+    for (int64_t begin = 0, l = 0; begin < count; ++l) {
+      const int64_t end = launches[static_cast<size_t>(l)].first;
+      float* uv = base;
       sinkgd_items_.clear();
       for (int64_t i = begin; i < end; ++i) {
         const SinkGDTensor& t = tensors[i];
@@ -563,6 +585,7 @@ class CudaBackend final : public Backend {
   int device_;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<LtGemm> gemm_;
+  std::unique_ptr<UploadRing> uploads_;  // small host-to-device copies, through pinned memory
   Scratch rms_scratch_, attn_scratch_, bucket_scratch_, reduce_scratch_, opt_scratch_;
   DescriptorCache descriptors_;
   std::vector<AdamManyItem> many_items_;

@@ -117,6 +117,10 @@ class NcclCommunicator final : public Communicator {
     pending_.clear();
     count_ = 0;
     marks_used_ = 0;
+    // The host waits for the collectives: counted with the backend's waits, and as a drain (the
+    // compute stream has at most work that waits for them: it idles once they end, until the host
+    // queues more).
+    count_host_wait(true);
     poll(what, done_);
     // Later compute (the optimizer reading reduced gradients) is ordered after the collectives.
     MN_CUDA_CHECK(cudaStreamWaitEvent(compute_, done_, 0), "ordering compute after the collectives");

@@ -175,9 +175,11 @@ StepStats Optimizer::queued_step_stats() const {
   return st;
 }
 
-// The update's ops as a graph where the backend has graphs: run eagerly once (scratch grows, the
-// descriptor tables reach the device), captured the next time, replayed after; a graph whose
-// scratch moved is dropped and the cycle starts again.
+// The update's ops as a graph where the backend has graphs: run eagerly until one eager run moved no
+// buffer (scratch grown, descriptor tables uploaded: the next run finds everything where it is),
+// captured the next time, replayed after; a graph whose buffers moved is dropped and the cycle
+// starts again. A capture that fails (a buffer the ops could not find on the device) is abandoned
+// and the update runs eagerly; after two such failures the optimizer stops capturing.
 void Optimizer::apply(StepStats& st) {
   Backend& be = model_.backend();
   bool done = false;
@@ -188,24 +190,29 @@ void Optimizer::apply(StepStats& st) {
     } else {
       be.release_graph(graph_);
       graph_ = -1;
-      eager_applies_ = 0;
+      settled_ = false;
     }
-  } else if (graphs_ && eager_applies_ > 0 && rules_host_free() && be.begin_capture()) {
+  } else if (graphs_ && settled_ && failed_captures_ < 2 && rules_host_free() && be.begin_capture()) {
     try {
       apply_ops();
       graph_ = be.end_capture();
-    } catch (...) {
+    } catch (const Error& e) {
       be.abandon_capture();
-      throw;
+      ++failed_captures_;
+      capture_error_ = e.what();
+      settled_ = false;
     }
-    ++graph_captures_;
-    if (!be.replay(graph_)) throw Error("optimizer: a graph just captured could not be replayed");  // capturing ran nothing
-    ++graph_replays_;
-    done = true;
+    if (graph_ >= 0) {
+      ++graph_captures_;
+      if (!be.replay(graph_)) throw Error("optimizer: a graph just captured could not be replayed");  // capturing ran nothing
+      ++graph_replays_;
+      done = true;
+    }
   }
   if (!done) {
+    const int64_t before = be.resource_generation();
     apply_ops();
-    ++eager_applies_;
+    settled_ = be.resource_generation() == before;
   }
   const ShardPlan& plan = sharding_.plan;
   st.swan = be.take_swan_stats();

@@ -339,8 +339,9 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
     Clock::time_point t_compute;
     double data_s = 0, compute_s = 0, opt_s = 0, comm_wait_s = 0, comm_exposed_s = 0, forward_s = 0, backward_s = 0;
     int64_t fence = 0;          // deferred: after its step and its statistics' copy
+    double backward_end = 0;    // wall clock when this rank's backward pass was queued
   };
-  // The update's data and micro-batches, queued with no host wait; the gradient reduction finished.
+  // The update's data and micro-batches, queued with no host wait (the gradient reduction started).
   auto queue_micro_batches = [&](int64_t k) {
     UpdateWork w;
     w.k = k;
@@ -375,14 +376,18 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
     // When this rank's backward pass ended (wall clock: one clock for the ranks of a node, NTP's
     // across nodes): the latest over the ranks tells how much of this rank's communication wait was
     // waiting for a slower rank rather than for the collectives (metrics: comm_exposed_s).
-    const double backward_end = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-    grad_sync.finish();
-    double latest_backward_end = backward_end;
-    if (world > 1) comm.allreduce_max(&latest_backward_end, 1);
-    w.comm_wait_s = grad_sync.last_wait_seconds();
-    w.comm_exposed_s = std::max(0.0, w.comm_wait_s - (latest_backward_end - backward_end));
+    w.backward_end = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
     w.compute_s = since(w.t_compute);
     return w;
+  };
+  // The rest of the update's gradient reduction, waited for (a host wait on NCCL's completion, with
+  // the collective timeout).
+  auto finish_reduction = [&](UpdateWork& w) {
+    grad_sync.finish();
+    double latest_backward_end = w.backward_end;
+    if (world > 1) comm.allreduce_max(&latest_backward_end, 1);
+    w.comm_wait_s = grad_sync.last_wait_seconds();
+    w.comm_exposed_s = std::max(0.0, w.comm_wait_s - (latest_backward_end - w.backward_end));
   };
   // The update's loss over every rank from its micro-batches' queued losses (delivered by a wait).
   auto take_loss = [&](const UpdateWork& w, int64_t* counted_out) {
@@ -510,7 +515,9 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
     // are read after update k + 1's micro-batches are queued, so the device never waits for the host
     // between updates. Everything the host decides on update k (a divergence trip, a skip's count,
     // the metrics line, an evaluation, a checkpoint) comes before update k + 1's step is queued: k + 1's
-    // micro-batches read the weights and write only gradients, which a rollback zeroes anyway.
+    // micro-batches read the weights and write only gradients, which a rollback zeroes anyway. With
+    // data parallelism this happens while k + 1's backward pass and reduction run, and the host then
+    // waits for the reduction (every rank takes the same decisions: the statistics are global).
     std::optional<UpdateWork> pending;
     int64_t k = first;
     while (true) {
@@ -537,12 +544,16 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
           if (const auto trip = monitor.check_grad_norm(st.grad_norm)) rolled_back = on_trip(*trip, w.k);
         if (!rolled_back) rolled_back = record_update(w, loss, counted, st, finite, false);
         if (rolled_back) {
-          if (more) model.take_queued_losses();  // update k's micro-batches: their gradients are zeroed next
+          if (more) {  // update k's micro-batches: their reduction completed, their losses dropped, their gradients zeroed next
+            finish_reduction(next);
+            model.take_queued_losses();
+          }
           k = state.step + 1;
           continue;
         }
       }
       if (!more) break;
+      finish_reduction(next);
       const auto t_opt = Clock::now();
       optimizer.queue_step(k, k - state.skipped);  // the skipped count covers every update before k
       next.fence = backend->fence();
@@ -553,6 +564,7 @@ TrainResult train(const RunConfig& run, const TrainOptions& opt) {
   } else {
     for (int64_t k = first; k <= last; ++k) {
       UpdateWork w = queue_micro_batches(k);
+      finish_reduction(w);
       // The update's one host wait: its statistics (norm, clip factor, skip flag), which brings the queued losses.
       optimizer.measure_gradient_norm(k);
       int64_t counted = 0;
