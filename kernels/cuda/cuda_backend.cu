@@ -270,6 +270,7 @@ class CudaBackend final : public Backend {
                   cudaGetErrorName(e) + "); the device has " + std::to_string(free_b) + " of " + std::to_string(total_b) + " bytes free");
     }
     MN_CUDA_CHECK(cudaMemsetAsync(p, 0, static_cast<size_t>(bytes), stream_), "zero-filling a new allocation");
+    note_work_issued();
     return p;
   }
   void release(void* ptr) override {

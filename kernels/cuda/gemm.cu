@@ -78,7 +78,10 @@ void LtGemm::run(void* out, cudaDataType out_type, const void* a, const void* b,
                  bool tb, bool accumulate, cudaStream_t stream) {
   if (M == 0 || N == 0) return;
   if (K == 0) {  // an empty sum: out = 0, or unchanged when accumulating
-    if (!accumulate) MN_CUDA_CHECK(cudaMemsetAsync(out, 0, M * N * (out_type == CUDA_R_16BF ? 2 : 4), stream), "matmul with K = 0");
+    if (!accumulate) {
+      MN_CUDA_CHECK(cudaMemsetAsync(out, 0, M * N * (out_type == CUDA_R_16BF ? 2 : 4), stream), "matmul with K = 0");
+      note_work_issued();
+    }
     return;
   }
   const Plan& p = plan(Key{M, N, K, ta, tb, static_cast<int>(in_type), static_cast<int>(out_type), alignment_of(out), alignment_of(a), alignment_of(b)});

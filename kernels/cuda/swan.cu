@@ -230,6 +230,7 @@ SwanResult swan(T* w, const G* g, int64_t m, int64_t n, const SwanParams& a, LtG
     if (wide) gemm.run(U, CUDA_R_32F, Z, X, CUDA_R_32F, m, n, m, false, false, false, stream);  // U = Z X
     else gemm.run(U, CUDA_R_32F, X, Z, CUDA_R_32F, m, n, n, false, false, false, stream);       // U = X Z
     MN_CUDA_CHECK(cudaMemsetAsync(nonfinite, 0, sizeof(unsigned), stream), "swan");
+    note_work_issued();
     launch("swan_count_nonfinite", count_nonfinite_kernel, dim3(grid_for(m * n)), dim3(kThreads), 0, stream, nonfinite, U, m * n);
     result.residual = read_resid();
     unsigned bad = 0;
@@ -251,6 +252,7 @@ SwanResult swan(T* w, const G* g, int64_t m, int64_t n, const SwanParams& a, LtG
   polar_exact_fp64(Ud.data(), hx.data(), m, n, M.data(), Ah.data(), B.data(), Zh.data());
   double* dU = reinterpret_cast<double*>(X);  // X and U [m n floats each] are contiguous: m n doubles
   MN_CUDA_CHECK(cudaMemcpyAsync(dU, Ud.data(), m * n * 8, cudaMemcpyHostToDevice, stream), "swan exact path (U to the device)");
+  note_work_issued();
   launch("swan_apply_exact", swan_apply_exact_kernel<T>, dim3(grid_for(m * n)), dim3(kThreads), 0, stream, w, dU, m * n, rule, sqrt_max, a.write,
          a.scalars.at, a.scalars.slot);
   wait_for_stream(stream, "swan exact path");  // Ud (host) must outlive the copy
