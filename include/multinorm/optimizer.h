@@ -164,6 +164,10 @@ class Optimizer {
   UpdateScalars* scalars_ = nullptr;  // backend memory: what the update's ops read
   UpdateScalars host_scalars_;        // the host part's next contents
   std::vector<int> slot_;             // per tensor: its (rule, learning-rate group) slot
+  std::vector<size_t> slot_first_;    // per slot: its first tensor (whose rule forms the slot's scalars)
+  std::vector<size_t> mine_;          // the tensors this rank updates, their gradients and sizes
+  std::vector<Buf> mine_grads_;
+  std::vector<int64_t> mine_sizes_;
   UpdateStatistics measured_;         // the statistics measure_gradient_norm() read
   UpdateStatistics queued_;           // queue_step()'s, delivered by a later wait
   StepStats queued_lr_;               // the learning rates of the update queue_step() queued

@@ -49,7 +49,12 @@ Optimizer::Optimizer(LlamaModel& model, const RunConfig& run, const OptimizerSha
       slots[key] = next;
     }
     slot_.push_back(slots[key]);
+    if (static_cast<size_t>(slots[key]) == slot_first_.size()) slot_first_.push_back(i);
   }
+  // The gradients this rank measures, listed once (every update passes the same list).
+  for (size_t i = 0; i < assign_.size(); ++i)
+    if (sharding_.plan.mine(i))
+      mine_.push_back(i), mine_grads_.push_back(model_.grad(*assign_[i].tensor)), mine_sizes_.push_back(assign_[i].tensor->numel());
   Backend& be = model_.backend();
   scalars_ = static_cast<UpdateScalars*>(be.allocate(sizeof(UpdateScalars)));
   arena_ = be.allocate(std::max<int64_t>(local_state_bytes_, 1));
@@ -75,26 +80,22 @@ Optimizer::~Optimizer() {
 double Optimizer::measure_gradient_norm(int64_t update) {
   Backend& be = model_.backend();
   const ShardPlan& plan = sharding_.plan;
-  std::vector<size_t> mine;
-  std::vector<Buf> grads;
-  std::vector<int64_t> sizes;
-  for (size_t i = 0; i < assign_.size(); ++i)
-    if (plan.mine(i)) mine.push_back(i), grads.push_back(model_.grad(*assign_[i].tensor)), sizes.push_back(assign_[i].tensor->numel());
+  const int64_t count = static_cast<int64_t>(mine_.size());
   const double clip = run_.optimizer.grad_clip;
   if (plan.sharded()) {
     // The global norm from per-tensor sums of squares added in tensor order: the same FP64 number
     // whether one rank holds every reduced gradient or each owner its own (the others add zeros).
     // The rank's sums come back in one crossing, are summed over the ranks, and the statistics go
     // to the backend's memory for the update's kernels.
-    std::vector<double> squares(assign_.size(), 0.0), mine_squares(mine.size());
-    be.sum_squares_many(grads.data(), sizes.data(), static_cast<int64_t>(mine.size()), mine_squares.data());
-    for (size_t k = 0; k < mine.size(); ++k) squares[mine[k]] = mine_squares[k];
+    std::vector<double> squares(assign_.size(), 0.0), mine_squares(mine_.size());
+    be.sum_squares_many(mine_grads_.data(), mine_sizes_.data(), count, mine_squares.data());
+    for (size_t k = 0; k < mine_.size(); ++k) squares[mine_[k]] = mine_squares[k];
     sharding_.host->allreduce_sum(squares.data(), static_cast<int64_t>(squares.size()));
     measured_ = optim_math::finish_statistics(squares.data(), static_cast<int64_t>(squares.size()), clip);
     be.to_device(&scalars_->stats, &measured_, sizeof(UpdateStatistics));
   } else {
     // Computed where the gradients are, then read: the update's one crossing.
-    be.update_statistics(scalars_, grads.data(), sizes.data(), static_cast<int64_t>(grads.size()), clip);
+    be.update_statistics(scalars_, mine_grads_.data(), mine_sizes_.data(), count, clip);
     be.to_host(&measured_, &scalars_->stats, sizeof(UpdateStatistics));
   }
   measured_update_ = update;
@@ -114,10 +115,7 @@ StepStats Optimizer::learning_rates(int64_t update) const {
 
 void Optimizer::write_scalars(const StepStats& lr, int64_t update, int64_t applied) {
   host_scalars_.update = static_cast<uint64_t>(update);
-  std::vector<bool> done(kUpdateRuleSlots, false);
-  for (size_t i = 0; i < assign_.size(); ++i) {
-    if (done[static_cast<size_t>(slot_[i])]) continue;
-    done[static_cast<size_t>(slot_[i])] = true;
+  for (const size_t i : slot_first_) {
     UpdateContext ctx;
     ctx.lr = static_cast<float>(assign_[i].matrix ? lr.lr_matrix : lr.lr_fallback);
     ctx.update = update;
@@ -159,10 +157,7 @@ void Optimizer::queue_step(int64_t update, int64_t applied) {
   Backend& be = model_.backend();
   queued_lr_ = learning_rates(update);
   write_scalars(queued_lr_, update, applied);
-  std::vector<Buf> grads;
-  std::vector<int64_t> sizes;
-  for (const auto& a : assign_) grads.push_back(model_.grad(*a.tensor)), sizes.push_back(a.tensor->numel());
-  be.update_statistics(scalars_, grads.data(), sizes.data(), static_cast<int64_t>(grads.size()), run_.optimizer.grad_clip);
+  be.update_statistics(scalars_, mine_grads_.data(), mine_sizes_.data(), static_cast<int64_t>(mine_.size()), run_.optimizer.grad_clip);
   apply(queued_lr_);  // a skipped update's kernels return at once
   be.to_host_queued(&queued_, &scalars_->stats, sizeof(UpdateStatistics));
 }
