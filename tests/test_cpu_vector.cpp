@@ -76,11 +76,30 @@ namespace {
 #pragma omp simd
   for (int64_t j = 0; j < n; ++j) s[j] = exp_f32(scale * s[j] - l);
 }
+// The sum of e[0..n) in exp_rows.h's documented order: with AVX-512, whole vectors of 16 into lanes
+// j mod 16, the last n mod 16 values into lane 0, then 0 + lane 0 + ... + lane 15 (the order GCC 12's
+// `omp simd reduction` used where the kernels were written, a Zen 4; GCC picks another for some
+// lengths on a Sapphire Rapids, so the order is asserted, not GCC's choice); without it, the `omp
+// simd` loop the kernel still is.
+float documented_sum(const std::vector<float>& e, float omp_simd_sum) {
+#if defined(__AVX512F__)
+  (void)omp_simd_sum;
+  const int64_t n = static_cast<int64_t>(e.size()), whole = n / 16 * 16;
+  float lanes[16] = {}, sum = 0.0f;
+  for (int64_t j = 0; j < whole; ++j) lanes[j % 16] += e[j];
+  for (int64_t j = whole; j < n; ++j) lanes[0] += e[j];
+  for (const float lane : lanes) sum += lane;
+  return sum;
+#else
+  return omp_simd_sum;
+#endif
+}
 }  // namespace
 
 // The softmaxes' exp rows (the cross-entropy's and attention's) give the bits of the `omp simd`
-// loops they replaced, sums included (the order GCC adds a reduction in), for every length from 0
-// to 100 (whole vectors, a tail, no vector at all) and arguments from the underflow to the clamp.
+// loops they replaced, element by element, and sum them in their documented order, for every length
+// from 0 to 100 (whole vectors, a tail, no vector at all) and arguments from the underflow to the
+// clamp.
 TEST(FastMath, ExpRowsKeepTheOmpSimdLoopsBits) {
   std::mt19937 gen(5);
   std::normal_distribution<float> d(0.0f, 30.0f);
@@ -88,13 +107,15 @@ TEST(FastMath, ExpRowsKeepTheOmpSimdLoopsBits) {
     std::vector<float> x(n), l(n), a(n), b(n);
     for (int64_t j = 0; j < n; ++j) x[j] = d(gen), l[j] = d(gen);
     const float m = n > 0 ? *std::max_element(x.begin(), x.end()) : 0.0f, scale = 0.37f;
-    const float want = omp_simd_exp_sum(a.data(), x.data(), m, n), got = cpu::exp_sum_shifted(b.data(), x.data(), m, n);
+    const float simd = omp_simd_exp_sum(a.data(), x.data(), m, n), got = cpu::exp_sum_shifted(b.data(), x.data(), m, n);
+    const float want = documented_sum(a, simd);
     EXPECT_EQ(std::memcmp(&want, &got, 4), 0) << "n " << n;
     EXPECT_EQ(a, b) << "n " << n;
     const float alone = cpu::exp_sum_shifted(nullptr, x.data(), m, n);  // the loss without the gradient
     EXPECT_EQ(std::memcmp(&want, &alone, 4), 0) << "n " << n;
     a = x, b = x;
-    const float want_s = omp_simd_exp_sum_scaled(a.data(), scale, m, n), got_s = cpu::exp_sum_scaled(b.data(), scale, m, n);
+    const float simd_s = omp_simd_exp_sum_scaled(a.data(), scale, m, n), got_s = cpu::exp_sum_scaled(b.data(), scale, m, n);
+    const float want_s = documented_sum(a, simd_s);
     EXPECT_EQ(std::memcmp(&want_s, &got_s, 4), 0) << "n " << n;
     EXPECT_EQ(a, b) << "n " << n;
     a = x, b = x;
