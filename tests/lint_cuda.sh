@@ -6,9 +6,10 @@
 #     in kernels/cuda/warp_matrix.cuh only, whose every primitive has an emulated path that follows
 #     the PTX ISA's fragment layouts (tests/test_warp_matrix.cpp);
 #   - no grid-wide synchronisation (cooperative groups' grid sync, spinning on another block's flag);
-#   - the host waits for the device only through check.cu (wait_for_stream, wait_for_event, the upload
-#     ring), which counts the waits (environment.cu's NCCL self-test, outside the backend, and the
-#     profiler's event reads, which only profiling runs make, excepted);
+#   - the host waits for the device only through the backend's queue (kernels/cuda/cuda_queue.cu:
+#     its waits, fences, reads and upload ring), which counts the waits (environment.cu's NCCL
+#     self-test, outside the backend, the profiler's event reads, which only profiling runs make, and
+#     check.cu's synchronisation after each launch in debug builds, a diagnostic mode, excepted);
 #   - a grid-wide index or stride (blockIdx.x * blockDim.x, gridDim.x * blockDim.x) is formed in 64
 #     bits: in 32 bits it wraps past 2^31 elements (a 7B model's gradient arena is 6.7e9).
 # A rule is broken when a pattern appears in code (comment lines are skipped).
@@ -41,11 +42,11 @@ if [ -n "$hits" ]; then
   echo "$hits"
   fail=1
 fi
-# every host wait goes through kernels/cuda/check.cu, which counts it
+# every host wait goes through kernels/cuda/cuda_queue.cu, which counts it
 hits=$(grep -nHE 'cudaStreamSynchronize|cudaDeviceSynchronize|cudaEventSynchronize' $files | grep -vE '^[^:]+:[0-9]+:\s*//' |
-  grep -vE '^kernels/cuda/(check|environment|profiler)\.cu:' || true)
+  grep -vE '^kernels/cuda/(cuda_queue|check|environment|profiler)\.cu:' || true)
 if [ -n "$hits" ]; then
-  echo "lint_cuda: a host wait outside wait_for_stream (kernels/cuda/check.cu), which counts them:"
+  echo "lint_cuda: a host wait outside the queue (kernels/cuda/cuda_queue.cu), which counts them:"
   echo "$hits"
   fail=1
 fi

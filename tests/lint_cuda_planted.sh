@@ -30,9 +30,9 @@ out=$(bash "$lint" "$d")
 rc=$?
 status=0
 [ $rc -ne 0 ] || { echo "lint_cuda_planted: the planted tree passes"; status=1; }
-for m in "<<< >>>" "extern __shared__" "inline assembly" "architecture branch" "grid-wide synchronisation" "formed in 32 bits" "host wait outside wait_for_stream"; do
+for m in "<<< >>>" "extern __shared__" "inline assembly" "architecture branch" "grid-wide synchronisation" "formed in 32 bits" "host wait outside the queue"; do
   grep -qF "$m" <<<"$out" || { echo "lint_cuda_planted: no '$m' message"; status=1; }
 done
-grep -qF "planted_event.cu" <<<"$out" || { echo "lint_cuda_planted: an event wait outside check.cu is not reported"; status=1; }
+grep -qF "planted_event.cu" <<<"$out" || { echo "lint_cuda_planted: an event wait outside cuda_queue.cu is not reported"; status=1; }
 [ $status -eq 0 ] && echo "lint_cuda_planted: every rule fires"
 exit $status

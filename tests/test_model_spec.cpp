@@ -64,8 +64,8 @@ TEST(ParamGroups, PaperDefaultSplit) {
   const ModelConfig m = paper_config("llama_60m");
   const auto t = llama_parameters(m);
   OptimizerConfig o;
-  o.name = "sinkgd";
-  o.fallback = "adam";
+  o.name = OptimizerKind::SinkGD;
+  o.fallback = OptimizerKind::Adam;
   o.matrix_params = {"model.layers.*.self_attn.q_proj.weight", "model.layers.*.self_attn.k_proj.weight",
                      "model.layers.*.self_attn.v_proj.weight", "model.layers.*.self_attn.o_proj.weight",
                      "model.layers.*.mlp.gate_proj.weight",    "model.layers.*.mlp.up_proj.weight",
@@ -73,11 +73,11 @@ TEST(ParamGroups, PaperDefaultSplit) {
   int64_t matrix = 0, fallback = 0;
   for (const auto& a : assign_optimizers(t, o)) {
     if (a.matrix) {
-      EXPECT_EQ(a.optimizer, "sinkgd");
+      EXPECT_EQ(a.optimizer, OptimizerKind::SinkGD);
       EXPECT_EQ(a.tensor->shape.size(), 2u);
       matrix += a.tensor->numel();
     } else {
-      EXPECT_EQ(a.optimizer, "adam") << a.tensor->name;
+      EXPECT_EQ(a.optimizer, OptimizerKind::Adam) << a.tensor->name;
       fallback += a.tensor->numel();
     }
   }
@@ -86,9 +86,9 @@ TEST(ParamGroups, PaperDefaultSplit) {
   // SinkGD cannot take a vector.
   o.matrix_params = {"*"};
   EXPECT_THROW(assign_optimizers(t, o), ConfigError);
-  EXPECT_EQ(optimizer_state_slots("sinkgd"), 0);
-  EXPECT_EQ(optimizer_state_slots("swan"), 0);
-  EXPECT_EQ(optimizer_state_slots("adam"), 2);
-  EXPECT_EQ(optimizer_state_slots("sgd", 0.9), 1);
-  EXPECT_THROW(optimizer_state_slots("lion"), ConfigError);
+  EXPECT_EQ(optimizer_state_slots(OptimizerKind::SinkGD), 0);
+  EXPECT_EQ(optimizer_state_slots(OptimizerKind::Swan), 0);
+  EXPECT_EQ(optimizer_state_slots(OptimizerKind::Adam), 2);
+  EXPECT_EQ(optimizer_state_slots(OptimizerKind::Sgd, 0.9), 1);
+  EXPECT_THROW(parse_choice<OptimizerKind>("lion", "optimizer.name"), ConfigError);
 }

@@ -647,7 +647,7 @@ TEST(Rounding, StochasticIsUnbiasedAndReproducible) {
 
 TEST(Schedule, WarmupThenCosineToMinRatio) {
   ScheduleConfig s;
-  s.kind = "cosine";
+  s.kind = ScheduleKind::Cosine;
   s.total_steps = 1000;
   s.warmup_steps = 100;
   s.min_lr_ratio = 0.1;
@@ -660,12 +660,12 @@ TEST(Schedule, WarmupThenCosineToMinRatio) {
   EXPECT_DOUBLE_EQ(schedule_multiplier(s, 1), 0.0);      // GaLore: the first update runs at lr 0
   EXPECT_DOUBLE_EQ(schedule_multiplier(s, 101), 1.0);
   s.galore_offset = false;
-  s.kind = "linear";
+  s.kind = ScheduleKind::Linear;
   EXPECT_NEAR(schedule_multiplier(s, 550), 0.55, 1e-12);
   EXPECT_NEAR(schedule_multiplier(s, 325), 0.775, 1e-12);
-  s.kind = "constant";
+  s.kind = ScheduleKind::Constant;
   EXPECT_DOUBLE_EQ(schedule_multiplier(s, 900), 1.0);
   s.warmup_steps = 0;
-  s.kind = "cosine";
+  s.kind = ScheduleKind::Cosine;
   EXPECT_NEAR(schedule_multiplier(s, 0), 1.0, 1e-12);
 }

@@ -193,7 +193,7 @@ TEST(OptimizerLayer, SkippedUpdatesDoNotAdvanceAdamsBiasCorrection) {
 }
 
 TEST(OptimizerLayer, UnknownOptimizerAndVectorMatrixParamsAreErrors) {
-  EXPECT_THROW(make_rule("lion", OptimizerConfig{}), ConfigError);
+  EXPECT_THROW(parse_choice<OptimizerKind>("lion", "optimizer.name"), ConfigError);
   json j = tiny_run("sinkgd");
   j["optimizer"]["matrix_params"] = json::array({"*norm*"});
   const RunConfig run = run_config_from_json(j, "test");

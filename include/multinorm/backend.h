@@ -5,6 +5,10 @@
 // CudaBackend (cuBLASLt + hand-written kernels, kernels/cuda/), which lives in the dlopen'ed CUDA
 // plugin and is created through make_backend (include/multinorm/device.h).
 //
+// A device backend queues its ops and returns at once: the order of its work, the host's waits for
+// it and its graphs are its WorkQueue (work_queue.h), handed out by queue(); the CPU backend's ops are
+// done when they return and its queue is synchronous.
+//
 // Conventions: row-major storage; "act" tensors are stored in the parameter dtype (bf16 or fp32);
 // every reduction accumulates in FP32; ops are deterministic for a given thread count.
 #pragma once
@@ -19,6 +23,7 @@
 #include "multinorm/dtype.h"
 #include "multinorm/error.h"
 #include "multinorm/update_scalars.h"
+#include "multinorm/work_queue.h"
 #include "multinorm/write_back.h"
 
 namespace multinorm {
@@ -105,22 +110,8 @@ class Backend {
   // Whether buffers from allocate() are host memory a caller may hand to the host (MPI, memcpy)
   // directly; otherwise every crossing goes through to_host / to_device.
   virtual bool host_memory() const = 0;
-  // Waits until every op issued so far has finished (profiling and benchmarks only; a no-op on the
-  // CPU, whose ops are synchronous).
-  virtual void synchronize() = 0;
-  // How many times so far the host has waited for this device (a device-to-host copy, a stream
-  // synchronisation): each wait drains the queue of work the device had ahead. 0 for the CPU backend.
-  virtual int64_t host_synchronisations() const { return 0; }
-  // Of those, the waits after which the device had nothing left to do (a stream synchronisation, or
-  // a fence with no work issued after it): each leaves the GPU idle until the host queues more.
-  virtual int64_t host_drains() const { return 0; }
-  // A fence: a point in the queue of work issued so far (an event on a device; 0 on the CPU, whose
-  // ops are done when they return). wait_for_fence(f) waits until the work issued before f has
-  // finished, while the work issued after it keeps the device busy, and delivers the to_host_queued
-  // copies issued before f. Fences are increasing; waiting for one at or before the latest waited is
-  // free and not counted.
-  virtual int64_t fence() { return 0; }
-  virtual void wait_for_fence(int64_t fence) { (void)fence; }
+  // The order of this backend's work: fences, waits, late copies to the host, graphs, counters.
+  virtual WorkQueue& queue() = 0;
   // Bytes of scratch the backend holds now (grown on first use, reused after; counted by
   // multinorm info as backend_scratch_bytes).
   virtual int64_t workspace_bytes() const = 0;
@@ -136,38 +127,12 @@ class Backend {
   virtual void set_profiling(bool on) { (void)on; }
   virtual std::vector<KernelTime> take_profile() { return {}; }
 
-  // ---- graphs: a sequence of ops recorded once and replayed (CUDA graphs) ---------------------
-  // Between begin_capture() and end_capture() the ops issued are recorded, not run: they may not
-  // allocate, wait for the device, or copy to or from the host (a device backend's capture fails
-  // at end_capture naming the call). end_capture() returns a graph id; replay(id) runs the recorded
-  // ops in order, on the same buffers, as one launch. begin_capture() returns false when the backend
-  // has no graphs (the CPU; the CUDA backend while profiling): then run the ops eagerly.
-  // abandon_capture() ends a capture that an error interrupted, discarding it.
-  virtual bool begin_capture() { return false; }
-  virtual int64_t end_capture() { throw Error(name() + ": no graph capture"); }
-  virtual void abandon_capture() {}
-  // false: not replayed, because a buffer the graph uses was reallocated since its capture (a larger
-  // shape grew a scratch buffer) or the backend is profiling: release it and run the ops eagerly.
-  virtual bool replay(int64_t graph) { (void)graph; throw Error(name() + ": no graphs"); }
-  virtual void release_graph(int64_t graph) { (void)graph; }
-  // Graph replays so far.
-  virtual int64_t graph_replays() const { return 0; }
-  // Moves so far of the buffers a graph may hold the address of (scratch growing, descriptor tables
-  // starting over): a sequence of ops during which it did not change will find its buffers where
-  // they are when it is run again, so it can be captured.
-  virtual int64_t resource_generation() const { return 0; }
-
   // ---- memory ---------------------------------------------------------------------------------
   virtual void* allocate(int64_t bytes) = 0;  // zero-filled, 64-byte aligned
   virtual void release(void* ptr) = 0;
   virtual void to_device(void* dst, const void* host_src, int64_t bytes) = 0;
+  // Waits for the copy (and so for every op issued before it): a host wait.
   virtual void to_host(void* host_dst, const void* src, int64_t bytes) = 0;
-  // A device-to-host copy that does not wait: host_dst receives the bytes when the host next waits
-  // for this device (synchronize, to_host, sum_squares_many, ...: any wait host_synchronisations
-  // counts) and keeps its old bytes until then; it must stay valid until then. The CPU copies now.
-  virtual void to_host_queued(void* host_dst, const void* src, int64_t bytes) { to_host(host_dst, src, bytes); }
-  // Waits for the device only if to_host_queued copies are still undelivered (then they are).
-  virtual void deliver_queued_copies() {}
   virtual void zero(Buf x, int64_t n) = 0;
   virtual void convert(Buf dst, Buf src, int64_t n) = 0;  // copy with dtype conversion (RNE to bf16)
 
@@ -227,6 +192,10 @@ class Backend {
   // dlogits may alias logits when both are FP32.
   virtual void cross_entropy(float* losses, Buf dlogits, const float* logits, const int32_t* targets,
                              const uint8_t* mask, int64_t N, int64_t V, float grad_scale) = 0;
+  // totals (backend memory) += one micro-batch's losses[N] over the positions where mask[i] (the FP64
+  // sum in optim_math's fixed lane order: the same bits on every backend), their count and mean
+  // (optim_math::add_micro_batch_loss; nothing when no position counts).
+  virtual void accumulate_loss(LossTotals* totals, const float* losses, const uint8_t* mask, int64_t N) = 0;
   // The loss head: cross_entropy (as above) of logits[N,V] = x[N,C] w[V,C]^T, FP32. `logits` is FP32
   // scratch of N V the caller provides; a backend may fuse the two and never write it (the CPU's AMX
   // path computes 32 rows of logits at a time and runs the cross-entropy on them while they are in
@@ -239,18 +208,18 @@ class Backend {
 
   // ---- optimizer ops: one tensor per call (the _many ops: a list). w in the parameter dtype; g the
   // same, or FP32 gradients of BF16 weights (precision.grads = fp32) ------------------------------
-  virtual double sum_squares(Buf x, int64_t n) = 0;  // FP64 accumulation (global-norm clipping)
-  // out[i] = sum_squares(xs[i], ns[i]) for `count` tensors, each the same number as one call gives; a
-  // device backend reads them back together (one host crossing, not one per tensor).
-  virtual void sum_squares_many(const Buf* xs, const int64_t* ns, int64_t count, double* out) {
-    for (int64_t i = 0; i < count; ++i) out[i] = sum_squares(xs[i], ns[i]);
-  }
+  // The FP64 sum of squares of x[n], read back (a host wait: the checkpoint's check that the weights
+  // are finite).
+  virtual double sum_squares(Buf x, int64_t n) = 0;
+  // out[i] = sum_squares(xs[i], ns[i]) for `count` tensors, into backend memory, with no host wait
+  // (each the same number as one sum_squares call gives).
+  virtual void sum_squares_many(const Buf* xs, const int64_t* ns, int64_t count, double* out) = 0;
   virtual void scale(Buf x, int64_t n, float factor) = 0;
-  // An update's statistics, computed where the gradients are, with no host wait: s->stats (backend
-  // memory) <- the global norm of the `count` tensors (their sum_squares_many values added in
-  // tensor order, then the square root), the clip factor for grad_clip (0: no clipping) and the skip
-  // flag (norm not finite) (optim_math::finish_statistics). The host reads them when it likes.
-  virtual void update_statistics(UpdateScalars* s, const Buf* xs, const int64_t* ns, int64_t count, double grad_clip) = 0;
+  // An update's statistics where the gradients are, with no host wait: s->stats (backend memory) from
+  // the per-tensor sums of squares squares[count] and the loss totals (both backend memory, over every
+  // rank), the clip threshold grad_clip (0: none) and s's spike threshold, skip_spikes and
+  // token_mean (optim_math::finish_statistics). The host reads them when it likes.
+  virtual void update_statistics(UpdateScalars* s, const LossTotals* loss, const double* squares, int64_t count, double grad_clip) = 0;
   // x[n] *= s->stats.clip_factor, read where the op runs; nothing when the factor is 1 or the update
   // is skipped. The same bits as scale(x, n, factor).
   virtual void clip_gradients(Buf x, int64_t n, const UpdateScalars* s) = 0;
@@ -270,8 +239,8 @@ class Backend {
   // SWAN: row normalisation then whitening sqrt(max(m,n)) (X X^T)^(-1/2) X (X (X^T X)^(-1/2) when
   // m > n), so ||U||_F = sqrt(mn); see kernels/cpu/swan.cpp
   virtual void swan_update(Buf w, Buf g, int64_t m, int64_t n, const SwanArgs& args) = 0;
-  // Newton-Schulz convergence of the swan_update calls since the last call (then reset): read once
-  // per optimizer update, so a device backend keeps it on the device until then.
+  // Newton-Schulz convergence of the swan_update calls since the last call (then reset), counting
+  // no call of a skipped update. (Known on the host when swan_update returns: it reads its residual.)
   virtual SwanStats take_swan_stats() = 0;
   // Adam/AdamW with torch semantics; states m, v in their own dtype
   virtual void adam_update(Buf w, Buf g, Buf m, Buf v, int64_t n, const AdamArgs& args) = 0;

@@ -7,7 +7,7 @@
 #pragma once
 #include <stddef.h>
 
-#define MULTINORM_CUDA_PLUGIN_ABI 9
+#define MULTINORM_CUDA_PLUGIN_ABI 10
 
 #ifdef __cplusplus
 extern "C" {

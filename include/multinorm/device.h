@@ -3,6 +3,8 @@
 #pragma once
 #include <memory>
 #include <string>
+
+#include "multinorm/config_choices.h"
 #include <vector>
 
 #include "multinorm/backend.h"
@@ -44,7 +46,8 @@ struct BackendChoice {
 // "auto" falls back to the CPU when no GPU is usable; "cuda" without one is an Error. "cuda" with the
 // emulated plugin (MULTINORM_CUDA_PLUGIN=.../libmultinorm_cuda_emulated.so) runs the CUDA backend's
 // kernels on the CPU, slowly; "auto" never picks the emulation.
-BackendChoice choose_backend(const std::string& requested);
+BackendChoice choose_backend(BackendRequest requested);
+BackendChoice choose_backend(const std::string& requested);  // a command-line --backend: its name parsed
 // Why `auto` must not fall back to the CPU for this probe ("" when it may): a machine with an NVIDIA
 // driver whose GPUs the CUDA runtime cannot use (a driver too old for the plugin's CUDA, devices busy
 // or in an error state) is a broken GPU node, not a CPU machine; training there on the CPU would be

@@ -11,6 +11,7 @@
 
 #include "multinorm/activation_plan.h"
 #include "multinorm/backend.h"
+#include "multinorm/graph_cache.h"
 #include "multinorm/model_config.h"
 #include "multinorm/model_spec.h"
 
@@ -98,33 +99,26 @@ class LlamaModel {
   std::vector<float> params_to_host() const;
   std::vector<float> grads_to_host() const;
   void params_from_host(const std::vector<float>& values);
+  // A new update starts: the gradient arena and the update's loss totals are zeroed.
   void zero_grads();
   // Bumped by zero_grads() and every backward pass: what the gradient arena holds has changed.
   int64_t gradient_version() const { return grad_version_; }
 
-  // Mean-free loss sums; forward() only evaluates. forward_backward() accumulates into the gradient
-  // arena the gradient of grad_scale * (sum of counted per-position losses).
+  // A training micro-batch, queued with no host wait: accumulates into the gradient arena the
+  // gradient of grad_scale * (sum of counted per-position losses), and adds its losses to the
+  // update's loss totals (backend memory: update_loss_totals(); the optimizer's statistics read them).
+  // With graphs on (a backend that has them: CUDA) its ops are one graph per shape and grad_scale
+  // (GraphCache); with a gradient listener (data parallelism's last micro-batch) or profiling they run
+  // eagerly.
+  void queue_forward_backward(const MicroBatch& mb, float grad_scale);
+  LossTotals* update_loss_totals() { return loss_totals_; }
+  LossTotals read_update_loss() const;  // a host wait (tests, benchmarks)
+  // Mean-free loss sums, read back (a host wait): forward() only evaluates; forward_backward() is
+  // queue_forward_backward() and this micro-batch's loss.
   LossSum forward(const MicroBatch& mb);
   LossSum forward_backward(const MicroBatch& mb, float grad_scale);
-  // forward_backward without a host crossing: the per-position losses are copied to the host when the
-  // host next waits for the device (Backend::to_host_queued, then a fence), so a training update's
-  // micro-batches queue back to back. take_queued_losses() returns the sums of the micro-batches
-  // queued since the last take, in order; take_queued_losses(n) the first n of them, leaving the
-  // later ones queued. Each waits, up to the fence after the last micro-batch it returns, only when
-  // no wait since has (the trainer takes them after the wait for the update's statistics).
-  void queue_forward_backward(const MicroBatch& mb, float grad_scale);
-  std::vector<LossSum> take_queued_losses();
-  std::vector<LossSum> take_queued_losses(int64_t n);
-  // With graphs on and a backend that has them (CUDA), queue_forward_backward records its forward
-  // and backward ops once as a graph and replays it: the first call of a shape (B, T) and grad_scale
-  // runs eagerly (scratch buffers grow then), the second captures, later ones replay, each one
-  // launch instead of hundreds. Another shape or grad_scale runs eagerly and is captured in turn;
-  // with a gradient listener (data parallelism's last micro-batch) or profiling the ops run eagerly.
-  // A capture replayed only once before the key changed is wasted (the loss scale changing every
-  // update: token_mean, or micro_batch_mean over padded batches); after two, graphs turn off.
-  void set_graphs(bool on);
-  int64_t graph_captures() const { return graph_captures_; }
-  bool graphs_turned_off() const { return wasted_captures_ >= kMaxWastedCaptures; }
+  void set_graphs(bool on) { graphs_.set_enabled(on); }
+  const GraphCache& graphs() const { return graphs_; }
   // Logits of every position, [B*T, V] FP32 on the host (sampling, cross-checks).
   void logits(const MicroBatch& mb, float* host_logits);
 
@@ -159,7 +153,7 @@ class LlamaModel {
   void upload(const MicroBatch& mb, bool need_targets);
   void forward_layers(int64_t B, int64_t T);
   void head(int64_t BT, bool backward, float grad_scale, float* host_logits);
-  LossSum losses_to_host(int64_t BT);
+  LossSum loss_of_this_call(int64_t BT);
   void backward_layers(int64_t B, int64_t T);
   Buf act(const std::string& name) const;
   float* act_f32(const std::string& name) const { return act(name).f32(); }
@@ -181,27 +175,11 @@ class LlamaModel {
   int32_t* tokens_ = nullptr;
   int32_t* targets_ = nullptr;
   uint8_t* mask_ = nullptr;
-  std::vector<float> host_losses_;
-  struct QueuedLosses {  // one micro-batch's losses on their way to the host, and its mask
-    std::vector<float> losses;
-    std::vector<uint8_t> mask;
-    int64_t fence = 0;  // after their copy (Backend::fence)
-  };
-  std::vector<QueuedLosses> queued_;  // slots reused from one update to the next
-  size_t queued_count_ = 0;
+  LossTotals* loss_totals_ = nullptr;  // backend memory: [the update's, one forward()/forward_backward()'s]
+  std::vector<uint8_t> all_counted_;   // the mask of a micro-batch without one
   int64_t grad_version_ = 0;
-  struct StepGraph {  // the captured forward and backward of one shape and grad_scale
-    int64_t B = -1, T = -1;
-    float grad_scale = 0;
-    int64_t graph = -1;  // -1: seen once, not captured yet
-  };
-  bool graphs_ = false;
-  StepGraph step_graph_;
-  int64_t graph_captures_ = 0, replays_of_graph_ = 0, wasted_captures_ = 0;
-  static constexpr int64_t kMaxWastedCaptures = 2;
-  void drop_step_graph();
+  GraphCache graphs_{be_.queue()};
   void forward_backward_ops(int64_t B, int64_t T, float grad_scale);
-  std::vector<uint8_t> host_mask_;  // the loss mask of the uploaded micro-batch
   std::vector<LayerWeights> w_, dw_;
   std::vector<LayerActs> a_;
   Buf wte_, dwte_, wnorm_, dwnorm_, wlm_, dwlm_;

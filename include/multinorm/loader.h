@@ -75,7 +75,7 @@ class ShardSet {
 // Error naming the shard and both values; a data.tokenizer that does not exist is a ConfigError. A
 // config without data.tokenizer takes the shards' own record, and `note` says so. Returns the
 // tokenizer hash the data carries (0: shards of format version 1, which record none).
-uint64_t check_data_identity(const ShardSet& set, const std::string& tokenizer, const std::string& layout, int64_t model_vocab,
+uint64_t check_data_identity(const ShardSet& set, const std::string& tokenizer, ShardLayout layout, int64_t model_vocab,
                              std::string* note = nullptr);
 
 // The permuted sequences of one (epoch, window), kept while the loader walks through it.

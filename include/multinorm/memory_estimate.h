@@ -23,8 +23,8 @@ struct OptimizerMemory {
 
 // Weights and states with every parameter going to `matrix_optimizer` when it matches the paper's
 // matrix patterns and to Adam otherwise; dtype sizes as given (the paper: 2 and 2).
-OptimizerMemory optimizer_memory(const std::vector<TensorSpec>& specs, const std::string& matrix_optimizer,
-                                 const std::string& fallback, const std::vector<std::string>& matrix_params,
+OptimizerMemory optimizer_memory(const std::vector<TensorSpec>& specs, OptimizerKind matrix_optimizer,
+                                 OptimizerKind fallback, const std::vector<std::string>& matrix_params,
                                  double momentum, int64_t weight_dtype_bytes, int64_t state_dtype_bytes);
 
 // The paper's table: Adam for everything, and SinkGD/SWAN (Adam kept for embedding, norms, lm_head),
@@ -36,14 +36,14 @@ std::vector<OptimizerMemory> paper_memory_table(const ModelConfig& m);
 // rows, the matrix optimizer's buffers for the largest matrix). Kept exact against the backend's
 // Workspace by tests/test_memory.cpp; oneDNN's internal scratchpads are not included.
 int64_t cpu_backend_scratch_bytes(const ModelConfig& m, int64_t micro_batch, int64_t seq_len, DType act_dtype,
-                                  DType grad_dtype, const std::string& matrix_optimizer, const std::vector<std::string>& matrix_params,
+                                  DType grad_dtype, OptimizerKind matrix_optimizer, const std::vector<std::string>& matrix_params,
                                   bool swan_exact, int threads);
 
 // The CUDA backend's device scratch after a training step (kernels/cuda/scratch_sizes.h: cuBLASLt's
 // workspace, RMSNorm's block partials, attention's row sums, the embedding buckets, the sum of
 // squares, the matrix optimizer's buffers for the largest matrix). Exact against the backend's
 // workspace_bytes (tests/test_memory.cpp, on the emulated build).
-int64_t cuda_backend_scratch_bytes(const ModelConfig& m, int64_t micro_batch, int64_t seq_len, const std::string& matrix_optimizer,
+int64_t cuda_backend_scratch_bytes(const ModelConfig& m, int64_t micro_batch, int64_t seq_len, OptimizerKind matrix_optimizer,
                                    const std::vector<std::string>& matrix_params);
 
 struct TrainingMemory {

@@ -2,10 +2,10 @@
 // one tensor through the backend's fused kernel; rules are built by name from the registry
 // (src/optim/registry.cpp). An Optimizer assigns a rule to every parameter (param_groups.h), owns
 // the state arena, and runs one update: learning-rate schedule, optional global-norm clipping,
-// every tensor's rule. An update's scalars (learning rates, Adam's bias corrections, the norm, the
-// clip factor, the skip flag) live in the backend's memory (update_scalars.h), where its kernels
-// read them: the host need not wait for the norm before queuing the update (queue_step), and on
-// CUDA the update's launches are captured once as a graph and replayed.
+// every tensor's rule. An update is queued with no host wait (queue_step): its scalars (learning
+// rates, Adam's bias corrections) and its statistics (the norm, the clip factor, the loss, the skip
+// flag) live in the backend's memory (update_scalars.h), where its kernels read them, and the host
+// reads the statistics later (wait_for_step). On CUDA the update's launches are one graph.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -16,6 +16,7 @@
 #include "multinorm/backend.h"
 #include "multinorm/comm.h"
 #include "multinorm/communicator.h"
+#include "multinorm/divergence.h"
 #include "multinorm/llama_model.h"
 #include "multinorm/param_groups.h"
 #include "multinorm/run_config.h"
@@ -49,9 +50,11 @@ class TensorRule {
   virtual int state_slots() const = 0;      // per-element state tensors (Adam: m, v)
   // This rule's scalars for an update (UpdateScalars::rule), from ctx's lr and applied count.
   virtual RuleScalars scalars(const UpdateContext& ctx) const = 0;
-  // Whether its ops run without host waits (so they can be queued ahead and captured in a graph):
-  // SWAN reads its Newton-Schulz residual on the host and falls back to the host's exact path.
-  virtual bool host_free() const { return true; }
+  // Whether its ops can be captured in a graph: SWAN's read their Newton-Schulz residual on the host
+  // (a wait inside the op: swan.cu says why).
+  virtual bool capturable() const { return true; }
+  // Whether the matrices' learning rate is lr x optimizer.alpha (the paper's SinkGD and SWAN).
+  virtual bool scales_lr_by_alpha() const { return false; }
   virtual bool matrices_only() const { return false; }
   virtual void update(Backend& be, const TensorSpec& t, Buf w, Buf g, Buf* states, const UpdateContext& ctx) const = 0;
   // Several tensors whose contexts differ only in the tensor id (a multi-tensor launch where the
@@ -66,24 +69,31 @@ class TensorRule {
 
 using RuleFactory = std::function<std::unique_ptr<TensorRule>(const OptimizerConfig&)>;
 
-// Builds the rule registered under `name`; ConfigError naming the choices for an unknown name.
-std::unique_ptr<TensorRule> make_rule(const std::string& name, const OptimizerConfig& config);
-std::vector<std::string> registered_rules();
+// Builds the rule of an optimizer (src/optim/registry.cpp).
+std::unique_ptr<TensorRule> make_rule(OptimizerKind kind, const OptimizerConfig& config);
 
+// One update as the host learns it (wait_for_step): learning rates, and the statistics the device
+// computed (update_scalars.h).
 struct StepStats {
+  int64_t update = 0;
   double lr_multiplier = 0, lr_matrix = 0, lr_fallback = 0;
   double grad_norm = 0;  // before clipping
+  double loss = 0;       // over every rank (the loss normalisation's)
+  int64_t tokens = 0;    // counted positions, over every rank
   bool clipped = false;
-  bool skipped = false;  // the norm was not finite: nothing was applied
+  bool skipped = false;  // nothing was applied (skip_reason says why)
+  SkipReason skip_reason = kNotSkipped;
+  bool spike = false;    // the loss exceeded the spike test's threshold
   SwanStats swan;        // Newton-Schulz convergence of this update's SWAN tensors
 };
 
-// Data parallelism's part of the optimizer: which rank updates which tensor, the communicator that
-// broadcasts the owners' new weights (over the backend's memory) and the host communicator for the
-// gradient norm's partial sums and the checkpoint gather. Default: one process, everything local.
+// Data parallelism's part of the optimizer: which rank updates which tensor; the communicator over
+// the backend's memory that sums the update's statistics over the ranks (the loss totals; with a
+// sharded optimizer the per-tensor sums of squares) and broadcasts the owners' new weights; the host
+// communicator for the checkpoint gather and SWAN's counts. Default: one process, everything local.
 struct OptimizerSharding {
   ShardPlan plan;
-  Communicator* weights = nullptr;
+  Communicator* collectives = nullptr;
   Comm* host = nullptr;
 };
 
@@ -92,34 +102,23 @@ class Optimizer {
   Optimizer(LlamaModel& model, const RunConfig& run, const OptimizerSharding& sharding = {});
   ~Optimizer();
 
-  // Applies update number `update` (from 1) with the model's accumulated gradients; `applied` counts
-  // the updates applied so far including this one (update minus skipped ones). Nothing is applied,
-  // and no state advances, when the gradient norm is not finite.
-  StepStats step(int64_t update, int64_t applied);
-  // The gradient norm step(update, ...) will use, measured now: the statistics computed where the
-  // gradients are (Backend::update_statistics) and read in one crossing (with sharding, the
-  // per-tensor sums are read and summed over the ranks: every rank calls it). The trainer calls it
-  // before step so that this read, the update's one host wait, also delivers the micro-batches'
-  // queued losses, which it checks before anything is applied. step() measures itself when this was
-  // not called for the same update.
-  double measure_gradient_norm(int64_t update);
-  // step() without any host wait: the update's scalars, its statistics on the device, clipping and
-  // every rule are queued; the kernels read the clip factor and the skip flag where they run, so a
-  // non-finite norm applies nothing, as in step(). The statistics are queued for the host
-  // (to_host_queued): queued_step_stats() has them once a wait after this call delivered them (a
-  // fence). Needs can_queue_steps().
-  void queue_step(int64_t update, int64_t applied);
-  StepStats queued_step_stats() const;
-  // Empty when queue_step() is possible; otherwise why not (SWAN's host reads; a sharded optimizer,
-  // whose norm is summed over the ranks on the host).
-  std::string why_steps_cannot_be_queued() const;
-  // With graphs on and a backend that has them, the update's clipping and rules are captured at the
-  // second update and replayed after (one launch); the statistics and the scalars' upload stay out.
-  void set_graphs(bool on) { graphs_ = on; }
-  int64_t graph_captures() const { return graph_captures_; }
-  int64_t graph_replays() const { return graph_replays_; }
-  // Why the optimizer stopped capturing its update (empty while it captures or never tried).
-  std::string graph_capture_error() const { return failed_captures_ >= 2 ? capture_error_ : ""; }
+  // Queues update number `update` (from 1) with the model's accumulated gradients and loss totals,
+  // with no host wait: its scalars, its statistics on the device (with several ranks, the loss
+  // totals, and the per-tensor sums of squares of a sharded optimizer, summed over the ranks there),
+  // clipping, and every rule, whose kernels read the clip factor and the skip flag where they run: a
+  // skipped update (a non-finite loss or norm, or a spike `spike` says to skip) changes nothing. The
+  // statistics are copied to the host behind it, and a fence recorded. `applied` counts the updates
+  // applied so far including this one (update minus skipped ones: Adam's bias correction). The
+  // previous update must have been waited for.
+  void queue_step(int64_t update, int64_t applied, const SpikeTest& spike = {});
+  // The queued update's statistics: waits for its fence (free when a wait since has passed it).
+  StepStats wait_for_step();
+  // queue_step, then wait_for_step: one update, synchronously (tests, benchmarks, the doctor).
+  StepStats step(int64_t update, int64_t applied, const SpikeTest& spike = {});
+  // With graphs on and a backend that has them, the update's clipping and rules are one graph
+  // (GraphCache); the scalars' upload, the statistics and the collectives stay outside.
+  void set_graphs(bool on) { graphs_.set_enabled(on && capturable_); }
+  const GraphCache& graphs() const { return graphs_; }
   // Every later update's learning rate times `scale` (the divergence monitor's rollback lowers it).
   void set_lr_scale(double scale) { lr_scale_ = scale; }
 
@@ -142,12 +141,12 @@ class Optimizer {
   // lr_multiplier, lr_matrix and lr_fallback of update `update`.
   StepStats learning_rates(int64_t update) const;
   // The host part of the update's scalars, to the backend's memory.
-  void write_scalars(const StepStats& lr, int64_t update, int64_t applied);
-  // Clipping and every rule (replayed from the graph when there is one); then SWAN's statistics and
-  // the owners' broadcast.
-  void apply(StepStats& st);
+  void write_scalars(const StepStats& lr, int64_t update, int64_t applied, const SpikeTest& spike);
+  // The statistics on the device: sums of squares, the sums over the ranks, the finish.
+  void queue_statistics();
+  // Clipping and every rule (GraphCache).
   void apply_ops();
-  bool rules_host_free() const;
+  SwanStats swan_stats_over_ranks();
   LlamaModel& model_;
   RunConfig run_;
   std::vector<ParamAssignment> assign_;
@@ -159,22 +158,19 @@ class Optimizer {
   int64_t state_bytes_ = 0, matrix_state_bytes_ = 0, local_state_bytes_ = 0;
   DType state_dtype_;
   double lr_scale_ = 1.0;
-  int64_t measured_update_ = -1;   // the update measure_gradient_norm() last measured
-  int64_t measured_version_ = -1;  // and the model's gradient_version() then
   UpdateScalars* scalars_ = nullptr;  // backend memory: what the update's ops read
+  double* squares_ = nullptr;         // backend memory: per tensor, its gradient's sum of squares
   UpdateScalars host_scalars_;        // the host part's next contents
   std::vector<int> slot_;             // per tensor: its (rule, learning-rate group) slot
   std::vector<size_t> slot_first_;    // per slot: its first tensor (whose rule forms the slot's scalars)
-  std::vector<size_t> mine_;          // the tensors this rank updates, their gradients and sizes
-  std::vector<Buf> mine_grads_;
-  std::vector<int64_t> mine_sizes_;
-  UpdateStatistics measured_;         // the statistics measure_gradient_norm() read
-  UpdateStatistics queued_;           // queue_step()'s, delivered by a later wait
-  StepStats queued_lr_;               // the learning rates of the update queue_step() queued
-  bool graphs_ = false;
-  bool settled_ = false;  // the last eager update moved no buffer: the next one can be captured
-  int64_t graph_ = -1, graph_captures_ = 0, graph_replays_ = 0, failed_captures_ = 0;
-  std::string capture_error_;
+  std::vector<Buf> grads_;            // per tensor: its gradient
+  std::vector<int64_t> measured_;     // per tensor: its length on this rank (0: another rank's, which adds it)
+  bool capturable_ = true, has_swan_ = false, alpha_scaled_ = false;
+  GraphCache graphs_;
+  StepStats pending_;                 // the queued update: its learning rates; its statistics once delivered
+  UpdateStatistics delivered_;        // the queued update's statistics, copied here by the wait
+  int64_t fence_ = 0;
+  bool waited_ = true;
 };
 
 }  // namespace multinorm

@@ -11,19 +11,18 @@ namespace multinorm {
 
 struct ParamAssignment {
   const TensorSpec* tensor;
-  std::string optimizer;  // sinkgd | swan | adam | adamw | sgd
+  OptimizerKind optimizer;
   bool matrix;            // matched optimizer.matrix_params (runs at lr_t * alpha)
 };
 
 // Assigns every tensor: a tensor matching one of `matrix_params` goes to `matrix_optimizer`, the rest
 // to `fallback`. SinkGD and SWAN need 2-D tensors: a 1-D match is an error naming it.
-std::vector<ParamAssignment> assign_optimizers(const std::vector<TensorSpec>& specs, const std::string& matrix_optimizer,
-                                               const std::string& fallback,
+std::vector<ParamAssignment> assign_optimizers(const std::vector<TensorSpec>& specs, OptimizerKind matrix_optimizer, OptimizerKind fallback,
                                                const std::vector<std::string>& matrix_params);
 std::vector<ParamAssignment> assign_optimizers(const std::vector<TensorSpec>& specs, const OptimizerConfig& opt);
 
 // Per-element state tensors an optimizer keeps: Adam/AdamW 2 (m, v), SGD 1 with momentum else 0,
 // SinkGD and SWAN 0 (stateless).
-int optimizer_state_slots(const std::string& optimizer, double momentum = 0.0);
+int optimizer_state_slots(OptimizerKind optimizer, double momentum = 0.0);
 
 }  // namespace multinorm

@@ -6,10 +6,12 @@
 #include <string>
 #include <vector>
 
+#include "multinorm/config_choices.h"
 #include "multinorm/divergence.h"
 #include "multinorm/dtype.h"
 #include "multinorm/model_config.h"
 #include "multinorm/schema.h"
+#include "multinorm/shard.h"
 
 namespace multinorm {
 
@@ -17,7 +19,7 @@ struct DataConfig {
   std::string train;       // glob of training shards
   std::string validation;  // glob of validation shards
   std::string tokenizer;   // SentencePiece model
-  std::string layout;      // "rows" (one document per row, the paper) | "stream" (packed)
+  ShardLayout layout = ShardLayout::Rows;  // one document per row (the paper), or packed
   bool shuffle = true;
   int64_t prefetch = 4;
 };
@@ -26,7 +28,7 @@ struct BatchConfig {
   int64_t global_batch = 512;  // sequences per update, over all ranks
   int64_t micro_batch = 16;    // sequences per forward/backward on one rank
   int64_t seq_len = 256;
-  std::string loss_normalization;  // "micro_batch_mean" (GaLore) | "token_mean"
+  LossNormalization loss_normalization = LossNormalization::MicroBatchMean;
 };
 
 struct SinkGDConfig {
@@ -35,8 +37,8 @@ struct SinkGDConfig {
 };
 
 struct SwanConfig {
-  std::string row_norm;    // "l2" (the multi-normalization paper) | "standardize" (SWAN paper)
-  std::string whitening;   // "newton_schulz" | "eigh" (exact, FP64, CPU)
+  SwanRowNorm row_norm = SwanRowNorm::L2;  // l2 (the multi-normalization paper) or standardize (SWAN paper)
+  SwanWhitening whitening = SwanWhitening::NewtonSchulz;  // or eigh (exact, FP64)
   int64_t ns_steps = 30;
   double ns_tolerance = 1e-4;
   double eps = 1e-8;
@@ -47,14 +49,14 @@ struct AdamConfig {
 };
 
 struct OptimizerConfig {
-  std::string name;       // matrix optimizer: sinkgd | swan | adam | adamw | sgd
-  std::string fallback;   // optimizer of every parameter not matched by matrix_params
+  OptimizerKind name = OptimizerKind::SinkGD;    // the matrix optimizer
+  OptimizerKind fallback = OptimizerKind::Adam;  // optimizer of every parameter not matched by matrix_params
   std::vector<std::string> matrix_params;  // name patterns ('*' matches any run of characters)
   double lr = 0.02;
   double alpha = 0.05;    // matrix parameters run at lr_t * alpha
   double weight_decay = 0.0;
   double grad_clip = 0.0;  // global-norm clipping; 0 = off
-  std::string rounding;   // "nearest" | "stochastic" (BF16 weight write-back)
+  Rounding rounding = Rounding::Nearest;  // BF16 weight write-back
   double momentum = 0.0;  // sgd
   SinkGDConfig sinkgd;
   SwanConfig swan;
@@ -62,7 +64,7 @@ struct OptimizerConfig {
 };
 
 struct ScheduleConfig {
-  std::string kind;  // cosine | linear | constant
+  ScheduleKind kind = ScheduleKind::Cosine;
   int64_t total_steps = 10000;
   int64_t warmup_steps = 1000;  // resolved: warmup_ratio * total_steps when not given
   double min_lr_ratio = 0.1;
@@ -108,9 +110,8 @@ struct RunConfig {
   PrecisionConfig precision;
   ParallelConfig parallel;
   DivergenceConfig divergence;
-  std::string backend;  // auto | cpu | cuda
+  BackendRequest backend = BackendRequest::Auto;
   bool cuda_graphs = true;  // the CUDA backend replays a captured micro-batch and update (LlamaModel::set_graphs, Optimizer::set_graphs)
-  std::string deferred_stats = "auto";  // auto | on | off: the trainer reads update k's statistics after queuing k + 1's micro-batches
   int64_t threads = 0;
   int64_t seed = 0;
   std::string output_dir;

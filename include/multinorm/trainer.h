@@ -1,6 +1,6 @@
 // The trainer: `multinorm train` and `multinorm eval`. Ties the model, the optimizer and the data:
 // gradient accumulation into a global batch, evaluation, metrics, checkpoints (atomic, bit-exact
-// resume), non-finite handling.
+// resume), divergence and skipped updates (divergence.h). The loop and its parts: src/train/.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -16,8 +16,6 @@ struct TrainOptions {
   bool resume = false;
   std::string resume_from;  // a checkpoint directory to resume from instead of the latest (implies resume)
   bool allow_config_change = false;  // with resume: accept a changed schedule, optimizer, ... (printed)
-  bool skip_nonfinite = false;
-  int64_t max_consecutive_skips = 3;  // with skip_nonfinite: stop after this many skipped updates in a row
   int64_t max_updates = -1;  // stop (with a checkpoint) after this update, schedule unchanged; -1: total_steps
   bool quiet = false;
 };

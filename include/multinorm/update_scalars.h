@@ -6,10 +6,13 @@
 //   - the update's launches are the same every update (the learning rate, Adam's bias corrections and
 //     the stochastic-rounding step are data, not arguments), so one captured CUDA graph serves them all.
 // The host writes the first part (Optimizer, one small copy before the update's ops); the statistics
-// part is written by update_statistics. On the CPU backend the struct is in host memory and its ops
+// part is written by update_statistics: the norm, the clip factor, the update's loss, and whether
+// the update is skipped (a non-finite loss or norm, or a loss over the spike threshold the host set
+// from the losses it has seen: divergence.action skip). The host reads them one update later. On the CPU backend the struct is in host memory and its ops
 // read it the same way. Plain data, shared by host and device code.
 #pragma once
 #include <cstdint>
+#include <limits>
 
 namespace multinorm {
 
@@ -27,12 +30,29 @@ struct RuleScalars {
   AdamScalars adam{};      // Adam/AdamW at this update's t (the other rules leave it unused)
 };
 
-// What the statistics op computes on the device for one update.
+// The loss of an update's micro-batches, summed where they ran (Backend::accumulate_loss), as
+// doubles: one FP64 all-reduce takes them over the ranks together with the gradient's squares.
+struct LossTotals {
+  double sum = 0;            // per-position losses over the counted positions
+  double count = 0;          // counted positions
+  double mean_sum = 0;       // micro-batch means, over the micro-batches with a counted position
+  double micro_batches = 0;  // micro-batches with a counted position
+};
+constexpr int64_t kLossTotalsDoubles = sizeof(LossTotals) / sizeof(double);
+
+// Why the statistics say skip (UpdateStatistics::skip_reason).
+enum SkipReason : uint32_t { kNotSkipped = 0, kNonFiniteLoss = 1, kNonFiniteNorm = 2, kLossSpike = 3 };
+
+// What the statistics op computes on the device for one update (optim_math::finish_statistics).
 struct UpdateStatistics {
-  double grad_norm = 0;   // sqrt of the per-tensor FP64 sums of squares, added in tensor order
-  float clip_factor = 1;  // grad_clip / grad_norm when the norm exceeds grad_clip (> 0), else 1
-  uint32_t skip = 0;      // 1: the norm is not finite: the update's kernels change nothing
-  uint32_t clipped = 0;   // 1: clip_factor < 1 was applied
+  double grad_norm = 0;     // sqrt of the per-tensor FP64 sums of squares, added in tensor order
+  double loss = 0;          // token mean, or the mean of micro-batch means, over every rank
+  double tokens = 0;        // counted positions, over every rank
+  float clip_factor = 1;    // grad_clip / grad_norm when the norm exceeds grad_clip (> 0), else 1
+  uint32_t skip = 0;        // 1: the update's kernels change nothing
+  uint32_t skip_reason = kNotSkipped;
+  uint32_t clipped = 0;     // 1: clip_factor < 1 was applied
+  uint32_t spike = 0;       // 1: the loss exceeded UpdateScalars::spike_threshold
   uint32_t reserved = 0;
 };
 
@@ -44,7 +64,9 @@ struct UpdateScalars {
   // ---- written by the host before the update's ops ----
   RuleScalars rule[kUpdateRuleSlots];
   uint64_t update = 0;  // the update number: stochastic rounding's step
-  uint64_t reserved = 0;
+  double spike_threshold = std::numeric_limits<double>::infinity();  // a loss above it is a spike (+inf: none)
+  uint32_t skip_spikes = 0;    // 1: a spike skips the update (divergence.action skip)
+  uint32_t token_mean = 0;     // 1: the loss is the token mean; 0: the mean of micro-batch means
   // ---- written by the statistics op (update_statistics) ----
   UpdateStatistics stats;
 };

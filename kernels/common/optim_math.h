@@ -1,7 +1,7 @@
 // Optimizer math shared by the CPU kernels and the CUDA kernels: one definition of the Adam step and
 // of the scalars it uses (formed on the host from AdamArgs, identically for both), of every rule's
-// per-update scalars, and of an update's statistics (norm, clip factor, skip flag) from its
-// per-tensor sums of squares.
+// per-update scalars, and of an update's statistics (norm, clip factor, loss, skip flag) from its
+// per-tensor sums of squares and its loss totals.
 #pragma once
 #include <cmath>
 
@@ -42,18 +42,41 @@ inline RuleScalars rule_scalars(const AdamArgs& a) {
   return r;
 }
 
-// An update's statistics from the per-tensor FP64 sums of squares, added in tensor order: the same
-// number on every backend and rank layout (a rank that does not hold a tensor adds its zero). Run by
-// one device thread (CUDA) or the host.
-MN_HOST_DEVICE UpdateStatistics finish_statistics(const double* squares, int64_t count, double grad_clip) {
+// An update's statistics from the per-tensor FP64 sums of squares, added in tensor order (the same
+// number on every backend and rank layout: a rank that does not hold a tensor adds its zero), and
+// from its loss totals (over every rank). Run by one device thread (CUDA) or the host.
+MN_HOST_DEVICE bool finite_double(double x) { return x <= 1.7976931348623157e308 && x >= -1.7976931348623157e308; }
+MN_HOST_DEVICE UpdateStatistics finish_statistics(const double* squares, int64_t count, const LossTotals& loss,
+                                                         const UpdateScalars& rules, double grad_clip) {
   double sum = 0;
   for (int64_t i = 0; i < count; ++i) sum += squares[i];
   UpdateStatistics s;
   s.grad_norm = sqrt(sum);
-  s.skip = !(s.grad_norm <= 1.7976931348623157e308);  // NaN or inf (the norm is >= 0): not finite
+  s.tokens = loss.count;
+  s.loss = rules.token_mean ? loss.sum / (loss.count > 1 ? loss.count : 1.0)
+                            : loss.mean_sum / (loss.micro_batches > 1 ? loss.micro_batches : 1.0);
+  s.spike = finite_double(s.loss) && s.loss > rules.spike_threshold;
+  s.skip_reason = !finite_double(s.loss) ? kNonFiniteLoss
+                  : !finite_double(s.grad_norm) ? kNonFiniteNorm
+                  : (s.spike && rules.skip_spikes) ? kLossSpike
+                  : kNotSkipped;
+  s.skip = s.skip_reason != kNotSkipped;
   s.clipped = !s.skip && grad_clip > 0 && s.grad_norm > grad_clip;
   s.clip_factor = s.clipped ? static_cast<float>(grad_clip / s.grad_norm) : 1.0f;
   return s;
+}
+
+// One micro-batch's losses into the update's totals: the FP64 sum over the counted positions in one
+// fixed order for every backend (lane j of kLossLanes adds positions j, j + kLossLanes, ... in
+// order, then the lanes are added in lane order: a GPU block of kLossLanes threads runs it as
+// written), its count and its mean.
+constexpr int kLossLanes = 256;
+MN_HOST_DEVICE void add_micro_batch_loss(LossTotals& t, double sum, int64_t count) {
+  if (count == 0) return;
+  t.sum += sum;
+  t.count += static_cast<double>(count);
+  t.mean_sum += sum / static_cast<double>(count);
+  t.micro_batches += 1;
 }
 
 // Updates m and v in place and returns the new weight in FP32 (before the storage rounding).

@@ -203,6 +203,8 @@ void matmul_swiglu_backward_packed(bf16* dgate_up, bf16* out, const bf16* dy, co
 constexpr size_t kCrossEntropyRowSlot = 14;  // (attention uses 1, embedding 12, decode 13)
 template <class T> void cross_entropy(float* losses, T* dlogits, const float* logits, const int32_t* targets,
                                       const uint8_t* mask, int64_t N, int64_t V, float grad_scale, Workspace& ws);
+// totals += the losses of the positions where mask[i], in optim_math's fixed lane order (Backend::accumulate_loss).
+void accumulate_loss(LossTotals* totals, const float* losses, const uint8_t* mask, int64_t N);
 // The loss head fused (see above): cross_entropy of logits = x w^T (x [N, C], w [V, C]).
 void linear_cross_entropy_packed(float* losses, bf16* dlogits, const bf16* x, const bf16* w, const int32_t* targets,
                                  const uint8_t* mask, int64_t N, int64_t V, int64_t C, float grad_scale,

@@ -18,6 +18,8 @@
 #include <cmath>
 #include <type_traits>
 
+#include "../common/optim_math.h"
+
 #include "bf16_rows.h"
 #include "cpu_kernels.h"
 #include "exp_rows.h"
@@ -84,6 +86,20 @@ void linear_cross_entropy_packed(float* losses, bf16* dlogits, const bf16* x, co
                         grad_scale, row);
     }
   });
+}
+
+// Sequential within each lane (N is a micro-batch's positions: thousands, a few microseconds).
+void accumulate_loss(LossTotals* totals, const float* losses, const uint8_t* mask, int64_t N) {
+  double lanes[optim_math::kLossLanes] = {};
+  int64_t count = 0;
+  for (int64_t i = 0; i < N; ++i)
+    if (mask[i]) {
+      lanes[i % optim_math::kLossLanes] += losses[i];
+      ++count;
+    }
+  double sum = 0;
+  for (const double lane : lanes) sum += lane;
+  optim_math::add_micro_batch_loss(*totals, sum, count);
 }
 
 template void cross_entropy<float>(float*, float*, const float*, const int32_t*, const uint8_t*, int64_t, int64_t, float,

@@ -7,8 +7,9 @@
 //                   on every run and every GPU
 //   sum_squares_many<T>: the same per tensor for a list, in two launches whatever its length (the
 //                   partials grid is kSumSquaresBlocks x tensors, the final one block per tensor)
-//   update_statistics: one thread adds the tensors' sums in order (8 bytes each), the norm, clip
-//                   factor and skip flag written to the update's scalars
+//   update_statistics: one thread adds the tensors' sums in order (8 bytes each) and finishes the
+//                   loss from its totals: the norm, clip factor, loss and skip flag written to the
+//                   update's scalars
 //   clip_gradients<T>: reads the factor; when it is not 1, reads and writes n*sizeof(T) bytes
 #include "../common/optim_math.h"
 #include "device_utils.cuh"
@@ -77,8 +78,8 @@ __global__ void sum_squares_many_final_kernel(double* results, const double* par
   if (threadIdx.x == 0) results[blockIdx.x] = s;
 }
 
-__global__ void update_statistics_kernel(UpdateScalars* s, const double* squares, int64_t count, double grad_clip) {
-  if (blockIdx.x == 0 && threadIdx.x == 0) s->stats = optim_math::finish_statistics(squares, count, grad_clip);
+__global__ void update_statistics_kernel(UpdateScalars* s, const LossTotals* loss, const double* squares, int64_t count, double grad_clip) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) s->stats = optim_math::finish_statistics(squares, count, *loss, *s, grad_clip);
 }
 
 template <class T>
@@ -115,8 +116,8 @@ void sum_squares_many(double* results, double* partials, const SumSquaresItem* i
   launch("sum_squares_many_final", sum_squares_many_final_kernel, dim3(static_cast<unsigned>(count)), dim3(kReduceThreads), 0, stream, results,
          partials, kSumSquaresBlocks);
 }
-void update_statistics(UpdateScalars* s, const double* squares, int64_t count, double grad_clip, cudaStream_t stream) {
-  launch("update_statistics", update_statistics_kernel, dim3(1), dim3(32), 0, stream, s, squares, count, grad_clip);
+void update_statistics(UpdateScalars* s, const LossTotals* loss, const double* squares, int64_t count, double grad_clip, cudaStream_t stream) {
+  launch("update_statistics", update_statistics_kernel, dim3(1), dim3(32), 0, stream, s, loss, squares, count, grad_clip);
 }
 template <class T>
 void clip_gradients(T* x, int64_t n, const UpdateScalars* s, cudaStream_t stream) {

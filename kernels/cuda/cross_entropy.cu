@@ -4,6 +4,7 @@
 // are never stored; dlogits may alias logits: each element is read then written by one thread).
 // bytes: N V 4 read twice (the second pass mostly from L2 for V = 32000 rows of 128 KB) + N V
 // sizeof(T) written; ~5 N V FLOPs.
+#include "../common/optim_math.h"
 #include "device_utils.cuh"
 #include "kernels.h"
 
@@ -68,7 +69,30 @@ __global__ void cross_entropy_kernel(float* losses, T* dlogits, const float* log
   }
 }
 
+// One block of kLossLanes threads: lane j adds positions j, j + kLossLanes, ... (FP64, in order),
+// thread 0 adds the lanes in lane order: optim_math's order, the CPU's bits.
+__global__ void accumulate_loss_kernel(LossTotals* totals, const float* losses, const uint8_t* mask, int64_t n) {
+  __shared__ double lane_sums[optim_math::kLossLanes];
+  __shared__ int64_t lane_counts[optim_math::kLossLanes];
+  double s = 0;
+  int64_t c = 0;
+  for (int64_t i = threadIdx.x; i < n; i += optim_math::kLossLanes)
+    if (mask[i]) s += losses[i], ++c;
+  lane_sums[threadIdx.x] = s;
+  lane_counts[threadIdx.x] = c;
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  double sum = 0;
+  int64_t count = 0;
+  for (int j = 0; j < optim_math::kLossLanes; ++j) sum += lane_sums[j], count += lane_counts[j];
+  optim_math::add_micro_batch_loss(*totals, sum, count);
+}
+
 }  // namespace
+
+void accumulate_loss(LossTotals* totals, const float* losses, const uint8_t* mask, int64_t N, cudaStream_t stream) {
+  launch("accumulate_loss", accumulate_loss_kernel, dim3(1), dim3(optim_math::kLossLanes), 0, stream, totals, losses, mask, N);
+}
 
 template <class T>
 void cross_entropy(float* losses, T* dlogits, const float* logits, const int32_t* targets, const uint8_t* mask, int64_t N, int64_t V,

@@ -1,10 +1,10 @@
 // The CUDA backend: device memory, one stream, cuBLASLt GEMMs and the hand-written kernels of
 // kernels/cuda/*.cu behind the Backend seam. Built twice from this source: by nvcc into
 // libmultinorm_cuda.so, and by g++ into libmultinorm_cuda_emulated.so, where every kernel runs on the
-// CPU through the emulation layer (a test instrument). Host/device crossings are explicit: to_device /
-// to_host and the results of sum_squares (one read for the whole list in sum_squares_many);
-// to_host_queued copies are delivered by the next of those waits, or by a fence's wait
-// (wait_for_fence) for those issued before the fence.
+// CPU through the emulation layer (a test instrument). The stream and everything that orders work on
+// it (fences, late copies, uploads, graphs, the count of host waits) is the backend's CudaQueue
+// (cuda_queue.h): every op takes its stream from CudaQueue::issue(), every host crossing goes
+// through the queue (to_device: upload, to_host and sum_squares: read).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -16,6 +16,7 @@
 
 #include "../common/dtype_dispatch.h"
 #include "check.h"
+#include "cuda_queue.h"
 #include "gemm.h"
 #include "kernels.h"
 #include "nccl_communicator.h"
@@ -45,10 +46,11 @@ std::string shape(std::initializer_list<int64_t> dims) {
 }
 
 // A device buffer that grows on first use of a larger size and is reused after (no allocation on the
-// hot path once every shape has been seen). Its generation counts its moves: a graph captured before
-// a move holds the old address and is not replayed (CudaBackend::replay).
+// hot path once every shape has been seen). A move is told to the queue: a graph captured before it
+// holds the old address and is not replayed (CudaQueue::replay).
 class Scratch {
  public:
+  explicit Scratch(CudaQueue& q) : q_(q) {}
   ~Scratch() { cudaFree(ptr_); }
   void* get(size_t bytes, const char* what) {
     if (bytes > bytes_) {
@@ -61,17 +63,16 @@ class Scratch {
         throw_cuda_error(std::string("cudaMalloc of ") + std::to_string(bytes) + " bytes of scratch for " + what, e);
       }
       bytes_ = bytes;
-      ++generation_;
+      q_.note_buffers_moved();
     }
     return ptr_;
   }
   size_t bytes() const { return bytes_; }
-  const int64_t* generation() const { return &generation_; }
 
  private:
+  CudaQueue& q_;
   void* ptr_ = nullptr;
   size_t bytes_ = 0;
-  int64_t generation_ = 0;
 };
 
 // Device copies of the multi-tensor launches' descriptor tables, found by their bytes. An optimizer
@@ -79,19 +80,20 @@ class Scratch {
 // once; a graph captured later finds its tables on the device (an upload from pageable memory cannot
 // be captured), and nothing rewrites them while the graph may read them. When the buffer
 // (cuda_scratch::kDescriptorCacheBytes) is full it starts over in place: the new uploads are
-// stream-ordered after every launch that read the old tables, and the generation moves, so a graph
-// holding them is not replayed.
+// stream-ordered after every launch that read the old tables, and the queue is told (a graph holding
+// them is not replayed).
 class DescriptorCache {
  public:
+  explicit DescriptorCache(CudaQueue& q) : q_(q) {}
   ~DescriptorCache() { cudaFree(base_); }
-  const void* get(const void* table, size_t bytes, bool capturing, cudaStream_t stream, const char* what) {
+  const void* get(const void* table, size_t bytes, const char* what) {
     const char* p = static_cast<const char*>(table);
     uint64_t h = 1469598103934665603ull;  // FNV-1a
     for (size_t i = 0; i < bytes; ++i) h = (h ^ static_cast<uint8_t>(p[i])) * 1099511628211ull;
     const auto found = index_.equal_range(h);
     for (auto it = found.first; it != found.second; ++it)
       if (it->second.bytes == bytes && std::memcmp(shadow_.data() + it->second.offset, p, bytes) == 0) return base_ + it->second.offset;
-    if (capturing)
+    if (q_.capturing())
       throw Error(std::string(what) + ": its descriptor table is not on the device, and the stream is capturing a graph (an upload from pageable "
                                       "memory cannot be captured: the ops must run once eagerly before their capture)");
     constexpr size_t kCapacity = static_cast<size_t>(cuda_scratch::kDescriptorCacheBytes);
@@ -110,148 +112,60 @@ class DescriptorCache {
     if (offset + bytes > kCapacity) {  // start over in place (see above)
       index_.clear();
       offset = 0;
-      ++generation_;
+      q_.note_buffers_moved();
     }
-    MN_CUDA_CHECK(cudaMemcpyAsync(base_ + offset, table, bytes, cudaMemcpyHostToDevice, stream), std::string(what) + " (descriptors)");
-    note_work_issued();  // a pageable source is staged before cudaMemcpyAsync returns
+    q_.upload(base_ + offset, table, static_cast<int64_t>(bytes), std::string(what) + " (descriptors)");
     std::memcpy(shadow_.data() + offset, p, bytes);
     index_.emplace(h, Entry{offset, bytes});
     used_ = offset + bytes;
     return base_ + offset;
   }
   size_t bytes() const { return base_ ? static_cast<size_t>(cuda_scratch::kDescriptorCacheBytes) : 0; }
-  const int64_t* generation() const { return &generation_; }
 
  private:
   struct Entry {
     size_t offset, bytes;
   };
+  CudaQueue& q_;
   char* base_ = nullptr;
   std::vector<char> shadow_;  // the device bytes, to compare with
   std::unordered_multimap<uint64_t, Entry> index_;
   size_t used_ = 0;
-  int64_t generation_ = 0;
 };
 
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(int device) : device_(device) {
     MN_CUDA_CHECK(cudaSetDevice(device), "selecting CUDA device " + std::to_string(device));
-    MN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "creating the backend's stream");
+    q_ = std::make_unique<CudaQueue>();
     gemm_ = std::make_unique<LtGemm>();
-    uploads_ = std::make_unique<UploadRing>(stream_);
+    for (auto* s : {&rms_scratch_, &attn_scratch_, &bucket_scratch_, &reduce_scratch_, &opt_scratch_}) *s = std::make_unique<Scratch>(*q_);
+    descriptors_ = std::make_unique<DescriptorCache>(*q_);
   }
   ~CudaBackend() override {
-    discard_queued_copies(stream_);
-    for (const CapturedGraph& g : graphs_)
-      if (g.exec) cudaGraphExecDestroy(g.exec);
-    for (const Fence& f : fences_) cudaEventDestroy(f.event);
-    for (cudaEvent_t e : spare_events_) cudaEventDestroy(e);
-    uploads_.reset();
+    descriptors_.reset();
+    for (auto* s : {&rms_scratch_, &attn_scratch_, &bucket_scratch_, &reduce_scratch_, &opt_scratch_}) s->reset();
     gemm_.reset();
-    cudaStreamDestroy(stream_);
+    q_.reset();  // waits for the stream
   }
 
   std::string name() const override { return MN_EMULATED ? "cuda-emulated" : "cuda"; }
+  WorkQueue& queue() override { return *q_; }
 
   // ---- collectives: NCCL on a stream of its own, after this backend's stream ------------------
   std::vector<uint8_t> collective_id() override { return nccl_unique_id(); }
   std::unique_ptr<Communicator> create_communicator(const std::vector<uint8_t>& id, int rank, int size,
                                                     double timeout_s) override {
-    return make_nccl_communicator(id, rank, size, timeout_s, stream_);
+    return make_nccl_communicator(id, rank, size, timeout_s, *q_);
   }
   int threads() const override { return 1; }
   bool host_memory() const override { return false; }
-  void synchronize() override { wait_for_stream(stream_, "synchronize"); }
-  int64_t host_synchronisations() const override { return host_waits(); }
-  int64_t host_drains() const override { return cuda::host_drains(); }
-  // A fence is an event recorded on the stream with the counts of work and queued copies issued
-  // before it; its events are reused once waited.
-  int64_t fence() override {
-    if (capturing_) throw Error("a fence while the stream is capturing a graph (its event would be a graph node)");
-    Fence f;
-    if (!spare_events_.empty()) {
-      f.event = spare_events_.back();
-      spare_events_.pop_back();
-    } else {
-      MN_CUDA_CHECK(cudaEventCreateWithFlags(&f.event, cudaEventDisableTiming), "creating a fence's event");
-    }
-    MN_CUDA_CHECK(cudaEventRecord(f.event, stream_), "recording a fence");
-    f.id = ++fences_recorded_;
-    f.copies = queued_copies_issued();
-    f.work = work_issued();
-    f.stream_waits = stream_waits(stream_);
-    fences_.push_back(f);
-    return f.id;
-  }
-  void wait_for_fence(int64_t id) override {
-    if (id <= fences_waited_) return;
-    if (id > fences_recorded_) throw Error("CUDA backend: wait_for_fence(" + std::to_string(id) + "): no such fence");
-    while (!fences_.empty() && fences_.front().id <= id) {
-      const Fence f = fences_.front();
-      // A wait for the whole stream since the fence was recorded finished it and delivered its copies.
-      if (f.id == id && stream_waits(stream_) == f.stream_waits) wait_for_event(f.event, stream_, f.copies, f.work, "waiting for a fence");
-      fences_.pop_front();
-      spare_events_.push_back(f.event);
-    }
-    fences_waited_ = id;
-  }
   void set_profiling(bool on) override { profiler::set(on); }
-
-  // ---- graphs -------------------------------------------------------------------------------------
-  // Thread-local capture mode: an allocation or a host wait by this thread during a capture is an
-  // error, not a silently broken graph (NCCL's own threads stay free to call the runtime). Not while
-  // profiling (its events would be graph nodes).
-  // A graph remembers the generation of every scratch buffer and descriptor table its ops used
-  // (recorded while capturing), and is not replayed once one of them has moved.
-  bool begin_capture() override {
-    if (profiler::g_on) return false;
-    MN_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "beginning a graph capture");
-    capturing_ = true;
-    capture_deps_.clear();
-    return true;
-  }
-  int64_t end_capture() override {
-    capturing_ = false;
-    cudaGraph_t graph = nullptr;
-    MN_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph), "ending a graph capture (an op allocated, waited or copied to the host)");
-    cudaGraphExec_t exec = nullptr;
-    const cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
-    cudaGraphDestroy(graph);
-    MN_CUDA_CHECK(e, "instantiating a captured graph");
-    graphs_.push_back({exec, capture_deps_});
-    return static_cast<int64_t>(graphs_.size()) - 1;
-  }
-  void abandon_capture() override {
-    capturing_ = false;
-    cudaGraph_t graph = nullptr;
-    if (cudaStreamEndCapture(stream_, &graph) == cudaSuccess && graph) cudaGraphDestroy(graph);
-    cudaGetLastError();
-  }
-  bool replay(int64_t id) override {
-    const CapturedGraph& g = graph(id);
-    if (profiler::g_on) return false;
-    for (const auto& [generation, captured] : g.deps)
-      if (*generation != captured) return false;
-    MN_CUDA_CHECK(cudaGraphLaunch(g.exec, stream_), "replaying graph " + std::to_string(id));
-    note_work_issued();
-    ++graph_replays_;
-    return true;
-  }
-  void release_graph(int64_t id) override {
-    cudaGraphExecDestroy(graph(id).exec);
-    graphs_[static_cast<size_t>(id)] = {};
-  }
-  int64_t graph_replays() const override { return graph_replays_; }
-  int64_t resource_generation() const override {
-    return *rms_scratch_.generation() + *attn_scratch_.generation() + *bucket_scratch_.generation() + *reduce_scratch_.generation() +
-           *opt_scratch_.generation() + *descriptors_.generation();
-  }
   std::vector<KernelTime> take_profile() override { return profiler::take(); }
 
   int64_t workspace_bytes() const override {
-    return static_cast<int64_t>(gemm_->workspace_bytes() + rms_scratch_.bytes() + attn_scratch_.bytes() + reduce_scratch_.bytes() +
-                                bucket_scratch_.bytes() + opt_scratch_.bytes() + descriptors_.bytes());
+    return static_cast<int64_t>(gemm_->workspace_bytes() + rms_scratch_->bytes() + attn_scratch_->bytes() + reduce_scratch_->bytes() +
+                                bucket_scratch_->bytes() + opt_scratch_->bytes() + descriptors_->bytes());
   }
 
   // ---- memory -----------------------------------------------------------------------------------
@@ -269,44 +183,24 @@ class CudaBackend final : public Backend {
       throw Error("CUDA out of memory: cudaMalloc of " + std::to_string(bytes) + " bytes on device " + std::to_string(device_) + " failed (" +
                   cudaGetErrorName(e) + "); the device has " + std::to_string(free_b) + " of " + std::to_string(total_b) + " bytes free");
     }
-    MN_CUDA_CHECK(cudaMemsetAsync(p, 0, static_cast<size_t>(bytes), stream_), "zero-filling a new allocation");
-    note_work_issued();
+    MN_CUDA_CHECK(cudaMemsetAsync(p, 0, static_cast<size_t>(bytes), q_->issue()), "zero-filling a new allocation");
     return p;
   }
   void release(void* ptr) override {
-    wait_for_stream(stream_, "release (waiting for the stream)");
+    q_->wait_all("release (waiting for the stream)");
     MN_CUDA_CHECK(cudaFree(ptr), "release");
   }
-  // Small copies (a micro-batch's tokens, an update's scalars) go through the pinned upload ring, so
-  // the host never waits for the stream to stage them; large ones (weights, checkpoints) straight
-  // from pageable memory, staged before cudaMemcpyAsync returns. Either way the caller may reuse src.
-  void to_device(void* dst, const void* src, int64_t bytes) override {
-    if (capturing_) throw Error("to_device (" + std::to_string(bytes) + " bytes) while the stream is capturing a graph (copy before the capture or the replay)");
-    if (bytes <= kPinnedUploadBytes / 4) {
-      uploads_->upload(dst, src, bytes, "to_device");
-      return;
-    }
-    MN_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyHostToDevice, stream_),
-                  "to_device (" + std::to_string(bytes) + " bytes)");
-    note_work_issued();
-  }
-  void to_host(void* dst, const void* src, int64_t bytes) override {
-    MN_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToHost, stream_),
-                  "to_host (" + std::to_string(bytes) + " bytes)");
-    wait_for_stream(stream_, "to_host (waiting for the copy)");
-  }
-  void to_host_queued(void* dst, const void* src, int64_t bytes) override { queue_copy_to_host(dst, src, bytes, stream_); }
-  void deliver_queued_copies() override {
-    if (queued_copies(stream_) > 0) wait_for_stream(stream_, "delivering queued device-to-host copies");
-  }
+  // Small copies (a micro-batch's tokens, an update's scalars) go through the queue's pinned upload
+  // ring, so the host never waits for the stream to stage them; the caller may reuse src at once.
+  void to_device(void* dst, const void* src, int64_t bytes) override { q_->upload(dst, src, bytes, "to_device"); }
+  void to_host(void* dst, const void* src, int64_t bytes) override { q_->read(dst, src, bytes, "to_host"); }
   void zero(Buf x, int64_t n) override {
-    MN_CUDA_CHECK(cudaMemsetAsync(x.ptr, 0, static_cast<size_t>(n * dtype_bytes(x.dtype)), stream_), "zero " + shape({n}));
-    note_work_issued();
+    MN_CUDA_CHECK(cudaMemsetAsync(x.ptr, 0, static_cast<size_t>(n * dtype_bytes(x.dtype)), q_->issue()), "zero " + shape({n}));
   }
   void convert(Buf dst, Buf src, int64_t n) override {
     with_type(dst.dtype, [&](auto* d) {
       with_type(src.dtype, [&](auto* s) {
-        cuda::convert(as<std::remove_pointer_t<decltype(d)>>(dst), as<std::remove_pointer_t<decltype(s)>>(src), n, stream_);
+        cuda::convert(as<std::remove_pointer_t<decltype(d)>>(dst), as<std::remove_pointer_t<decltype(s)>>(src), n, q_->issue());
       });
     });
   }
@@ -315,7 +209,7 @@ class CudaBackend final : public Backend {
   void matmul(Buf out, Buf a, Buf b, int64_t M, int64_t N, int64_t K, bool ta, bool tb, bool acc) override {
     if (a.dtype != b.dtype) throw Error("matmul: operands must share a dtype");
     if (a.dtype == DType::F32 && out.dtype != DType::F32) throw Error("matmul: fp32 operands need an fp32 output");
-    gemm_->run(out.ptr, lt_type(out.dtype), a.ptr, b.ptr, lt_type(a.dtype), M, N, K, ta, tb, acc, stream_);
+    gemm_->run(out.ptr, lt_type(out.dtype), a.ptr, b.ptr, lt_type(a.dtype), M, N, K, ta, tb, acc, q_->issue());
   }
 
   // ---- model ops ------------------------------------------------------------------------------------
@@ -323,7 +217,7 @@ class CudaBackend final : public Backend {
     same_dtype({out, wte}, "embedding_forward");
     with_type(out.dtype, [&](auto* t) {
       using T = std::remove_pointer_t<decltype(t)>;
-      cuda::embedding_forward(as<T>(out), tokens, as<T>(wte), BT, C, stream_);
+      cuda::embedding_forward(as<T>(out), tokens, as<T>(wte), BT, C, q_->issue());
     });
   }
   void embedding_backward(Buf dwte, Buf dout, const int32_t* tokens, int64_t BT, int64_t C) override {
@@ -332,14 +226,14 @@ class CudaBackend final : public Backend {
     with_types(dout.dtype, dwte.dtype, "embedding_backward", [&](auto* t, auto* g) {
       using T = std::remove_pointer_t<decltype(t)>;
       using G = std::remove_pointer_t<decltype(g)>;
-      cuda::embedding_backward(as<G>(dwte), as<T>(dout), tokens, BT, C, keys, stream_);
+      cuda::embedding_backward(as<G>(dwte), as<T>(dout), tokens, BT, C, keys, q_->issue());
     });
   }
   void rmsnorm_forward(Buf out, float* rstd, Buf x, Buf w, int64_t N, int64_t C, float eps) override {
     same_dtype({out, x, w}, "rmsnorm_forward");
     with_type(out.dtype, [&](auto* t) {
       using T = std::remove_pointer_t<decltype(t)>;
-      cuda::rmsnorm_forward(as<T>(out), rstd, as<T>(x), as<T>(w), N, C, eps, stream_);
+      cuda::rmsnorm_forward(as<T>(out), rstd, as<T>(x), as<T>(w), N, C, eps, q_->issue());
     });
   }
   void rmsnorm_backward(float* dx, Buf dw, const float* dout, Buf x, Buf w, const float* rstd, int64_t N, int64_t C, bool accumulate_dx) override {
@@ -349,20 +243,20 @@ class CudaBackend final : public Backend {
     with_types(w.dtype, dw.dtype, "rmsnorm_backward", [&](auto* t, auto* g) {
       using T = std::remove_pointer_t<decltype(t)>;
       using G = std::remove_pointer_t<decltype(g)>;
-      cuda::rmsnorm_backward(dx, as<G>(dw), dout, as<T>(x), as<T>(w), rstd, N, C, accumulate_dx, partials, stream_);
+      cuda::rmsnorm_backward(dx, as<G>(dw), dout, as<T>(x), as<T>(w), rstd, N, C, accumulate_dx, partials, q_->issue());
     });
   }
   void rope_forward(Buf qkv, const float* cs, int64_t B, int64_t T_, int64_t H, int64_t D) override {
-    with_type(qkv.dtype, [&](auto* t) { cuda::rope(as<std::remove_pointer_t<decltype(t)>>(qkv), cs, B, T_, H, D, false, stream_); });
+    with_type(qkv.dtype, [&](auto* t) { cuda::rope(as<std::remove_pointer_t<decltype(t)>>(qkv), cs, B, T_, H, D, false, q_->issue()); });
   }
   void rope_backward(Buf dqkv, const float* cs, int64_t B, int64_t T_, int64_t H, int64_t D) override {
-    with_type(dqkv.dtype, [&](auto* t) { cuda::rope(as<std::remove_pointer_t<decltype(t)>>(dqkv), cs, B, T_, H, D, true, stream_); });
+    with_type(dqkv.dtype, [&](auto* t) { cuda::rope(as<std::remove_pointer_t<decltype(t)>>(dqkv), cs, B, T_, H, D, true, q_->issue()); });
   }
   void attention_forward(Buf out, float* lse, Buf qkv, int64_t B, int64_t T_, int64_t H, int64_t D) override {
     same_dtype({out, qkv}, "attention_forward");
     with_type(out.dtype, [&](auto* t) {
       using T = std::remove_pointer_t<decltype(t)>;
-      cuda::attention_forward(as<T>(out), lse, as<T>(qkv), B, T_, H, D, stream_);
+      cuda::attention_forward(as<T>(out), lse, as<T>(qkv), B, T_, H, D, q_->issue());
     });
   }
   void attention_backward(Buf dqkv, Buf dout, Buf qkv, Buf out, const float* lse, int64_t B, int64_t T_, int64_t H, int64_t D) override {
@@ -370,21 +264,21 @@ class CudaBackend final : public Backend {
     auto* delta = static_cast<float*>(scratch(attn_scratch_, cuda_scratch::attention_backward_bytes(B, H, T_), "attention_backward"));
     with_type(dqkv.dtype, [&](auto* t) {
       using T = std::remove_pointer_t<decltype(t)>;
-      cuda::attention_backward(as<T>(dqkv), as<T>(dout), as<T>(qkv), as<T>(out), lse, B, T_, H, D, delta, stream_);
+      cuda::attention_backward(as<T>(dqkv), as<T>(dout), as<T>(qkv), as<T>(out), lse, B, T_, H, D, delta, q_->issue());
     });
   }
   void attention_decode(Buf out, Buf qkv, Buf k_cache, Buf v_cache, int64_t pos, int64_t H, int64_t D) override {
     same_dtype({out, qkv, k_cache, v_cache}, "attention_decode");
     with_type(out.dtype, [&](auto* t) {
       using T = std::remove_pointer_t<decltype(t)>;
-      cuda::attention_decode(as<T>(out), as<T>(qkv), as<T>(k_cache), as<T>(v_cache), pos, H, D, stream_);
+      cuda::attention_decode(as<T>(out), as<T>(qkv), as<T>(k_cache), as<T>(v_cache), pos, H, D, q_->issue());
     });
   }
   void swiglu_forward(Buf out, Buf gate_up, int64_t N, int64_t F) override {
     same_dtype({out, gate_up}, "swiglu_forward");
     with_type(out.dtype, [&](auto* t) {
       using T = std::remove_pointer_t<decltype(t)>;
-      cuda::swiglu_forward(as<T>(out), as<T>(gate_up), N, F, stream_);
+      cuda::swiglu_forward(as<T>(out), as<T>(gate_up), N, F, q_->issue());
     });
   }
   void swiglu_backward(Buf dgate_up, Buf out, Buf dout, Buf gate_up, int64_t N, int64_t F) override {
@@ -392,39 +286,53 @@ class CudaBackend final : public Backend {
     if (out.ptr) same_dtype({out, gate_up}, "swiglu_backward");
     with_type(dgate_up.dtype, [&](auto* t) {
       using T = std::remove_pointer_t<decltype(t)>;
-      cuda::swiglu_backward(as<T>(dgate_up), out.ptr ? as<T>(out) : nullptr, as<T>(dout), as<T>(gate_up), N, F, stream_);
+      cuda::swiglu_backward(as<T>(dgate_up), out.ptr ? as<T>(out) : nullptr, as<T>(dout), as<T>(gate_up), N, F, q_->issue());
     });
   }
   void cross_entropy(float* losses, Buf dlogits, const float* logits, const int32_t* targets, const uint8_t* mask, int64_t N, int64_t V,
                      float grad_scale) override {
     with_type(dlogits.dtype, [&](auto* t) {
       using T = std::remove_pointer_t<decltype(t)>;
-      cuda::cross_entropy(losses, as<T>(dlogits), logits, targets, mask, N, V, grad_scale, stream_);
+      cuda::cross_entropy(losses, as<T>(dlogits), logits, targets, mask, N, V, grad_scale, q_->issue());
     });
+  }
+  void accumulate_loss(LossTotals* totals, const float* losses, const uint8_t* mask, int64_t N) override {
+    cuda::accumulate_loss(totals, losses, mask, N, q_->issue());
   }
 
   // ---- optimizer ops ------------------------------------------------------------------------------
   double sum_squares(Buf x, int64_t n) override {
     auto* d = static_cast<double*>(scratch(reduce_scratch_, cuda_scratch::sum_squares_bytes(), "sum_squares"));
-    with_type(x.dtype, [&](auto* t) { cuda::sum_squares(d, d + 1, as<std::remove_pointer_t<decltype(t)>>(x), n, stream_); });
+    with_type(x.dtype, [&](auto* t) { cuda::sum_squares(d, d + 1, as<std::remove_pointer_t<decltype(t)>>(x), n, q_->issue()); });
     double r = 0;
     to_host(&r, d, sizeof(double));
     return r;
   }
+  // The per-tensor sums into `out`, their partials (kSumSquaresBlocks x count) in the reduce scratch:
+  // two launches for each run of tensors of one dtype.
   void sum_squares_many(const Buf* xs, const int64_t* ns, int64_t count, double* out) override {
     if (count == 0) return;
-    const double* d = queue_sum_squares_many(xs, ns, count);
-    to_host(out, d, count * static_cast<int64_t>(sizeof(double)));
+    auto* partials = static_cast<double*>(scratch(reduce_scratch_, cuda_scratch::sum_squares_many_bytes(count), "sum_squares_many"));
+    for (int64_t begin = 0; begin < count;) {
+      int64_t end = begin + 1;
+      while (end < count && xs[end].dtype == xs[begin].dtype) ++end;
+      sum_items_.clear();
+      for (int64_t i = begin; i < end; ++i) sum_items_.push_back({xs[i].ptr, ns[i]});
+      const auto* items = static_cast<const SumSquaresItem*>(descriptors(sum_items_.data(), sum_items_.size() * sizeof(SumSquaresItem), "sum_squares_many"));
+      with_type(xs[begin].dtype, [&](auto* t) {
+        cuda::sum_squares_many<std::remove_pointer_t<decltype(t)>>(out + begin, partials, items, end - begin, q_->issue());
+      });
+      begin = end;
+    }
   }
-  void update_statistics(UpdateScalars* s, const Buf* xs, const int64_t* ns, int64_t count, double grad_clip) override {
-    const double* squares = queue_sum_squares_many(xs, ns, count);
-    cuda::update_statistics(s, squares, count, grad_clip, stream_);
+  void update_statistics(UpdateScalars* s, const LossTotals* loss, const double* squares, int64_t count, double grad_clip) override {
+    cuda::update_statistics(s, loss, squares, count, grad_clip, q_->issue());
   }
   void clip_gradients(Buf x, int64_t n, const UpdateScalars* s) override {
-    with_type(x.dtype, [&](auto* t) { cuda::clip_gradients(as<std::remove_pointer_t<decltype(t)>>(x), n, s, stream_); });
+    with_type(x.dtype, [&](auto* t) { cuda::clip_gradients(as<std::remove_pointer_t<decltype(t)>>(x), n, s, q_->issue()); });
   }
   void scale(Buf x, int64_t n, float factor) override {
-    with_type(x.dtype, [&](auto* t) { cuda::scale(as<std::remove_pointer_t<decltype(t)>>(x), n, factor, stream_); });
+    with_type(x.dtype, [&](auto* t) { cuda::scale(as<std::remove_pointer_t<decltype(t)>>(x), n, factor, q_->issue()); });
   }
   void sinkgd_update(Buf w, Buf g, int64_t m, int64_t n, const SinkGDArgs& a) override {
     const SinkGDTensor t{w, g, m, n, a.write.tensor};
@@ -468,7 +376,7 @@ class CudaBackend final : public Backend {
       with_types(tensors[begin].w.dtype, tensors[begin].g.dtype, "sinkgd_update_many", [&](auto* t, auto* gt) {
         using T = std::remove_pointer_t<decltype(t)>;
         using G = std::remove_pointer_t<decltype(gt)>;
-        cuda::sinkgd_many<T, G>(dev, end - begin, layout, a.iterations, a.eps, rule, a.write, a.scalars, stream_);
+        cuda::sinkgd_many<T, G>(dev, end - begin, layout, a.iterations, a.eps, rule, a.write, a.scalars, q_->issue());
       });
       begin = end;
     }
@@ -479,7 +387,8 @@ class CudaBackend final : public Backend {
     with_types(w.dtype, g.dtype, "swan_update", [&](auto* t, auto* gt) {
       using T = std::remove_pointer_t<decltype(t)>;
       using G = std::remove_pointer_t<decltype(gt)>;
-      const SwanResult r = cuda::swan(as<T>(w), as<G>(g), m, n, p, *gemm_, work, stream_);
+      const SwanResult r = cuda::swan(as<T>(w), as<G>(g), m, n, p, *gemm_, work, *q_);
+      if (r.skipped) return;  // as the CPU backend: a skipped update's tensors are not counted
       ++swan_.tensors;  // the same bookkeeping as the CPU backend's
       swan_.worst_residual = std::max(swan_.worst_residual, std::isnan(r.residual) ? 0.0 : r.residual);
       if (r.fell_back) ++swan_.fallbacks;
@@ -499,7 +408,7 @@ class CudaBackend final : public Backend {
       using G = std::remove_pointer_t<decltype(gt)>;
       with_type(m.dtype, [&](auto* st) {
         using S = std::remove_pointer_t<decltype(st)>;
-        cuda::adam(as<T>(w), as<G>(g), as<S>(m), as<S>(v), n, r, a.write, a.scalars, stream_);
+        cuda::adam(as<T>(w), as<G>(g), as<S>(m), as<S>(v), n, r, a.write, a.scalars, q_->issue());
       });
     });
   }
@@ -531,7 +440,7 @@ class CudaBackend final : public Backend {
         using G = std::remove_pointer_t<decltype(gt)>;
         with_type(first.m.dtype, [&](auto* st) {
           using S = std::remove_pointer_t<decltype(st)>;
-          cuda::adam_many<T, G, S>(dev, static_cast<int64_t>(many_items_.size()), blocks, r, a.write, a.scalars, stream_);
+          cuda::adam_many<T, G, S>(dev, static_cast<int64_t>(many_items_.size()), blocks, r, a.write, a.scalars, q_->issue());
         });
       });
     }
@@ -542,80 +451,25 @@ class CudaBackend final : public Backend {
       using G = std::remove_pointer_t<decltype(gt)>;
       with_type(buf.dtype, [&](auto* st) {
         using S = std::remove_pointer_t<decltype(st)>;
-        cuda::sgd(as<T>(w), as<G>(g), as<S>(buf), n, optim_math::rule_scalars(a.lr, a.decoupled_decay), a.momentum, a.write, a.scalars, stream_);
+        cuda::sgd(as<T>(w), as<G>(g), as<S>(buf), n, optim_math::rule_scalars(a.lr, a.decoupled_decay), a.momentum, a.write, a.scalars, q_->issue());
       });
     });
   }
 
  private:
-  // A scratch buffer for an op; while capturing, the graph depends on its generation.
-  void* scratch(Scratch& s, size_t bytes, const char* what) {
-    void* p = s.get(bytes, what);
-    if (capturing_) depend_on(s.generation());
-    return p;
-  }
+  void* scratch(std::unique_ptr<Scratch>& s, size_t bytes, const char* what) { return s->get(bytes, what); }
   // A multi-tensor launch's descriptor table on the device (uploaded once: DescriptorCache).
-  const void* descriptors(const void* table, size_t bytes, const char* what) {
-    const void* p = descriptors_.get(table, bytes, capturing_, stream_, what);
-    if (capturing_) depend_on(descriptors_.generation());
-    return p;
-  }
-  void depend_on(const int64_t* generation) {
-    for (const auto& d : capture_deps_)
-      if (d.first == generation) return;
-    capture_deps_.push_back({generation, *generation});
-  }
-  // The per-tensor sums of squares of xs, queued: [results: count | partials: kSumSquaresBlocks x
-  // count] in the reduce scratch, two launches for each run of tensors of one dtype.
-  const double* queue_sum_squares_many(const Buf* xs, const int64_t* ns, int64_t count) {
-    auto* d = static_cast<double*>(scratch(reduce_scratch_, cuda_scratch::sum_squares_many_bytes(count), "sum_squares_many"));
-    for (int64_t begin = 0; begin < count;) {
-      int64_t end = begin + 1;
-      while (end < count && xs[end].dtype == xs[begin].dtype) ++end;
-      sum_items_.clear();
-      for (int64_t i = begin; i < end; ++i) sum_items_.push_back({xs[i].ptr, ns[i]});
-      const auto* items = static_cast<const SumSquaresItem*>(descriptors(sum_items_.data(), sum_items_.size() * sizeof(SumSquaresItem), "sum_squares_many"));
-      with_type(xs[begin].dtype, [&](auto* t) {
-        cuda::sum_squares_many<std::remove_pointer_t<decltype(t)>>(d + begin, d + count, items, end - begin, stream_);
-      });
-      begin = end;
-    }
-    return d;
-  }
+  const void* descriptors(const void* table, size_t bytes, const char* what) { return descriptors_->get(table, bytes, what); }
 
   int device_;
-  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<CudaQueue> q_;
   std::unique_ptr<LtGemm> gemm_;
-  std::unique_ptr<UploadRing> uploads_;  // small host-to-device copies, through pinned memory
-  Scratch rms_scratch_, attn_scratch_, bucket_scratch_, reduce_scratch_, opt_scratch_;
-  DescriptorCache descriptors_;
+  std::unique_ptr<Scratch> rms_scratch_, attn_scratch_, bucket_scratch_, reduce_scratch_, opt_scratch_;
+  std::unique_ptr<DescriptorCache> descriptors_;
   std::vector<AdamManyItem> many_items_;
   std::vector<cuda::SinkgdManyItem> sinkgd_items_;
   std::vector<SumSquaresItem> sum_items_;
   SwanStats swan_;
-  struct CapturedGraph {
-    cudaGraphExec_t exec = nullptr;                          // null once released
-    std::vector<std::pair<const int64_t*, int64_t>> deps;    // (generation, its value at the capture)
-  };
-  std::vector<CapturedGraph> graphs_;  // by graph id
-  bool capturing_ = false;
-  std::vector<std::pair<const int64_t*, int64_t>> capture_deps_;
-  int64_t graph_replays_ = 0;
-  const CapturedGraph& graph(int64_t id) const {
-    if (id < 0 || static_cast<size_t>(id) >= graphs_.size() || !graphs_[static_cast<size_t>(id)].exec)
-      throw Error("CUDA backend: no graph " + std::to_string(id));
-    return graphs_[static_cast<size_t>(id)];
-  }
-  struct Fence {
-    int64_t id = 0;
-    cudaEvent_t event = nullptr;
-    uint64_t copies = 0;       // queued copies issued before it
-    int64_t work = 0;          // work issued before it
-    int64_t stream_waits = 0;  // whole-stream waits before it
-  };
-  std::deque<Fence> fences_;  // recorded, not waited yet, in order
-  std::vector<cudaEvent_t> spare_events_;
-  int64_t fences_recorded_ = 0, fences_waited_ = 0;
 };
 
 }  // namespace

@@ -46,8 +46,6 @@ void allow_dynamic_shared(const char* name, const void* kernel, size_t bytes);
 // Release builds check the launch itself after every launch, and execution errors at the update's
 // synchronisation; CUDA_LAUNCH_BLOCKING=1 gives release builds the debug behaviour.
 void check_after_launch(const char* name, dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream);
-// Counts the launch as work issued to the device (check.h: what a fence's wait compares with).
-void note_work_issued();
 // Per-kernel timing (kernels/cuda/profiler.h): an event pair around each launch while it is on.
 namespace profiler {
 extern bool g_on;
@@ -64,7 +62,6 @@ void launch(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, 
   if (shared_bytes > 0) allow_dynamic_shared(name, reinterpret_cast<const void*>(kernel), shared_bytes);
   const bool timed = profiler::g_on;
   if (timed) profiler::begin(name, stream);
-  note_work_issued();
 #ifdef __CUDACC__
   kernel<<<grid, block, shared_bytes, stream>>>(std::forward<Args>(args)...);
   check_after_launch(name, grid, block, shared_bytes, stream);

@@ -32,7 +32,7 @@ struct SumSquaresItem {
 template <class T>
 void sum_squares_many(double* results, double* partials, const SumSquaresItem* items, int64_t count, cudaStream_t stream);
 // s->stats from the per-tensor sums (optim_math::finish_statistics), one device thread.
-void update_statistics(UpdateScalars* s, const double* squares, int64_t count, double grad_clip, cudaStream_t stream);
+void update_statistics(UpdateScalars* s, const LossTotals* loss, const double* squares, int64_t count, double grad_clip, cudaStream_t stream);
 // x[n] *= s->stats.clip_factor, read on the device; nothing when it is 1 or the update is skipped.
 template <class T>
 void clip_gradients(T* x, int64_t n, const UpdateScalars* s, cudaStream_t stream);
@@ -68,6 +68,8 @@ void swiglu_backward(T* dgate_up, T* out, const T* dout, const T* gate_up, int64
 template <class T>
 void cross_entropy(float* losses, T* dlogits, const float* logits, const int32_t* targets, const uint8_t* mask, int64_t N,
                    int64_t V, float grad_scale, cudaStream_t stream);
+// totals += the micro-batch's losses where mask (optim_math's lane order): one block, reads 5 N bytes.
+void accumulate_loss(LossTotals* totals, const float* losses, const uint8_t* mask, int64_t N, cudaStream_t stream);
 
 // ---- attention.cu ----------------------------------------------------------------------------------
 constexpr int kAttentionMaxHeadDim = 128;
@@ -143,7 +145,8 @@ void sinkgd_many(const SinkgdManyItem* items, int64_t count, const SinkgdLayout&
                  const WriteBack& wb, ScalarsRef s, cudaStream_t stream);
 
 // SWAN on W[m,n] (swan.cu): row normalisation, Newton-Schulz through cuBLASLt in FP32, or the exact
-// FP64 path on the host. scratch: swan_scratch_bytes(m, n) bytes.
+// FP64 path on the host; it waits for the device itself (its residual reads), through the queue.
+// scratch: swan_scratch_bytes(m, n) bytes.
 class LtGemm;
 struct SwanParams {
   float lr, decoupled_decay, eps, ns_tolerance;
@@ -155,9 +158,11 @@ struct SwanParams {
 struct SwanResult {
   double residual = 0;     // ||I - Z Y||_F / sqrt(k) of the final iterate (0 on the exact path)
   bool fell_back = false;  // Newton-Schulz diverged: the exact path was used
+  bool skipped = false;    // the update's statistics said skip: nothing was applied
 };
 int64_t swan_scratch_bytes(int64_t m, int64_t n);
+class CudaQueue;
 template <class T, class G>
-SwanResult swan(T* w, const G* g, int64_t m, int64_t n, const SwanParams& a, LtGemm& gemm, void* scratch, cudaStream_t stream);
+SwanResult swan(T* w, const G* g, int64_t m, int64_t n, const SwanParams& a, LtGemm& gemm, void* scratch, CudaQueue& q);
 
 }  // namespace multinorm::cuda

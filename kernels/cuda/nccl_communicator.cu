@@ -25,6 +25,7 @@
 #include <thread>
 
 #include "check.h"
+#include "cuda_queue.h"
 #include "multinorm/error.h"
 
 namespace multinorm::cuda {
@@ -40,13 +41,14 @@ void nccl_check(ncclResult_t r, const std::string& what) {
 ncclDataType_t nccl_type(DType t) {
   if (t == DType::F32) return ncclFloat32;
   if (t == DType::BF16) return ncclBfloat16;
+  if (t == DType::F64) return ncclFloat64;
   throw Error(std::string("NCCL: no collective over ") + dtype_name(t));
 }
 
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(const std::vector<uint8_t>& id, int rank, int size, double timeout_s, cudaStream_t compute)
-      : rank_(rank), size_(size), timeout_s_(timeout_s), compute_(compute) {
+  NcclCommunicator(const std::vector<uint8_t>& id, int rank, int size, double timeout_s, CudaQueue& compute)
+      : rank_(rank), size_(size), timeout_s_(timeout_s), queue_(compute), compute_(compute.stream()) {
     if (id.size() != sizeof(ncclUniqueId))
       throw Error("NCCL: the unique id has " + std::to_string(id.size()) + " bytes, expected " + std::to_string(sizeof(ncclUniqueId)));
     ncclUniqueId uid;
@@ -120,7 +122,7 @@ class NcclCommunicator final : public Communicator {
     // The host waits for the collectives: counted with the backend's waits, and as a drain (the
     // compute stream has at most work that waits for them: it idles once they end, until the host
     // queues more).
-    count_host_wait(true);
+    queue_.count_wait(true);
     poll(what, done_);
     // Later compute (the optimizer reading reduced gradients) is ordered after the collectives.
     MN_CUDA_CHECK(cudaStreamWaitEvent(compute_, done_, 0), "ordering compute after the collectives");
@@ -190,6 +192,7 @@ class NcclCommunicator final : public Communicator {
 
   int rank_, size_;
   double timeout_s_;
+  CudaQueue& queue_;  // the backend's: its host waits are counted there
   cudaStream_t compute_, stream_ = nullptr;
   cudaEvent_t ready_ = nullptr, done_ = nullptr;
   ncclComm_t comm_ = nullptr;
@@ -211,7 +214,7 @@ std::vector<uint8_t> nccl_unique_id() {
 }
 
 std::unique_ptr<Communicator> make_nccl_communicator(const std::vector<uint8_t>& id, int rank, int size, double timeout_s,
-                                                     cudaStream_t compute) {
+                                                     CudaQueue& compute) {
   return std::make_unique<NcclCommunicator>(id, rank, size, timeout_s, compute);
 }
 
@@ -223,7 +226,7 @@ namespace {
 }
 }  // namespace
 std::vector<uint8_t> nccl_unique_id() { no_nccl(); }
-std::unique_ptr<Communicator> make_nccl_communicator(const std::vector<uint8_t>&, int, int, double, cudaStream_t) { no_nccl(); }
+std::unique_ptr<Communicator> make_nccl_communicator(const std::vector<uint8_t>&, int, int, double, CudaQueue&) { no_nccl(); }
 
 #endif
 

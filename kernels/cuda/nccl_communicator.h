@@ -13,8 +13,10 @@ namespace multinorm::cuda {
 
 // ncclGetUniqueId's bytes (rank 0 makes them; MPI carries them to the other ranks).
 std::vector<uint8_t> nccl_unique_id();
-// A communicator of `size` ranks whose collectives start after the work issued on `compute` so far.
+class CudaQueue;
+// A communicator of `size` ranks whose collectives start after the work issued on `compute`'s stream
+// so far; its host waits are counted by `compute`.
 std::unique_ptr<Communicator> make_nccl_communicator(const std::vector<uint8_t>& id, int rank, int size, double timeout_s,
-                                                     cudaStream_t compute);
+                                                     CudaQueue& compute);
 
 }  // namespace multinorm::cuda

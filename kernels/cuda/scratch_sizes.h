@@ -29,8 +29,8 @@ inline int64_t embedding_sort_length(int64_t BT) {
 inline int64_t embedding_backward_bytes(int64_t BT) { return embedding_sort_length(BT) * 8; }  // the keys
 // sum of squares: the partials and the result, FP64
 inline int64_t sum_squares_bytes() { return (kSumSquaresBlocks + 1) * 8; }
-// sum_squares_many and the update's statistics: each tensor's result and partials, FP64
-inline int64_t sum_squares_many_bytes(int64_t tensors) { return (kSumSquaresBlocks + 1) * tensors * 8; }
+// sum_squares_many (the update's statistics): each tensor's partials, FP64 (the results go to the caller's buffer)
+inline int64_t sum_squares_many_bytes(int64_t tensors) { return kSumSquaresBlocks * tensors * 8; }
 // The multi-tensor launches' descriptor tables (SinkGD, Adam, the sums of squares), uploaded once and
 // kept on the device (cuda_backend.cu's DescriptorCache): one buffer, allocated on first use.
 constexpr int64_t kDescriptorCacheBytes = 1 << 20;

@@ -50,7 +50,7 @@ class CpuBackend final : public Backend {
   std::string name() const override { return "cpu"; }
   int threads() const override { return threads_; }
   bool host_memory() const override { return true; }
-  void synchronize() override {}
+  WorkQueue& queue() override { return queue_; }
   int64_t workspace_bytes() const override { return ws_.bytes() + gemm_.scratch_bytes(); }  // + the packed GEMM's operands
   ActivationFusions activation_fusions(DType act) const override { return cpu_activation_fusions(act); }
 
@@ -155,6 +155,9 @@ class CpuBackend final : public Backend {
       cpu::cross_entropy(losses, as<T>(dlogits), logits, targets, mask, N, V, grad_scale, ws_);
     });
   }
+  void accumulate_loss(LossTotals* totals, const float* losses, const uint8_t* mask, int64_t N) override {
+    cpu::accumulate_loss(totals, losses, mask, N);
+  }
   void matmul_swiglu(Buf out, Buf gate_up, Buf x, Buf w, int64_t N, int64_t F, int64_t C) override {
     if (cpu::fuses_gemm_epilogues(all_bf16({out, gate_up, x, w}))) {
       cpu::matmul_swiglu_packed(as<bf16>(out), as<bf16>(gate_up), as<bf16>(x), as<bf16>(w), N, F, C, gemm_.packed_scratch(),
@@ -192,11 +195,12 @@ class CpuBackend final : public Backend {
   void scale(Buf x, int64_t n, float factor) override {
     with_type(x.dtype, [&](auto* t) { cpu::scale(as<std::remove_pointer_t<decltype(t)>>(x), n, factor); });
   }
+  void sum_squares_many(const Buf* xs, const int64_t* ns, int64_t count, double* out) override {
+    for (int64_t i = 0; i < count; ++i) out[i] = sum_squares(xs[i], ns[i]);
+  }
   // The statistics in host memory: the same numbers as the CUDA kernels' (finish_statistics).
-  void update_statistics(UpdateScalars* s, const Buf* xs, const int64_t* ns, int64_t count, double grad_clip) override {
-    std::vector<double> squares(static_cast<size_t>(count));
-    sum_squares_many(xs, ns, count, squares.data());
-    s->stats = optim_math::finish_statistics(squares.data(), count, grad_clip);
+  void update_statistics(UpdateScalars* s, const LossTotals* loss, const double* squares, int64_t count, double grad_clip) override {
+    s->stats = optim_math::finish_statistics(squares, count, *loss, *s, grad_clip);
   }
   void clip_gradients(Buf x, int64_t n, const UpdateScalars* s) override {
     if (!s->stats.skip && s->stats.clip_factor != 1.0f) scale(x, n, s->stats.clip_factor);
@@ -280,6 +284,7 @@ class CpuBackend final : public Backend {
     a.write.step = s.update;
     return true;
   }
+  SynchronousQueue queue_;
   SwanStats swan_;
   int threads_;
   cpu::OneDnnMatmul gemm_;

@@ -97,7 +97,7 @@ void bench_model_predict(const ModelBenchOptions& o) {
               peak->bf16_tflops, peak->fp32_tflops, peak->bandwidth_gbs, 100 * a.gemm, 100 * a.attention, 100 * a.simt, 100 * a.memory);
   std::printf("  one micro-batch, forward and backward:\n");
   print_roofline(c.micro_batch, *peak, a);
-  std::printf("  one optimizer update (%s, whole model on one GPU):\n", run.optimizer.name.c_str());
+  std::printf("  one optimizer update (%s, whole model on one GPU):\n", choice_name(run.optimizer.name).c_str());
   print_roofline(c.update, *peak, a);
   std::printf("  micro-batch %.3f ms: GEMMs %.3f ms, attention %.3f ms = %.1f%% of the GEMM time, every other kernel %.3f ms = %.1f%% of the micro-batch\n",
               step * 1e3, gemm * 1e3, attention * 1e3, gemm > 0 ? 100 * attention / gemm : 0.0, (step - gemm) * 1e3,
@@ -110,7 +110,7 @@ void bench_model_predict(const ModelBenchOptions& o) {
   int64_t statistics_launches = 0;
   for (const KernelCost& k : c.update)
     if (k.name == "update_statistics" || k.name.rfind("sum_squares_many", 0) == 0) statistics_launches += k.launches;
-  const std::string captured = run.optimizer.name == "swan" ? "not captured: SWAN reads its residual on the host"
+  const std::string captured = run.optimizer.name == OptimizerKind::Swan ? "not captured: SWAN reads its residual on the host"
                                                             : "a CUDA graph replays all but the statistics' " + std::to_string(statistics_launches);
   std::printf("  launches: %lld per micro-batch (%.2f-%.2f ms of launch overhead at 3-5 us each: what its CUDA graph replay saves), "
               "%lld per update (%.2f-%.2f ms; %s)\n",
@@ -118,49 +118,58 @@ void bench_model_predict(const ModelBenchOptions& o) {
               captured.c_str());
 }
 
-void bench_model(const ModelBenchOptions& o) {
-  const json doc = read_json_file(o.config);
-  const ModelConfig cfg = is_model_config(doc) ? load_model_config(o.config) : load_run_config(o.config).model;
-  const DType dt = parse_dtype(o.precision);
-  auto be = make_backend(choose_backend(o.backend), o.threads);
-  const int64_t B = o.batch, T = o.seq, BT = B * T;
-  LlamaModel model(*be, cfg, dt, B, T);
-  model.init_random(0);
+namespace {
 
-  std::mt19937 gen(1);
-  std::vector<int32_t> tokens(BT), targets(BT);
-  for (auto& t : tokens) t = static_cast<int32_t>(gen() % cfg.vocab_size);
-  for (int64_t i = 0; i < BT; ++i) targets[i] = tokens[(i + 1) % BT];
-  const MicroBatch mb{tokens.data(), targets.data(), nullptr, B, T};
+// What bench model measures, for its two printers.
+struct ModelBench {
+  ModelConfig cfg;
+  int64_t B = 0, T = 0, gemm_params = 0;
+  int threads = 0;
+  std::string backend, engine, torch_mode = "not measured";
+  bool host_memory = true, split_heads = false;
+  double flops_token = 0, train_s = 0, fwd_s = 0, gemm_gflops = 0, ratio = 0, torch_tps = 0;
+  std::vector<double> ratios;
+  OpProfile profile;
+  struct KernelRow {
+    std::string name;
+    int64_t launches = 0, predicted_launches = 0;
+    double ms = 0, bytes = 0, flops = 0, predicted_s = 0;
+  };
+  std::vector<KernelRow> kernels;
+  const DevicePeak* peak = nullptr;
+  double bwd_s() const { return train_s - fwd_s; }
+  double train_tps() const { return B * T / train_s; }
+  double gflops() const { return flops_token * train_tps() / 1e9; }
+};
 
-  int64_t gemm_params = 0;
-  const double flops_token = model_flops_per_token(model, T, &gemm_params);
-
-  // Rounds: one training step, then the model's GEMMs on the same backend (each shape once warm, then
-  // timed once), so each round's ratio compares the two under the same machine conditions. This
-  // machine's speed drifts by tens of percent between seconds; timed in separate phases, the ratio
-  // moved between 38% and 97% from one run to the next of one build. The ratio reported is the
-  // median of the rounds'; the step time and GEMM figure shown are means.
-  std::vector<void*> gemm_bufs;
-  struct GemmOperands { Buf a, b, c; };
-  std::vector<GemmOperands> gemm_ops;
-  const auto gemms = training_step_gemms(cfg, BT);
+// Rounds: one training step, then the model's GEMMs on the same backend (each shape once warm, then
+// timed once), so each round's ratio compares the two under the same machine conditions. This
+// machine's speed drifts by tens of percent between seconds; timed in separate phases, the ratio
+// moved between 38% and 97% from one run to the next of one build. The ratio reported is the
+// median of the rounds'; the step time and GEMM figure shown are means.
+void time_steps_against_gemms(ModelBench& r, Backend& be, LlamaModel& model, const MicroBatch& mb, DType dt, const ModelBenchOptions& o) {
+  const int64_t BT = r.B * r.T;
+  std::vector<void*> bufs;
+  struct GemmOperands {
+    Buf a, b, c;
+  };
+  std::vector<GemmOperands> ops;
+  const auto gemms = training_step_gemms(r.cfg, BT);
   double gemm_flops = 0;
   for (const auto& g : gemms) {
-    auto alloc = [&](int64_t n, DType t) { gemm_bufs.push_back(be->allocate(n * dtype_bytes(t))); return Buf{gemm_bufs.back(), t}; };
-    gemm_ops.push_back({alloc(g.M * g.K, dt), alloc(g.K * g.N, dt), alloc(g.M * g.N, DType::F32)});
+    auto alloc = [&](int64_t n, DType t) { bufs.push_back(be.allocate(n * dtype_bytes(t))); return Buf{bufs.back(), t}; };
+    ops.push_back({alloc(g.M * g.K, dt), alloc(g.K * g.N, dt), alloc(g.M * g.N, DType::F32)});
     gemm_flops += 2.0 * g.M * g.N * g.K * g.count;
   }
   auto time_gemms = [&] {  // seconds for one step's GEMMs, each shape timed warm
     double s = 0;
     for (size_t k = 0; k < gemms.size(); ++k) {
       const auto& g = gemms[k];
-      const auto& op = gemm_ops[k];
-      be->matmul(op.c, op.a, op.b, g.M, g.N, g.K, g.trans_a, g.trans_b, false);  // create the primitive, warm caches
-      be->synchronize();  // a device backend's launches are asynchronous: time them to completion
+      be.matmul(ops[k].c, ops[k].a, ops[k].b, g.M, g.N, g.K, g.trans_a, g.trans_b, false);  // create the primitive, warm caches
+      be.queue().wait_all();  // a device backend's launches are asynchronous: time them to completion
       const auto t = Clock::now();
-      be->matmul(op.c, op.a, op.b, g.M, g.N, g.K, g.trans_a, g.trans_b, false);
-      be->synchronize();
+      be.matmul(ops[k].c, ops[k].a, ops[k].b, g.M, g.N, g.K, g.trans_a, g.trans_b, false);
+      be.queue().wait_all();
       s += seconds_since(t) * g.count;
     }
     return s;
@@ -169,150 +178,156 @@ void bench_model(const ModelBenchOptions& o) {
   model.profile().enabled = true;
   model.profile().reset();
   double train_total = 0, gemm_total = 0;
-  std::vector<double> ratios;
   for (int64_t i = 0; i < o.steps; ++i) {
-    be->synchronize();
+    be.queue().wait_all();
     const auto t = Clock::now();
     model.forward_backward(mb, 1.0f / BT);
-    be->synchronize();
+    be.queue().wait_all();
     const double step_s = seconds_since(t), gemm_s = time_gemms();
     train_total += step_s, gemm_total += gemm_s;
-    ratios.push_back((flops_token * BT / step_s) / (gemm_flops / gemm_s));
+    r.ratios.push_back((r.flops_token * BT / step_s) / (gemm_flops / gemm_s));
   }
-  for (void* p : gemm_bufs) be->release(p);
-  std::sort(ratios.begin(), ratios.end());
-  const size_t half = ratios.size() / 2;
-  const double ratio = ratios.size() % 2 ? ratios[half] : (ratios[half - 1] + ratios[half]) / 2;
-  const double train_s = train_total / o.steps;
-  const double gemm_gflops = gemm_flops / (gemm_total / o.steps) / 1e9;
-  const OpProfile train_profile = model.profile();
+  for (void* p : bufs) be.release(p);
+  std::sort(r.ratios.begin(), r.ratios.end());
+  const size_t half = r.ratios.size() / 2;
+  r.ratio = r.ratios.size() % 2 ? r.ratios[half] : (r.ratios[half - 1] + r.ratios[half]) / 2;
+  r.train_s = train_total / o.steps;
+  r.gemm_gflops = gemm_flops / (gemm_total / o.steps) / 1e9;
+  r.profile = model.profile();
   model.profile().enabled = false;
-  auto t0 = Clock::now();
+  const auto t0 = Clock::now();
   for (int64_t i = 0; i < o.steps; ++i) model.forward(mb);
-  const double fwd_s = seconds_since(t0) / o.steps;
-  const double bwd_s = train_s - fwd_s;
-  const double train_tps = BT / train_s;
-  const double achieved = flops_token * train_tps / 1e9;
+  r.fwd_s = seconds_since(t0) / o.steps;
+}
 
-  // A device backend: one more step with a CUDA event pair around every launch, joined by kernel name
-  // with the recorded byte and FLOP counts of the same step (kernel_costs.h).
-  struct KernelRow {
-    std::string name;
-    int64_t launches = 0, predicted_launches = 0;
-    double ms = 0, bytes = 0, flops = 0, predicted_s = 0;
-  };
-  std::vector<KernelRow> kernel_rows;
-  const DevicePeak* peak = find_device_peak(o.peak);
+// A device backend: one more step with a CUDA event pair around every launch, joined by kernel name
+// with the recorded byte and FLOP counts of the same step (kernel_costs.h).
+void profile_kernels(ModelBench& r, Backend& be, LlamaModel& model, const MicroBatch& mb, DType dt, const ModelBenchOptions& o) {
   RooflineAssumptions assume;
   assume.gemm = o.gemm_efficiency;
   assume.attention = o.attention_efficiency;
-  if (!be->host_memory()) {
-    RunConfig run = bench_run_config(o.config, o.precision);
-    std::map<std::string, KernelCost> costs;
-    for (const KernelCost& k : record_step_costs(run, dt, B, T).micro_batch) costs[k.name] = k;
-    be->set_profiling(true);
-    model.forward_backward(mb, 1.0f / BT);
-    const std::vector<KernelTime> measured = be->take_profile();
-    be->set_profiling(false);
-    for (const KernelTime& t : measured) {
-      KernelRow r{t.name, t.launches, 0, t.ms, 0, 0, 0};
-      if (auto it = costs.find(t.name); it != costs.end()) {
-        r.predicted_launches = it->second.launches;
-        r.bytes = it->second.bytes;
-        r.flops = it->second.flops;
-        r.predicted_s = roofline_seconds(it->second, *peak, assume);
-      }
-      kernel_rows.push_back(r);
+  std::map<std::string, KernelCost> costs;
+  for (const KernelCost& k : record_step_costs(bench_run_config(o.config, o.precision), dt, r.B, r.T).micro_batch) costs[k.name] = k;
+  be.set_profiling(true);
+  model.forward_backward(mb, 1.0f / (r.B * r.T));
+  const std::vector<KernelTime> measured = be.take_profile();
+  be.set_profiling(false);
+  for (const KernelTime& t : measured) {
+    ModelBench::KernelRow row{t.name, t.launches, 0, t.ms, 0, 0, 0};
+    if (auto it = costs.find(t.name); it != costs.end()) {
+      row.predicted_launches = it->second.launches;
+      row.bytes = it->second.bytes;
+      row.flops = it->second.flops;
+      row.predicted_s = roofline_seconds(it->second, *r.peak, assume);
     }
+    r.kernels.push_back(row);
   }
+}
 
-  // (b) PyTorch on the same model and batch.
-  double torch_tps = 0;
-  std::string torch_mode = "not measured";
-  if (o.torch != "off") {
-    const std::string script = std::string(MULTINORM_SOURCE_DIR) + "/bench/torch_llama.py";
-    // PyTorch's bundled oneDNN is capped below AMX as ours is (its AMX kernels die with SIGILL here).
-    const std::string cmd = "ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 /usr/bin/python3 " + script + " --config " + o.config + " --batch " + std::to_string(B) +
-                            " --seq " + std::to_string(T) + " --threads " + std::to_string(be->threads()) +
-                            " --steps " + std::to_string(o.steps) + " 2>/dev/null";
-    const std::string out = run_command(cmd);
-    const json r = json::parse(out, nullptr, false);
-    if (r.is_object() && r.contains("best_tokens_per_s")) {
-      torch_tps = r["best_tokens_per_s"].get<double>();
-      torch_mode = r["best_mode"].get<std::string>();
-    } else {
-      torch_mode = "unavailable (python3-torch missing or the script failed)";
-    }
+// PyTorch on the same model and batch (bench/torch_llama.py).
+void time_torch(ModelBench& r, const ModelBenchOptions& o) {
+  if (o.torch == "off") return;
+  const std::string script = std::string(MULTINORM_SOURCE_DIR) + "/bench/torch_llama.py";
+  // PyTorch's bundled oneDNN is capped below AMX as ours is (its AMX kernels die with SIGILL here).
+  const std::string cmd = "ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 /usr/bin/python3 " + script + " --config " + o.config + " --batch " +
+                          std::to_string(r.B) + " --seq " + std::to_string(r.T) + " --threads " + std::to_string(r.threads) + " --steps " +
+                          std::to_string(o.steps) + " 2>/dev/null";
+  const json out = json::parse(run_command(cmd), nullptr, false);
+  if (out.is_object() && out.contains("best_tokens_per_s")) {
+    r.torch_tps = out["best_tokens_per_s"].get<double>();
+    r.torch_mode = out["best_mode"].get<std::string>();
+  } else {
+    r.torch_mode = "unavailable (python3-torch missing or the script failed)";
   }
+}
 
-  // The CPU attention's heads are whole (one thread each) or split over threads (attention.cpp).
-  const bool split_heads = cpu::attention_splits_per_head(B * cfg.num_attention_heads, T, be->threads()) > 1;
-  // What the GEMM figure was measured on: the backend's own GEMM path.
-  const std::string engine = !be->host_memory() ? "cuBLASLt" : o.precision == "bf16" ? cpu_bf16_gemm_engine() : "oneDNN";
-  if (o.json) {
-    json j = {{"model", cfg.name}, {"gemm_engine", engine}, {"batch", B}, {"seq", T}, {"threads", be->threads()}, {"precision", o.precision},
-              {"train_tokens_per_s", train_tps}, {"forward_tokens_per_s", BT / fwd_s}, {"backward_s", bwd_s},
-              {"gflops", achieved}, {"gemm_peak_gflops", gemm_gflops}, {"ratio_to_gemm_peak", ratio},
-              {"ratio_to_gemm_peak_rounds", ratios},
-              {"torch_tokens_per_s", torch_tps}, {"torch_mode", torch_mode},
-              {"ratio_to_torch", torch_tps > 0 ? train_tps / torch_tps : 0.0}};
-    if (be->host_memory()) j["attention_flops_share"] = cpu::attention_blocked_flops_share(T, split_heads);
-    for (const KernelRow& r : kernel_rows)
-      j["kernels"].push_back({{"name", r.name}, {"launches", r.launches}, {"ms", r.ms}, {"bytes", r.bytes}, {"flops", r.flops},
-                              {"predicted_ms_" + peak->name, r.predicted_s * 1e3}});
-    if (!kernel_rows.empty()) j["mfu_" + peak->name] = achieved * 1e9 / (peak->bf16_tflops * 1e12);
-    for (size_t i = 0; i < train_profile.seconds.size(); ++i)
-      j["profile_s"][op_name(static_cast<Op>(i))] = train_profile.seconds[i] / o.steps;
-    std::printf("%s\n", j.dump(2).c_str());
-    return;
+void print_json(const ModelBench& r, const ModelBenchOptions& o) {
+  json j = {{"model", r.cfg.name}, {"gemm_engine", r.engine}, {"batch", r.B}, {"seq", r.T}, {"threads", r.threads}, {"precision", o.precision},
+            {"train_tokens_per_s", r.train_tps()}, {"forward_tokens_per_s", r.B * r.T / r.fwd_s}, {"backward_s", r.bwd_s()},
+            {"gflops", r.gflops()}, {"gemm_peak_gflops", r.gemm_gflops}, {"ratio_to_gemm_peak", r.ratio},
+            {"ratio_to_gemm_peak_rounds", r.ratios}, {"torch_tokens_per_s", r.torch_tps}, {"torch_mode", r.torch_mode},
+            {"ratio_to_torch", r.torch_tps > 0 ? r.train_tps() / r.torch_tps : 0.0}};
+  if (r.host_memory) j["attention_flops_share"] = cpu::attention_blocked_flops_share(r.T, r.split_heads);
+  for (const auto& k : r.kernels)
+    j["kernels"].push_back({{"name", k.name}, {"launches", k.launches}, {"ms", k.ms}, {"bytes", k.bytes}, {"flops", k.flops},
+                            {"predicted_ms_" + r.peak->name, k.predicted_s * 1e3}});
+  if (!r.kernels.empty()) j["mfu_" + r.peak->name] = r.gflops() * 1e9 / (r.peak->bf16_tflops * 1e12);
+  for (size_t i = 0; i < r.profile.seconds.size(); ++i) j["profile_s"][op_name(static_cast<Op>(i))] = r.profile.seconds[i] / o.steps;
+  std::printf("%s\n", j.dump(2).c_str());
+}
+
+void print_kernels(const ModelBench& r) {
+  std::printf("  per kernel (CUDA events, one step; bytes and FLOPs from the kernels' counts; predicted: the %s roofline):\n", r.peak->name.c_str());
+  std::printf("    %-30s %8s %10s %9s %9s %12s %8s\n", "kernel", "launches", "time us", "GB/s", "TFLOP/s", "predicted us", "ratio");
+  double total_ms = 0;
+  for (const auto& k : r.kernels) total_ms += k.ms;
+  for (const auto& k : r.kernels) {
+    const double s = k.ms / 1e3;
+    std::printf("    %-30s %8lld %10.1f %9.1f %9.2f %12.1f %8.2f%s\n", k.name.c_str(), (long long)k.launches, k.ms * 1e3, s > 0 ? k.bytes / s / 1e9 : 0.0,
+                s > 0 ? k.flops / s / 1e12 : 0.0, k.predicted_s * 1e6, k.predicted_s > 0 ? s / k.predicted_s : 0.0,
+                k.predicted_launches != k.launches ? "  (launch count differs from the cost model's)" : "");
   }
-  std::printf("bench model: %s, micro-batch %lld x %lld, %s, backend %s, %d threads, %lld steps after %lld warm-up\n",
-              cfg.name.c_str(), (long long)B, (long long)T, o.precision.c_str(), be->name().c_str(), be->threads(), (long long)o.steps,
-              (long long)o.warmup);
-  std::printf("  %.1f MFLOP per token (6 x %lld GEMM params + 12 x L x T x C)\n", flops_token / 1e6, (long long)gemm_params);
-  std::printf("  forward            %9.3f s   %10.0f tokens/s\n", fwd_s, BT / fwd_s);
-  std::printf("  backward           %9.3f s\n", bwd_s);
-  std::printf("  train step         %9.3f s   %10.0f tokens/s   %7.1f GFLOP/s\n", train_s, train_tps, achieved);
+  std::printf("    kernels %.3f ms of a %.3f ms step; MFU %.1f%% of the %s's %.0f TFLOP/s BF16\n", total_ms, r.train_s * 1e3,
+              100.0 * r.gflops() * 1e9 / (r.peak->bf16_tflops * 1e12), r.peak->name.c_str(), r.peak->bf16_tflops);
+}
+
+void print_text(const ModelBench& r, const ModelBenchOptions& o) {
+  std::printf("bench model: %s, micro-batch %lld x %lld, %s, backend %s, %d threads, %lld steps after %lld warm-up\n", r.cfg.name.c_str(),
+              (long long)r.B, (long long)r.T, o.precision.c_str(), r.backend.c_str(), r.threads, (long long)o.steps, (long long)o.warmup);
+  std::printf("  %.1f MFLOP per token (6 x %lld GEMM params + 12 x L x T x C)\n", r.flops_token / 1e6, (long long)r.gemm_params);
+  std::printf("  forward            %9.3f s   %10.0f tokens/s\n", r.fwd_s, r.B * r.T / r.fwd_s);
+  std::printf("  backward           %9.3f s\n", r.bwd_s());
+  std::printf("  train step         %9.3f s   %10.0f tokens/s   %7.1f GFLOP/s\n", r.train_s, r.train_tps(), r.gflops());
   std::printf("  %s GEMM (%s) on the model's shapes: %.1f GFLOP/s -> model reaches %.0f%% of it\n"
               "    (the median of %zu interleaved rounds' ratios, which ran %.0f%% to %.0f%%; step and GEMM figures are means)\n",
-              o.precision.c_str(), engine.c_str(), gemm_gflops, 100.0 * ratio, ratios.size(), 100.0 * ratios.front(),
-              100.0 * ratios.back());
-  if (torch_tps > 0)
-    std::printf("  PyTorch CPU (%s): %.0f tokens/s -> multinorm is %.2fx PyTorch\n", torch_mode.c_str(), torch_tps,
-                train_tps / torch_tps);
+              o.precision.c_str(), r.engine.c_str(), r.gemm_gflops, 100.0 * r.ratio, r.ratios.size(), 100.0 * r.ratios.front(),
+              100.0 * r.ratios.back());
+  if (r.torch_tps > 0)
+    std::printf("  PyTorch CPU (%s): %.0f tokens/s -> multinorm is %.2fx PyTorch\n", r.torch_mode.c_str(), r.torch_tps, r.train_tps() / r.torch_tps);
   else
-    std::printf("  PyTorch CPU: %s\n", torch_mode.c_str());
-  if (be->host_memory()) {  // the CPU attention's blocks (kernels/cpu/attention.cpp)
-    const double n = static_cast<double>((T + 31) / 32), causal = (n + 1) / (2 * n);
+    std::printf("  PyTorch CPU: %s\n", r.torch_mode.c_str());
+  if (r.host_memory) {  // the CPU attention's blocks (kernels/cpu/attention.cpp)
+    const double n = static_cast<double>((r.T + 31) / 32), causal = (n + 1) / (2 * n);
     std::printf("  attention computes %.0f%% of the 12 x L x T x C counted above: blocks up to the diagonal skip %.0f%%,\n"
                 "    recomputing S in the backward adds %.0f%%%s\n",
-                100.0 * cpu::attention_blocked_flops_share(T, split_heads), 100.0 * (1 - causal),
-                100.0 * (split_heads ? 3 : 1) * causal / 6,
-                split_heads ? " (heads split over threads: S and dP again in a query pass)" : "");
+                100.0 * cpu::attention_blocked_flops_share(r.T, r.split_heads), 100.0 * (1 - causal), 100.0 * (r.split_heads ? 3 : 1) * causal / 6,
+                r.split_heads ? " (heads split over threads: S and dP again in a query pass)" : "");
   }
-  if (!kernel_rows.empty()) {
-    std::printf("  per kernel (CUDA events, one step; bytes and FLOPs from the kernels' counts; predicted: the %s roofline):\n",
-                peak->name.c_str());
-    std::printf("    %-30s %8s %10s %9s %9s %12s %8s\n", "kernel", "launches", "time us", "GB/s", "TFLOP/s", "predicted us", "ratio");
-    double total_ms = 0;
-    for (const KernelRow& r : kernel_rows) total_ms += r.ms;
-    for (const KernelRow& r : kernel_rows) {
-      const double s = r.ms / 1e3;
-      std::printf("    %-30s %8lld %10.1f %9.1f %9.2f %12.1f %8.2f%s\n", r.name.c_str(), (long long)r.launches, r.ms * 1e3,
-                  s > 0 ? r.bytes / s / 1e9 : 0.0, s > 0 ? r.flops / s / 1e12 : 0.0, r.predicted_s * 1e6,
-                  r.predicted_s > 0 ? s / r.predicted_s : 0.0,
-                  r.predicted_launches != r.launches ? "  (launch count differs from the cost model's)" : "");
-    }
-    std::printf("    kernels %.3f ms of a %.3f ms step; MFU %.1f%% of the %s's %.0f TFLOP/s BF16\n", total_ms, train_s * 1e3,
-                100.0 * achieved * 1e9 / (peak->bf16_tflops * 1e12), peak->name.c_str(), peak->bf16_tflops);
-  }
+  if (!r.kernels.empty()) print_kernels(r);
   std::printf("  where a training step's time goes:\n");
   double total = 0;
-  for (double s : train_profile.seconds) total += s;
-  for (size_t i = 0; i < train_profile.seconds.size(); ++i) {
-    const double s = train_profile.seconds[i] / o.steps;
-    std::printf("    %-14s %8.4f s  %5.1f%%\n", op_name(static_cast<Op>(i)), s, 100.0 * train_profile.seconds[i] / total);
-  }
+  for (double s : r.profile.seconds) total += s;
+  for (size_t i = 0; i < r.profile.seconds.size(); ++i)
+    std::printf("    %-14s %8.4f s  %5.1f%%\n", op_name(static_cast<Op>(i)), r.profile.seconds[i] / o.steps, 100.0 * r.profile.seconds[i] / total);
+}
+
+}  // namespace
+
+void bench_model(const ModelBenchOptions& o) {
+  const json doc = read_json_file(o.config);
+  ModelBench r;
+  r.cfg = is_model_config(doc) ? load_model_config(o.config) : load_run_config(o.config).model;
+  const DType dt = parse_dtype(o.precision);
+  auto be = make_backend(choose_backend(o.backend), o.threads);
+  r.B = o.batch, r.T = o.seq, r.threads = be->threads(), r.backend = be->name(), r.host_memory = be->host_memory();
+  r.peak = find_device_peak(o.peak);
+  LlamaModel model(*be, r.cfg, dt, r.B, r.T);
+  model.init_random(0);
+  std::mt19937 gen(1);
+  std::vector<int32_t> tokens(r.B * r.T), targets(r.B * r.T);
+  for (auto& t : tokens) t = static_cast<int32_t>(gen() % r.cfg.vocab_size);
+  for (size_t i = 0; i < tokens.size(); ++i) targets[i] = tokens[(i + 1) % tokens.size()];
+  const MicroBatch mb{tokens.data(), targets.data(), nullptr, r.B, r.T};
+  r.flops_token = model_flops_per_token(model, r.T, &r.gemm_params);
+  time_steps_against_gemms(r, *be, model, mb, dt, o);
+  if (!be->host_memory()) profile_kernels(r, *be, model, mb, dt, o);
+  time_torch(r, o);
+  // The CPU attention's heads are whole (one thread each) or split over threads (attention.cpp).
+  r.split_heads = cpu::attention_splits_per_head(r.B * r.cfg.num_attention_heads, r.T, be->threads()) > 1;
+  // What the GEMM figure was measured on: the backend's own GEMM path.
+  r.engine = !be->host_memory() ? "cuBLASLt" : o.precision == "bf16" ? cpu_bf16_gemm_engine() : "oneDNN";
+  if (o.json) print_json(r, o);
+  else print_text(r, o);
 }
 
 }  // namespace multinorm

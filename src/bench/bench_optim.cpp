@@ -22,10 +22,10 @@ double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::
 // asynchronous); the rounds below keep the best.
 template <class Fn>
 double timed(Backend& be, Fn&& fn) {
-  be.synchronize();
+  be.queue().wait_all();
   const auto t = Clock::now();
   fn();
-  be.synchronize();
+  be.queue().wait_all();
   return since(t);
 }
 }  // namespace
@@ -87,14 +87,14 @@ void bench_optim(const OptimBenchOptions& o) {
   };
   std::vector<Row> rows;
   const int64_t pb = dtype_bytes(base.precision.params), sb = dtype_bytes(base.precision.optimizer_states);
-  for (const std::string name : {"adam", "sinkgd", "swan"}) {
+  for (const OptimizerKind kind : {OptimizerKind::Adam, OptimizerKind::SinkGD, OptimizerKind::Swan}) {
     Row r;
-    r.name = name;
+    r.name = choice_name(kind);
     r.run = base;
-    r.run.optimizer.name = name;
+    r.run.optimizer.name = kind;
     r.opt = std::make_unique<Optimizer>(model, r.run);
     r.opt->step(1, 1);  // warm-up: workspace sizing, primitive creation
-    r.rule = make_rule(name, r.run.optimizer);
+    r.rule = make_rule(kind, r.run.optimizer);
     rows.push_back(std::move(r));
   }
   // The matrix parameters alone, through the same rule and its multi-tensor entry (as the optimizer

@@ -32,6 +32,15 @@ namespace {
 
 double s_of(const Buf& b) { return static_cast<double>(dtype_bytes(b.dtype)); }
 
+// The recorder's addresses are never dereferenced: its late copies copy nothing.
+class RecordingQueue final : public WorkQueue {
+ public:
+  int64_t fence() override { return 0; }
+  void wait(int64_t) override {}
+  void wait_all() override {}
+  void copy_to_host_later(void*, const void*, int64_t) override {}
+};
+
 class CostRecorder final : public Backend {
  public:
   std::vector<KernelCost> take() {
@@ -44,7 +53,7 @@ class CostRecorder final : public Backend {
   std::string name() const override { return "cost-recorder"; }
   int threads() const override { return 1; }
   bool host_memory() const override { return false; }
-  void synchronize() override {}
+  WorkQueue& queue() override { return queue_; }
   int64_t workspace_bytes() const override { return 0; }
 
   // Addresses only: 256-byte aligned (the attention dispatch's 16-byte test passes, as on a GPU),
@@ -155,6 +164,10 @@ class CostRecorder final : public Backend {
     if (N == 0) return;
     add("cross_entropy", CostUnit::Memory, 1, 8.0 * N * V + (dlogits.ptr ? N * V * s_of(dlogits) : 0.0) + 9.0 * N, 5.0 * N * V);
   }
+  // One block: the losses and the mask read, the totals read and written.
+  void accumulate_loss(LossTotals*, const float*, const uint8_t*, int64_t N) override {
+    add("accumulate_loss", CostUnit::Memory, 1, 5.0 * N + 2.0 * sizeof(LossTotals), double(N));
+  }
 
   // ---- optimizer ops ----------------------------------------------------------------------------
   // A fixed grid of partial sums, then one block over them.
@@ -176,13 +189,11 @@ class CostRecorder final : public Backend {
       add("sum_squares_many_final", CostUnit::Memory, 1, 8.0 * (P + 1) * tensors, P * tensors);
       begin = end;
     }
-    for (int64_t i = 0; i < count; ++i) out[i] = 0;
+    (void)out;
   }
-  // The sums of squares, then one thread adding them in order.
-  void update_statistics(UpdateScalars*, const Buf* xs, const int64_t* ns, int64_t count, double) override {
-    std::vector<double> unused(static_cast<size_t>(count));
-    sum_squares_many(xs, ns, count, unused.data());
-    add("update_statistics", CostUnit::Memory, 1, 8.0 * count + sizeof(UpdateStatistics), double(count));
+  // One thread adding the sums of squares in order and finishing the loss.
+  void update_statistics(UpdateScalars*, const LossTotals*, const double*, int64_t count, double) override {
+    add("update_statistics", CostUnit::Memory, 1, 8.0 * count + sizeof(LossTotals) + sizeof(UpdateScalars), double(count));
   }
   // Launched every update; counted as clipping (x read and written), the worst case.
   void clip_gradients(Buf x, int64_t n, const UpdateScalars*) override {
@@ -229,6 +240,7 @@ class CostRecorder final : public Backend {
   void swan_update(Buf w, Buf g, int64_t m, int64_t n, const SwanArgs& a) override {
     const double k = static_cast<double>(std::min(m, n)), M = static_cast<double>(std::max(m, n)), mn = double(m) * n;
     const int steps = a.exact ? 0 : a.ns_steps;
+    add("swan_probe_init", CostUnit::Memory, 1, 16, 0);
     add("swan_normalize_rows", CostUnit::Memory, 1, mn * (s_of(g) + 4), 3.0 * mn);
     if (a.exact) throw Error("cost model: SWAN's exact path runs on the host (LAPACK), not on the device");
     gemm_fp32(k, k, M);  // A
@@ -246,7 +258,6 @@ class CostRecorder final : public Backend {
       if (s < steps) gemm_fp32(k, k, k), gemm_fp32(k, k, k);
     }
     gemm_fp32(m, n, k);  // U
-    add("memset", CostUnit::Memory, 1, 4, 0);
     add("swan_count_nonfinite", CostUnit::Memory, 1, 4.0 * mn, mn);
     add("swan_apply", CostUnit::Memory, 1, mn * (4 + 2 * s_of(w)), 3.0 * mn);
   }
@@ -295,6 +306,7 @@ class CostRecorder final : public Backend {
     add("gemm fp32 (cuBLASLt)", CostUnit::GemmFp32, 1, 4.0 * (M * K + K * N + M * N), 2.0 * M * N * K);
   }
 
+  RecordingQueue queue_;
   uintptr_t next_ = uintptr_t(1) << 46;
   std::vector<KernelCost> costs_;
   std::map<std::string, size_t> index_;
@@ -322,7 +334,7 @@ StepCosts record_step_costs(const RunConfig& run, DType dtype, int64_t B, int64_
   std::vector<int32_t> tokens(static_cast<size_t>(B * T), 0);
   const MicroBatch mb{tokens.data(), tokens.data(), nullptr, B, T};
   take_kernel_costs(*rec);  // not the set-up's
-  model.forward_backward(mb, 1.0f);
+  model.queue_forward_backward(mb, 1.0f);
   StepCosts c;
   c.micro_batch = take_kernel_costs(*rec);
   optimizer.step(1, 1);

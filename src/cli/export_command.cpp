@@ -31,7 +31,7 @@ void add_export_command(CLI::App& app) {
     const json doc = read_json_file(config);
     ModelConfig model_cfg;
     int64_t run_seed = 0;
-    std::string backend = "auto";  // the run's backend when the config is a run config
+    BackendRequest backend = BackendRequest::Auto;  // the run's backend when the config is a run config
     if (is_model_config(doc)) {
       model_cfg = load_model_config(config);
     } else {

@@ -67,7 +67,8 @@ void run_info(const InfoOptions& o) {
   const auto table = paper_memory_table(m);
   // The CUDA backend's device plan when the run asks for cuda (planned even on a machine without a
   // GPU), or when auto would pick it here.
-  const bool cuda_plan = run.backend == "cuda" || (run.backend == "auto" && choose_backend("auto").kind == BackendKind::Cuda);
+  const bool cuda_plan =
+      run.backend == BackendRequest::Cuda || (run.backend == BackendRequest::Auto && choose_backend(BackendRequest::Auto).kind == BackendKind::Cuda);
   const TrainingMemory tm = training_memory(run, cuda_plan);
   const ActivationPlan plan = training_activation_plan(run, cuda_plan);
   // Data parallelism over o.ranks: the optimizer state each rank keeps, replicated and sharded by
@@ -93,7 +94,7 @@ void run_info(const InfoOptions& o) {
     for (const auto& r : table)
       j["paper_memory_gib"][r.label] = {{"weights", gib(r.weight_bytes)}, {"states", gib(r.state_bytes)},
                                         {"matrix_states", gib(r.matrix_state_bytes)}, {"total", gib(r.total())}};
-    j["training_memory"] = {{"optimizer", run.optimizer.name}, {"fallback", run.optimizer.fallback},
+    j["training_memory"] = {{"optimizer", choice_name(run.optimizer.name)}, {"fallback", choice_name(run.optimizer.fallback)},
                             {"micro_batch", run.batch.micro_batch}, {"seq_len", run.batch.seq_len},
                             {"precision", dtype_name(run.precision.params)},
                             {"grads_precision", dtype_name(run.precision.grads)},
@@ -118,9 +119,9 @@ void run_info(const InfoOptions& o) {
   for (const auto& [g, n] : by_group)
     std::printf("  %-31s %15s  %5.1f%%\n", group_name(g), with_commas(n).c_str(), 100.0 * n / total);
   std::printf("  %-31s %15s\n", "total", with_commas(total).c_str());
-  std::printf("  %-31s %15s  %5.1f%%\n", ("matrix optimizer (" + run.optimizer.name + ")").c_str(),
+  std::printf("  %-31s %15s  %5.1f%%\n", ("matrix optimizer (" + choice_name(run.optimizer.name) + ")").c_str(),
               with_commas(matrix).c_str(), 100.0 * matrix / total);
-  std::printf("  %-31s %15s  %5.1f%%\n\n", ("fallback (" + run.optimizer.fallback + ")").c_str(),
+  std::printf("  %-31s %15s  %5.1f%%\n\n", ("fallback (" + choice_name(run.optimizer.fallback) + ")").c_str(),
               with_commas(total - matrix).c_str(), 100.0 * (total - matrix) / total);
 
   std::printf("memory as in the paper: BF16 weights + optimizer states, GiB = 2^30 bytes\n");
@@ -132,7 +133,7 @@ void run_info(const InfoOptions& o) {
 
   std::printf("training memory of one rank: %s + %s, %s weights/activations, %s gradients, %s states,\n"
               "micro-batch %lld x seq %lld\n",
-              run.optimizer.name.c_str(), run.optimizer.fallback.c_str(), dtype_name(run.precision.params),
+              choice_name(run.optimizer.name).c_str(), choice_name(run.optimizer.fallback).c_str(), dtype_name(run.precision.params),
               dtype_name(run.precision.grads), dtype_name(run.precision.optimizer_states), (long long)run.batch.micro_batch, (long long)run.batch.seq_len);
   std::printf("  %-34s %10.3f GiB\n", "weights", gib(tm.weights));
   std::printf("  %-34s %10.3f GiB\n", "gradients", gib(tm.grads));
@@ -157,7 +158,7 @@ void run_info(const InfoOptions& o) {
     } catch (const Error& e) {
       backend = std::string("unavailable: ") + e.what();
     }
-    std::printf("\nbackend %s -> %s\n", run.backend.c_str(), backend.c_str());
+    std::printf("\nbackend %s -> %s\n", choice_name(run.backend).c_str(), backend.c_str());
   }
 }
 

@@ -28,13 +28,20 @@ void add_train_command(CLI::App& app) {
   cmd->add_flag("--allow-config-change", o.allow_config_change,
                 "with --resume: accept a config that differs from the checkpoint's (schedule length, lr, ...), "
                 "printing the differences");
-  cmd->add_flag("--skip-nonfinite", o.skip_nonfinite, "skip (and count) updates with a non-finite loss or gradient");
-  cmd->add_option("--max-consecutive-skips", o.max_consecutive_skips,
-                  "with --skip-nonfinite: stop after this many skipped updates in a row (default 3)")
+  // Aliases of config keys (one skip mechanism: divergence.action skip), kept for older scripts.
+  static bool skip_nonfinite = false;
+  static int64_t max_skips = 0;
+  cmd->add_flag("--skip-nonfinite", skip_nonfinite, "an alias of --set divergence.action=skip (skip and count non-finite or spiking updates)");
+  cmd->add_option("--max-consecutive-skips", max_skips, "an alias of --set divergence.max_consecutive_skips=N")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   cmd->add_option("--max-updates", o.max_updates, "stop after this update (with a checkpoint); the schedule is unchanged");
   cmd->add_flag("--quiet", o.quiet, "no progress output");
   cmd->callback([] {
+    if (skip_nonfinite) overrides.push_back("divergence.action=skip");
+    if (max_skips > 0) overrides.push_back("divergence.max_consecutive_skips=" + std::to_string(max_skips));
+    if ((skip_nonfinite || max_skips > 0) && Comm::world().root())
+      std::fprintf(stderr, "note: --skip-nonfinite and --max-consecutive-skips are aliases of divergence.action=skip and "
+                           "divergence.max_consecutive_skips (docs/training.md)\n");
     const RunConfig run = load_run_config(path, overrides);
     const TrainResult r = train(run, o);
     if (!Comm::world().root()) return;  // rank 0 reports for the run

@@ -22,6 +22,17 @@ std::string stem_of(const std::string& path) {
   return dot == std::string::npos ? base : base.substr(0, dot);
 }
 
+// The optimizers that serve the embedding, norms and lm_head (not the matrix-only ones).
+std::vector<std::string> fallback_optimizers() {
+  return {choice_name(OptimizerKind::Adam), choice_name(OptimizerKind::AdamW), choice_name(OptimizerKind::Sgd)};
+}
+
+// A choice the schema validated, as its enum.
+template <class E>
+E choice_at(const json& v) {
+  return parse_choice<E>(v.get<std::string>(), "run config");
+}
+
 json default_matrix_params() {
   return json::array({"model.layers.*.self_attn.q_proj.weight", "model.layers.*.self_attn.k_proj.weight",
                       "model.layers.*.self_attn.v_proj.weight", "model.layers.*.self_attn.o_proj.weight",
@@ -46,33 +57,33 @@ const Schema& run_schema() {
       string("data.train", "", "glob of training token shards (relative to the working directory)"),
       string("data.validation", "", "glob of validation token shards"),
       string("data.tokenizer", "", "SentencePiece model, for decoding and sampling"),
-      choice("data.layout", "rows", {"rows", "stream"}, "rows: one document per sequence, EOS, truncated, padded (the paper); stream: packed documents"),
+      choice("data.layout", "rows", {layout_name(ShardLayout::Rows), layout_name(ShardLayout::Stream)}, "rows: one document per sequence, EOS, truncated, padded (the paper); stream: packed documents"),
       boolean("data.shuffle", true, "shuffle training sequences (deterministic from seed)"),
       integer("data.prefetch", 4, "micro-batches prepared ahead by the loader thread", 1, 1024),
       integer("batch.global_batch", 512, "sequences per optimizer update, summed over all ranks", 1, 1 << 30),
       integer("batch.micro_batch", 16, "sequences per forward/backward on one rank; gradient accumulation makes up the rest", 1, 1 << 20),
       integer("batch.seq_len", 256, "tokens per sequence", 2, 1 << 20),
-      choice("batch.loss_normalization", "micro_batch_mean", {"micro_batch_mean", "token_mean"}, "micro_batch_mean: mean of per-micro-batch mean losses (GaLore); token_mean: mean over every non-pad target of the update"),
-      choice("optimizer.name", "sinkgd", {"sinkgd", "swan", "adam", "adamw", "sgd"}, "optimizer of the matrix parameters (optimizer.matrix_params)"),
-      choice("optimizer.fallback", "adam", {"adam", "adamw", "sgd"}, "optimizer of every other parameter (embedding, norms, lm_head)"),
+      choice("batch.loss_normalization", "micro_batch_mean", choice_names(LossNormalization{}), "micro_batch_mean: mean of per-micro-batch mean losses (GaLore); token_mean: mean over every non-pad target of the update"),
+      choice("optimizer.name", "sinkgd", choice_names(OptimizerKind{}), "optimizer of the matrix parameters (optimizer.matrix_params)"),
+      choice("optimizer.fallback", "adam", fallback_optimizers(), "optimizer of every other parameter (embedding, norms, lm_head)"),
       list("optimizer.matrix_params", default_matrix_params(), "name patterns of the parameters the matrix optimizer takes ('*' matches any characters)"),
       positive("optimizer.lr", 0.02, "peak learning rate of the schedule; fallback parameters use lr_t"),
       positive("optimizer.alpha", 0.05, "matrix parameters use lr_t * alpha when optimizer.name is sinkgd or swan"),
       number("optimizer.weight_decay", 0.0, "weight decay: decoupled (w *= 1 - lr wd) for sinkgd, swan, adamw and sgd; L2 (g += wd w) for adam, as torch.optim.Adam", 0, 1),
       number("optimizer.grad_clip", 0.0, "clip the global gradient norm to this value; 0 = off", 0),
-      choice("optimizer.rounding", "nearest", {"nearest", "stochastic"}, "BF16 weight write-back: round to nearest even, or stochastic"),
+      choice("optimizer.rounding", "nearest", choice_names(Rounding{}), "BF16 weight write-back: round to nearest even, or stochastic"),
       number("optimizer.momentum", 0.0, "sgd momentum; 0 = stateless", 0, 1),
       integer("optimizer.sinkgd.iterations", 5, "L: alternating row/column normalisations per step", 1, 1000),
       positive("optimizer.sinkgd.eps", 1e-8, "floor on row/column norms, so zero rows/columns give zero updates", 1),
-      choice("optimizer.swan.row_norm", "l2", {"l2", "standardize"}, "l2: rows to norm sqrt(n) (this paper); standardize: subtract mean, divide by std (SWAN paper)"),
-      choice("optimizer.swan.whitening", "newton_schulz", {"newton_schulz", "eigh"}, "(X X^T)^(-1/2) by Newton-Schulz (FP32) or an exact FP64 eigendecomposition"),
+      choice("optimizer.swan.row_norm", "l2", choice_names(SwanRowNorm{}), "l2: rows to norm sqrt(n) (this paper); standardize: subtract mean, divide by std (SWAN paper)"),
+      choice("optimizer.swan.whitening", "newton_schulz", choice_names(SwanWhitening{}), "(X X^T)^(-1/2) by Newton-Schulz (FP32) or an exact FP64 eigendecomposition"),
       integer("optimizer.swan.ns_steps", 30, "Newton-Schulz iterations (an upper bound when ns_tolerance > 0); 10 leave square layers far from whitened", 1, 1000),
       number("optimizer.swan.ns_tolerance", 1e-4, "stop Newton-Schulz once ||I - Z Y||_F / sqrt(k) falls below; 0 = run every step", 0, 1),
       positive("optimizer.swan.eps", 1e-8, "floor on row norms and the Gram scaling", 1),
       below("optimizer.adam.beta1", 0.9, "Adam first-moment decay (< 1: the bias correction divides by 1 - beta1^t)", 0, 1),
       below("optimizer.adam.beta2", 0.999, "Adam second-moment decay (< 1: the bias correction divides by 1 - beta2^t)", 0, 1),
       positive("optimizer.adam.eps", 1e-8, "Adam epsilon, added to sqrt(v_hat)", 1),
-      choice("schedule.kind", "cosine", {"cosine", "linear", "constant"}, "lr multiplier after the linear warmup: cosine or linear decay to min_lr_ratio, or constant"),
+      choice("schedule.kind", "cosine", choice_names(ScheduleKind{}), "lr multiplier after the linear warmup: cosine or linear decay to min_lr_ratio, or constant"),
       integer("schedule.total_steps", 10000, "optimizer updates in the run", 1, kMaxInt),
       integer("schedule.warmup_steps", nullptr, "warmup updates; unset: warmup_ratio * total_steps", 0, kMaxInt),
       number("schedule.warmup_ratio", 0.1, "warmup as a fraction of total_steps (when warmup_steps is unset)", 0, 1),
@@ -91,17 +102,17 @@ const Schema& run_schema() {
       integer("parallel.staging_buckets", 2, "BF16 gradients are summed in FP32 staging of this many buckets: the backward pass runs at most this many buckets ahead of the reduction (more hides a slower network, at a bucket of FP32 each)", 1, 64),
       boolean("parallel.shard_optimizer", true, "ZeRO-1: each tensor is updated by one rank (balanced by cost), which alone keeps its optimizer state and broadcasts the new weights"),
       positive("parallel.timeout_s", 600.0, "a collective that waits longer than this for the other ranks ends the run, naming the rank and the update", 1e7),
-      choice("divergence.action", "stop", {"stop", "skip", "rollback"}, "when the divergence monitor trips: stop (exit status 3, result.json says diverged), skip the update (a loss spike; the other trips stop), or roll back to the last good checkpoint with a lower learning rate"),
+      choice("divergence.action", "stop", choice_names(DivergenceAction{}), "when an update's loss or gradient norm is not finite, or the divergence monitor trips: stop (exit status 3, result.json says diverged), skip the update (a non-finite or spiking update is not applied; the other trips stop), or roll back to the last good checkpoint with a lower learning rate"),
       boolean("divergence.zero_grad_norm", true, "trip on a gradient norm of exactly zero (a trainable model never has one on real data)"),
       number("divergence.spike_factor", 3.0, "trip when an update's loss exceeds this times the median of the last spike_window losses; 0 = off", 0),
       integer("divergence.spike_window", 100, "losses the spike test's median is taken over", 1, 1 << 30),
       integer("divergence.stuck_evals", 3, "trip when this many evaluations in a row (the training loss at the evaluation points without validation data) sit at or above the initial loss ln V; 0 = off", 0, 1 << 30),
       below("divergence.rollback_lr_factor", 0.5, "rollback: the learning rate is multiplied by this at each rollback", 0, 1),
       integer("divergence.max_rollbacks", 3, "rollback: after this many, a trip stops the run", 0, 1 << 30),
-      choice("backend", "auto", {"auto", "cpu", "cuda"}, "auto: CUDA when a GPU is usable, else the CPU"),
+      integer("divergence.max_consecutive_skips", 3, "skip: this many skipped updates in a row stop the run (weights that went non-finite make every later update non-finite)", 1, 1 << 30),
+      choice("backend", "auto", choice_names(BackendRequest{}), "auto: CUDA when a GPU is usable, else the CPU"),
       integer("threads", 0, "CPU threads (OpenMP); 0 = all cores", 0, 4096),
       boolean("cuda_graphs", true, "CUDA backend: record a micro-batch's forward and backward, and the optimizer's update, once as CUDA graphs and replay them (one launch instead of hundreds)"),
-      choice("deferred_stats", "auto", {"auto", "on", "off"}, "read an update's loss and gradient norm only after the next update's micro-batches are queued, so the GPU never waits for the host between updates (the kernels read the clip factor and the skip flag on the device). auto: on the CUDA backend when the run allows it (not SWAN, not a sharded optimizer, not divergence.action skip with spike detection); on: also on the CPU, an error where not allowed; off: read before each step"),
       integer("seed", 0, "seed of the init, the data order and stochastic rounding", 0, kMaxInt),
       string("output_dir", "", "run directory; empty: runs/<name>"),
       integer("log.every", 1, "print a log line every N updates (metrics.jsonl gets every update)", 1, kMaxInt),
@@ -148,7 +159,7 @@ RunConfig run_config_from_json(const json& doc_in, const std::string& source, co
   c.data.train = d["train"].get<std::string>();
   c.data.validation = d["validation"].get<std::string>();
   c.data.tokenizer = d["tokenizer"].get<std::string>();
-  c.data.layout = d["layout"].get<std::string>();
+  c.data.layout = parse_layout(d["layout"].get<std::string>());
   c.data.shuffle = d["shuffle"].get<bool>();
   c.data.prefetch = d["prefetch"].get<int64_t>();
 
@@ -156,22 +167,22 @@ RunConfig run_config_from_json(const json& doc_in, const std::string& source, co
   c.batch.global_batch = b["global_batch"].get<int64_t>();
   c.batch.micro_batch = b["micro_batch"].get<int64_t>();
   c.batch.seq_len = b["seq_len"].get<int64_t>();
-  c.batch.loss_normalization = b["loss_normalization"].get<std::string>();
+  c.batch.loss_normalization = choice_at<LossNormalization>(b["loss_normalization"]);
 
   const json& o = r["optimizer"];
-  c.optimizer.name = o["name"].get<std::string>();
-  c.optimizer.fallback = o["fallback"].get<std::string>();
+  c.optimizer.name = choice_at<OptimizerKind>(o["name"]);
+  c.optimizer.fallback = choice_at<OptimizerKind>(o["fallback"]);
   c.optimizer.matrix_params = o["matrix_params"].get<std::vector<std::string>>();
   c.optimizer.lr = o["lr"].get<double>();
   c.optimizer.alpha = o["alpha"].get<double>();
   c.optimizer.weight_decay = o["weight_decay"].get<double>();
   c.optimizer.grad_clip = o["grad_clip"].get<double>();
-  c.optimizer.rounding = o["rounding"].get<std::string>();
+  c.optimizer.rounding = choice_at<Rounding>(o["rounding"]);
   c.optimizer.momentum = o["momentum"].get<double>();
   c.optimizer.sinkgd.iterations = o["sinkgd"]["iterations"].get<int64_t>();
   c.optimizer.sinkgd.eps = o["sinkgd"]["eps"].get<double>();
-  c.optimizer.swan.row_norm = o["swan"]["row_norm"].get<std::string>();
-  c.optimizer.swan.whitening = o["swan"]["whitening"].get<std::string>();
+  c.optimizer.swan.row_norm = choice_at<SwanRowNorm>(o["swan"]["row_norm"]);
+  c.optimizer.swan.whitening = choice_at<SwanWhitening>(o["swan"]["whitening"]);
   c.optimizer.swan.ns_steps = o["swan"]["ns_steps"].get<int64_t>();
   c.optimizer.swan.ns_tolerance = o["swan"]["ns_tolerance"].get<double>();
   c.optimizer.swan.eps = o["swan"]["eps"].get<double>();
@@ -180,7 +191,7 @@ RunConfig run_config_from_json(const json& doc_in, const std::string& source, co
   c.optimizer.adam.eps = o["adam"]["eps"].get<double>();
 
   const json& s = r["schedule"];
-  c.schedule.kind = s["kind"].get<std::string>();
+  c.schedule.kind = choice_at<ScheduleKind>(s["kind"]);
   c.schedule.total_steps = s["total_steps"].get<int64_t>();
   c.schedule.warmup_steps = s["warmup_steps"].is_null()
                                 ? static_cast<int64_t>(std::llround(s["warmup_ratio"].get<double>() * c.schedule.total_steps))
@@ -202,17 +213,17 @@ RunConfig run_config_from_json(const json& doc_in, const std::string& source, co
   c.parallel.shard_optimizer = r["parallel"]["shard_optimizer"].get<bool>();
   c.parallel.timeout_s = r["parallel"]["timeout_s"].get<double>();
   const json& dv = r["divergence"];
-  c.divergence.action = dv["action"].get<std::string>();
+  c.divergence.action = choice_at<DivergenceAction>(dv["action"]);
   c.divergence.zero_grad_norm = dv["zero_grad_norm"].get<bool>();
   c.divergence.spike_factor = dv["spike_factor"].get<double>();
   c.divergence.spike_window = dv["spike_window"].get<int64_t>();
   c.divergence.stuck_evals = dv["stuck_evals"].get<int64_t>();
   c.divergence.rollback_lr_factor = dv["rollback_lr_factor"].get<double>();
   c.divergence.max_rollbacks = dv["max_rollbacks"].get<int64_t>();
-  c.backend = r["backend"].get<std::string>();
+  c.divergence.max_consecutive_skips = dv["max_consecutive_skips"].get<int64_t>();
+  c.backend = choice_at<BackendRequest>(r["backend"]);
   c.threads = r["threads"].get<int64_t>();
   c.cuda_graphs = r["cuda_graphs"].get<bool>();
-  c.deferred_stats = r["deferred_stats"].get<std::string>();
   c.seed = r["seed"].get<int64_t>();
   c.output_dir = r["output_dir"].get<std::string>();
   if (c.output_dir.empty()) c.output_dir = "runs/" + c.name;
@@ -229,8 +240,8 @@ RunConfig run_config_from_json(const json& doc_in, const std::string& source, co
   if (c.schedule.warmup_steps > c.schedule.total_steps)
     bad("schedule.warmup_steps", std::to_string(c.schedule.warmup_steps) + " exceeds schedule.total_steps " +
                                      std::to_string(c.schedule.total_steps));
-  if (c.optimizer.matrix_params.empty() && (c.optimizer.name == "sinkgd" || c.optimizer.name == "swan"))
-    bad("optimizer.matrix_params", "is empty: " + c.optimizer.name + " would take no parameter");
+  if (c.optimizer.matrix_params.empty() && (c.optimizer.name == OptimizerKind::SinkGD || c.optimizer.name == OptimizerKind::Swan))
+    bad("optimizer.matrix_params", "is empty: " + choice_name(c.optimizer.name) + " would take no parameter");
 
   c.resolved = r;
   return c;

@@ -263,7 +263,7 @@ std::string hex64(uint64_t v) {
 }
 }  // namespace
 
-uint64_t check_data_identity(const ShardSet& set, const std::string& tokenizer, const std::string& layout, int64_t model_vocab,
+uint64_t check_data_identity(const ShardSet& set, const std::string& tokenizer, ShardLayout layout, int64_t model_vocab,
                              std::string* note) {
   uint64_t want = 0;
   if (!tokenizer.empty()) {
@@ -276,9 +276,9 @@ uint64_t check_data_identity(const ShardSet& set, const std::string& tokenizer, 
   for (int64_t s = 0; s < set.shards(); ++s) {
     const Shard& sh = set.shard(s);
     const ShardHeader& h = sh.header();
-    if (!layout.empty() && layout_name(h.layout) != layout)
-      throw Error(sh.path() + ": its layout is " + layout_name(h.layout) + ", data.layout is " + layout +
-                  " (tokenize again with --layout " + layout + ", or set data.layout=" + layout_name(h.layout) + ")");
+    if (h.layout != layout)
+      throw Error(sh.path() + ": its layout is " + layout_name(h.layout) + ", data.layout is " + layout_name(layout) +
+                  " (tokenize again with --layout " + layout_name(layout) + ", or set data.layout=" + layout_name(h.layout) + ")");
     const int64_t v = h.vocab_size;
     if (v > model_vocab || model_vocab - v >= kVocabPadding)
       throw Error(sh.path() + ": tokenized with a vocabulary of " + std::to_string(v) + ", the model has " + std::to_string(model_vocab) +

@@ -76,11 +76,11 @@ std::string largest_fitting(const DoctorOptions& o, size_t free_bytes) {
   return best;
 }
 
-// Training steps as the trainer runs them, timed two ways: every launch issued by the host and the
-// update's statistics read before its step (cuda_graphs false, deferred_stats off), and as a CUDA run
-// does by default: the micro-batch and the update replayed from CUDA graphs, each update's statistics
-// read after the next update's micro-batch is queued. Then one more step profiled: per-kernel device
-// times beside the cost model's roofline for this GPU (kernel_costs.h) when it is an A100 or H100.
+// Training steps timed two ways: every launch issued by the host and each update waited for as soon
+// as it is queued (cuda_graphs false, Optimizer::step), and as the trainer runs them: the micro-batch
+// and the update replayed from CUDA graphs, each update's statistics read after the next update's
+// micro-batch is queued. Then one more step profiled: per-kernel device times beside the cost
+// model's roofline for this GPU (kernel_costs.h) when it is an A100 or H100.
 json timed_step(Backend& gpu, const ModelConfig& cfg, const DoctorOptions& o, const json& device) {
   const int64_t B = o.batch, T = std::min(o.seq, cfg.max_position_embeddings), BT = B * T;
   const RunConfig run = step_run(cfg, B, T);
@@ -91,53 +91,51 @@ json timed_step(Backend& gpu, const ModelConfig& cfg, const DoctorOptions& o, co
   std::vector<int32_t> tokens(BT), targets(BT);
   for (int64_t i = 0; i < BT; ++i) tokens[i] = static_cast<int32_t>((i * 7919 + 13) % cfg.vocab_size), targets[i] = tokens[(i + 1) % BT];
   const MicroBatch mb{tokens.data(), targets.data(), nullptr, B, T};
-  int64_t update = 0, fence = 0;
+  const float scale = 1.0f / static_cast<float>(BT);
+  int64_t update = 0;
   bool pending = false;  // a queued update whose statistics are not read yet
-  auto step = [&] {      // the statistics read before the step: one wait, a drain
+  auto step = [&] {      // the update waited for at once: one wait, a drain
     model.zero_grads();
-    model.queue_forward_backward(mb, 1.0f / static_cast<float>(BT));
+    model.queue_forward_backward(mb, scale);
     ++update;
-    opt.measure_gradient_norm(update);  // brings the queued loss
-    model.take_queued_losses();
     opt.step(update, update);
   };
   auto finish_pending = [&] {
-    if (!pending) return;
-    gpu.wait_for_fence(fence);
-    model.take_queued_losses(1);
+    if (pending) opt.wait_for_step();
     pending = false;
   };
-  auto deferred_step = [&] {  // the previous update's statistics read behind this micro-batch: one wait, no drain
+  auto pipelined_step = [&] {  // the previous update's statistics read behind this micro-batch: one wait, no drain
     model.zero_grads();
-    model.queue_forward_backward(mb, 1.0f / static_cast<float>(BT));
-    ++update;
+    model.queue_forward_backward(mb, scale);
     finish_pending();
+    ++update;
     opt.queue_step(update, update);
-    fence = gpu.fence();
     pending = true;
   };
   struct Timing {
     double seconds;
     int64_t waits, drains;  // per step
   };
+  WorkQueue& q = gpu.queue();
   auto timed = [&](const std::function<void()>& one) {
-    if (!pending) gpu.synchronize();  // a deferred run's update in flight stays, as in a run
-    const int64_t w0 = gpu.host_synchronisations(), d0 = gpu.host_drains();
+    if (!pending) q.wait_all();  // a pipelined run's update in flight stays, as in a run
+    const QueueCounters c0 = q.counters();
     const auto t0 = Clock::now();
     for (int s = 0; s < o.steps; ++s) one();
-    const int64_t w1 = gpu.host_synchronisations(), d1 = gpu.host_drains();
+    const QueueCounters c1 = q.counters();
     finish_pending();
-    gpu.synchronize();
+    q.wait_all();
     const int64_t n = std::max(1, o.steps);
-    return Timing{std::chrono::duration<double>(Clock::now() - t0).count() / n, (w1 - w0) / n, (d1 - d0) / n};
+    return Timing{std::chrono::duration<double>(Clock::now() - t0).count() / n, (c1.host_waits - c0.host_waits) / n,
+                  (c1.host_drains - c0.host_drains) / n};
   };
   model.set_graphs(false);
   for (int w = 0; w < o.warmup; ++w) step();
   const Timing eager = timed(step);
   model.set_graphs(true);
   opt.set_graphs(true);
-  deferred_step(), deferred_step(), deferred_step();  // eager, then captured
-  const Timing graphed = timed(deferred_step);
+  pipelined_step(), pipelined_step(), pipelined_step();  // eager, then captured
+  const Timing graphed = timed(pipelined_step);
   const double seconds = graphed.seconds, eager_seconds = eager.seconds;
   gpu.set_profiling(true);  // profiled steps run eagerly
   step();
@@ -189,8 +187,8 @@ void print_step(const json& s, bool emulated) {
               s["tflops"].get<double>());
   if (s.contains("mfu")) std::printf(", MFU %.1f%% of %.0f TFLOP/s (BF16 dense)\n", 100 * s["mfu"].get<double>(), s["peak_tflops"].get<double>());
   else std::printf(" (%s)\n", s["mfu_note"].get<std::string>().c_str());
-  std::printf("  eager (every launch from the host, the statistics read before the step): %.4f s a step, %lld host wait(s) and %lld drain(s);\n"
-              "  graphs and deferred statistics (the default): %.2fx that speed, %lld host wait(s) and %lld drain(s) a step\n",
+  std::printf("  eager (every launch from the host, each update waited for at once): %.4f s a step, %lld host wait(s) and %lld drain(s);\n"
+              "  as the trainer runs (graphs, the statistics read a step later): %.2fx that speed, %lld host wait(s) and %lld drain(s) a step\n",
               s["step_seconds_eager"].get<double>(), static_cast<long long>(s["host_waits_per_step_eager"].get<int64_t>()),
               static_cast<long long>(s["host_drains_per_step_eager"].get<int64_t>()), s["graph_speedup"].get<double>(),
               static_cast<long long>(s["host_waits_per_step"].get<int64_t>()), static_cast<long long>(s["host_drains_per_step"].get<int64_t>()));

@@ -297,10 +297,16 @@ void DoctorChecks::ops(DType t) {
     const double sc = c.sum_squares(x.c(), n), sg = g.sum_squares(x.g(), n);
     // An update's statistics where the gradients are (norm, clip factor), then the clipping that
     // reads the factor there: half the norm, so the factor is 1/2.
-    auto* stc = static_cast<UpdateScalars*>(c.allocate(sizeof(UpdateScalars)));
-    auto* stg = static_cast<UpdateScalars*>(g.allocate(sizeof(UpdateScalars)));
+    // (Zero-filled: no spike threshold and no loss, which is finite.)
+    auto* stc = static_cast<UpdateScalars*>(c.allocate(sizeof(UpdateScalars) + sizeof(LossTotals) + 8));
+    auto* stg = static_cast<UpdateScalars*>(g.allocate(sizeof(UpdateScalars) + sizeof(LossTotals) + 8));
+    auto* ltc = reinterpret_cast<LossTotals*>(stc + 1);
+    auto* ltg = reinterpret_cast<LossTotals*>(stg + 1);
+    auto* sqc = reinterpret_cast<double*>(ltc + 1);
+    auto* sqg = reinterpret_cast<double*>(ltg + 1);
     const Buf xc = x.c(), xg = x.g();
-    c.update_statistics(stc, &xc, &n, 1, 0.5 * std::sqrt(sc)), g.update_statistics(stg, &xg, &n, 1, 0.5 * std::sqrt(sc));
+    c.sum_squares_many(&xc, &n, 1, sqc), g.sum_squares_many(&xg, &n, 1, sqg);
+    c.update_statistics(stc, ltc, sqc, 1, 0.5 * std::sqrt(sc)), g.update_statistics(stg, ltg, sqg, 1, 0.5 * std::sqrt(sc));
     UpdateStatistics hc, hg;
     c.to_host(&hc, &stc->stats, sizeof hc), g.to_host(&hg, &stg->stats, sizeof hg);
     c.clip_gradients(x.c(), n, stc), g.clip_gradients(x.g(), n, stg);
@@ -432,22 +438,22 @@ void DoctorChecks::training_updates() {
       Optimizer oc(mc, run), og(mg, run);
       // The GPU as a run drives it: each update queued with no host wait, the second one captured as
       // a graph and replayed, where the rule allows (not SWAN).
-      const bool queued = og.why_steps_cannot_be_queued().empty();
       og.set_graphs(true);
       for (int64_t update = 1; update <= 2; ++update) {
         mc.zero_grads(), mg.zero_grads();
-        mc.forward_backward(mb, 0.5f), mg.forward_backward(mb, 0.5f);
+        mc.queue_forward_backward(mb, 0.5f), mg.queue_forward_backward(mb, 0.5f);
         oc.step(update, update);
-        if (queued) og.queue_step(update, update), gpu_.wait_for_fence(gpu_.fence());
-        else og.step(update, update);
+        og.queue_step(update, update);
+        og.wait_for_step();
       }
       const std::vector<float> pc = mc.params_to_host(), pg = mg.params_to_host();
       std::vector<Output> out;
       // Per tensor, at its rule's bound (the file's header).
       for (const ParamAssignment& as : oc.assignments()) {
         const TensorSpec& ts = *as.tensor;
-        const double rule = as.optimizer.rfind("adam", 0) == 0 ? 5e-2 : as.optimizer == "swan" ? 3e-3 : 1e-4;
-        out.push_back({ts.name + " (" + as.optimizer + ")", std::vector<float>(pg.begin() + ts.offset, pg.begin() + ts.offset + ts.numel()),
+        const bool adam = as.optimizer == OptimizerKind::Adam || as.optimizer == OptimizerKind::AdamW;
+        const double rule = adam ? 5e-2 : as.optimizer == OptimizerKind::Swan ? 3e-3 : 1e-4;
+        out.push_back({ts.name + " (" + choice_name(as.optimizer) + ")", std::vector<float>(pg.begin() + ts.offset, pg.begin() + ts.offset + ts.numel()),
                        std::vector<float>(pc.begin() + ts.offset, pc.begin() + ts.offset + ts.numel()), rule});
       }
       return out;

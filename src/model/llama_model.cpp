@@ -43,13 +43,13 @@ struct LlamaModel::Timer {
   std::chrono::steady_clock::time_point start;
   ~Timer() {
     if (!profile) return;
-    be->synchronize();
+    be->queue().wait_all();
     profile->seconds[static_cast<size_t>(op)] += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
 };
 
 LlamaModel::Timer LlamaModel::time(Op op) {
-  if (profile_.enabled) be_.synchronize();
+  if (profile_.enabled) be_.queue().wait_all();
   return Timer{profile_.enabled ? &profile_ : nullptr, &be_, op, std::chrono::steady_clock::now()};
 }
 
@@ -76,7 +76,8 @@ LlamaModel::LlamaModel(Backend& backend, const ModelConfig& config, DType dtype,
   tokens_ = static_cast<int32_t*>(be_.allocate(BT * 4));
   targets_ = static_cast<int32_t*>(be_.allocate(BT * 4));
   mask_ = static_cast<uint8_t*>(be_.allocate(BT));
-  host_losses_.resize(BT);
+  loss_totals_ = static_cast<LossTotals*>(be_.allocate(2 * sizeof(LossTotals)));  // [the update's, one call's]
+  all_counted_.assign(static_cast<size_t>(BT), 1);
 
   // RoPE table, computed as Hugging Face does (FP32 inverse frequencies, FP32 angle).
   std::vector<float> cs(max_seq * D);
@@ -115,10 +116,9 @@ LlamaModel::LlamaModel(Backend& backend, const ModelConfig& config, DType dtype,
 }
 
 LlamaModel::~LlamaModel() {
-  if (step_graph_.graph >= 0) be_.release_graph(step_graph_.graph);  // not drop_step_graph: nothing to count
   if (kv_cache_) be_.release(kv_cache_);
   for (void* p : {params_, grads_, acts_, static_cast<void*>(rope_), static_cast<void*>(tokens_),
-                  static_cast<void*>(targets_), static_cast<void*>(mask_)})
+                  static_cast<void*>(targets_), static_cast<void*>(mask_), static_cast<void*>(loss_totals_)})
     be_.release(p);
 }
 
@@ -196,6 +196,7 @@ std::vector<float> LlamaModel::params_to_host() const { return arena_to_host(be_
 std::vector<float> LlamaModel::grads_to_host() const { return arena_to_host(be_, grads(), nparams_); }
 void LlamaModel::zero_grads() {
   be_.zero(grads(), nparams_);
+  be_.zero({loss_totals_, DType::F32}, sizeof(LossTotals) / 4);
   ++grad_version_;
 }
 
@@ -224,14 +225,7 @@ void LlamaModel::upload(const MicroBatch& mb, bool need_targets) {
     check(mb.targets, "target", true);
     // Masked targets may hold anything (e.g. a pad id): the kernels never read them.
     be_.to_device(targets_, mb.targets, BT * 4);
-    std::vector<uint8_t> ones;
-    const uint8_t* mask = mb.loss_mask;
-    if (!mask) {
-      ones.assign(BT, 1);
-      mask = ones.data();
-    }
-    be_.to_device(mask_, mask, BT);
-    host_mask_.assign(mask, mask + BT);  // the loss sums on the host read it here, not back from the device
+    be_.to_device(mask_, mb.loss_mask ? mb.loss_mask : all_counted_.data(), BT);
   }
 }
 
@@ -299,27 +293,27 @@ void LlamaModel::head(int64_t BT, bool backward, float grad_scale, float* host_l
   }
 }
 
-// The sum over counted positions, in position order (the same FP64 number however it was copied).
-static LossSum sum_losses(const float* losses, const uint8_t* mask, int64_t BT) {
-  LossSum loss;
-  for (int64_t i = 0; i < BT; ++i)
-    if (mask[i]) {
-      loss.sum += losses[i];
-      ++loss.count;
-    }
-  return loss;
+// One call's loss: its losses summed on the backend into the second totals slot, read back.
+LossSum LlamaModel::loss_of_this_call(int64_t BT) {
+  LossTotals* mine = loss_totals_ + 1;
+  be_.zero({mine, DType::F32}, sizeof(LossTotals) / 4);
+  be_.accumulate_loss(mine, act_f32("losses"), mask_, BT);
+  LossTotals t;
+  be_.to_host(&t, mine, sizeof(t));
+  return {t.sum, static_cast<int64_t>(t.count)};
 }
 
-LossSum LlamaModel::losses_to_host(int64_t BT) {
-  be_.to_host(host_losses_.data(), act_f32("losses"), BT * 4);
-  return sum_losses(host_losses_.data(), host_mask_.data(), BT);
+LossTotals LlamaModel::read_update_loss() const {
+  LossTotals t;
+  be_.to_host(&t, loss_totals_, sizeof(t));
+  return t;
 }
 
 LossSum LlamaModel::forward(const MicroBatch& mb) {
   upload(mb, true);
   forward_layers(mb.B, mb.T);
   head(mb.B * mb.T, false, 0.0f, nullptr);
-  return losses_to_host(mb.B * mb.T);
+  return loss_of_this_call(mb.B * mb.T);
 }
 
 void LlamaModel::logits(const MicroBatch& mb, float* host_logits) {
@@ -333,9 +327,8 @@ void LlamaModel::logits(const MicroBatch& mb, float* host_logits) {
 // ---------------------------------------------------------------------------------------------
 
 LossSum LlamaModel::forward_backward(const MicroBatch& mb, float grad_scale) {
-  take_queued_losses();  // an earlier queue's losses are not this call's
   queue_forward_backward(mb, grad_scale);
-  return take_queued_losses().front();
+  return loss_of_this_call(mb.B * mb.T);
 }
 
 void LlamaModel::forward_backward_ops(int64_t B, int64_t T, float grad_scale) {
@@ -348,81 +341,27 @@ void LlamaModel::forward_backward_ops(int64_t B, int64_t T, float grad_scale) {
   last_backward_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
 }
 
-void LlamaModel::set_graphs(bool on) {
-  graphs_ = on;
-  if (!on) drop_step_graph();
-}
-
-void LlamaModel::drop_step_graph() {
-  if (step_graph_.graph >= 0) {
-    be_.release_graph(step_graph_.graph);
-    if (replays_of_graph_ <= 1) ++wasted_captures_;  // replayed only by its own capture
-  }
-  step_graph_ = {};
-  replays_of_graph_ = 0;
-}
-
+// The forward and backward ops and the loss's sum into the update's totals: one graph (GraphCache)
+// per shape and loss scale. The token upload stays outside (a copy from the host); the data-parallel
+// micro-batch that starts the gradient reduction, and profiled ones, run eagerly.
 void LlamaModel::queue_forward_backward(const MicroBatch& mb, float grad_scale) {
   const int64_t BT = mb.B * mb.T;
-  upload(mb, true);  // copies from pageable host memory: never inside a graph
+  upload(mb, true);
   ++grad_version_;
-  StepGraph& g = step_graph_;
-  const bool same = g.B == mb.B && g.T == mb.T && g.grad_scale == grad_scale;
-  const bool use_graphs = graphs_ && !graphs_turned_off() && !listener_ && !profile_.enabled;
-  bool done = false;
-  if (use_graphs && same && g.graph >= 0) {
-    const auto t0 = std::chrono::steady_clock::now();
-    done = be_.replay(g.graph);
-    if (done) {
-      ++replays_of_graph_;
-      last_forward_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      last_backward_s_ = 0;  // one launch: the split is not seen from the host
-    } else {
-      drop_step_graph();  // stale (a scratch buffer moved) or profiling: eagerly, captured again later
-    }
-  } else if (use_graphs && same && be_.begin_capture()) {
-    try {
-      forward_backward_ops(mb.B, mb.T, grad_scale);
-      g.graph = be_.end_capture();
-    } catch (...) {
-      be_.abandon_capture();
-      throw;
-    }
-    ++graph_captures_;
-    if (!be_.replay(g.graph)) throw Error("model: a graph just captured could not be replayed");  // capturing ran nothing
-    replays_of_graph_ = 1;
-    done = true;
+  auto ops = [&] {
+    forward_backward_ops(mb.B, mb.T, grad_scale);
+    be_.accumulate_loss(loss_totals_, act_f32("losses"), mask_, BT);
+  };
+  if (listener_ || profile_.enabled) return ops();
+  uint32_t scale_bits = 0;
+  std::memcpy(&scale_bits, &grad_scale, 4);
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t replays = graphs_.replays();
+  graphs_.run(std::to_string(mb.B) + "x" + std::to_string(mb.T) + "/" + std::to_string(scale_bits), ops);
+  if (graphs_.replays() > replays) {  // one launch: the split is not seen from the host
+    last_forward_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    last_backward_s_ = 0;
   }
-  if (!done) {  // eagerly; a new shape or loss scale is captured when it comes again
-    if (use_graphs && !same) {
-      drop_step_graph();
-      g = {mb.B, mb.T, grad_scale, -1};
-    }
-    forward_backward_ops(mb.B, mb.T, grad_scale);  // a graph kept meanwhile is checked for staleness at replay
-  }
-  // The losses ("saved": the backward does not reuse them) go to the host with the next wait.
-  if (queued_count_ == queued_.size()) queued_.emplace_back();
-  QueuedLosses& q = queued_[queued_count_++];
-  q.losses.resize(static_cast<size_t>(BT));  // a slot's buffer is not touched again until the take
-  q.mask.assign(host_mask_.begin(), host_mask_.begin() + BT);
-  be_.to_host_queued(q.losses.data(), act_f32("losses"), BT * 4);
-  q.fence = be_.fence();
-}
-
-std::vector<LossSum> LlamaModel::take_queued_losses() { return take_queued_losses(static_cast<int64_t>(queued_count_)); }
-
-std::vector<LossSum> LlamaModel::take_queued_losses(int64_t n) {
-  std::vector<LossSum> sums;
-  if (n > static_cast<int64_t>(queued_count_))
-    throw Error("model: " + std::to_string(n) + " queued micro-batches' losses asked for, " + std::to_string(queued_count_) + " queued");
-  if (n == 0) return sums;
-  be_.wait_for_fence(queued_[static_cast<size_t>(n - 1)].fence);  // free when a wait since has passed it
-  for (int64_t k = 0; k < n; ++k)
-    sums.push_back(sum_losses(queued_[k].losses.data(), queued_[k].mask.data(), static_cast<int64_t>(queued_[k].mask.size())));
-  // The later ones move to the front (their buffers, which pending copies write, move with them).
-  std::rotate(queued_.begin(), queued_.begin() + n, queued_.begin() + static_cast<int64_t>(queued_count_));
-  queued_count_ -= static_cast<size_t>(n);
-  return sums;
 }
 
 std::vector<std::pair<int64_t, int64_t>> LlamaModel::gradient_ready_order() const {

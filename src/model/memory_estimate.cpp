@@ -23,11 +23,11 @@ std::vector<std::string> paper_matrix_patterns() {
 }
 }  // namespace
 
-OptimizerMemory optimizer_memory(const std::vector<TensorSpec>& specs, const std::string& matrix_optimizer,
-                                 const std::string& fallback, const std::vector<std::string>& matrix_params,
+OptimizerMemory optimizer_memory(const std::vector<TensorSpec>& specs, OptimizerKind matrix_optimizer,
+                                 OptimizerKind fallback, const std::vector<std::string>& matrix_params,
                                  double momentum, int64_t weight_dtype_bytes, int64_t state_dtype_bytes) {
   OptimizerMemory mem;
-  mem.label = matrix_optimizer;
+  mem.label = choice_name(matrix_optimizer);
   for (const auto& a : assign_optimizers(specs, matrix_optimizer, fallback, matrix_params)) {
     const int64_t n = a.tensor->numel();
     const int64_t state = n * optimizer_state_slots(a.optimizer, momentum) * state_dtype_bytes;
@@ -42,11 +42,12 @@ std::vector<OptimizerMemory> paper_memory_table(const ModelConfig& m) {
   const auto specs = llama_parameters(m);
   const auto patterns = paper_matrix_patterns();
   std::vector<OptimizerMemory> rows;
-  for (const char* name : {"adam", "sinkgd", "swan"}) rows.push_back(optimizer_memory(specs, name, "adam", patterns, 0.0, 2, 2));
+  for (const OptimizerKind k : {OptimizerKind::Adam, OptimizerKind::SinkGD, OptimizerKind::Swan})
+    rows.push_back(optimizer_memory(specs, k, OptimizerKind::Adam, patterns, 0.0, 2, 2));
   return rows;
 }
 
-int64_t cpu_backend_scratch_bytes(const ModelConfig& m, int64_t B, int64_t T, DType act, DType grad, const std::string& matrix_optimizer,
+int64_t cpu_backend_scratch_bytes(const ModelConfig& m, int64_t B, int64_t T, DType act, DType grad, OptimizerKind matrix_optimizer,
                                   const std::vector<std::string>& matrix_params, bool swan_exact, int threads) {
   // Workspace slots hold the largest request made to each; the sum of the slots is the scratch.
   std::map<int, int64_t> slot;  // floats per slot (-1: the int32 buffer)
@@ -71,14 +72,14 @@ int64_t cpu_backend_scratch_bytes(const ModelConfig& m, int64_t B, int64_t T, DT
   const auto specs = llama_parameters(m);
   // The matrices, all in one sinkgd_update_many (a data-parallel rank that updates a share of them
   // passes its share, as this estimate's other terms assume one process).
-  const auto assigned = assign_optimizers(specs, matrix_optimizer, "adam", matrix_params);
+  const auto assigned = assign_optimizers(specs, matrix_optimizer, OptimizerKind::Adam, matrix_params);
   int64_t sinkgd_tensors = 0, sinkgd_elements = 0;
   for (const auto& a : assigned)
     if (a.matrix) sinkgd_elements += a.tensor->rows() * a.tensor->cols();
   for (const auto& a : assigned) {
     if (!a.matrix) continue;
     const int64_t r = a.tensor->rows(), c = a.tensor->cols(), k = std::min(r, c);
-    if (matrix_optimizer == "sinkgd") {  // kernels/cpu/sinkgd.cpp, every matrix through sinkgd_update_many
+    if (matrix_optimizer == OptimizerKind::SinkGD) {  // kernels/cpu/sinkgd.cpp, every matrix through sinkgd_update_many
       const int64_t t = std::max(threads, 1);
       ++sinkgd_tensors;
       if (cpu::sinkgd_runs_one_core(r, c, dtype_bytes(grad), sinkgd_elements, static_cast<int>(t))) {  // scratch per thread
@@ -88,7 +89,7 @@ int64_t cpu_backend_scratch_bytes(const ModelConfig& m, int64_t B, int64_t T, DT
         need(20, r), need(21, 2 * c * t), need(22, 2 * cpu::sinkgd_chunks(r) * c), need(23, cpu::kSinkgdRowGroup * c * t);
         if (grad == DType::BF16 && cpu::sinkgd_caches_rows(r, c, static_cast<int>(t))) need(24, r * c);
       }
-    } else if (matrix_optimizer == "swan") {  // kernels/cpu/swan.cpp
+    } else if (matrix_optimizer == OptimizerKind::Swan) {  // kernels/cpu/swan.cpp
       need(30, r * c);                    // X
       if (swan_exact) {
         need(37, 2 * k * k), need(38, 2 * r * c), need(39, 2 * (k * k + k)), need(40, 2 * k * k), need(41, 2 * r * c);
@@ -116,7 +117,7 @@ int64_t cpu_backend_scratch_bytes(const ModelConfig& m, int64_t B, int64_t T, DT
   return floats * 4 + packed_elements * 2;
 }
 
-int64_t cuda_backend_scratch_bytes(const ModelConfig& m, int64_t B, int64_t T, const std::string& matrix_optimizer,
+int64_t cuda_backend_scratch_bytes(const ModelConfig& m, int64_t B, int64_t T, OptimizerKind matrix_optimizer,
                                    const std::vector<std::string>& matrix_params) {
   namespace cs = cuda_scratch;  // the sizes the backend allocates by (kernels/cuda/scratch_sizes.h)
   const int64_t C = m.hidden_size, H = m.num_attention_heads, BT = B * T;
@@ -127,12 +128,12 @@ int64_t cuda_backend_scratch_bytes(const ModelConfig& m, int64_t B, int64_t T, c
   int64_t sinkgd_all = 0, sinkgd_largest = 0;
   const auto specs = llama_parameters(m);  // outlives the assignments, which point into it
   const int64_t tensors = static_cast<int64_t>(specs.size());  // sum_squares_many: one result each
-  for (const auto& a : assign_optimizers(specs, matrix_optimizer, "adam", matrix_params)) {
+  for (const auto& a : assign_optimizers(specs, matrix_optimizer, OptimizerKind::Adam, matrix_params)) {
     if (!a.matrix) continue;
     const int64_t r = a.tensor->rows(), c = a.tensor->cols();
-    if (matrix_optimizer == "sinkgd") {
+    if (matrix_optimizer == OptimizerKind::SinkGD) {
       sinkgd_all += cs::sinkgd_floats(r, c), sinkgd_largest = std::max(sinkgd_largest, cs::sinkgd_floats(r, c));
-    } else if (matrix_optimizer == "swan") {
+    } else if (matrix_optimizer == OptimizerKind::Swan) {
       optimizer = std::max(optimizer, cs::swan_bytes(r, c));
     }
   }
@@ -162,7 +163,7 @@ TrainingMemory training_memory(const RunConfig& run, bool cuda) {
                                                         run.optimizer.matrix_params)
                            : cpu_backend_scratch_bytes(run.model, run.batch.micro_batch, run.batch.seq_len, run.precision.params,
                                                        run.precision.grads, run.optimizer.name, run.optimizer.matrix_params,
-                                                       run.optimizer.swan.whitening == "eigh",
+                                                       run.optimizer.swan.whitening == SwanWhitening::Eigh,
                                                        run.threads > 0 ? static_cast<int>(run.threads) : omp_get_num_procs());
   return t;
 }

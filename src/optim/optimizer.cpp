@@ -7,6 +7,7 @@
 
 #include "../../kernels/common/optim_math.h"
 #include "../../kernels/cuda/scratch_sizes.h"
+#include "multinorm/communicator.h"
 #include "multinorm/error.h"
 #include "multinorm/schedule.h"
 
@@ -21,7 +22,7 @@ constexpr int64_t kHostScalarBytes = offsetof(UpdateScalars, stats);
 }  // namespace
 
 Optimizer::Optimizer(LlamaModel& model, const RunConfig& run, const OptimizerSharding& sharding)
-    : model_(model), run_(run), sharding_(sharding), state_dtype_(run.precision.optimizer_states) {
+    : model_(model), run_(run), sharding_(sharding), state_dtype_(run.precision.optimizer_states), graphs_(model.backend().queue()) {
   assign_ = assign_optimizers(model.tensors(), run.optimizer);
   if (sharding_.plan.sharded() && sharding_.plan.owner.size() != assign_.size())
     throw Error("optimizer: the shard plan covers " + std::to_string(sharding_.plan.owner.size()) + " tensors, the model has " +
@@ -51,12 +52,18 @@ Optimizer::Optimizer(LlamaModel& model, const RunConfig& run, const OptimizerSha
     slot_.push_back(slots[key]);
     if (static_cast<size_t>(slots[key]) == slot_first_.size()) slot_first_.push_back(i);
   }
-  // The gradients this rank measures, listed once (every update passes the same list).
-  for (size_t i = 0; i < assign_.size(); ++i)
-    if (sharding_.plan.mine(i))
-      mine_.push_back(i), mine_grads_.push_back(model_.grad(*assign_[i].tensor)), mine_sizes_.push_back(assign_[i].tensor->numel());
+  // Every tensor's gradient is measured, each by the rank that updates it (the others measure 0
+  // elements of it: a zero, added over the ranks): listed once, every update passes the same list.
+  for (size_t i = 0; i < assign_.size(); ++i) {
+    grads_.push_back(model_.grad(*assign_[i].tensor));
+    measured_.push_back(sharding_.plan.mine(i) ? assign_[i].tensor->numel() : 0);
+    capturable_ = capturable_ && rules_[i]->capturable();
+    has_swan_ = has_swan_ || assign_[i].optimizer == OptimizerKind::Swan;
+  }
+  alpha_scaled_ = make_rule(run.optimizer.name, run.optimizer)->scales_lr_by_alpha();
   Backend& be = model_.backend();
   scalars_ = static_cast<UpdateScalars*>(be.allocate(sizeof(UpdateScalars)));
+  squares_ = static_cast<double*>(be.allocate(static_cast<int64_t>(assign_.size() * sizeof(double))));
   arena_ = be.allocate(std::max<int64_t>(local_state_bytes_, 1));
   Buf cursor{arena_, state_dtype_};
   for (size_t i = 0; i < assign_.size(); ++i) {
@@ -72,49 +79,26 @@ Optimizer::Optimizer(LlamaModel& model, const RunConfig& run, const OptimizerSha
 
 Optimizer::~Optimizer() {
   Backend& be = model_.backend();
-  if (graph_ >= 0) be.release_graph(graph_);
   be.release(arena_);
+  be.release(squares_);
   be.release(scalars_);
-}
-
-double Optimizer::measure_gradient_norm(int64_t update) {
-  Backend& be = model_.backend();
-  const ShardPlan& plan = sharding_.plan;
-  const int64_t count = static_cast<int64_t>(mine_.size());
-  const double clip = run_.optimizer.grad_clip;
-  if (plan.sharded()) {
-    // The global norm from per-tensor sums of squares added in tensor order: the same FP64 number
-    // whether one rank holds every reduced gradient or each owner its own (the others add zeros).
-    // The rank's sums come back in one crossing, are summed over the ranks, and the statistics go
-    // to the backend's memory for the update's kernels.
-    std::vector<double> squares(assign_.size(), 0.0), mine_squares(mine_.size());
-    be.sum_squares_many(mine_grads_.data(), mine_sizes_.data(), count, mine_squares.data());
-    for (size_t k = 0; k < mine_.size(); ++k) squares[mine_[k]] = mine_squares[k];
-    sharding_.host->allreduce_sum(squares.data(), static_cast<int64_t>(squares.size()));
-    measured_ = optim_math::finish_statistics(squares.data(), static_cast<int64_t>(squares.size()), clip);
-    be.to_device(&scalars_->stats, &measured_, sizeof(UpdateStatistics));
-  } else {
-    // Computed where the gradients are, then read: the update's one crossing.
-    be.update_statistics(scalars_, mine_grads_.data(), mine_sizes_.data(), count, clip);
-    be.to_host(&measured_, &scalars_->stats, sizeof(UpdateStatistics));
-  }
-  measured_update_ = update;
-  measured_version_ = model_.gradient_version();
-  return measured_.grad_norm;
 }
 
 StepStats Optimizer::learning_rates(int64_t update) const {
   StepStats st;
+  st.update = update;
   st.lr_multiplier = schedule_multiplier(run_.schedule, update);
   const double lr_t = run_.optimizer.lr * lr_scale_ * st.lr_multiplier;
-  const bool scaled = run_.optimizer.name == "sinkgd" || run_.optimizer.name == "swan";
-  st.lr_matrix = lr_t * (scaled ? run_.optimizer.alpha : 1.0);
+  st.lr_matrix = lr_t * (alpha_scaled_ ? run_.optimizer.alpha : 1.0);
   st.lr_fallback = lr_t;
   return st;
 }
 
-void Optimizer::write_scalars(const StepStats& lr, int64_t update, int64_t applied) {
+void Optimizer::write_scalars(const StepStats& lr, int64_t update, int64_t applied, const SpikeTest& spike) {
   host_scalars_.update = static_cast<uint64_t>(update);
+  host_scalars_.spike_threshold = spike.threshold;
+  host_scalars_.skip_spikes = spike.skip;
+  host_scalars_.token_mean = run_.batch.loss_normalization == LossNormalization::TokenMean;
   for (const size_t i : slot_first_) {
     UpdateContext ctx;
     ctx.lr = static_cast<float>(assign_[i].matrix ? lr.lr_matrix : lr.lr_fallback);
@@ -125,102 +109,71 @@ void Optimizer::write_scalars(const StepStats& lr, int64_t update, int64_t appli
   model_.backend().to_device(scalars_, &host_scalars_, kHostScalarBytes);
 }
 
-bool Optimizer::rules_host_free() const {
-  for (const auto& r : rules_)
-    if (!r->host_free()) return false;
-  return true;
-}
-
-std::string Optimizer::why_steps_cannot_be_queued() const {
-  if (sharding_.plan.sharded()) return "the optimizer is sharded (its gradient norm is summed over the ranks on the host)";
-  for (const auto& r : rules_)
-    if (!r->host_free()) return r->name() + " reads its Newton-Schulz residual on the host";
-  return "";
-}
-
-StepStats Optimizer::step(int64_t update, int64_t applied) {
-  StepStats st = learning_rates(update);
-  if (measured_update_ != update || measured_version_ != model_.gradient_version()) measure_gradient_norm(update);
-  measured_update_ = -1;  // an update's gradients are measured for one step
-  st.grad_norm = measured_.grad_norm;
-  st.skipped = measured_.skip;
-  if (st.skipped) return st;  // the trainer decides (stop or skip); nothing is applied
-  st.clipped = measured_.clipped;
-  write_scalars(st, update, applied);
-  apply(st);
-  return st;
-}
-
-void Optimizer::queue_step(int64_t update, int64_t applied) {
-  const std::string why = why_steps_cannot_be_queued();
-  if (!why.empty()) throw Error("optimizer: update " + std::to_string(update) + " cannot be queued: " + why);
+// The global norm from per-tensor sums of squares added in tensor order: the same FP64 number
+// whether one rank holds every reduced gradient or each owner its own (the others add zeros). With
+// several ranks the loss totals (and, sharded, the sums of squares) are summed over them on the
+// device (MPI on the CPU backend's memory, NCCL on a GPU's), the compute ordered after the sum.
+void Optimizer::queue_statistics() {
   Backend& be = model_.backend();
-  queued_lr_ = learning_rates(update);
-  write_scalars(queued_lr_, update, applied);
-  be.update_statistics(scalars_, mine_grads_.data(), mine_sizes_.data(), static_cast<int64_t>(mine_.size()), run_.optimizer.grad_clip);
-  apply(queued_lr_);  // a skipped update's kernels return at once
-  be.to_host_queued(&queued_, &scalars_->stats, sizeof(UpdateStatistics));
+  const int64_t count = static_cast<int64_t>(assign_.size());
+  LossTotals* loss = model_.update_loss_totals();
+  be.sum_squares_many(grads_.data(), measured_.data(), count, squares_);
+  Communicator* c = sharding_.collectives;
+  if (c && c->size() > 1) {
+    c->all_reduce_sum(loss, kLossTotalsDoubles, DType::F64, "the sum of the update's losses over the ranks");
+    if (sharding_.plan.sharded()) c->all_reduce_sum(squares_, count, DType::F64, "the gradient norm's sums of squares over the ranks");
+    c->after_mark(c->mark());
+  }
+  be.update_statistics(scalars_, loss, squares_, count, run_.optimizer.grad_clip);
 }
 
-StepStats Optimizer::queued_step_stats() const {
-  StepStats st = queued_lr_;
-  st.grad_norm = queued_.grad_norm;
-  st.skipped = queued_.skip;
-  st.clipped = queued_.clipped;
-  return st;
-}
-
-// The update's ops as a graph where the backend has graphs: run eagerly until one eager run moved no
-// buffer (scratch grown, descriptor tables uploaded: the next run finds everything where it is),
-// captured the next time, replayed after; a graph whose buffers moved is dropped and the cycle
-// starts again. A capture that fails (a buffer the ops could not find on the device) is abandoned
-// and the update runs eagerly; after two such failures the optimizer stops capturing.
-void Optimizer::apply(StepStats& st) {
+void Optimizer::queue_step(int64_t update, int64_t applied, const SpikeTest& spike) {
+  if (!waited_) throw Error("optimizer: update " + std::to_string(update) + " queued before update " + std::to_string(pending_.update) + " was waited for");
   Backend& be = model_.backend();
-  bool done = false;
-  if (graph_ >= 0) {
-    done = be.replay(graph_);
-    if (done) {
-      ++graph_replays_;
-    } else {
-      be.release_graph(graph_);
-      graph_ = -1;
-      settled_ = false;
-    }
-  } else if (graphs_ && settled_ && failed_captures_ < 2 && rules_host_free() && be.begin_capture()) {
-    try {
-      apply_ops();
-      graph_ = be.end_capture();
-    } catch (const Error& e) {
-      be.abandon_capture();
-      ++failed_captures_;
-      capture_error_ = e.what();
-      settled_ = false;
-    }
-    if (graph_ >= 0) {
-      ++graph_captures_;
-      if (!be.replay(graph_)) throw Error("optimizer: a graph just captured could not be replayed");  // capturing ran nothing
-      ++graph_replays_;
-      done = true;
-    }
+  pending_ = learning_rates(update);
+  write_scalars(pending_, update, applied, spike);
+  queue_statistics();
+  graphs_.run("update", [&] { apply_ops(); });  // a skipped update's kernels return at once
+  if (sharding_.plan.sharded()) broadcast_weights();
+  pending_.swan = swan_stats_over_ranks();  // SWAN's ops read their residuals: known now
+  be.queue().copy_to_host_later(&delivered_, &scalars_->stats, sizeof(UpdateStatistics));
+  fence_ = be.queue().fence();
+  waited_ = false;
+}
+
+StepStats Optimizer::wait_for_step() {
+  if (!waited_) {
+    model_.backend().queue().wait(fence_);
+    waited_ = true;
+    pending_.grad_norm = delivered_.grad_norm;
+    pending_.loss = delivered_.loss;
+    pending_.tokens = static_cast<int64_t>(delivered_.tokens);
+    pending_.clipped = delivered_.clipped;
+    pending_.skipped = delivered_.skip;
+    pending_.skip_reason = static_cast<SkipReason>(delivered_.skip_reason);
+    pending_.spike = delivered_.spike;
+    if (pending_.skipped) pending_.swan = {};
   }
-  if (!done) {
-    const int64_t before = be.resource_generation();
-    apply_ops();
-    settled_ = be.resource_generation() == before;
-  }
-  const ShardPlan& plan = sharding_.plan;
-  st.swan = be.take_swan_stats();
-  if (plan.sharded()) {
-    broadcast_weights();
-    double counts[3] = {static_cast<double>(st.swan.tensors), static_cast<double>(st.swan.unconverged),
-                        static_cast<double>(st.swan.fallbacks)};
-    sharding_.host->allreduce_sum(counts, 3);
-    sharding_.host->allreduce_max(&st.swan.worst_residual, 1);
-    st.swan.tensors = static_cast<int64_t>(counts[0]);
-    st.swan.unconverged = static_cast<int64_t>(counts[1]);
-    st.swan.fallbacks = static_cast<int64_t>(counts[2]);
-  }
+  return pending_;
+}
+
+StepStats Optimizer::step(int64_t update, int64_t applied, const SpikeTest& spike) {
+  queue_step(update, applied, spike);
+  return wait_for_step();
+}
+
+// SWAN's Newton-Schulz statistics of the update, over the ranks when sharded (host collectives:
+// SWAN's ops have waited for the device already).
+SwanStats Optimizer::swan_stats_over_ranks() {
+  SwanStats st = model_.backend().take_swan_stats();
+  if (!has_swan_ || !sharding_.plan.sharded()) return st;
+  double counts[3] = {static_cast<double>(st.tensors), static_cast<double>(st.unconverged), static_cast<double>(st.fallbacks)};
+  sharding_.host->allreduce_sum(counts, 3);
+  sharding_.host->allreduce_max(&st.worst_residual, 1);
+  st.tensors = static_cast<int64_t>(counts[0]);
+  st.unconverged = static_cast<int64_t>(counts[1]);
+  st.fallbacks = static_cast<int64_t>(counts[2]);
+  return st;
 }
 
 void Optimizer::apply_ops() {
@@ -247,7 +200,7 @@ void Optimizer::apply_ops() {
     ctx.update = static_cast<int64_t>(host_scalars_.update);
     ctx.seed = static_cast<uint64_t>(run_.seed);
     ctx.tensor = i;
-    ctx.stochastic = run_.optimizer.rounding == "stochastic";
+    ctx.stochastic = run_.optimizer.rounding == Rounding::Stochastic;
     ctx.scalars = {scalars_, slot_[i]};
     if (t.numel() <= kMultiTensorElements || rules_[i]->updates_large_tensors_together()) {
       auto& group = together[{rules_[i]->name(), assign_[i].matrix}];
@@ -261,12 +214,12 @@ void Optimizer::apply_ops() {
 }
 
 // Every owner broadcasts its tensors' new weights; consecutive tensors of one owner go as one
-// broadcast.
+// broadcast. The compute after it waits for them on the device (MPI: the host completes them).
 void Optimizer::broadcast_weights() {
+  Communicator& c = *sharding_.collectives;
   for (const OwnerRun& r : owner_runs(sharding_.plan, model_.tensors(), 0, model_.num_params()))
-    sharding_.weights->broadcast(model_.params().at(r.begin).ptr, r.end - r.begin, model_.dtype(), r.owner,
-                                 "broadcast of updated weights from their owner");
-  sharding_.weights->wait_all();
+    c.broadcast(model_.params().at(r.begin).ptr, r.end - r.begin, model_.dtype(), r.owner, "broadcast of updated weights from their owner");
+  c.after_mark(c.mark());
 }
 
 std::vector<uint8_t> Optimizer::states_to_host() const {

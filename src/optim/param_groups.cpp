@@ -5,14 +5,13 @@
 
 namespace multinorm {
 
-int optimizer_state_slots(const std::string& optimizer, double momentum) {
+int optimizer_state_slots(OptimizerKind optimizer, double momentum) {
   OptimizerConfig c;
   c.momentum = momentum;
   return make_rule(optimizer, c)->state_slots();
 }
 
-std::vector<ParamAssignment> assign_optimizers(const std::vector<TensorSpec>& specs, const std::string& matrix_optimizer,
-                                               const std::string& fallback,
+std::vector<ParamAssignment> assign_optimizers(const std::vector<TensorSpec>& specs, OptimizerKind matrix_optimizer, OptimizerKind fallback,
                                                const std::vector<std::string>& matrix_params) {
   std::vector<ParamAssignment> out;
   out.reserve(specs.size());
@@ -26,7 +25,7 @@ std::vector<ParamAssignment> assign_optimizers(const std::vector<TensorSpec>& sp
       }
     if (matrix && needs_2d && s.shape.size() != 2)
       throw ConfigError("optimizer.matrix_params: pattern matches '" + s.name + "', which is not a matrix; " +
-                        matrix_optimizer + " takes 2-D weights only");
+                        choice_name(matrix_optimizer) + " takes 2-D weights only");
     out.push_back({&s, matrix ? matrix_optimizer : fallback, matrix});
   }
   return out;

@@ -1,5 +1,5 @@
-// The optimizer registry: name -> factory. Adding an optimizer = its file + one line here (and its
-// name in the optimizer.name / optimizer.fallback choices of the run schema).
+// The optimizer registry: kind -> factory. Adding an optimizer = its file, its OptimizerKind and name
+// (config_choices.h: the schema's choices follow) and one line here.
 #include <map>
 
 #include "multinorm/error.h"
@@ -14,27 +14,18 @@ std::unique_ptr<TensorRule> make_adamw(const OptimizerConfig&);
 std::unique_ptr<TensorRule> make_sgd(const OptimizerConfig&);
 
 namespace {
-const std::map<std::string, RuleFactory>& registry() {
-  static const std::map<std::string, RuleFactory> r = {
-      {"sinkgd", make_sinkgd}, {"swan", make_swan}, {"adam", make_adam}, {"adamw", make_adamw}, {"sgd", make_sgd},
+const std::map<OptimizerKind, RuleFactory>& registry() {
+  static const std::map<OptimizerKind, RuleFactory> r = {
+      {OptimizerKind::SinkGD, make_sinkgd}, {OptimizerKind::Swan, make_swan}, {OptimizerKind::Adam, make_adam},
+      {OptimizerKind::AdamW, make_adamw},   {OptimizerKind::Sgd, make_sgd},
   };
   return r;
 }
 }  // namespace
 
-std::vector<std::string> registered_rules() {
-  std::vector<std::string> names;
-  for (const auto& [name, f] : registry()) names.push_back(name);
-  return names;
-}
-
-std::unique_ptr<TensorRule> make_rule(const std::string& name, const OptimizerConfig& config) {
-  auto it = registry().find(name);
-  if (it == registry().end()) {
-    std::string known;
-    for (const auto& n : registered_rules()) known += (known.empty() ? "" : ", ") + n;
-    throw ConfigError("unknown optimizer '" + name + "' (known: " + known + ")");
-  }
+std::unique_ptr<TensorRule> make_rule(OptimizerKind kind, const OptimizerConfig& config) {
+  auto it = registry().find(kind);
+  if (it == registry().end()) throw Error("optimizer " + choice_name(kind) + " has no rule in the registry");
   return it->second(config);
 }
 

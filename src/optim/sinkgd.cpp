@@ -12,6 +12,7 @@ class SinkGD final : public TensorRule {
   int state_slots() const override { return 0; }
   RuleScalars scalars(const UpdateContext& ctx) const override { return optim_math::rule_scalars(ctx.lr, static_cast<float>(c_.weight_decay)); }
   bool matrices_only() const override { return true; }
+  bool scales_lr_by_alpha() const override { return true; }
   void update(Backend& be, const TensorSpec& t, Buf w, Buf g, Buf*, const UpdateContext& ctx) const override {
     be.sinkgd_update(w, g, t.rows(), t.cols(), args(ctx));
   }

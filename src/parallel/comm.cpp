@@ -97,10 +97,10 @@ void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
 }
 }  // namespace
 
-MPI_Datatype datatype(DType t) { return t == DType::F32 ? MPI_FLOAT : MPI_UINT16_T; }
+MPI_Datatype datatype(DType t) { return t == DType::F32 ? MPI_FLOAT : t == DType::F64 ? MPI_DOUBLE : MPI_UINT16_T; }
 
 MPI_Op sum_op(DType t) {
-  if (t == DType::F32) return MPI_SUM;
+  if (t != DType::BF16) return MPI_SUM;
   static MPI_Op op = [] {
     MPI_Op o;
     check(MPI_Op_create(&bf16_sum, 1, &o), "MPI_Op_create (BF16 sum)");

@@ -15,11 +15,11 @@ double update_cost(const ParamAssignment& a, const RunConfig& run) {
   const double wb = dtype_bytes(run.precision.params), gb = dtype_bytes(run.precision.grads),
                sb = dtype_bytes(run.precision.optimizer_states);
   const int slots = optimizer_state_slots(a.optimizer, run.optimizer.momentum);
-  if (a.optimizer == "sinkgd") {
+  if (a.optimizer == OptimizerKind::SinkGD) {
     const double L = static_cast<double>(run.optimizer.sinkgd.iterations);
     return n * ((2 * L + 2) * gb + 2 * wb) + 6 * L * n / kFlopsPerByte;
   }
-  if (a.optimizer == "swan" && t.shape.size() == 2) {
+  if (a.optimizer == OptimizerKind::Swan && t.shape.size() == 2) {
     const double m = static_cast<double>(t.shape[0]), c = static_cast<double>(t.shape[1]);
     const double k = std::min(m, c), big = std::max(m, c);
     const double flops = 4 * k * k * big + 6 * static_cast<double>(run.optimizer.swan.ns_steps) * k * k * k;

@@ -142,15 +142,15 @@ std::string auto_refusal(const CudaProbe& p) {
          " (multinorm doctor says more; set backend: cpu to train on the CPU anyway)";
 }
 
-BackendChoice choose_backend(const std::string& requested) {
-  if (requested == "cpu") return {BackendKind::Cpu, "cpu (requested)"};
-  if (requested != "auto" && requested != "cuda")
-    throw ConfigError("backend: unknown backend '" + requested + "' (expected auto, cpu or cuda)");
+BackendChoice choose_backend(const std::string& requested) { return choose_backend(parse_choice<BackendRequest>(requested, "backend")); }
+
+BackendChoice choose_backend(BackendRequest requested) {
+  if (requested == BackendRequest::Cpu) return {BackendKind::Cpu, "cpu (requested)"};
   const CudaProbe& p = probe_cuda();
   std::string why;
   if (!p.plugin_loaded) why = "CUDA plugin not loaded: " + p.load_error;
   else if (p.device_count == 0) why = "no GPU: " + (p.device_error.empty() ? std::string("0 devices") : p.device_error);
-  if (requested == "cuda") {
+  if (requested == BackendRequest::Cuda) {
     if (!why.empty()) throw Error("backend cuda requested, but it cannot be used: " + why);
     if (p.emulated)
       return {BackendKind::Cuda, "cuda (emulated on the CPU by " + p.plugin_path + ": a test instrument, orders of magnitude slower)"};

@@ -76,7 +76,7 @@ void remove_stale_checkpoint_temporaries(const std::string& run_dir) {
 std::string config_fingerprint(const RunConfig& run) {
   const json& r = run.resolved;
   json batch = r["batch"];
-  if (run.batch.loss_normalization == "token_mean") batch.erase("micro_batch");
+  if (run.batch.loss_normalization == LossNormalization::TokenMean) batch.erase("micro_batch");
   json f = {{"model", r["model"]["config"]}, {"batch", batch},          {"optimizer", r["optimizer"]},
             {"schedule", r["schedule"]},      {"precision", r["precision"]}, {"layout", r["data"]["layout"]},
             {"seed", r["seed"]}};

@@ -165,25 +165,14 @@ Crossing first_crossing(const RunCurve& curve, double target) {
   return c;
 }
 
-RunCurve load_run_curve(const std::string& dir, CompareMetric metric, int window) {
-  RunCurve r;
-  r.dir = dir;
-  r.name = base_name(dir);
-  if (exists(dir + "/trainer_state.json"))
-    throw ConfigError(dir + ": a checkpoint directory; compare takes run directories (the one holding checkpoints/ and metrics.jsonl)");
-  if (!exists(dir + "/config.json"))
-    throw ConfigError(dir + ": no config.json: not a multinorm run directory");
-  const json cfg = read_json_file(dir + "/config.json");
-  r.optimizer = cfg.contains("optimizer") ? cfg["optimizer"].value("name", "?") : "?";
-  r.comparability = comparability_of(cfg).dump();
+namespace {
 
-  // A resumed run appends the updates after its checkpoint again: the last record of a step wins.
-  struct Train {
-    double tokens = 0, step_s = 0, loss = 0;
-  };
-  std::map<int64_t, Train> train;
-  std::map<int64_t, double> eval;
-  const std::string path = dir + "/metrics.jsonl";
+// A run's metrics.jsonl: its updates' tokens, times and losses, and its evaluations, by step. A
+// resumed run appends the updates after its checkpoint again: the last record of a step wins.
+struct TrainRecord {
+  double tokens = 0, step_s = 0, loss = 0;
+};
+void read_metrics(const std::string& path, std::map<int64_t, TrainRecord>& train, std::map<int64_t, double>& eval, int64_t& peak_rss) {
   std::ifstream in(path);
   if (!in) throw ConfigError(path + ": cannot open (has the run started?)");
   std::vector<std::string> lines;
@@ -198,9 +187,8 @@ RunCurve load_run_curve(const std::string& dir, CompareMetric metric, int window
     const std::string type = m.value("type", "");
     try {
       if (type == "train") {
-        const int64_t step = m.at("step").get<int64_t>();
-        train[step] = {m.at("tokens").get<double>(), m.at("step_s").get<double>(), m.at("loss").get<double>()};
-        r.peak_rss_bytes = std::max<int64_t>(r.peak_rss_bytes, m.value("rss_bytes", int64_t{0}));
+        train[m.at("step").get<int64_t>()] = {m.at("tokens").get<double>(), m.at("step_s").get<double>(), m.at("loss").get<double>()};
+        peak_rss = std::max<int64_t>(peak_rss, m.value("rss_bytes", int64_t{0}));
       } else if (type == "eval") {
         eval[m.at("step").get<int64_t>()] = m.at("val_loss").get<double>();
       }
@@ -209,6 +197,34 @@ RunCurve load_run_curve(const std::string& dir, CompareMetric metric, int window
     }
   }
   if (train.empty()) throw ConfigError(path + ": no training update recorded");
+}
+
+// The whole optimizer state's size: result.json's, or the newest checkpoint's (-1: unknown).
+int64_t recorded_state_bytes(const std::string& dir) {
+  if (exists(dir + "/result.json")) return read_json_file(dir + "/result.json").value("optimizer_state_bytes", int64_t{-1});
+  const std::string newest = latest_checkpoint(dir);
+  if (newest.empty() || !exists(newest + "/trainer_state.json")) return -1;
+  const auto verify = verify_reads_of(newest);  // a damaged checkpoint is an error, not a wrong figure
+  return read_json_file(newest + "/trainer_state.json").value("optimizer_state_bytes", int64_t{-1});
+}
+
+}  // namespace
+
+RunCurve load_run_curve(const std::string& dir, CompareMetric metric, int window) {
+  RunCurve r;
+  r.dir = dir;
+  r.name = base_name(dir);
+  if (exists(dir + "/trainer_state.json"))
+    throw ConfigError(dir + ": a checkpoint directory; compare takes run directories (the one holding checkpoints/ and metrics.jsonl)");
+  if (!exists(dir + "/config.json"))
+    throw ConfigError(dir + ": no config.json: not a multinorm run directory");
+  const json cfg = read_json_file(dir + "/config.json");
+  r.optimizer = cfg.contains("optimizer") ? cfg["optimizer"].value("name", "?") : "?";
+  r.comparability = comparability_of(cfg).dump();
+  std::map<int64_t, TrainRecord> train;
+  std::map<int64_t, double> eval;
+  const std::string path = dir + "/metrics.jsonl";
+  read_metrics(path, train, eval, r.peak_rss_bytes);
 
   std::map<int64_t, std::pair<double, double>> at;  // step -> (tokens, training seconds so far)
   double seconds = 0;
@@ -241,19 +257,8 @@ RunCurve load_run_curve(const std::string& dir, CompareMetric metric, int window
     }
   if (r.loss.empty())
     throw ConfigError(path + ": no " + std::string(metric_name(metric)) + " point" +
-                      (metric == CompareMetric::ValLoss ? " (no evaluation yet: eval.every, or a finished run)"
-                                                        : ""));
-
-  if (exists(dir + "/result.json")) {
-    r.state_bytes = read_json_file(dir + "/result.json").value("optimizer_state_bytes", int64_t{-1});
-  } else {
-    // The newest checkpoint records the (whole) optimizer state size.
-    const std::string newest = latest_checkpoint(dir);
-    if (!newest.empty() && exists(newest + "/trainer_state.json")) {
-      const auto verify = verify_reads_of(newest);  // a damaged checkpoint is an error, not a wrong figure
-      r.state_bytes = read_json_file(newest + "/trainer_state.json").value("optimizer_state_bytes", int64_t{-1});
-    }
-  }
+                      (metric == CompareMetric::ValLoss ? " (no evaluation yet: eval.every, or a finished run)" : ""));
+  r.state_bytes = recorded_state_bytes(dir);
   return r;
 }
 

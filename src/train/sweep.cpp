@@ -105,14 +105,37 @@ SweepPlan load_sweep(const std::string& path) {
   return plan;
 }
 
-std::string run_sweep(const SweepPlan& plan, bool quiet) {
-  ::mkdir(plan.output_dir.c_str(), 0755);
+namespace {
+
+// Starts one run of the sweep as a child process (its output into its directory's train.log).
+pid_t start_run(const SweepPlan& plan, const SweepRun& r, const std::string& exe, const std::string& dir) {
+  std::vector<std::string> args = {exe, "train", "--config", plan.base_config, "--resume", "--quiet"};
+  // Runs side by side share the cores (OpenMP threads that outnumber cores spin against each other).
+  if (plan.parallel > 1)
+    args.insert(args.end(), {"--set", "threads=" + std::to_string(std::max<long>(1, ::sysconf(_SC_NPROCESSORS_ONLN) / plan.parallel))});
+  for (const auto& o : r.overrides) args.insert(args.end(), {"--set", o});
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const std::string log = dir + "/train.log";
+    if (!std::freopen(log.c_str(), "a", stdout) || !std::freopen(log.c_str(), "a", stderr)) _exit(127);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    ::execv(exe.c_str(), argv.data());
+    _exit(127);
+  }
+  if (pid < 0) throw Error("sweep: fork failed");
+  return pid;
+}
+
+// Every run not finished yet, at most plan.parallel at a time; the names of those that failed.
+std::vector<std::string> run_all(const SweepPlan& plan, bool quiet) {
   const std::string exe = executable_dir() + "/multinorm";
   std::map<pid_t, std::string> running;
   std::vector<std::string> failed;
-  auto reap = [&](bool block) {
+  auto reap = [&] {
     int status = 0;
-    const pid_t pid = ::waitpid(-1, &status, block ? 0 : WNOHANG);
+    const pid_t pid = ::waitpid(-1, &status, 0);
     if (pid <= 0) return;
     const std::string name = running[pid];
     running.erase(pid);
@@ -126,62 +149,39 @@ std::string run_sweep(const SweepPlan& plan, bool quiet) {
       if (!quiet) std::fprintf(stderr, "sweep: %s already finished, skipped\n", r.name.c_str());
       continue;
     }
-    while (static_cast<int>(running.size()) >= plan.parallel) reap(true);
+    while (static_cast<int>(running.size()) >= plan.parallel) reap();
     ::mkdir(dir.c_str(), 0755);
-    std::vector<std::string> args = {exe, "train", "--config", plan.base_config, "--resume", "--quiet"};
-    // Runs side by side share the cores (OpenMP threads that outnumber cores spin against each other).
-    if (plan.parallel > 1)
-      args.insert(args.end(), {"--set", "threads=" + std::to_string(std::max<long>(1, ::sysconf(_SC_NPROCESSORS_ONLN) / plan.parallel))});
-    for (const auto& o : r.overrides) args.insert(args.end(), {"--set", o});
     if (!quiet) std::fprintf(stderr, "sweep: starting %s\n", r.name.c_str());
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      const std::string log = dir + "/train.log";
-      if (!std::freopen(log.c_str(), "a", stdout) || !std::freopen(log.c_str(), "a", stderr)) _exit(127);
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-      argv.push_back(nullptr);
-      ::execv(exe.c_str(), argv.data());
-      _exit(127);
-    }
-    if (pid < 0) throw Error("sweep: fork failed");
-    running[pid] = r.name;
+    running[start_run(plan, r, exe, dir)] = r.name;
   }
-  while (!running.empty()) reap(true);
+  while (!running.empty()) reap();
+  return failed;
+}
 
-  // Summary.
-  std::string csv = "run,final_val_ppl,best_val_ppl,updates,tokens,tokens_per_s,wall_s,optimizer_state_mib\n";
-  std::string md = "| run | final val. ppl | best val. ppl | updates | tokens | tokens/s | wall time | optimizer state |\n"
-                   "|---|---|---|---|---|---|---|---|\n";
-  std::vector<std::string> dirs;
-  for (const auto& r : plan.runs) {
-    const std::string dir = plan.output_dir + "/" + r.name;
-    dirs.push_back(dir);
-    if (!finished(dir)) {
-      csv += r.name + ",,,,,,,\n";
-      md += "| " + r.name + " | failed | | | | | | |\n";
-      continue;
-    }
-    const json res = read_json_file(dir + "/result.json");
-    double best = INFINITY;
-    std::ifstream in(dir + "/metrics.jsonl");
-    std::string line;
-    while (std::getline(in, line)) {
-      const json m = json::parse(line, nullptr, false);
-      if (!m.is_discarded() && m.value("type", "") == "eval") best = std::min(best, m["val_ppl"].get<double>());
-    }
-    char row[512];
-    std::snprintf(row, sizeof(row), "%s,%.4f,%.4f,%lld,%lld,%.0f,%.1f,%.2f\n", r.name.c_str(), res.value("final_val_ppl", NAN), best,
-                  (long long)res.value("updates", 0), (long long)res.value("tokens", 0), res.value("tokens_per_s", 0.0),
-                  res.value("wall_s", 0.0), res.value("optimizer_state_bytes", 0) / 1048576.0);
-    csv += row;
-    std::snprintf(row, sizeof(row), "| %s | %.2f | %.2f | %lld | %lld | %.0f | %.0f s | %.1f MiB |\n", r.name.c_str(),
-                  res.value("final_val_ppl", NAN), best, (long long)res.value("updates", 0), (long long)res.value("tokens", 0),
-                  res.value("tokens_per_s", 0.0), res.value("wall_s", 0.0), res.value("optimizer_state_bytes", 0) / 1048576.0);
-    md += row;
+// A finished run's line of summary.csv and row of summary.md.
+std::pair<std::string, std::string> summary_row(const std::string& name, const std::string& dir) {
+  const json res = read_json_file(dir + "/result.json");
+  double best = INFINITY;
+  std::ifstream in(dir + "/metrics.jsonl");
+  std::string line;
+  while (std::getline(in, line)) {
+    const json m = json::parse(line, nullptr, false);
+    if (!m.is_discarded() && m.value("type", "") == "eval") best = std::min(best, m["val_ppl"].get<double>());
   }
-  // The paper's comparison (compare.h), one per group of comparable runs: a sweep over several
-  // models gets one per model.
+  const double final_ppl = res.value("final_val_ppl", NAN), tps = res.value("tokens_per_s", 0.0), wall = res.value("wall_s", 0.0);
+  const double state_mib = res.value("optimizer_state_bytes", 0) / 1048576.0;
+  const long long updates = res.value("updates", 0), tokens = res.value("tokens", 0);
+  char csv[512], md[512];
+  std::snprintf(csv, sizeof(csv), "%s,%.4f,%.4f,%lld,%lld,%.0f,%.1f,%.2f\n", name.c_str(), final_ppl, best, updates, tokens, tps, wall, state_mib);
+  std::snprintf(md, sizeof(md), "| %s | %.2f | %.2f | %lld | %lld | %.0f | %.0f s | %.1f MiB |\n", name.c_str(), final_ppl, best, updates, tokens, tps,
+                wall, state_mib);
+  return {csv, md};
+}
+
+// The paper's comparison (compare.h), one per group of comparable runs: a sweep over several
+// models gets one per model. Markdown for summary.md.
+std::string comparisons(const SweepPlan& plan, const std::vector<std::string>& dirs, bool quiet) {
+  std::string md;
   std::vector<RunCurve> curves;
   for (const auto& d : dirs) {
     if (!finished(d)) continue;
@@ -196,11 +196,34 @@ std::string run_sweep(const SweepPlan& plan, bool quiet) {
     const std::string stem = groups.size() == 1 ? "comparison" : "comparison-" + std::to_string(g + 1);
     const Comparison c = compare_runs(groups[g], "", CompareMetric::ValLoss, false);
     const std::string png = write_comparison(c, plan.output_dir, stem, quiet);
-    md += "\n## Optimizer comparison" +
-          (groups.size() > 1 ? " " + std::to_string(g + 1) + " of " + std::to_string(groups.size()) : "") +
+    md += "\n## Optimizer comparison" + (groups.size() > 1 ? " " + std::to_string(g + 1) + " of " + std::to_string(groups.size()) : "") +
           " (`multinorm compare`)\n\n" + comparison_markdown(c) + "\nFiles: " + stem + ".md, " + stem + ".csv" +
           (png.empty() ? "" : ", " + stem + ".png") + "\n";
   }
+  return md;
+}
+
+}  // namespace
+
+std::string run_sweep(const SweepPlan& plan, bool quiet) {
+  ::mkdir(plan.output_dir.c_str(), 0755);
+  const std::vector<std::string> failed = run_all(plan, quiet);
+  std::string csv = "run,final_val_ppl,best_val_ppl,updates,tokens,tokens_per_s,wall_s,optimizer_state_mib\n";
+  std::string md = "| run | final val. ppl | best val. ppl | updates | tokens | tokens/s | wall time | optimizer state |\n"
+                   "|---|---|---|---|---|---|---|---|\n";
+  std::vector<std::string> dirs;
+  for (const auto& r : plan.runs) {
+    const std::string dir = plan.output_dir + "/" + r.name;
+    dirs.push_back(dir);
+    if (!finished(dir)) {
+      csv += r.name + ",,,,,,,\n";
+      md += "| " + r.name + " | failed | | | | | | |\n";
+      continue;
+    }
+    const auto [c, m] = summary_row(r.name, dir);
+    csv += c, md += m;
+  }
+  md += comparisons(plan, dirs, quiet);
   write_text_file_atomic(plan.output_dir + "/summary.csv", csv);
   write_text_file_atomic(plan.output_dir + "/summary.md", md);
   std::string cmd = "/usr/bin/python3 " + std::string(MULTINORM_SOURCE_DIR) + "/scripts/plot_runs.py";

@@ -39,12 +39,13 @@ size_t type_bytes(ncclDataType_t t) {
   switch (t) {
     case ncclFloat32: return 4;
     case ncclBfloat16: return 2;
-    default: return 0;  // the backend uses FP32 and BF16 only
+    case ncclFloat64: return 8;
+    default: return 0;  // the backend uses FP32, BF16 and (the update's statistics) FP64 only
   }
 }
-MPI_Datatype mpi_type(ncclDataType_t t) { return t == ncclFloat32 ? MPI_FLOAT : MPI_UINT16_T; }
+MPI_Datatype mpi_type(ncclDataType_t t) { return t == ncclFloat32 ? MPI_FLOAT : t == ncclFloat64 ? MPI_DOUBLE : MPI_UINT16_T; }
 MPI_Op mpi_sum(ncclDataType_t t) {
-  if (t == ncclFloat32) return MPI_SUM;
+  if (t != ncclBfloat16) return MPI_SUM;
   static MPI_Op op = [] {
     MPI_Op o;
     MPI_Op_create(&bf16_sum, 1, &o);

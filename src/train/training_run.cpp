@@ -1,0 +1,400 @@
+// A training run's set-up and its updates' three steps (training_run.h). Data parallelism: every
+// rank runs the same code on its slice of each global step; rank 0 alone writes the run directory
+// (config, metrics, checkpoints) and logs. Loss normalisation: micro_batch_mean (GaLore: every
+// micro-batch's mean loss weighs the same, gradient scale 1 / (count x accum x ranks)) or token_mean
+// (every counted target of the update weighs the same, scale 1 / total count).
+#include "training_run.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "multinorm/c4_reader.h"
+#include "multinorm/error.h"
+#include "multinorm/json_file.h"
+#include "multinorm/memory_estimate.h"
+#include "multinorm/model_io.h"
+#include "multinorm/param_groups.h"
+#include "multinorm/shard_plan.h"
+
+namespace multinorm {
+
+namespace {
+
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+void mkdirs(const std::string& path) {
+  std::string cur;
+  for (size_t i = 0; i <= path.size(); ++i) {
+    if (i == path.size() || path[i] == '/') {
+      if (!cur.empty()) ::mkdir(cur.c_str(), 0755);
+    }
+    if (i < path.size()) cur += path[i];
+  }
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) throw Error(path + ": cannot create the run directory");
+}
+
+double wall_clock() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
+
+}  // namespace
+
+TrainingRun::TrainingRun(const RunConfig& run, const TrainOptions& opt)
+    : run_(run), opt_(opt), comm_(Comm::world()), choice_(choose_backend(run.backend)), world_(comm_.size()), rank_(comm_.rank()),
+      monitor_(run.divergence, std::log(static_cast<double>(run.model.vocab_size))), t_start_(Clock::now()) {
+  comm_.set_timeout(run.parallel.timeout_s);
+  Comm::set_activity("start-up");
+  check_config();
+  open_data();
+  take_run_directory();
+  build_model_and_optimizer();
+  log_ = std::make_unique<RunLog>(run_.output_dir, comm_.root(), opt_.quiet, run_.log_every, last_);
+  resume();
+  start_loader();
+  describe();
+}
+
+TrainingRun::~TrainingRun() = default;
+
+// The cross-key rules that need the rank count.
+void TrainingRun::check_config() const {
+  if (run_.data.train.empty()) throw ConfigError(run_.source + ": data.train: no training shards configured");
+  if (run_.batch.global_batch % (run_.batch.micro_batch * world_) != 0)
+    throw ConfigError(run_.source + ": batch.global_batch " + std::to_string(run_.batch.global_batch) +
+                      " is not a multiple of batch.micro_batch x ranks = " + std::to_string(run_.batch.micro_batch) + " x " +
+                      std::to_string(world_));
+  if (run_.eval.micro_batch > run_.batch.micro_batch)
+    throw ConfigError(run_.source + ": eval.micro_batch " + std::to_string(run_.eval.micro_batch) + " exceeds batch.micro_batch " +
+                      std::to_string(run_.batch.micro_batch));
+}
+
+// The shards, made with the run's tokenizer, in its layout, for its vocabulary (errors name the shard).
+void TrainingRun::open_data() {
+  train_data_ = std::make_shared<const ShardSet>(expand_globs(run_.data.train), run_.batch.seq_len, run_.model.vocab_size);
+  if (!run_.data.validation.empty())
+    val_data_ = std::make_shared<const ShardSet>(expand_globs(run_.data.validation), run_.batch.seq_len, run_.model.vocab_size);
+  tokenizer_hash_ = check_data_identity(*train_data_, run_.data.tokenizer, run_.data.layout, run_.model.vocab_size, &data_note_);
+  if (val_data_) {
+    const uint64_t v = check_data_identity(*val_data_, run_.data.tokenizer, run_.data.layout, run_.model.vocab_size);
+    if (v != 0 && tokenizer_hash_ != 0 && v != tokenizer_hash_)
+      throw Error(run_.data.validation + ": the validation shards were tokenized with another tokenizer than the training shards");
+  }
+}
+
+// The run directory, locked by rank 0 for the run's life (one trainer per directory), the
+// checkpoint to resume from, and the resolved config.
+void TrainingRun::take_run_directory() {
+  if (comm_.root()) {
+    mkdirs(run_.output_dir);
+    lock_ = std::make_unique<RunDirLock>(run_.output_dir);
+    remove_stale_checkpoint_temporaries(run_.output_dir);  // left by a trainer that died while writing one
+  }
+  comm_.barrier();  // no rank reads the directory before rank 0 holds it
+  const bool resuming = opt_.resume || !opt_.resume_from.empty();
+  if (!opt_.resume_from.empty() && ::access((opt_.resume_from + "/trainer_state.json").c_str(), F_OK) != 0) {
+    const std::string newest = latest_checkpoint(opt_.resume_from);
+    throw Error("--resume-from " + opt_.resume_from + ": not a checkpoint directory" +
+                (newest.empty() ? std::string(" (no trainer_state.json)")
+                                : ", but a run directory: pass one of its checkpoints, e.g. --resume-from " + newest + ", or --resume for its latest"));
+  }
+  existing_ = opt_.resume_from.empty() ? latest_checkpoint(run_.output_dir) : opt_.resume_from;
+  if (!existing_.empty() && !resuming)
+    throw Error(run_.output_dir + " already holds checkpoints (" + existing_ + "): pass --resume, or another output_dir");
+  if (comm_.root()) write_text_file_atomic(run_.output_dir + "/config.json", run_.resolved.dump(2) + "\n");
+}
+
+// The backend, the model, data parallelism (gradients in buckets through the backend's
+// communicator: MPI on host memory, NCCL on a GPU; each tensor updated by its owner when the
+// optimizer is sharded) and the optimizer.
+void TrainingRun::build_model_and_optimizer() {
+  accum_ = run_.batch.global_batch / (run_.batch.micro_batch * world_);
+  last_ = opt_.max_updates > 0 ? std::min(opt_.max_updates, run_.schedule.total_steps) : run_.schedule.total_steps;
+  backend_ = make_backend(choice_, static_cast<int>(run_.threads));
+  model_ = std::make_unique<LlamaModel>(*backend_, run_.model, run_.precision.params, run_.batch.micro_batch, run_.batch.seq_len,
+                                        run_.precision.grads);
+  model_->set_graphs(run_.cuda_graphs);
+  if (run_.model_init_from.empty()) {
+    model_->init_random(static_cast<uint64_t>(run_.seed));
+  } else {
+    const auto verify = verify_reads_of(run_.model_init_from);  // a checkpoint: its files checked as they are read
+    load_hf_model(*model_, run_.model_init_from);
+  }
+  grad_comm_ = make_gradient_communicator(*backend_, comm_);
+  plan_ = plan_shards(assign_optimizers(model_->tensors(), run_.optimizer), run_, world_, rank_, run_.parallel.shard_optimizer);
+  optimizer_ = std::make_unique<Optimizer>(*model_, run_, OptimizerSharding{plan_, grad_comm_.get(), &comm_});
+  optimizer_->set_graphs(run_.cuda_graphs);
+  grad_sync_ = std::make_unique<GradientSync>(*model_, *grad_comm_, plan_, static_cast<int64_t>(run_.parallel.bucket_mb * 1048576.0),
+                                              run_.parallel.overlap, run_.parallel.staging_buckets);
+}
+
+// The checkpoint resumed from (never a silent fall back to an older one: the user picks it, by name).
+void TrainingRun::resume() {
+  checkpointer_ = std::make_unique<Checkpointer>(run_, *model_, *optimizer_, comm_, existing_);
+  state_.fingerprint = config_fingerprint(run_);
+  state_.tokenizer_hash = tokenizer_hash_;
+  if (!data_note_.empty()) log_->say("%s\n", data_note_.c_str());
+  if (!existing_.empty()) {
+    try {
+      state_ = checkpointer_->restore(existing_, opt_.allow_config_change);
+    } catch (const CorruptFileError& e) {
+      const std::string previous = previous_checkpoint(run_.output_dir, existing_);
+      throw Error(std::string(e.what()) + "\n" +
+                  (previous.empty() ? "no earlier checkpoint in " + run_.output_dir + "/checkpoints"
+                                    : "the previous checkpoint is " + previous + ": resume from it with --resume-from " + previous +
+                                          " (multinorm checkpoint verify checks one)"));
+    }
+    if (state_.tokenizer_hash != 0 && tokenizer_hash_ != 0 && state_.tokenizer_hash != tokenizer_hash_)
+      throw Error(existing_ + ": written from data of another tokenizer than this run's (resume with the data it was trained on)");
+    if (state_.tokenizer_hash == 0) state_.tokenizer_hash = tokenizer_hash_;
+    log_->say("resumed from %s (update %lld)\n", existing_.c_str(), (long long)state_.step);
+  }
+  optimizer_->set_lr_scale(state_.lr_scale);
+  // Metrics past the checkpoint resumed from (or, starting afresh, any: a run that died before its
+  // first checkpoint) are rewritten by this run.
+  log_->rewind_to(state_.step);
+  first_ = state_.step + 1;
+}
+
+void TrainingRun::start_loader() {
+  loader_options_.micro_batch = run_.batch.micro_batch;
+  loader_options_.rank = rank_;
+  loader_options_.world = world_;
+  loader_options_.shuffle = run_.data.shuffle;
+  loader_options_.seed = static_cast<uint64_t>(run_.seed);
+  loader_options_.prefetch = run_.data.prefetch;
+  try {
+    loader_ = std::make_unique<TrainLoader>(train_data_, loader_options_, state_.cursor);
+  } catch (const Error& e) {
+    if (existing_.empty()) throw;
+    throw Error(existing_ + "/trainer_state.json: " + e.what() + " (edited, or the data changed since the checkpoint)");
+  }
+}
+
+void TrainingRun::describe() const {
+  const RunConfig& r = run_;
+  log_->say("multinorm train: %s, %s, %s, %lld parameters, %s + %s (optimizer state %.1f MiB, %.1f MiB for the matrices)\n", r.name.c_str(),
+            choice_.reason.c_str(), comm_description(), (long long)model_->num_params(), choice_name(r.optimizer.name).c_str(), choice_name(r.optimizer.fallback).c_str(),
+            optimizer_->state_bytes() / 1048576.0, optimizer_->matrix_state_bytes() / 1048576.0);
+  log_->say("  %lld updates of %lld x %lld tokens (%lld micro-batches of %lld on each of %d rank(s)), loss normalisation %s, "
+            "%s weights, %s gradients\n",
+            (long long)r.schedule.total_steps, (long long)r.batch.global_batch, (long long)r.batch.seq_len, (long long)accum_,
+            (long long)r.batch.micro_batch, world_, choice_name(r.batch.loss_normalization).c_str(), dtype_name(r.precision.params),
+            dtype_name(r.precision.grads));
+  if (world_ > 1)
+    log_->say("  data parallel: %d ranks, gradients over %s in %d bucket(s) of ~%.0f MiB (FP32 staging %.2f MiB), %s; optimizer %s (state on this "
+              "rank %.1f of %.1f MiB); collective timeout %.0f s\n",
+              world_, grad_comm_->name().c_str(), grad_sync_->buckets(), r.parallel.bucket_mb, grad_sync_->staging_bytes() / 1048576.0,
+              r.parallel.overlap ? "overlapped with the last micro-batch's backward" : "after the backward pass",
+              plan_.sharded() ? "sharded by tensor (ZeRO-1)" : "replicated", optimizer_->local_state_bytes() / 1048576.0,
+              optimizer_->state_bytes() / 1048576.0, r.parallel.timeout_s);
+  const TrainingMemory tm = training_memory(r, choice_.kind == BackendKind::Cuda);
+  const auto gib = [](int64_t b) { return static_cast<double>(b) / (1ll << 30); };
+  log_->say("  memory plan (%s): weights %.3f + gradients %.3f + states %.3f + activations %.3f + backend scratch %.3f = %.3f GiB\n",
+            tm.cuda ? "CUDA device" : "CPU host", gib(tm.weights), gib(tm.grads), gib(tm.states), gib(tm.activations), gib(tm.backend_scratch),
+            gib(tm.total()));
+}
+
+// ---- an update ----------------------------------------------------------------------------------
+
+QueuedUpdate TrainingRun::queue_micro_batches(int64_t k) {
+  if (k == first_) t_loop_ = t_last_end_ = Clock::now(), counted_ = backend_->queue().counters();
+  QueuedUpdate u;
+  u.k = k;
+  Comm::set_activity("update " + std::to_string(k));
+  const double wait_before = loader_->wait_seconds();
+  std::vector<Batch> batches;
+  int64_t total_count = 0;  // counted targets of the whole global step, all ranks
+  for (int64_t a = 0; a < accum_; ++a) {
+    batches.push_back(loader_->next());
+    total_count += batches.back().count;
+  }
+  comm_.allreduce_sum(&total_count, 1);
+  u.data_s = loader_->wait_seconds() - wait_before;
+  u.cursor = batches.back().after;
+  model_->zero_grads();
+  u.t_compute = Clock::now();
+  int64_t last_counted = -1;  // the last micro-batch with a counted target: its backward pass starts the reduction
+  for (int64_t a = 0; a < accum_; ++a)
+    if (batches[static_cast<size_t>(a)].count > 0) last_counted = a;
+  const bool token_mean = run_.batch.loss_normalization == LossNormalization::TokenMean;
+  for (int64_t a = 0; a < accum_; ++a) {
+    const Batch& b = batches[static_cast<size_t>(a)];
+    if (b.count == 0) continue;
+    if (a == last_counted) grad_sync_->arm();
+    // The gradient summed over the ranks must be the global step's: token mean divides by every
+    // rank's counted targets, micro-batch mean by every rank's micro-batches.
+    const float scale = token_mean ? 1.0f / static_cast<float>(total_count)
+                                   : 1.0f / (static_cast<float>(b.count) * static_cast<float>(accum_ * world_));
+    model_->queue_forward_backward(b.view(), scale);
+  }
+  u.forward_s = model_->last_forward_seconds(), u.backward_s = model_->last_backward_seconds();
+  // When this rank's backward pass was queued (one clock for the ranks of a node, NTP's across
+  // nodes): the latest over the ranks tells how much of this rank's communication wait was waiting
+  // for a slower rank rather than for the collectives (metrics: comm_exposed_s).
+  u.backward_end = wall_clock();
+  u.compute_s = since(u.t_compute);
+  return u;
+}
+
+// The rest of the update's gradient reduction, waited for (with NCCL a host wait on its completion,
+// with the collective timeout).
+void TrainingRun::finish_reduction(QueuedUpdate& u) {
+  grad_sync_->finish();
+  double latest_backward_end = u.backward_end;
+  if (world_ > 1) comm_.allreduce_max(&latest_backward_end, 1);
+  u.comm_wait_s = grad_sync_->last_wait_seconds();
+  u.comm_exposed_s = std::max(0.0, u.comm_wait_s - (latest_backward_end - u.backward_end));
+}
+
+void TrainingRun::queue_step(QueuedUpdate& u) {
+  finish_reduction(u);
+  const auto t = Clock::now();
+  optimizer_->queue_step(u.k, u.k - state_.skipped, monitor_.spike_test());  // the skipped count covers every update before k
+  u.opt_s = since(t);
+}
+
+// Its reduction completes (every rank started it); zero_grads() drops its gradients and losses.
+void TrainingRun::discard(QueuedUpdate& u) { finish_reduction(u); }
+
+bool TrainingRun::settle(const QueuedUpdate& u) {
+  Comm::set_activity("the statistics of update " + std::to_string(u.k));
+  const StepStats st = optimizer_->wait_for_step();  // not a drain: the next update's micro-batches are queued behind it
+  const Verdict v = monitor_.judge(st, state_.skipped_in_a_row);
+  if (v.kind == Verdict::Diverged) return on_trip(v.why, u.k);
+  if (v.kind == Verdict::Skipped) note_skip(u.k, v);
+  else state_.skipped_in_a_row = 0;
+  warn_swan(u.k, st);
+  record(u, st);
+  return evaluate_and_checkpoint(u.k, st.loss);
+}
+
+void TrainingRun::note_skip(int64_t k, const Verdict& v) {
+  ++state_.skipped;
+  ++state_.skipped_in_a_row;
+  log_->say("update %lld: %s, skipped (%lld so far, %lld in a row)\n", (long long)k, v.why.describe().c_str(), (long long)state_.skipped,
+            (long long)state_.skipped_in_a_row);
+  log_->divergence(json{{"type", "divergence"}, {"step", k}, {"reason", v.why.reason}, {"value", v.why.value},
+                        {"threshold", v.why.threshold}, {"action", "skip"}});
+}
+
+void TrainingRun::warn_swan(int64_t k, const StepStats& st) {
+  if (st.swan.tensors == 0 || st.swan.unconverged + st.swan.fallbacks == 0) return;
+  ++swan_warnings_;
+  if (swan_warnings_ == 1 || swan_warnings_ % 100 == 0)
+    log_->say("warning: update %lld: SWAN's Newton-Schulz did not reach optimizer.swan.ns_tolerance %.1e in %lld steps on %lld of %lld tensors "
+              "(worst residual %.2e, %lld fell back to the exact path); %lld updates so far. Raise optimizer.swan.ns_steps or use whitening=eigh.\n",
+              (long long)k, run_.optimizer.swan.ns_tolerance, (long long)run_.optimizer.swan.ns_steps, (long long)st.swan.unconverged,
+              (long long)st.swan.tensors, st.swan.worst_residual, (long long)st.swan.fallbacks, (long long)swan_warnings_);
+}
+
+// The settled update's record: the trainer state moves to it, its metrics line and log line.
+void TrainingRun::record(const QueuedUpdate& u, const StepStats& st) {
+  state_.cursor = u.cursor;
+  state_.step = u.k;
+  UpdateRecord r;
+  r.stats = &st;
+  r.raw_tokens = accum_ * world_ * run_.batch.micro_batch * run_.batch.seq_len;
+  state_.tokens_seen += r.raw_tokens;
+  tokens_this_run_ += r.raw_tokens;
+  r.tokens_seen = state_.tokens_seen;
+  r.step_s = since(t_last_end_);
+  r.forward_s = u.forward_s, r.backward_s = u.backward_s, r.compute_s = u.compute_s, r.optimizer_s = u.opt_s;
+  r.data_wait_s = u.data_s, r.comm_wait_s = u.comm_wait_s, r.comm_exposed_s = u.comm_exposed_s;
+  const QueueCounters now = backend_->queue().counters();
+  r.waits.host_waits = now.host_waits - counted_.host_waits;
+  r.waits.host_drains = now.host_drains - counted_.host_drains;
+  r.eta_s = since(t_loop_) / static_cast<double>(u.k - first_ + 1) * static_cast<double>(last_ - u.k);
+  result_.last_loss = st.loss;
+  log_->update(u.k, r);
+}
+
+// Evaluation (and the stuck-loss judgement) and the checkpoint when due; then the next record's
+// marks. True when a trip rolled the run back.
+bool TrainingRun::evaluate_and_checkpoint(int64_t k, double loss) {
+  const bool end = k == last_;
+  if ((run_.eval.every > 0 && k % run_.eval.every == 0) || (end && k == run_.schedule.total_steps)) {
+    if (val_data_) {
+      Comm::set_activity("the evaluation after update " + std::to_string(k));
+      const auto t = Clock::now();
+      result_.eval = evaluate(*model_, val_data_, run_.eval.micro_batch, run_.eval.tokens, comm_);
+      log_->evaluation(k, result_.eval, since(t));
+    }
+    // Stuck at ln V: the validation loss, or without validation data the training loss.
+    const Verdict v = monitor_.judge_evaluation(val_data_ ? result_.eval.loss : loss);
+    if (v.kind == Verdict::Diverged && on_trip(v.why, k)) return true;
+  }
+  if (checkpointer_->due(k, end)) checkpointer_->save(state_);
+  ++result_.updates;
+  t_last_end_ = Clock::now();
+  counted_ = backend_->queue().counters();
+  return false;
+}
+
+// A divergence trip. Stop: a metrics line, result.json says diverged, DivergenceError (exit status
+// 3). Rollback: the last good checkpoint's weights, optimizer state and data position, the learning
+// rate lowered; returns true, and the loop goes on from the checkpoint's next update.
+bool TrainingRun::on_trip(const DivergenceTrip& trip, int64_t k) {
+  const std::string good = checkpointer_->last_good();
+  const bool rolls_back = run_.divergence.action == DivergenceAction::Rollback;
+  const bool roll = rolls_back && state_.rollbacks < run_.divergence.max_rollbacks && !good.empty();
+  json d = {{"type", "divergence"}, {"step", k}, {"reason", trip.reason}, {"value", trip.value}, {"threshold", trip.threshold},
+            {"action", roll ? "rollback" : "stop"}};
+  if (!roll) {
+    log_->say("update %lld: diverged: %s; stopping (divergence.action %s%s)\n", (long long)k, trip.describe().c_str(),
+              choice_name(run_.divergence.action).c_str(), rolls_back ? ", rollbacks used up or no checkpoint" : "");
+    log_->divergence(d);
+    if (comm_.root())
+      write_text_file_atomic(run_.output_dir + "/result.json",
+                             json{{"diverged", true}, {"divergence", d}, {"updates", state_.step}, {"last_good_checkpoint", good},
+                                  {"rollbacks", state_.rollbacks}, {"optimizer", choice_name(run_.optimizer.name)}}.dump(2) + "\n");
+    throw DivergenceError("update " + std::to_string(k) + " diverged: " + trip.describe() + "; the last good checkpoint is " +
+                          (good.empty() ? std::string("none") : good) + " (metrics.jsonl and result.json record it)");
+  }
+  const double scale = state_.lr_scale * run_.divergence.rollback_lr_factor;
+  log_->say("update %lld: diverged: %s; rolling back to %s with the learning rate x %.4g (rollback %lld of %lld)\n", (long long)k,
+            trip.describe().c_str(), good.c_str(), scale, (long long)state_.rollbacks + 1, (long long)run_.divergence.max_rollbacks);
+  const int64_t rollbacks = state_.rollbacks + 1;
+  state_ = checkpointer_->restore(good, /*allow_config_change=*/true);
+  state_.rollbacks = rollbacks;
+  state_.lr_scale = scale;
+  optimizer_->set_lr_scale(scale);
+  monitor_.reset();
+  log_->rewind_to(state_.step);  // the diverged updates' lines go; the trip's stays
+  d["rolled_back_to"] = state_.step;
+  log_->divergence(d);
+  loader_ = std::make_unique<TrainLoader>(train_data_, loader_options_, state_.cursor);
+  return true;
+}
+
+TrainResult TrainingRun::finish() {
+  log_->end();
+  const GraphCache& mg = model_->graphs();
+  const GraphCache& og = optimizer_->graphs();
+  if (mg.captures() > 0)
+    log_->say("  CUDA graphs: %lld capture(s), %lld micro-batches replayed%s%s\n", (long long)mg.captures(), (long long)mg.replays(),
+              mg.gave_up().empty() ? "" : "; turned off: ", mg.gave_up().c_str());
+  if (og.captures() > 0)
+    log_->say("  CUDA graphs: the optimizer's update %lld capture(s), %lld updates replayed\n", (long long)og.captures(), (long long)og.replays());
+  result_.run_dir = run_.output_dir;
+  result_.last_checkpoint = checkpointer_->last_good();
+  result_.skipped = state_.skipped;
+  result_.seconds = since(t_start_);
+  result_.tokens_per_s = tokens_this_run_ / std::max(since(t_loop_), 1e-9);
+  if (state_.step == run_.schedule.total_steps && comm_.root()) {  // complete: sweeps skip it from now on
+    json res = {{"diverged", false}, {"rollbacks", state_.rollbacks}, {"updates", state_.step}, {"tokens", state_.tokens_seen},
+                {"skipped_updates", state_.skipped}, {"tokens_per_s", result_.tokens_per_s}, {"wall_s", result_.seconds},
+                {"final_train_loss", result_.last_loss}, {"optimizer", choice_name(run_.optimizer.name)},
+                {"optimizer_state_bytes", optimizer_->state_bytes()}, {"matrix_state_bytes", optimizer_->matrix_state_bytes()}};
+    if (result_.eval.batches) res["final_val_loss"] = result_.eval.loss, res["final_val_ppl"] = result_.eval.perplexity();
+    // What this process replayed from CUDA graphs (GraphCache; zeros where the backend has none).
+    res["cuda_graphs"] = {{"micro_batch_captures", mg.captures()}, {"micro_batches_replayed", mg.replays()},
+                          {"update_captures", og.captures()}, {"updates_replayed", og.replays()},
+                          {"gave_up", mg.gave_up().empty() ? og.gave_up() : mg.gave_up()}};
+    write_text_file_atomic(run_.output_dir + "/result.json", res.dump(2) + "\n");
+  }
+  return result_;
+}
+
+}  // namespace multinorm

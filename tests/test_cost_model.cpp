@@ -1,0 +1,84 @@
+// The cost model of the CUDA kernels (kernel_costs.h): it names the kernels the backend launches,
+// as many times, and its roofline.
+#include "cuda_vs_cpu.h"
+
+using namespace multinorm;
+using namespace multinorm::testing;
+using namespace cuda_test;
+
+// The cost model (kernel_costs.h, what `bench model --predict` and the measured table's byte and
+// FLOP columns come from) names the kernels the CUDA backend launches, as many times: checked
+// against the emulated backend's profiler for a micro-batch (tensor-core attention at D = 64, the
+// SIMT kernels at D = 16) and an update of every optimizer, clipped (the recorder's norm is huge).
+// SWAN without a tolerance: with one, Newton-Schulz stops when the data say so. Its GEMM FLOPs equal the model's own
+// list of a step's GEMMs (training_step_gemms), an independent enumeration.
+TEST(CudaBackend, CostModelLaunchesWhatTheBackendLaunches) {
+  const CudaProbe* p = cuda_plugin();
+  if (!p) GTEST_SKIP() << "no CUDA plugin";
+  auto be = make_cuda_backend(*p);
+  for (const int64_t hidden : {128, 32}) {  // 2 heads: D = 64 (mma.sync) and 16 (SIMT)
+    for (const char* name : {"sinkgd", "swan", "adam", "sgd"}) {
+      const json j = json::parse(std::string(R"({
+        "model": {"config": {"vocab_size": 101, "hidden_size": )") + std::to_string(hidden) + R"(, "intermediate_size": 40,
+                             "num_hidden_layers": 2, "num_attention_heads": 2, "max_position_embeddings": 32}},
+        "batch": {"global_batch": 2, "micro_batch": 2, "seq_len": 19},
+        "optimizer": {"name": ")" + name + R"(", "grad_clip": 0.5, "momentum": 0.9,
+                      "swan": {"ns_steps": 6, "ns_tolerance": 0}}})");
+      const RunConfig run = run_config_from_json(j, "test");
+      std::vector<int32_t> tokens = random_ids(38, 101, 21), targets = random_ids(38, 101, 22);
+      const MicroBatch mb{tokens.data(), targets.data(), nullptr, 2, 19};
+      auto measure = [&](Backend& b) {
+        LlamaModel m(b, run.model, DType::BF16, 2, 19);
+        m.init_random(4);
+        Optimizer o(m, run);
+        b.set_profiling(true);
+        b.take_profile();
+        if (b.name() == "cost-recorder") take_kernel_costs(b);
+        m.queue_forward_backward(mb, 0.5f);
+        std::vector<std::map<std::string, int64_t>> launches(2);
+        std::vector<double> gemm_flops(2, 0.0);
+        auto collect = [&](int phase) {
+          if (b.name() == "cost-recorder") {
+            for (const KernelCost& k : take_kernel_costs(b)) {
+              if (k.name != "memset") launches[phase][k.name] = k.launches;  // a memset is not a kernel launch
+              if (k.unit == CostUnit::GemmTensorCore) gemm_flops[phase] += k.flops;
+            }
+          } else {
+            for (const KernelTime& t : b.take_profile()) launches[phase][t.name] = t.launches;
+          }
+        };
+        collect(0);
+        o.step(1, 1);
+        collect(1);
+        b.set_profiling(false);
+        return std::make_pair(launches, gemm_flops);
+      };
+      auto rec = make_cost_recorder();
+      const auto [predicted, flops] = measure(*rec);
+      const auto [launched, unused] = measure(*be);
+      (void)unused;
+      EXPECT_EQ(predicted[0], launched[0]) << name << ", hidden " << hidden << ": a micro-batch's kernels";
+      EXPECT_EQ(predicted[1], launched[1]) << name << ", hidden " << hidden << ": an update's kernels";
+      if (hidden == 128) {
+        EXPECT_TRUE(predicted[0].count("attention_forward_mma")) << "the tensor-core path";
+      }
+      double expected = 0;
+      for (const GemmShape& g : training_step_gemms(run.model, 38)) expected += 2.0 * g.M * g.N * g.K * g.count;
+      EXPECT_DOUBLE_EQ(flops[0], expected) << name << ", hidden " << hidden << ": GEMM FLOPs of a micro-batch";
+    }
+  }
+}
+
+// The roofline: a kernel's time is the larger of its compute and memory times at the assumed fractions.
+TEST(CostModel, RooflineTakesTheLargerOfComputeAndMemoryTime) {
+  const DevicePeak* a100 = find_device_peak("a100");
+  ASSERT_NE(a100, nullptr);
+  EXPECT_EQ(find_device_peak("v100"), nullptr);
+  RooflineAssumptions a;  // GEMMs 70%, memory 80%
+  const KernelCost copy{"convert", CostUnit::Memory, 1, 2039e9 * 0.8 * 1e-3, 0};  // 1 ms of bandwidth
+  EXPECT_NEAR(roofline_seconds(copy, *a100, a), 1e-3, 1e-12);
+  EXPECT_TRUE(roofline_memory_bound(copy, *a100, a));
+  const KernelCost gemm{"gemm bf16 (cuBLASLt)", CostUnit::GemmTensorCore, 1, 1e6, 312e12 * 0.7 * 2e-3};  // 2 ms of FLOPs
+  EXPECT_NEAR(roofline_seconds(gemm, *a100, a), 2e-3, 1e-12);
+  EXPECT_FALSE(roofline_memory_bound(gemm, *a100, a));
+}

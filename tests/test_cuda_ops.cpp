@@ -1,0 +1,316 @@
+// The CUDA backend's ops against the CPU backend's (itself verified against FP64 references and
+// PyTorch): every op on small, awkward shapes (odd widths, T not a multiple of a tile, 5461-wide
+// GEMMs), FP32 and BF16, then the whole model's forward and backward (cuda_vs_cpu.h: the modes and
+// the tolerances).
+#include "cuda_vs_cpu.h"
+
+using namespace multinorm;
+using namespace multinorm::testing;
+using namespace cuda_test;
+
+TEST_P(CudaVsCpu, MatmulLayoutsAccumulateAndOddWidths) {
+  struct Shape {
+    int64_t M, N, K;
+  };
+  // 5461: the 1B model's intermediate size (odd: no row is 16-byte aligned in BF16)
+  for (const Shape s : {Shape{7, 5, 11}, Shape{3, 5461, 9}, Shape{5, 6, 5461}}) {
+    for (DType in : kTypes)
+      for (DType out : kTypes) {
+        if (in == DType::F32 && out == DType::BF16) continue;  // not a path of the seam
+        for (int ta = 0; ta < 2; ++ta)
+          for (int tb = 0; tb < 2; ++tb)
+            for (int acc = 0; acc < 2; ++acc) {
+              Pair a(*cpu, *cuda, random_vec(s.M * s.K, 1), in), b(*cpu, *cuda, random_vec(s.K * s.N, 2), in),
+                  o(*cpu, *cuda, random_vec(s.M * s.N, 3), out);
+              cpu->matmul(o.c.buf(), a.c.buf(), b.c.buf(), s.M, s.N, s.K, ta, tb, acc);
+              cuda->matmul(o.g.buf(), a.g.buf(), b.g.buf(), s.M, s.N, s.K, ta, tb, acc);
+              EXPECT_TRUE(o.same(tol(out))) << s.M << "x" << s.N << "x" << s.K << " ta " << ta << " tb " << tb << " acc " << acc << " in "
+                                            << dtype_name(in) << " out " << dtype_name(out);
+            }
+      }
+  }
+}
+
+TEST_P(CudaVsCpu, EmbeddingForwardBackward) {
+  // BT 37: one shared-memory sort chunk; BT 5000: the device sort's global stages (8192 keys in
+  // chunks of 2048), 5000 draws of 300 ids: runs of ~17 positions, many crossing the backward
+  // blocks' 32-key windows.
+  for (const auto& [BT, V, C] : {std::tuple<int64_t, int64_t, int64_t>{37, 11, 13}, {37, 11, 40}, {5000, 300, 40}}) {  // C 13: no 16-byte packs
+    for (DType t : kTypes)
+      for (DType g : {t, DType::F32}) {
+        const Ids tok(*cpu, *cuda, random_ids(static_cast<size_t>(BT), static_cast<int32_t>(V), 5));
+        Pair wte(*cpu, *cuda, random_vec(V * C, 6), t), out(*cpu, *cuda, Vec(BT * C, 0.0), t), dout(*cpu, *cuda, random_vec(BT * C, 7), t),
+            dwte(*cpu, *cuda, random_vec(V * C, 8), g);
+        cpu->embedding_forward(out.c.buf(), static_cast<int32_t*>(tok.c), wte.c.buf(), BT, C);
+        cuda->embedding_forward(out.g.buf(), static_cast<int32_t*>(tok.g), wte.g.buf(), BT, C);
+        EXPECT_TRUE(out.same(0.0)) << "a copy is exact";
+        cpu->embedding_backward(dwte.c.buf(), dout.c.buf(), static_cast<int32_t*>(tok.c), BT, C);
+        cuda->embedding_backward(dwte.g.buf(), dout.g.buf(), static_cast<int32_t*>(tok.g), BT, C);
+        // Bit for bit: both sum a token's positions in position order in FP32 and add once (measured
+        // error 0); a run of one token split or reordered by the device sort would change bits.
+        EXPECT_TRUE(dwte.same(0.0)) << "BT " << BT << " C " << C << " " << dtype_name(t) << "/" << dtype_name(g);
+      }
+  }
+}
+
+TEST_P(CudaVsCpu, RmsNormForwardBackward) {
+  struct Shape {
+    int64_t N, C;
+  };
+  // 300 rows: more rows than the backward's 256 blocks, so blocks own several rows
+  for (const Shape s : {Shape{37, 13}, Shape{300, 40}}) {
+    for (DType t : kTypes)
+      for (DType g : {t, DType::F32}) {
+        Pair x(*cpu, *cuda, random_vec(s.N * s.C, 1), t), w(*cpu, *cuda, random_vec(s.C, 2), t), y(*cpu, *cuda, Vec(s.N * s.C, 0.0), t),
+            r(*cpu, *cuda, Vec(s.N, 0.0), DType::F32), dy(*cpu, *cuda, random_vec(s.N * s.C, 3), DType::F32),
+            dx(*cpu, *cuda, random_vec(s.N * s.C, 4), DType::F32), dw(*cpu, *cuda, random_vec(s.C, 5), g);
+        cpu->rmsnorm_forward(y.c.buf(), r.c.f32(), x.c.buf(), w.c.buf(), s.N, s.C, 1e-5f);
+        cuda->rmsnorm_forward(y.g.buf(), r.g.f32(), x.g.buf(), w.g.buf(), s.N, s.C, 1e-5f);
+        EXPECT_TRUE(y.same(tol(t)));
+        EXPECT_TRUE(r.same(kF32));
+        for (bool accumulate : {false, true}) {
+          cpu->rmsnorm_backward(dx.c.f32(), dw.c.buf(), dy.c.f32(), x.c.buf(), w.c.buf(), r.c.f32(), s.N, s.C, accumulate);
+          cuda->rmsnorm_backward(dx.g.f32(), dw.g.buf(), dy.g.f32(), x.g.buf(), w.g.buf(), r.g.f32(), s.N, s.C, accumulate);
+          EXPECT_TRUE(dx.same(kF32)) << "N " << s.N << " accumulate " << accumulate;
+          EXPECT_TRUE(dw.same(tol(g))) << "N " << s.N << " " << dtype_name(t) << "/" << dtype_name(g);
+        }
+      }
+  }
+}
+
+TEST_P(CudaVsCpu, RopeForwardBackward) {
+  for (int64_t D : {6, 16})
+    for (DType t : kTypes) {
+      const int64_t B = 2, T = 5, H = 3, n = B * T * 3 * H * D;
+      const std::vector<float> cs = rope_table(T, D);
+      Pair table(*cpu, *cuda, Vec(cs.begin(), cs.end()), DType::F32), x(*cpu, *cuda, random_vec(n, 1), t);
+      cpu->rope_forward(x.c.buf(), table.c.f32(), B, T, H, D);
+      cuda->rope_forward(x.g.buf(), table.g.f32(), B, T, H, D);
+      EXPECT_TRUE(x.same(tol(t)));
+      cpu->rope_backward(x.c.buf(), table.c.f32(), B, T, H, D);
+      cuda->rope_backward(x.g.buf(), table.g.f32(), B, T, H, D);
+      EXPECT_TRUE(x.same(tol(t)));
+    }
+}
+
+TEST_P(CudaVsCpu, AttentionForwardBackward) {
+  struct Shape {
+    int64_t B, T, H, D;
+  };
+  // T = 37: not a multiple of the 16-row and 32-key tiles; T = 5: a single partial tile; D = 6, 24:
+  // lanes with and without a column
+  for (const Shape s : {Shape{2, 37, 2, 16}, Shape{1, 5, 3, 6}, Shape{1, 19, 1, 24}}) {
+    for (DType t : kTypes) {
+      const int64_t C = s.H * s.D, BT = s.B * s.T;
+      Pair qkv(*cpu, *cuda, random_vec(BT * 3 * C, 1), t), out(*cpu, *cuda, Vec(BT * C, 0.0), t), lse(*cpu, *cuda, Vec(s.B * s.H * s.T, 0.0), DType::F32),
+          dout(*cpu, *cuda, random_vec(BT * C, 2), t), dqkv(*cpu, *cuda, Vec(BT * 3 * C, 0.0), t);
+      cpu->attention_forward(out.c.buf(), lse.c.f32(), qkv.c.buf(), s.B, s.T, s.H, s.D);
+      cuda->attention_forward(out.g.buf(), lse.g.f32(), qkv.g.buf(), s.B, s.T, s.H, s.D);
+      EXPECT_TRUE(out.same(tol(t))) << s.T << " " << s.D << " " << dtype_name(t);
+      EXPECT_TRUE(lse.same(kF32));
+      // The backward pass from the CPU's forward results, so both see the same inputs.
+      out.g.set(out.c.get());
+      lse.g.set(lse.c.get());
+      cpu->attention_backward(dqkv.c.buf(), dout.c.buf(), qkv.c.buf(), out.c.buf(), lse.c.f32(), s.B, s.T, s.H, s.D);
+      cuda->attention_backward(dqkv.g.buf(), dout.g.buf(), qkv.g.buf(), out.g.buf(), lse.g.f32(), s.B, s.T, s.H, s.D);
+      EXPECT_TRUE(dqkv.same(tol(t))) << s.T << " " << s.D << " " << dtype_name(t);
+    }
+  }
+}
+
+TEST_P(CudaVsCpu, AttentionDecodeAppendsAndAttends) {
+  for (DType t : kTypes) {
+    const int64_t H = 2, D = 10, C = H * D, steps = 7;
+    Pair kc(*cpu, *cuda, Vec(steps * C, 0.0), t), vc(*cpu, *cuda, Vec(steps * C, 0.0), t), out(*cpu, *cuda, Vec(C, 0.0), t);
+    for (int64_t pos = 0; pos < steps; ++pos) {
+      Pair qkv(*cpu, *cuda, random_vec(3 * C, 10 + static_cast<uint32_t>(pos)), t);
+      cpu->attention_decode(out.c.buf(), qkv.c.buf(), kc.c.buf(), vc.c.buf(), pos, H, D);
+      cuda->attention_decode(out.g.buf(), qkv.g.buf(), kc.g.buf(), vc.g.buf(), pos, H, D);
+      EXPECT_TRUE(out.same(tol(t))) << "pos " << pos;
+    }
+    EXPECT_TRUE(kc.same(0.0));
+    EXPECT_TRUE(vc.same(0.0));
+  }
+}
+
+TEST_P(CudaVsCpu, SwiGLUForwardBackward) {
+  for (int64_t F : {13, 40})  // scalar and 16-byte-pack paths
+    for (DType t : kTypes) {
+      const int64_t N = 7;
+      Pair gu(*cpu, *cuda, random_vec(N * 2 * F, 1, 2.0), t), out(*cpu, *cuda, Vec(N * F, 0.0), t), dout(*cpu, *cuda, random_vec(N * F, 2), t),
+          dgu(*cpu, *cuda, Vec(N * 2 * F, 0.0), t);
+      cpu->swiglu_forward(out.c.buf(), gu.c.buf(), N, F);
+      cuda->swiglu_forward(out.g.buf(), gu.g.buf(), N, F);
+      EXPECT_TRUE(out.same(tol(t))) << F;
+      cpu->swiglu_backward(dgu.c.buf(), Buf{nullptr, t}, dout.c.buf(), gu.c.buf(), N, F);
+      cuda->swiglu_backward(dgu.g.buf(), Buf{nullptr, t}, dout.g.buf(), gu.g.buf(), N, F);
+      EXPECT_TRUE(dgu.same(tol(t))) << F;
+      // With the recomputed forward: each backend writes its own forward's bits and the same gradient.
+      Pair out2(*cpu, *cuda, Vec(N * F, 0.0), t), dgu2(*cpu, *cuda, Vec(N * 2 * F, 0.0), t);
+      cpu->swiglu_backward(dgu2.c.buf(), out2.c.buf(), dout.c.buf(), gu.c.buf(), N, F);
+      cuda->swiglu_backward(dgu2.g.buf(), out2.g.buf(), dout.g.buf(), gu.g.buf(), N, F);
+      EXPECT_EQ(out2.c.get(), out.c.get()) << F;
+      EXPECT_EQ(out2.g.get(), out.g.get()) << F;
+      EXPECT_EQ(dgu2.c.get(), dgu.c.get()) << F;
+      EXPECT_EQ(dgu2.g.get(), dgu.g.get()) << F;
+    }
+}
+
+// A row whose first logits are -inf (a masked vocabulary): they add nothing, and -inf - -inf never
+// makes the row NaN.
+TEST_P(CudaVsCpu, CrossEntropyWithMinusInfinityLogits) {
+  const int64_t N = 3, V = 1100;
+  Vec x = random_vec(N * V, 31, 3.0);
+  for (int64_t v = 0; v < 700; ++v) x[v] = -INFINITY;  // row 0: more than a thread's first strides
+  std::vector<int32_t> ids = {800, 5, 1099};
+  Ids t(*cpu, *cuda, ids);
+  Pair logits(*cpu, *cuda, x, DType::F32), loss(*cpu, *cuda, Vec(N, 0.0), DType::F32), d(*cpu, *cuda, Vec(N * V, 0.0), DType::F32);
+  cpu->cross_entropy(loss.c.f32(), d.c.buf(), logits.c.f32(), static_cast<const int32_t*>(t.c), nullptr, N, V, 1.0f);
+  cuda->cross_entropy(loss.g.f32(), d.g.buf(), logits.g.f32(), static_cast<const int32_t*>(t.g), nullptr, N, V, 1.0f);
+  for (double l : loss.g.get()) EXPECT_TRUE(std::isfinite(l));
+  EXPECT_TRUE(loss.same(kF32));
+  EXPECT_TRUE(d.same(kF32));
+}
+
+TEST_P(CudaVsCpu, CrossEntropyWithMaskScaleAndAliasing) {
+  for (int64_t V : {37, 1000}) {
+    const int64_t N = 9;
+    std::vector<int32_t> targets = random_ids(N, static_cast<int32_t>(V), 3);
+    std::vector<uint8_t> mask(N, 1);
+    mask[2] = mask[7] = 0;
+    const Ids tg(*cpu, *cuda, targets);
+    void* mc = cpu->allocate(N);
+    void* mg = cuda->allocate(N);
+    cpu->to_device(mc, mask.data(), N);
+    cuda->to_device(mg, mask.data(), N);
+    const Vec logits = random_vec(N * V, 4, 3.0);
+    for (DType t : kTypes) {
+      Pair x(*cpu, *cuda, logits, DType::F32), loss(*cpu, *cuda, Vec(N, 0.0), DType::F32), d(*cpu, *cuda, Vec(N * V, 0.0), t);
+      const auto run = [&](Backend& be, DeviceBuffer& lx, DeviceBuffer& ll, DeviceBuffer& ld, void* m, void* tgt) {
+        be.cross_entropy(ll.f32(), ld.buf(), lx.f32(), static_cast<int32_t*>(tgt), static_cast<uint8_t*>(m), N, V, 0.25f);
+      };
+      run(*cpu, x.c, loss.c, d.c, mc, tg.c);
+      run(*cuda, x.g, loss.g, d.g, mg, tg.g);
+      EXPECT_TRUE(loss.same(kF32)) << V;
+      EXPECT_TRUE(d.same(tol(t))) << V << " " << dtype_name(t);
+      if (t == DType::F32) {  // dlogits written over the logits
+        cpu->cross_entropy(loss.c.f32(), x.c.buf(), x.c.f32(), static_cast<int32_t*>(tg.c), static_cast<uint8_t*>(mc), N, V, 0.25f);
+        cuda->cross_entropy(loss.g.f32(), x.g.buf(), x.g.f32(), static_cast<int32_t*>(tg.g), static_cast<uint8_t*>(mg), N, V, 0.25f);
+        EXPECT_TRUE(x.same(kF32)) << "aliased, V " << V;
+        EXPECT_TRUE(close(x.g.get(), d.g.get(), kF32)) << "aliased equals separate, V " << V;
+      }
+    }
+    cpu->release(mc);
+    cuda->release(mg);
+  }
+}
+
+TEST_P(CudaVsCpu, ConvertScaleAndSumSquares) {
+  const int64_t n = 1037;
+  const Vec v = random_vec(n, 1);
+  for (DType from : kTypes)
+    for (DType to : kTypes) {
+      Pair src(*cpu, *cuda, v, from), dst(*cpu, *cuda, Vec(n, 0.0), to);
+      cpu->convert(dst.c.buf(), src.c.buf(), n);
+      cuda->convert(dst.g.buf(), src.g.buf(), n);
+      EXPECT_TRUE(dst.same(0.0)) << "conversions round identically (nearest even)";
+    }
+  for (DType t : kTypes) {
+    Pair x(*cpu, *cuda, v, t);
+    cpu->scale(x.c.buf(), n, 0.3f);
+    cuda->scale(x.g.buf(), n, 0.3f);
+    EXPECT_TRUE(x.same(0.0)) << "one multiply, one rounding";
+    const double sc = cpu->sum_squares(x.c.buf(), n), sg = cuda->sum_squares(x.g.buf(), n);
+    EXPECT_NEAR(sg, sc, 1e-12 * sc) << "FP64 accumulation of the same values";
+    EXPECT_EQ(sg, cuda->sum_squares(x.g.buf(), n)) << "deterministic";
+    // The list form (one host read on a device) gives each tensor the bits of its own call: here
+    // the whole buffer, a 1-element slice and a slice of 1000 starting at an odd element.
+    const Buf xs[3] = {x.g.buf(), x.g.buf().at(7), x.g.buf().at(11)};
+    const int64_t ns[3] = {n, 1, 1000};
+    double many[3];
+    cuda->sum_squares_many(xs, ns, 3, many);
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(many[i], cuda->sum_squares(xs[i], ns[i])) << "tensor " << i;
+  }
+}
+
+// ---- optimizers ----------------------------------------------------------------------------------
+// Weight dtype, gradient dtype: the three pairs the seam supports.
+const std::pair<DType, DType> kWeightGrad[] = {{DType::F32, DType::F32}, {DType::BF16, DType::BF16}, {DType::BF16, DType::F32}};
+
+// The whole model: a reduced llama_tiny (2 layers, head dim 16, vocabulary 301, T = 37 with padding)
+// through both backends from the same weights: the loss and every gradient tensor.
+TEST_P(CudaVsCpu, ModelForwardBackwardMatchesTheCpuBackend) {
+  ModelConfig cfg;
+  cfg.name = "llama_tiny_reduced";
+  cfg.vocab_size = 301;
+  cfg.hidden_size = 32;
+  cfg.intermediate_size = 86;  // llama_tiny's 688 / 8: odd multiple of 2, no 16-byte BF16 rows
+  cfg.num_hidden_layers = 2;
+  cfg.num_attention_heads = 2;
+  cfg.max_position_embeddings = 64;
+  cfg.initializer_range = 0.1;
+  const int64_t B = 2, T = 37;
+  std::vector<int32_t> tokens = random_ids(B * T, 301, 9), targets(B * T);
+  std::vector<uint8_t> mask(B * T, 1);
+  for (int64_t i = 0; i < B * T; ++i) targets[i] = tokens[(i + 1) % (B * T)];
+  mask[B * T - 1] = mask[B * T - 2] = 0;
+  const MicroBatch mb{tokens.data(), targets.data(), mask.data(), B, T};
+  // Gradients: FP32 summation-order differences only in FP32 (bound 1e-5 of each tensor's largest
+  // gradient; measured 1.1e-6); in BF16 each stored activation may round to a neighbouring BF16
+  // value and the difference compounds through the layers: bound 5e-2 (measured 2.4e-2); the loss
+  // 1e-5 (FP32) and 2e-3 (BF16) relative.
+  for (DType t : kTypes) {
+    LlamaModel mc(*cpu, cfg, t, B, T), mg(*cuda, cfg, t, B, T);
+    mc.init_random(3);
+    mg.params_from_host(mc.params_to_host());
+    const LossSum lc = mc.forward_backward(mb, 1.0f), lg = mg.forward_backward(mb, 1.0f);
+    EXPECT_NEAR(lg.mean(), lc.mean(), (t == DType::F32 ? 1e-5 : 2e-3) * lc.mean()) << dtype_name(t);
+    const std::vector<float> gc = mc.grads_to_host(), gg = mg.grads_to_host();
+    for (const auto& tensor : mc.tensors()) {
+      const Vec a(gg.begin() + tensor.offset, gg.begin() + tensor.offset + tensor.numel());
+      const Vec e(gc.begin() + tensor.offset, gc.begin() + tensor.offset + tensor.numel());
+      EXPECT_TRUE(close(a, e, t == DType::F32 ? 1e-5 : 5e-2)) << tensor.name << " " << dtype_name(t);
+    }
+  }
+}
+
+// No float atomics anywhere: the same inputs give the same bits whatever the block schedule (here:
+// emulation worker counts and fiber orders; on a GPU: runs and devices).
+TEST(CudaBackend, ModelGradientsAreBitwiseReproducibleAcrossSchedules) {
+  const CudaProbe* p = cuda_plugin();
+  if (!p) GTEST_SKIP() << "no CUDA plugin";
+  ModelConfig cfg;
+  cfg.name = "determinism";
+  cfg.vocab_size = 97;
+  cfg.hidden_size = 32;
+  cfg.intermediate_size = 40;
+  cfg.num_hidden_layers = 1;
+  cfg.num_attention_heads = 2;
+  cfg.max_position_embeddings = 64;
+  const int64_t B = 2, T = 33;
+  std::vector<int32_t> tokens = random_ids(B * T, 97, 4), targets = random_ids(B * T, 97, 5);
+  const MicroBatch mb{tokens.data(), targets.data(), nullptr, B, T};
+  std::vector<float> first;
+  double first_loss = 0;
+  for (const Mode m : {Mode{"forward", "1"}, Mode{"random", "3"}, Mode{"reverse", "2"}, Mode{"interleaved", "2"}}) {
+    set_emulation_mode(m);
+    auto be = make_cuda_backend(*p);
+    LlamaModel model(*be, cfg, DType::BF16, B, T);
+    model.init_random(11);
+    const double loss = model.forward_backward(mb, 1.0f).sum;
+    const std::vector<float> g = model.grads_to_host();
+    if (first.empty()) {
+      first = g, first_loss = loss;
+      continue;
+    }
+    EXPECT_EQ(loss, first_loss) << m;
+    EXPECT_EQ(std::memcmp(g.data(), first.data(), g.size() * sizeof(float)), 0) << m;
+  }
+  clear_emulation_mode();
+}
+
+// forward order on 2 workers; and every launch under three orders on 3 workers, compared byte for byte.
+INSTANTIATE_TEST_SUITE_P(Emulation, CudaVsCpu, ::testing::Values(Mode{"forward", "2"}, Mode{"reverse,random,interleaved", "3"}),
+                         [](const ::testing::TestParamInfo<Mode>& i) {
+                           return std::string(std::strchr(i.param.order, ',') ? "three_orders" : i.param.order) + "_workers" + i.param.workers;
+                         });

@@ -1,0 +1,442 @@
+// The CUDA backend's optimizer ops against the CPU backend's: SinkGD, SWAN, Adam, SGD one tensor
+// and many at a time, stochastic rounding; an update's statistics and clipping on the device; whole
+// training updates per optimizer, queued with no host wait.
+#include <cstddef>
+#include <limits>
+
+#include "../kernels/common/optim_math.h"
+#include "cuda_vs_cpu.h"
+
+using namespace multinorm;
+using namespace multinorm::testing;
+using namespace cuda_test;
+
+// SinkGD: the row/column norms are sums in another order, so FP32 weights agree to a few ulps of
+// the update (bound 1e-6 of the weights' scale; measured 9.9e-8) and BF16 weights to one BF16 ulp
+// where a rounding decision sits on the edge (bound 8e-3 of the scale; measured 6.0e-4).
+TEST_P(CudaVsCpu, SinkGDUpdateOnTallWideSquareAndVectorShapes) {
+  struct Shape {
+    int64_t m, n;
+  };
+  // 300 rows: more than the 128 row chunks, so a chunk owns several rows; 1 x n and m x 1: degenerate
+  for (const Shape s : {Shape{7, 13}, Shape{13, 7}, Shape{16, 16}, Shape{1, 37}, Shape{37, 1}, Shape{300, 40}})
+    for (const auto& [wt, gt] : kWeightGrad)
+      for (bool stochastic : {false, true}) {
+        Pair w(*cpu, *cuda, random_vec(s.m * s.n, 1, 0.1), wt), g(*cpu, *cuda, random_vec(s.m * s.n, 2, 0.01), gt);
+        SinkGDArgs a;
+        a.lr = 0.01f, a.decoupled_decay = 0.1f, a.iterations = 5;
+        a.write = WriteBack{stochastic, 7, 3, 11};
+        cpu->sinkgd_update(w.c.buf(), g.c.buf(), s.m, s.n, a);
+        cuda->sinkgd_update(w.g.buf(), g.g.buf(), s.m, s.n, a);
+        EXPECT_TRUE(w.same(wt == DType::F32 ? 1e-6 : kBf16))
+            << s.m << "x" << s.n << " " << dtype_name(wt) << "/" << dtype_name(gt) << (stochastic ? " stochastic" : "");
+      }
+}
+
+// Adam and SGD are elementwise with the scalars formed as on the CPU; the compilers may contract
+// a*b+c into an FMA differently (the CPU build does with -march=native, nvcc does), so FP32 values
+// agree to an ulp (bound 1e-6 of the scale; measured 9.7e-8) and BF16 ones to one BF16 ulp where a
+// decision sits on the edge (bound 8e-3; measured 0).
+TEST_P(CudaVsCpu, AdamAndSgdUpdates) {
+  const int64_t n = 1037;
+  const auto same = [&](const Pair& p, DType t) { return p.same(t == DType::F32 ? 1e-6 : kBf16); };
+  for (const auto& [wt, gt] : kWeightGrad)
+    for (DType st : kTypes)
+      for (bool stochastic : {false, true}) {
+        Pair w(*cpu, *cuda, random_vec(n, 1, 0.1), wt), g(*cpu, *cuda, random_vec(n, 2, 0.01), gt), m(*cpu, *cuda, random_vec(n, 3, 0.01), st),
+            v(*cpu, *cuda, random_vec(n, 4, 1e-4), st);
+        for (auto& x : std::vector<DeviceBuffer*>{&v.c, &v.g}) {  // second moments are non-negative
+          Vec vv = x->get();
+          for (auto& e : vv) e = std::fabs(e);
+          x->set(vv);
+        }
+        AdamArgs a;
+        a.lr = 1e-3f, a.l2_decay = 0.01f, a.decoupled_decay = 0.1f, a.step = 3;
+        a.write = WriteBack{stochastic, 5, 9, 2};
+        cpu->adam_update(w.c.buf(), g.c.buf(), m.c.buf(), v.c.buf(), n, a);
+        cuda->adam_update(w.g.buf(), g.g.buf(), m.g.buf(), v.g.buf(), n, a);
+        const std::string what = std::string(dtype_name(wt)) + "/" + dtype_name(gt) + " states " + dtype_name(st) + (stochastic ? " stochastic" : "");
+        EXPECT_TRUE(same(w, wt)) << "adam w " << what;
+        EXPECT_TRUE(same(m, st)) << "adam m " << what;
+        EXPECT_TRUE(same(v, st)) << "adam v " << what;
+        SgdArgs sa;
+        sa.lr = 0.1f, sa.momentum = 0.9f, sa.decoupled_decay = 0.01f;
+        sa.write = WriteBack{stochastic, 5, 10, 2};
+        cpu->sgd_update(w.c.buf(), g.c.buf(), m.c.buf(), n, sa);
+        cuda->sgd_update(w.g.buf(), g.g.buf(), m.g.buf(), n, sa);
+        EXPECT_TRUE(same(w, wt)) << "sgd w " << what;
+        EXPECT_TRUE(same(m, st)) << "sgd buf " << what;
+        sa.momentum = 0;  // no buffer
+        cpu->sgd_update(w.c.buf(), g.c.buf(), Buf{nullptr, st}, n, sa);
+        cuda->sgd_update(w.g.buf(), g.g.buf(), Buf{nullptr, st}, n, sa);
+        EXPECT_TRUE(same(w, wt)) << "sgd without momentum " << what;
+      }
+}
+
+// SWAN: Newton-Schulz in FP32 on both backends (oneDNN there, cuBLASLt here: different summation
+// orders), the exact FP64 path shared. Bounds relative to the weights' scale, FP32 weights: Newton-
+// Schulz 2e-5 (measured 4.6e-7), exact 1e-6 (measured 5.0e-8). With a tolerance the CUDA backend
+// checks the residual every second step (the CPU every step), so it may stop one step later, closer
+// to the polar factor: the update differs by about tolerance x step / scale = 1e-3 x 0.036 / 0.3,
+// bound 2e-4 (measured 2.3e-5). BF16 weights: 8e-3 (measured 8.1e-4). The statistics (tensors,
+// fallbacks, unconverged) must agree.
+TEST_P(CudaVsCpu, SwanUpdateOnTallWideSquareAndVectorShapes) {
+  struct Shape {
+    int64_t m, n;
+  };
+  struct Path {
+    const char* name;
+    bool exact, standardize;
+    float tolerance;
+    double bound32;
+  };
+  const Path paths[] = {{"newton-schulz", false, false, 0.0f, 2e-5}, {"ns-tolerance", false, false, 1e-3f, 2e-4},
+                        {"standardize", false, true, 0.0f, 2e-5}, {"exact", true, false, 0.0f, 1e-6}};
+  for (const Shape s : {Shape{7, 13}, Shape{13, 7}, Shape{16, 16}, Shape{1, 37}, Shape{37, 1}, Shape{24, 40}})
+    for (const Path& path : paths)
+      for (const auto& [wt, gt] : kWeightGrad) {
+        Pair w(*cpu, *cuda, random_vec(s.m * s.n, 1, 0.1), wt), g(*cpu, *cuda, random_vec(s.m * s.n, 2, 0.01), gt);
+        SwanArgs a;
+        a.lr = 0.01f, a.decoupled_decay = 0.1f, a.exact = path.exact, a.standardize = path.standardize;
+        a.ns_steps = 10, a.ns_tolerance = path.tolerance;
+        a.write = WriteBack{wt == DType::BF16, 7, 3, 11};
+        cpu->swan_update(w.c.buf(), g.c.buf(), s.m, s.n, a);
+        cuda->swan_update(w.g.buf(), g.g.buf(), s.m, s.n, a);
+        const SwanStats sc = cpu->take_swan_stats(), sg = cuda->take_swan_stats();
+        const std::string what = std::to_string(s.m) + "x" + std::to_string(s.n) + " " + path.name + " " + dtype_name(wt) + "/" + dtype_name(gt);
+        EXPECT_TRUE(w.same(wt == DType::F32 ? path.bound32 : kBf16)) << what;
+        EXPECT_EQ(sg.tensors, 1) << what;
+        EXPECT_EQ(sg.fallbacks, sc.fallbacks) << what;
+        EXPECT_EQ(sg.unconverged, sc.unconverged) << what;
+      }
+}
+
+// Multi-tensor Adam: one launch over tensors of different lengths (a block boundary inside a tensor,
+// 1-element tensors) and more tensors than one launch holds (300 > 256), against the CPU backend's
+// per-tensor updates, each tensor with its own stochastic-rounding id. Bounds as for Adam above
+// (measured: FP32 4.2e-7; BF16 6.0e-3, one BF16 ulp of a 1-element tensor's own scale).
+TEST_P(CudaVsCpu, MultiTensorAdamEqualsPerTensorUpdates) {
+  const int64_t lengths[] = {1, 7, 1024, 1025, 3000};
+  for (const auto& [wt, gt] : kWeightGrad) {
+    std::vector<std::unique_ptr<Pair>> bufs;  // w g m v per tensor
+    std::vector<AdamTensor> cpu_t, cuda_t;
+    for (int64_t i = 0; i < 300; ++i) {
+      const int64_t n = lengths[i % 5];
+      const uint32_t seed = static_cast<uint32_t>(10 * i);
+      for (int k = 0; k < 4; ++k)
+        bufs.push_back(std::make_unique<Pair>(*cpu, *cuda, random_vec(n, seed + k, k == 3 ? 1e-4 : 0.05), k == 0 ? wt : k == 1 ? gt : DType::BF16));
+      Pair* p = bufs[bufs.size() - 4].get();
+      for (DeviceBuffer* v : {&bufs.back()->c, &bufs.back()->g}) {  // second moments are non-negative
+        Vec vv = v->get();
+        for (auto& e : vv) e = std::fabs(e);
+        v->set(vv);
+      }
+      cpu_t.push_back({p[0].c.buf(), bufs[bufs.size() - 3]->c.buf(), bufs[bufs.size() - 2]->c.buf(), bufs.back()->c.buf(), n, static_cast<uint64_t>(i)});
+      cuda_t.push_back({p[0].g.buf(), bufs[bufs.size() - 3]->g.buf(), bufs[bufs.size() - 2]->g.buf(), bufs.back()->g.buf(), n, static_cast<uint64_t>(i)});
+    }
+    AdamArgs a;
+    a.lr = 1e-3f, a.decoupled_decay = 0.1f, a.step = 2;
+    a.write = WriteBack{wt == DType::BF16, 5, 9, 0};
+    for (const AdamTensor& t : cpu_t) {
+      AdamArgs at = a;
+      at.write.tensor = t.tensor;
+      cpu->adam_update(t.w, t.g, t.m, t.v, t.n, at);
+    }
+    cuda->adam_update_many(cuda_t.data(), static_cast<int64_t>(cuda_t.size()), a);
+    for (size_t i = 0; i < bufs.size(); i += 4) {
+      EXPECT_TRUE(bufs[i]->same(wt == DType::F32 ? 1e-6 : kBf16)) << "w of tensor " << i / 4 << " " << dtype_name(wt);
+      EXPECT_TRUE(bufs[i + 2]->same(kBf16)) << "m of tensor " << i / 4;
+    }
+  }
+}
+
+// Multi-tensor SinkGD: each pass one launch over the call's tensors, 70 of six shapes (more than the
+// 64 one launch holds; a chunk owning several rows; 1 x n and m x 1; two column blocks; three blocks
+// of the W write), the first 40 BF16/BF16 and the
+// rest FP32/FP32 (a launch holds one dtype pair: the call splits there), stochastic rounding with each
+// tensor's id, L = 5 and L = 0 (W scaled by u = v = 1). Each tensor's W must equal the one-tensor
+// update's to the bit (the same chunks, sums and rounding per tensor), and the CPU's within
+// SinkGDUpdateOnTallWideSquareAndVectorShapes' bounds.
+TEST_P(CudaVsCpu, MultiTensorSinkGDEqualsPerTensorUpdates) {
+  struct Shape {
+    int64_t m, n;
+  };
+  const Shape shapes[] = {{7, 13}, {300, 40}, {1, 37}, {37, 1}, {16, 16}, {3, 300}};
+  for (int iterations : {5, 0}) {
+    std::vector<std::unique_ptr<Pair>> many, one, grads;
+    std::vector<SinkGDTensor> tensors;
+    for (int64_t i = 0; i < 70; ++i) {
+      const Shape s = shapes[i % 6];
+      const DType t = i < 40 ? DType::BF16 : DType::F32;
+      const uint32_t seed = static_cast<uint32_t>(3 * i);
+      many.push_back(std::make_unique<Pair>(*cpu, *cuda, random_vec(s.m * s.n, seed, 0.1), t));
+      one.push_back(std::make_unique<Pair>(*cpu, *cuda, random_vec(s.m * s.n, seed, 0.1), t));
+      grads.push_back(std::make_unique<Pair>(*cpu, *cuda, random_vec(s.m * s.n, seed + 1, 0.01), t));
+      tensors.push_back({many.back()->g.buf(), grads.back()->g.buf(), s.m, s.n, static_cast<uint64_t>(100 + i)});
+    }
+    SinkGDArgs a;
+    a.lr = 0.01f, a.decoupled_decay = 0.1f, a.iterations = iterations;
+    a.write = WriteBack{true, 7, 3, 0};
+    cuda->sinkgd_update_many(tensors.data(), static_cast<int64_t>(tensors.size()), a);
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      SinkGDArgs ai = a;
+      ai.write.tensor = tensors[i].tensor;
+      cuda->sinkgd_update(one[i]->g.buf(), grads[i]->g.buf(), tensors[i].m, tensors[i].n, ai);
+      cpu->sinkgd_update(many[i]->c.buf(), grads[i]->c.buf(), tensors[i].m, tensors[i].n, ai);
+      const std::string what = "tensor " + std::to_string(i) + ", L = " + std::to_string(iterations);
+      EXPECT_EQ(many[i]->g.get(), one[i]->g.get()) << what;
+      EXPECT_TRUE(many[i]->same(i < 40 ? kBf16 : 1e-6)) << what;
+    }
+  }
+}
+
+// SinkGD's W write rounds stochastically by each element's index. With no pass (L = 0: u = v = 1),
+// w = 0 and lr = 1 it writes exactly -g, so the stored BF16 bits must be the CPU's, element by element:
+// on a width the write moves in 16-byte packs (40) and on one it does not (13), FP32 gradients
+// (below BF16 precision, so every value is rounded). (Mutation check: hashing a pack's first index
+// for all its elements fails it.)
+TEST_P(CudaVsCpu, SinkGDStochasticDecisionsAreTheCpus) {
+  for (const int64_t n : {40, 13}) {
+    const int64_t m = 16;
+    Pair w(*cpu, *cuda, Vec(m * n, 0.0), DType::BF16), g(*cpu, *cuda, random_vec(m * n, 9, 0.3), DType::F32);
+    SinkGDArgs a;
+    a.lr = 1.0f, a.iterations = 0;
+    a.write = WriteBack{true, 1234, 56, 7};
+    cpu->sinkgd_update(w.c.buf(), g.c.buf(), m, n, a);
+    cuda->sinkgd_update(w.g.buf(), g.g.buf(), m, n, a);
+    EXPECT_EQ(w.c.get(), w.g.get()) << "n = " << n;
+  }
+}
+
+// Stochastic rounding: for the same FP32 value both backends make the same decision (the same
+// counter-based hash, kernels/common/rounding.h). SGD with w = 0, lr = 1 writes exactly -g, so the
+// stored BF16 bits must be identical, element by element; and about half the values round up.
+TEST_P(CudaVsCpu, StochasticRoundingDecisionsAreIdentical) {
+  const int64_t n = 4099;
+  Pair w(*cpu, *cuda, Vec(n, 0.0), DType::BF16), g(*cpu, *cuda, random_vec(n, 8, 0.3), DType::F32);
+  SgdArgs a;
+  a.lr = 1.0f;
+  a.write = WriteBack{true, 1234, 56, 7};
+  cpu->sgd_update(w.c.buf(), g.c.buf(), Buf{nullptr, DType::F32}, n, a);
+  cuda->sgd_update(w.g.buf(), g.g.buf(), Buf{nullptr, DType::F32}, n, a);
+  const Vec wc = w.c.get(), wg = w.g.get(), gv = g.c.get();
+  int64_t up = 0, differ = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    differ += wc[i] != wg[i];
+    up += std::fabs(wg[i]) > std::fabs(gv[i]);
+  }
+  EXPECT_EQ(differ, 0);
+  EXPECT_GT(up, n * 4 / 10) << "stochastic: a fair share of values round away from zero";
+  EXPECT_LT(up, n * 6 / 10);
+}
+
+// Two whole training updates per optimizer (forward, backward, global-norm clipping, the optimizer
+// with its parameter groups), FP32 weights, from the same weights on both backends: every parameter
+// afterwards, with bounds relative to each tensor's largest weight by the rule that updated it:
+// SinkGD and SGD 1e-5 (measured 2.9e-7); SWAN 1e-3 (measured 2.6e-4: the random square 32 x 32
+// projections are ill-conditioned, so ten FP32 Newton-Schulz steps amplify the GEMMs' summation-order
+// differences); Adam 2e-2 (measured 9.2e-5): its early updates are about lr x sign(g), so a gradient
+// element within rounding of zero may legitimately move its weight by 2 lr the other way, which is
+// 2e-2 of these weights' scale (lr 1e-3, weights ~0.1; the CLI training test saw it happen).
+TEST_P(CudaVsCpu, OneTrainingUpdatePerOptimizer) {
+  for (const char* name : {"sinkgd", "swan", "adam", "adamw", "sgd"}) {
+    const json j = json::parse(std::string(R"({
+      "model": {"config": {"vocab_size": 101, "hidden_size": 32, "intermediate_size": 40, "num_hidden_layers": 1,
+                           "num_attention_heads": 2, "max_position_embeddings": 32}},
+      "batch": {"global_batch": 2, "micro_batch": 2, "seq_len": 19},
+      "schedule": {"kind": "constant", "total_steps": 4, "warmup_steps": 0},
+      "precision": {"params": "fp32", "optimizer_states": "fp32"},
+      "optimizer": {"name": ")") + name + R"(", "momentum": 0.9, "grad_clip": 0.5}})");
+    const RunConfig run = run_config_from_json(j, "test");
+    std::vector<int32_t> tokens = random_ids(38, 101, 21), targets = random_ids(38, 101, 22);
+    const MicroBatch mb{tokens.data(), targets.data(), nullptr, 2, 19};
+    LlamaModel mc(*cpu, run.model, DType::F32, 2, 19), mg(*cuda, run.model, DType::F32, 2, 19);
+    mc.init_random(4);
+    mg.params_from_host(mc.params_to_host());
+    Optimizer oc(mc, run), og(mg, run);
+    for (int64_t update = 1; update <= 2; ++update) {
+      mc.zero_grads(), mg.zero_grads();
+      mc.forward_backward(mb, 0.5f), mg.forward_backward(mb, 0.5f);
+      const StepStats sc = oc.step(update, update), sg = og.step(update, update);
+      EXPECT_NEAR(sg.grad_norm, sc.grad_norm, 1e-5 * sc.grad_norm) << name;
+    }
+    const std::vector<float> pc = mc.params_to_host(), pg = mg.params_to_host();
+    for (const ParamAssignment& as : oc.assignments()) {
+      const TensorSpec& t = *as.tensor;
+      const bool adam = as.optimizer == OptimizerKind::Adam || as.optimizer == OptimizerKind::AdamW;
+      const double bound = adam ? 2e-2 : as.optimizer == OptimizerKind::Swan ? 1e-3 : 1e-5;
+      const Vec a(pg.begin() + t.offset, pg.begin() + t.offset + t.numel()), e(pc.begin() + t.offset, pc.begin() + t.offset + t.numel());
+      EXPECT_TRUE(close(a, e, bound)) << name << " run, " << choice_name(as.optimizer) << " on " << t.name;
+    }
+  }
+}
+
+// The update's statistics where the gradients are (Backend::update_statistics): the norm is the
+// square root of the per-tensor FP64 sums of squares added in tensor order (bit for bit the
+// sum_squares_many values, and within 1e-12 of an FP64 sum of the stored values), the clip factor
+// grad_clip / norm in FP32, a non-finite norm the skip flag. The loss: the micro-batches' losses
+// summed where they are (accumulate_loss: the FP64 sum over the counted positions, in the same lane
+// order on both backends, so the same bits from the same losses), as the token mean or the mean of
+// micro-batch means; above the spike threshold a spike, a skip when skip_spikes says so; a
+// non-finite loss skips. clip_gradients applies the factor read where it runs: the bits of scale(),
+// nothing when the factor is 1 or the update is skipped.
+TEST(CudaBackend, UpdateStatisticsAndClippingWhereTheGradientsAre) {
+  for (const std::string name : {"cpu", "cuda"}) {
+    auto be = make_test_backend(name, 2);
+    if (!be) continue;
+    const std::vector<int64_t> ns = {1000, 70000, 3};
+    std::deque<DeviceBuffer> xs;  // not movable
+    std::vector<Vec> values;
+    for (size_t i = 0; i < ns.size(); ++i) values.push_back(random_vec(static_cast<size_t>(ns[i]), 30 + static_cast<uint32_t>(i), 0.01)),
+                                           xs.emplace_back(*be, values.back(), DType::BF16);
+    std::vector<Buf> bufs;
+    for (auto& x : xs) bufs.push_back(x.buf());
+    // Two micro-batches' losses: 700 positions (300 masked out), then 77 (all counted).
+    const Vec l1 = random_vec(700, 40, 3.0), l2 = random_vec(77, 41, 3.0);
+    DeviceBuffer losses1(*be, l1, DType::F32), losses2(*be, l2, DType::F32);
+    std::vector<uint8_t> mask1(700, 1), mask2(77, 1);
+    for (size_t i = 0; i < 700; i += 7) mask1[i] = 0;
+    for (size_t i = 1; i < 700; i += 3) mask1[i] = 0;
+    auto* s = static_cast<UpdateScalars*>(be->allocate(sizeof(UpdateScalars) + sizeof(LossTotals) + 3 * 8 + 777));
+    auto* totals = reinterpret_cast<LossTotals*>(s + 1);
+    auto* squares = reinterpret_cast<double*>(totals + 1);
+    auto* masks = reinterpret_cast<uint8_t*>(squares + 3);
+    be->to_device(masks, mask1.data(), 700), be->to_device(masks + 700, mask2.data(), 77);
+    be->accumulate_loss(totals, losses1.buf().f32(), masks, 700);
+    be->accumulate_loss(totals, losses2.buf().f32(), masks + 700, 77);
+    UpdateScalars rules;
+    auto stats = [&](double clip) {
+      be->to_device(s, &rules, offsetof(UpdateScalars, stats));
+      be->sum_squares_many(bufs.data(), ns.data(), 3, squares);
+      be->update_statistics(s, totals, squares, 3, clip);
+      UpdateStatistics st;
+      be->to_host(&st, &s->stats, sizeof st);
+      return st;
+    };
+    double host_squares[3], ordered = 0, fp64 = 0;
+    be->sum_squares_many(bufs.data(), ns.data(), 3, squares);
+    be->to_host(host_squares, squares, sizeof host_squares);
+    for (double q : host_squares) ordered += q;
+    for (size_t i = 0; i < ns.size(); ++i)
+      for (double v : xs[i].get()) fp64 += v * v;  // the stored BF16 values, widened
+    const UpdateStatistics loose = stats(0), tight = stats(0.5 * std::sqrt(fp64));
+    EXPECT_EQ(loose.grad_norm, std::sqrt(ordered)) << name;
+    EXPECT_NEAR(loose.grad_norm, std::sqrt(fp64), 1e-12 * std::sqrt(fp64)) << name;
+    EXPECT_FALSE(loose.clipped || loose.skip || loose.spike) << name;
+    EXPECT_EQ(loose.clip_factor, 1.0f) << name;
+    EXPECT_TRUE(tight.clipped) << name;
+    EXPECT_EQ(tight.clip_factor, static_cast<float>(0.5 * std::sqrt(fp64) / tight.grad_norm)) << name;
+    // The loss: the lanes' order, and within 1e-15 of the FP64 sum in position order.
+    LossTotals lanes;
+    for (const auto& [l, m] : {std::make_pair(&l1, &mask1), std::make_pair(&l2, &mask2)}) {
+      double lane[optim_math::kLossLanes] = {}, sum = 0, plain = 0;
+      int64_t count = 0;
+      for (size_t i = 0; i < l->size(); ++i)
+        if ((*m)[i]) lane[i % optim_math::kLossLanes] += static_cast<float>((*l)[i]), plain += static_cast<float>((*l)[i]), ++count;
+      for (double x : lane) sum += x;
+      EXPECT_NEAR(sum, plain, 1e-15 * std::abs(plain) * static_cast<double>(l->size()));
+      optim_math::add_micro_batch_loss(lanes, sum, count);
+    }
+    EXPECT_EQ(loose.tokens, 400 + 77) << name;  // the 700 less the 300 masked out, and the 77
+    EXPECT_EQ(loose.tokens, lanes.count) << name;
+    EXPECT_EQ(loose.loss, lanes.mean_sum / 2) << name << ": the mean of micro-batch means";
+    rules.token_mean = 1;
+    EXPECT_EQ(stats(0).loss, lanes.sum / lanes.count) << name << ": the token mean";
+    const double token_mean = lanes.sum / lanes.count;
+    rules.spike_threshold = token_mean - 1e-3 * std::abs(token_mean);  // just under: a spike, applied
+    const UpdateStatistics spike = stats(0);
+    EXPECT_TRUE(spike.spike && !spike.skip) << name;
+    rules.skip_spikes = 1;  // the same, skipped
+    const UpdateStatistics skipped_spike = stats(0);
+    EXPECT_TRUE(skipped_spike.spike && skipped_spike.skip && skipped_spike.skip_reason == kLossSpike) << name;
+    rules = UpdateScalars{};
+    // The factor read where clip_gradients runs: the bits of scale() by it.
+    DeviceBuffer expected(*be, values[1], DType::BF16);
+    be->scale(expected.buf(), ns[1], tight.clip_factor);
+    stats(0.5 * std::sqrt(fp64));
+    be->clip_gradients(xs[1].buf(), ns[1], s);
+    EXPECT_EQ(xs[1].get(), expected.get()) << name;
+    stats(0);  // factor 1: nothing moves
+    be->clip_gradients(xs[1].buf(), ns[1], s);
+    EXPECT_EQ(xs[1].get(), expected.get()) << name << ": clipping with a factor of 1";
+    // An inf: not finite, skipped; clipping does nothing then either.
+    const uint16_t inf = 0x7f80;
+    be->to_device(static_cast<char*>(bufs[2].ptr) + 2, &inf, 2);
+    const UpdateStatistics bad = stats(0.5);
+    EXPECT_TRUE(bad.skip && !bad.clipped && bad.skip_reason == kNonFiniteNorm) << name;
+    be->clip_gradients(xs[1].buf(), ns[1], s);
+    EXPECT_EQ(xs[1].get(), expected.get()) << name << ": clipping a skipped update";
+    // A NaN loss: skipped for that reason first.
+    const float nan = std::nanf("");
+    be->to_device(losses2.buf().ptr, &nan, 4);
+    be->accumulate_loss(totals, losses2.buf().f32(), masks + 700, 77);
+    EXPECT_EQ(stats(0.5).skip_reason, kNonFiniteLoss) << name;
+    be->release(s);
+  }
+}
+
+// An update replayed from its graph (Optimizer::queue_step: its statistics on the device, the
+// kernels reading the clip factor and the skip flag there; on CUDA captured at the second update)
+// gives the bits of one launched op by op (graphs off), on both backends, for every capturable
+// optimizer: BF16 weights, stochastic rounding, a warm-up and cosine schedule, a clip that bites on
+// some updates. A NaN planted in a gradient at update 3 and a spike threshold under the loss at
+// update 4 (with skip) make both skip them on the device: no weight or state moves, and Adam's next
+// update uses t = 3.
+TEST(CudaBackend, GraphedUpdatesEqualEagerOnesAndSkipOnTheDevice) {
+  for (const std::string backend : {"cpu", "cuda"}) {
+    auto be = make_test_backend(backend, 2);
+    if (!be) continue;
+    for (const char* name : {"sinkgd", "adam", "sgd"}) {
+      const RunConfig run = update_test_run(name, 60.0);  // norms: 100-130 at loss scale 2 (clipped), 29-49 at 0.5
+      LlamaModel ma(*be, run.model, DType::BF16, 2, 19), mb(*be, run.model, DType::BF16, 2, 19);
+      ma.init_random(4);
+      mb.init_random(4);
+      Optimizer eager(ma, run), graphed(mb, run);
+      graphed.set_graphs(true);
+      int64_t applied = 0, clipped = 0;
+      std::vector<float> before = mb.params_to_host();
+      for (int64_t update = 1; update <= 5; ++update) {
+        std::vector<int32_t> tokens = random_ids(38, 101, 70 + update), targets = random_ids(38, 101, 80 + update);
+        const MicroBatch batch{tokens.data(), targets.data(), nullptr, 2, 19};
+        for (LlamaModel* m : {&ma, &mb}) {
+          m->zero_grads();
+          m->queue_forward_backward(batch, update % 2 ? 2.0f : 0.5f);  // the norm on both sides of the clip
+          if (update == 3) {
+            const uint16_t nan = 0x7fc0;
+            be->to_device(static_cast<char*>(m->grads().ptr) + 14, &nan, 2);
+          }
+        }
+        const SpikeTest spike{update == 4 ? 0.0 : std::numeric_limits<double>::infinity(), true};
+        const StepStats a = eager.step(update, applied + 1, spike);
+        graphed.queue_step(update, applied + 1, spike);
+        const StepStats b = graphed.wait_for_step();
+        EXPECT_EQ(a.skipped, update == 3 || update == 4) << backend << " " << name;
+        EXPECT_EQ(a.skip_reason, update == 3 ? kNonFiniteNorm : update == 4 ? kLossSpike : kNotSkipped) << backend << " " << name;
+        EXPECT_EQ(b.skipped, a.skipped) << backend << " " << name << " update " << update;
+        EXPECT_EQ(b.lr_matrix, a.lr_matrix);
+        EXPECT_EQ(b.loss, a.loss) << backend << " " << name << " update " << update;
+        const std::vector<float> after = mb.params_to_host();
+        EXPECT_EQ(after, ma.params_to_host()) << backend << " " << name << " update " << update << ": weights";
+        if (a.skipped) {
+          EXPECT_EQ(after, before) << backend << " " << name << ": a skipped update moved weights";
+          continue;
+        }
+        EXPECT_EQ(b.grad_norm, a.grad_norm) << backend << " " << name << " update " << update;
+        EXPECT_EQ(b.clipped, a.clipped) << backend << " " << name << " update " << update;
+        clipped += a.clipped;
+        ++applied;
+        before = after;
+      }
+      EXPECT_EQ(graphed.states_to_host(), eager.states_to_host()) << backend << " " << name << ": optimizer states";
+      EXPECT_GT(clipped, 0) << name;
+      EXPECT_LT(clipped, 3) << name;
+      // Update 1 eager (and it moves no buffer: the eager optimizer's first update on this backend
+      // grew the scratch), 2 captured, 2-5 replayed (the skipped ones too: their kernels return at once).
+      if (backend == "cuda") {
+        EXPECT_EQ(graphed.graphs().captures(), 1) << name;
+        EXPECT_EQ(graphed.graphs().replays(), 4) << name;
+      }
+      EXPECT_EQ(eager.graphs().captures(), 0) << name;
+    }
+  }
+}
