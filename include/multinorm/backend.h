@@ -1,7 +1,7 @@
 // The backend seam. A backend owns every buffer (host memory on the CPU, device memory on CUDA) and
 // runs every op of the model's forward and backward pass and of the optimizers. Model code holds
 // Buf handles (pointer + dtype) and never dereferences them; tokens and losses cross the seam through
-// explicit copies. Two implementations: CpuBackend (oneDNN GEMMs + OpenMP kernels, src/backend/) and
+// explicit copies. Two implementations: CpuBackend (oneDNN GEMMs + OpenMP kernels, kernels/cpu/cpu_backend.cpp) and
 // CudaBackend (cuBLASLt + hand-written kernels, kernels/cuda/), which lives in the dlopen'ed CUDA
 // plugin and is created through make_backend (include/multinorm/device.h).
 //

@@ -39,7 +39,7 @@ int64_t cpu_backend_scratch_bytes(const ModelConfig& m, int64_t micro_batch, int
                                   DType grad_dtype, OptimizerKind matrix_optimizer, const std::vector<std::string>& matrix_params,
                                   bool swan_exact, int threads);
 
-// The CUDA backend's device scratch after a training step (kernels/cuda/scratch_sizes.h: cuBLASLt's
+// The CUDA backend's device scratch after a training step (include/multinorm/cuda_scratch.h: cuBLASLt's
 // workspace, RMSNorm's block partials, attention's row sums, the embedding buckets, the sum of
 // squares, the matrix optimizer's buffers for the largest matrix). Exact against the backend's
 // workspace_bytes (tests/test_memory.cpp, on the emulated build).

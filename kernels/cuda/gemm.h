@@ -9,7 +9,7 @@
 #include <tuple>
 
 #include "cuda_compat.h"
-#include "scratch_sizes.h"
+#include "multinorm/cuda_scratch.h"
 
 namespace multinorm::cuda {
 

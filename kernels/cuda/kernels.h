@@ -9,7 +9,7 @@
 
 #include "../common/optim_math.h"
 #include "cuda_compat.h"
-#include "scratch_sizes.h"
+#include "multinorm/cuda_scratch.h"
 #include "multinorm/write_back.h"
 
 namespace multinorm::cuda {

@@ -10,7 +10,7 @@
 #include "../common/op_math.h"
 #include "device_utils.cuh"
 #include "kernels.h"
-#include "scratch_sizes.h"
+#include "multinorm/cuda_scratch.h"
 
 namespace multinorm::cuda {
 

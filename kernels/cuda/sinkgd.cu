@@ -20,7 +20,7 @@
 
 #include "device_utils.cuh"
 #include "kernels.h"
-#include "scratch_sizes.h"
+#include "multinorm/cuda_scratch.h"
 
 namespace multinorm::cuda {
 

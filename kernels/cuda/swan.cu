@@ -27,7 +27,7 @@
 #include "device_utils.cuh"
 #include "gemm.h"
 #include "kernels.h"
-#include "scratch_sizes.h"
+#include "multinorm/cuda_scratch.h"
 
 namespace multinorm::cuda {
 

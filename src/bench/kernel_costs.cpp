@@ -1,6 +1,6 @@
 // The cost recorder (include/multinorm/kernel_costs.h): every Backend op records the kernels the CUDA
 // backend launches for it, with the same names and launch counts (kernels/cuda/*.cu; the launch plans
-// it shares with them are in kernels/cuda/scratch_sizes.h), and what each moves and computes.
+// it shares with them are in include/multinorm/cuda_scratch.h), and what each moves and computes.
 //
 // Bytes count each element read or written once from device memory (what a kernel that streams its
 // operands costs; L2 hits make a real kernel cheaper, re-reads dearer). s = storage bytes of an
@@ -11,7 +11,7 @@
 #include <cmath>
 #include <map>
 
-#include "../../kernels/cuda/scratch_sizes.h"
+#include "multinorm/cuda_scratch.h"
 #include "multinorm/error.h"
 #include "multinorm/optimizer.h"
 

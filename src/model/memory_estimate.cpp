@@ -7,7 +7,7 @@
 
 #include "../../kernels/cpu/cpu_kernels.h"
 #include "../../kernels/cpu/matmul_packed.h"
-#include "../../kernels/cuda/scratch_sizes.h"
+#include "multinorm/cuda_scratch.h"
 #include "multinorm/backend.h"
 #include "multinorm/llama_model.h"
 #include "multinorm/param_groups.h"
@@ -119,7 +119,7 @@ int64_t cpu_backend_scratch_bytes(const ModelConfig& m, int64_t B, int64_t T, DT
 
 int64_t cuda_backend_scratch_bytes(const ModelConfig& m, int64_t B, int64_t T, OptimizerKind matrix_optimizer,
                                    const std::vector<std::string>& matrix_params) {
-  namespace cs = cuda_scratch;  // the sizes the backend allocates by (kernels/cuda/scratch_sizes.h)
+  namespace cs = cuda_scratch;  // the sizes the backend allocates by (include/multinorm/cuda_scratch.h)
   const int64_t C = m.hidden_size, H = m.num_attention_heads, BT = B * T;
   int64_t optimizer = 0;  // one buffer, grown to the largest need
   // SinkGD's launches hold the scratch of all their tensors (sinkgd_many_launch_end): at most the

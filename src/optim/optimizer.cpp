@@ -6,7 +6,7 @@
 #include <map>
 
 #include "../../kernels/common/optim_math.h"
-#include "../../kernels/cuda/scratch_sizes.h"
+#include "multinorm/cuda_scratch.h"
 #include "multinorm/communicator.h"
 #include "multinorm/error.h"
 #include "multinorm/schedule.h"

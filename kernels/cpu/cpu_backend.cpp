@@ -6,11 +6,11 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "../../kernels/common/dtype_dispatch.h"
-#include "../../kernels/common/optim_math.h"
-#include "../../kernels/cpu/cpu_kernels.h"
-#include "../../kernels/cpu/matmul_packed.h"
-#include "../../kernels/cpu/matmul_onednn.h"
+#include "../common/dtype_dispatch.h"
+#include "../common/optim_math.h"
+#include "cpu_kernels.h"
+#include "matmul_packed.h"
+#include "matmul_onednn.h"
 #include "multinorm/backend.h"
 #include "multinorm/error.h"
 
