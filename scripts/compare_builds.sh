@@ -5,7 +5,7 @@
 # commit to compare against in a second tree (git worktree add ../ref <commit>; scripts/build.sh).
 # CPU kernels dispatch by ISA, so compare two builds on one machine, never against stored bytes.
 #   bash scripts/compare_builds.sh <reference build dir> <candidate build dir>
-# Runs (a 2-layer model on the test fixtures' tiny shards, 6 updates, a checkpoint every 3): the CPU
+# Runs (the test fixtures' tiny run: a 2-layer model, 6 updates, a checkpoint every 3): the CPU
 # backend with SinkGD (stochastic rounding, clipping), SWAN, Adam and a divergence rollback; 2 MPI
 # ranks, replicated and sharded; the emulated CUDA backend with SinkGD and SWAN, graphs on and off,
 # and 2 emulated NCCL ranks. run_config.json and the manifest may differ where the config schema
@@ -18,15 +18,8 @@ cd "$tmp"
 source "$here/../tests/fixtures/tiny_shards.sh"
 make_tiny_shards "$new/multinorm"
 export MULTINORM_EMU_RACECHECK=0 OMP_NUM_THREADS=1
-cat > run.json <<JSON
-{"model": {"config": {"vocab_size": 300, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-                      "num_attention_heads": 2, "max_position_embeddings": 64}},
- "data": {"train": "shards/c4-train.*.tok", "validation": "shards/c4-validation.*.tok", "tokenizer": "tok.model"},
- "batch": {"global_batch": 8, "micro_batch": 2, "seq_len": 32},
- "optimizer": {"rounding": "stochastic", "grad_clip": 0.5},
- "schedule": {"total_steps": 6, "warmup_steps": 1},
- "eval": {"every": 3, "tokens": 1000}, "checkpoint": {"every": 3, "keep_last": 4}, "threads": 1}
-JSON
+"$new/multinorm" config -c run.json --set batch.micro_batch=2 --set optimizer.rounding=stochastic --set optimizer.grad_clip=0.5 \
+  --set checkpoint.keep_last=4 --set threads=1 -o run.json
 mkdir -p ref new
 for side in ref new; do ln -s ../shards ../tok.model ../run.json $side/; done
 mpi() { mpirun -np 2 --oversubscribe --allow-run-as-root -x OMP_NUM_THREADS=1 -x MULTINORM_CUDA_PLUGIN -x MULTINORM_EMU_RACECHECK "$@"; }

@@ -36,14 +36,9 @@ out=$("$root/bin/multinorm" --version) && grep -q "^multinorm " <<<"$out" || fai
 out=$("$root/bin/multinorm" info --config "$root/share/multinorm/configs/models/llama_60m.json") && grep -qE "total +58,073,600" <<<"$out" || fail "info"
 source "$src/tests/fixtures/tiny_shards.sh"
 make_tiny_shards "$root/bin/multinorm"
-cat > run.json <<JSON
-{"model": {"config": {"vocab_size": 300, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-                      "num_attention_heads": 2, "max_position_embeddings": 64}},
- "data": {"train": "shards/c4-train.*.tok", "validation": "shards/c4-validation.*.tok", "tokenizer": "tok.model"},
- "batch": {"global_batch": 4, "micro_batch": 2, "seq_len": 32},
- "schedule": {"total_steps": 2, "warmup_steps": 1}, "backend": "cpu",
- "eval": {"every": 2, "tokens": 500}, "checkpoint": {"every": 2}}
-JSON
+# The fixture's run, 2 updates of 4 sequences on the CPU.
+"$root/bin/multinorm" config -c run.json --set batch.global_batch=4 --set batch.micro_batch=2 --set schedule.total_steps=2 \
+  --set backend=cpu --set eval.every=2 --set eval.tokens=500 --set checkpoint.every=2 -o run.json
 "$root/bin/multinorm" train -c run.json --set output_dir=runs/one --quiet > train.txt || { cat train.txt; fail "training from the bundle"; }
 [ -d runs/one/checkpoints/step_00000002 ] || fail "no checkpoint after 2 updates"
 # The bundled Open MPI: two ranks train, and every library and component the launcher and the ranks

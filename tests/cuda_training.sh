@@ -12,27 +12,24 @@ export MULTINORM_CUDA_PLUGIN=$plugin
 export MULTINORM_EMU_RACECHECK=0
 source "$fixtures/tiny_shards.sh"
 make_tiny_shards "$bin"
-cat > run.json <<JSON
-{"model": {"config": {"vocab_size": 300, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-                      "num_attention_heads": 2, "max_position_embeddings": 64}},
- "data": {"train": "shards/c4-train.*.tok", "validation": "shards/c4-validation.*.tok", "tokenizer": "tok.model"},
- "batch": {"global_batch": 8, "micro_batch": 4, "seq_len": 32},
- "schedule": {"total_steps": 6, "warmup_steps": 1},
- "eval": {"every": 3, "tokens": 1000}, "checkpoint": {"every": 3}}
-JSON
 # loss of update N from a run's metrics.jsonl
 loss_at() { grep "\"type\":\"train\",\"step\":$2," "$1/metrics.jsonl" | head -1 | sed -E 's/.*"loss":([0-9.eE+-]+).*/\1/'; }
 # |a - b| <= tol * |b|
 close() { /usr/bin/python3 -c "import sys; a, b, t = map(float, sys.argv[1:]); sys.exit(0 if abs(a - b) <= t * abs(b) else 1)" "$@"; }
 fails=0
-# Per-update loss agreement (BF16 weights and gradients, the default precision). SinkGD, SWAN, SGD:
-# 2e-4 relative (measured up to 3.2e-5: BF16 roundings on the edge of a decision). Adam/AdamW: 1e-2
-# (measured 2.6e-3 at update 4): its first updates are about lr x sign(g), so a near-zero gradient
-# element whose last bit differs moves its weight by 2 lr, and the runs then converge again.
+# Per-update loss agreement (BF16 weights and gradients, the default precision), for the paper's
+# three optimizers (AdamW's and SGD's kernels are checked against the CPU's by the gtests
+# CudaVsCpu.AdamAndSgdUpdates and OneTrainingUpdatePerOptimizer; their trainer path is Adam's).
+# SinkGD, SWAN: 2e-4 relative (measured up to 3.2e-5: BF16 roundings on the edge of a decision).
+# Adam: 1e-2 (measured 2.6e-3 at update 4): its first updates are about lr x sign(g), so a near-zero
+# gradient element whose last bit differs moves its weight by 2 lr, and the runs then converge again.
 checks=0
-for opt in sinkgd swan adam adamw sgd; do
+# SWAN with 10 Newton-Schulz steps (30 by default: each step's three GEMMs are the emulation's
+# slowest part of these runs).
+"$bin" config -c run.json --set optimizer.swan.ns_steps=10 -o run.json
+for opt in sinkgd swan adam; do
   tol=2e-4
-  case $opt in adam|adamw) tol=1e-2 ;; esac
+  case $opt in adam) tol=1e-2 ;; esac
   "$bin" train -c run.json --set optimizer.name=$opt --set output_dir=runs/cpu_$opt --quiet > /dev/null
   "$bin" train -c run.json --set optimizer.name=$opt --set backend=cuda --set output_dir=runs/cuda_$opt --quiet > /dev/null
   for u in 1 2 3 4 5 6; do
@@ -85,40 +82,40 @@ done
 # is g1 + g2 as one rank's accumulation is (measured: identical losses; bound 1e-5, the FP32
 # reduction-order tolerance of more micro-batches); the default BF16 precision sums BF16 gradients
 # in FP32 and rounds once instead of rounding the accumulation (measured 7.1e-5; bound 5e-4).
-# Sharded and replicated optimizer write the same checkpoint bits.
+# Sharded and replicated optimizer write the same checkpoint bits. (3 updates each where 3 prove it.)
 if command -v mpirun > /dev/null; then
   mpi=(mpirun -np 2 --oversubscribe --allow-run-as-root -x OMP_NUM_THREADS=1 -x MULTINORM_CUDA_PLUGIN -x MULTINORM_EMU_RACECHECK)
   fp32=(--set precision.params=fp32 --set precision.optimizer_states=fp32)
-  for opt in sinkgd adam; do
-    "$bin" train -c run.json --set optimizer.name=$opt --set backend=cuda "${fp32[@]}" --set output_dir=runs/nccl1_$opt --quiet > /dev/null
+  for opt in sinkgd; do
+    "$bin" train -c run.json --set optimizer.name=$opt --set backend=cuda "${fp32[@]}" --set output_dir=runs/nccl1_$opt --max-updates 3 --quiet > /dev/null
     for shard in true false; do
       "${mpi[@]}" "$bin" train -c run.json --set optimizer.name=$opt --set backend=cuda "${fp32[@]}" \
-        --set parallel.shard_optimizer=$shard --set output_dir=runs/nccl2_${opt}_$shard --quiet > /dev/null
-      for u in 1 2 3 4 5 6; do
+        --set parallel.shard_optimizer=$shard --set output_dir=runs/nccl2_${opt}_$shard --max-updates 3 --quiet > /dev/null
+      for u in 1 2 3; do
         a=$(loss_at runs/nccl2_${opt}_$shard $u) b=$(loss_at runs/nccl1_$opt $u)
         checks=$((checks + 1))
         if ! close "$a" "$b" 1e-5; then echo "FAIL: $opt on 2 emulated ranks (shard $shard), update $u: $a, one rank: $b"; fails=$((fails + 1)); fi
       done
     done
     checks=$((checks + 1))
-    if ! cmp -s runs/nccl2_${opt}_true/checkpoints/step_00000006/optimizer.bin runs/nccl2_${opt}_false/checkpoints/step_00000006/optimizer.bin ||
-       ! cmp -s runs/nccl2_${opt}_true/checkpoints/step_00000006/model.safetensors runs/nccl2_${opt}_false/checkpoints/step_00000006/model.safetensors; then
+    if ! cmp -s runs/nccl2_${opt}_true/checkpoints/step_00000003/optimizer.bin runs/nccl2_${opt}_false/checkpoints/step_00000003/optimizer.bin ||
+       ! cmp -s runs/nccl2_${opt}_true/checkpoints/step_00000003/model.safetensors runs/nccl2_${opt}_false/checkpoints/step_00000003/model.safetensors; then
       echo "FAIL: $opt on 2 emulated ranks: sharded and replicated checkpoints differ"; fails=$((fails + 1))
     fi
   done
   # Replicated and sharded: per update the statistics' wait, which leaves the next update's
-  # micro-batches queued, and the wait for NCCL's reduction, a drain (updates 1-5; the run's last
+  # micro-batches queued, and the wait for NCCL's reduction, a drain (updates 1-2; the run's last
   # statistics are read with nothing after them). The loss totals (and, sharded, the gradient norm's
   # sums of squares) are summed over the ranks on the device; the owners' broadcast is waited for on it.
   for shard in true false; do
     checks=$((checks + 1))
-    waits=$(grep '"type":"train"' runs/nccl2_sinkgd_$shard/metrics.jsonl | head -5 | grep -o '"host_waits":[0-9]*,"host_drains":[0-9]*' | sort -u | tr '\n' ' ')
+    waits=$(grep '"type":"train"' runs/nccl2_sinkgd_$shard/metrics.jsonl | head -2 | grep -o '"host_waits":[0-9]*,"host_drains":[0-9]*' | sort -u | tr '\n' ' ')
     [ "$waits" = '"host_waits":2,"host_drains":1 ' ] || { echo "FAIL: 2 emulated ranks, shard $shard: host waits and drains per update: $waits"; fails=$((fails + 1)); }
   done
-  grep -q "gradients over NCCL (emulated over MPI)" <("${mpi[@]}" "$bin" train -c run.json --set backend=cuda \
-    --set output_dir=runs/nccl_log --max-updates 1 2>&1) || { echo "FAIL: the 2-rank CUDA run did not use NCCL"; fails=$((fails + 1)); }
-  checks=$((checks + 1))
   "${mpi[@]}" "$bin" train -c run.json --set backend=cuda --set output_dir=runs/nccl2_bf16 --quiet > /dev/null
+  checks=$((checks + 1))
+  comm=$(python3 -c "import json; r = json.load(open('runs/nccl2_bf16/result.json')); print(r['ranks'], r['gradient_communicator'])")
+  [ "$comm" = "2 NCCL (emulated over MPI)" ] || { echo "FAIL: the 2-rank CUDA run: $comm"; fails=$((fails + 1)); }
   for u in 1 2 3 4 5 6; do
     a=$(loss_at runs/nccl2_bf16 $u) b=$(loss_at runs/cuda_sinkgd $u)
     checks=$((checks + 1))
@@ -126,9 +123,9 @@ if command -v mpirun > /dev/null; then
   done
   # A layer a bucket: the two FP32 staging slots are reused, each narrowed back after the compute
   # stream waits for its all-reduce's mark; the same bits as one bucket.
-  "${mpi[@]}" "$bin" train -c run.json --set backend=cuda --set parallel.bucket_mb=0.01 --set output_dir=runs/nccl2_bf16_tiny --quiet > /dev/null
+  "${mpi[@]}" "$bin" train -c run.json --set backend=cuda --set parallel.bucket_mb=0.01 --set output_dir=runs/nccl2_bf16_tiny --max-updates 3 --quiet > /dev/null
   checks=$((checks + 1))
-  cmp -s runs/nccl2_bf16/checkpoints/step_00000006/model.safetensors runs/nccl2_bf16_tiny/checkpoints/step_00000006/model.safetensors ||
+  cmp -s runs/nccl2_bf16/checkpoints/step_00000003/model.safetensors runs/nccl2_bf16_tiny/checkpoints/step_00000003/model.safetensors ||
     { echo "FAIL: BF16 on 2 emulated ranks: tiny buckets and one bucket differ"; fails=$((fails + 1)); }
 fi
 echo "cuda_training: $((checks - fails)) of $checks checks passed"

@@ -9,14 +9,6 @@ cd "$tmp"
 source "$fixtures/tiny_shards.sh"
 make_tiny_shards "$bin"
 "$bin" data verify 'shards/*.tok' | grep -q "3 shard(s) verified"
-cat > run.json <<JSON
-{"model": {"config": {"vocab_size": 300, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-                      "num_attention_heads": 2, "max_position_embeddings": 64}},
- "data": {"train": "shards/c4-train.*.tok", "validation": "shards/c4-validation.*.tok", "tokenizer": "tok.model"},
- "batch": {"global_batch": 8, "micro_batch": 4, "seq_len": 32},
- "schedule": {"total_steps": 6, "warmup_steps": 1},
- "eval": {"every": 3, "tokens": 1000}, "checkpoint": {"every": 3}}
-JSON
 passes=0
 for opt in sinkgd swan adam adamw sgd; do
   "$bin" train -c run.json --set optimizer.name=$opt --set output_dir=runs/$opt --max-updates 3 --quiet > out.txt

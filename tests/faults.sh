@@ -11,13 +11,8 @@ cd "$tmp"
 source "$fixtures/tiny_shards.sh"
 make_tiny_shards "$bin"
 fail() { echo "FAIL: $*"; exit 1; }
-cat > run.json <<JSON
-{"model": {"config": {"vocab_size": 300, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-                      "num_attention_heads": 2, "max_position_embeddings": 64}},
- "data": {"train": "shards/c4-train.*.tok", "validation": "shards/c4-validation.*.tok", "tokenizer": "tok.model"},
- "batch": {"global_batch": 4, "micro_batch": 2, "seq_len": 32}, "backend": "cpu",
- "schedule": {"total_steps": 6, "warmup_steps": 1}, "eval": {"every": 3, "tokens": 300}, "checkpoint": {"every": 2}}
-JSON
+"$bin" config -c run.json --set batch.global_batch=4 --set batch.micro_batch=2 --set backend=cpu --set eval.tokens=300 \
+  --set checkpoint.every=2 -o run.json
 
 # ---- two trainers on one run directory ----
 "$bin" train -c run.json --set output_dir=runs/shared --set schedule.total_steps=100000 --quiet > a.txt 2>&1 &

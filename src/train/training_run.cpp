@@ -249,6 +249,7 @@ void TrainingRun::finish_reduction(QueuedUpdate& u) {
 }
 
 void TrainingRun::queue_step(QueuedUpdate& u) {
+  Comm::set_activity("update " + std::to_string(u.k));
   finish_reduction(u);
   const auto t = Clock::now();
   optimizer_->queue_step(u.k, u.k - state_.skipped, monitor_.spike_test());  // the skipped count covers every update before k
@@ -386,7 +387,8 @@ TrainResult TrainingRun::finish() {
     json res = {{"diverged", false}, {"rollbacks", state_.rollbacks}, {"updates", state_.step}, {"tokens", state_.tokens_seen},
                 {"skipped_updates", state_.skipped}, {"tokens_per_s", result_.tokens_per_s}, {"wall_s", result_.seconds},
                 {"final_train_loss", result_.last_loss}, {"optimizer", choice_name(run_.optimizer.name)},
-                {"optimizer_state_bytes", optimizer_->state_bytes()}, {"matrix_state_bytes", optimizer_->matrix_state_bytes()}};
+                {"optimizer_state_bytes", optimizer_->state_bytes()}, {"matrix_state_bytes", optimizer_->matrix_state_bytes()},
+                {"backend", backend_->name()}, {"ranks", world_}, {"gradient_communicator", grad_comm_->name()}};
     if (result_.eval.batches) res["final_val_loss"] = result_.eval.loss, res["final_val_ppl"] = result_.eval.perplexity();
     // What this process replayed from CUDA graphs (GraphCache; zeros where the backend has none).
     res["cuda_graphs"] = {{"micro_batch_captures", mg.captures()}, {"micro_batches_replayed", mg.replays()},
