@@ -27,7 +27,6 @@ class GraphCache {
   GraphCache& operator=(const GraphCache&) = delete;
 
   void set_enabled(bool on);
-  bool enabled() const { return enabled_; }
   void run(const std::string& key, const std::function<void()>& ops);
 
   int64_t captures() const { return captures_; }

@@ -112,7 +112,6 @@ class LlamaModel {
   // eagerly.
   void queue_forward_backward(const MicroBatch& mb, float grad_scale);
   LossTotals* update_loss_totals() { return loss_totals_; }
-  LossTotals read_update_loss() const;  // a host wait (tests, benchmarks)
   // Mean-free loss sums, read back (a host wait): forward() only evaluates; forward_backward() is
   // queue_forward_backward() and this micro-batch's loss.
   LossSum forward(const MicroBatch& mb);

@@ -3,7 +3,8 @@
 // then across warps; pass 2 writes dlogits = (softmax - onehot) * grad_scale directly (probabilities
 // are never stored; dlogits may alias logits: each element is read then written by one thread).
 // bytes: N V 4 read twice (the second pass mostly from L2 for V = 32000 rows of 128 KB) + N V
-// sizeof(T) written; ~5 N V FLOPs.
+// sizeof(T) written; ~5 N V FLOPs. accumulate_loss: one block reads the N losses and the mask (5 N
+// bytes) and adds their FP64 sum, count and mean to the update's totals.
 #include "../common/optim_math.h"
 #include "device_utils.cuh"
 #include "kernels.h"

@@ -59,8 +59,6 @@ class CudaQueue final : public WorkQueue {
   void release_graph(int64_t graph) override;
   int64_t buffer_moves() const override { return moves_; }
   QueueCounters counters() const override { return counters_; }
-  // Late copies issued and not yet delivered.
-  int64_t copies_in_flight() const { return static_cast<int64_t>(late_.size()); }
 
  private:
   struct LateCopy {  // a copy_to_host_later in flight, staged in the pinned ring

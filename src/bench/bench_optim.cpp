@@ -28,6 +28,17 @@ double timed(Backend& be, Fn&& fn) {
   be.queue().wait_all();
   return since(t);
 }
+// The model's gradient arena drawn from N(0, 1e-3).
+void fill_gradients(Backend& be, LlamaModel& model) {
+  std::vector<float> g(model.num_params());
+  std::mt19937 gen(1);
+  std::normal_distribution<float> d(0.0f, 1e-3f);
+  for (auto& x : g) x = d(gen);
+  void* staging = be.allocate(g.size() * 4);
+  be.to_device(staging, g.data(), g.size() * 4);
+  be.convert(model.grads(), Buf{staging, DType::F32}, model.num_params());
+  be.release(staging);
+}
 }  // namespace
 
 void bench_optim(const OptimBenchOptions& o) {
@@ -41,16 +52,7 @@ void bench_optim(const OptimBenchOptions& o) {
   if (is_model_config(doc)) base.model.name = load_model_config(o.config).name;
   LlamaModel model(*be, base.model, base.precision.params, 1, 2);
   model.init_random(0);
-  {  // gradients: N(0, 1e-3)
-    std::vector<float> g(model.num_params());
-    std::mt19937 gen(1);
-    std::normal_distribution<float> d(0.0f, 1e-3f);
-    for (auto& x : g) x = d(gen);
-    void* staging = be->allocate(g.size() * 4);
-    be->to_device(staging, g.data(), g.size() * 4);
-    be->convert(model.grads(), Buf{staging, DType::F32}, model.num_params());
-    be->release(staging);
-  }
+  fill_gradients(*be, model);
   int64_t matrix_elems = 0;
   for (const auto& t : model.tensors())
     if (t.group() == TensorGroup::Attention || t.group() == TensorGroup::Mlp) matrix_elems += t.numel();
@@ -76,6 +78,7 @@ void bench_optim(const OptimBenchOptions& o) {
   };
 
   struct Row {
+    OptimizerKind kind;
     std::string name;
     std::unique_ptr<Optimizer> opt;
     std::unique_ptr<TensorRule> rule;
@@ -89,6 +92,7 @@ void bench_optim(const OptimBenchOptions& o) {
   const int64_t pb = dtype_bytes(base.precision.params), sb = dtype_bytes(base.precision.optimizer_states);
   for (const OptimizerKind kind : {OptimizerKind::Adam, OptimizerKind::SinkGD, OptimizerKind::Swan}) {
     Row r;
+    r.kind = kind;
     r.name = choice_name(kind);
     r.run = base;
     r.run.optimizer.name = kind;
@@ -127,10 +131,10 @@ void bench_optim(const OptimBenchOptions& o) {
   for (int round = 0; round < o.steps; ++round) {
     copy_s = std::min(copy_s, timed(*be, copy));
     for (auto& r : rows) {
-      if (r.name == "swan" && round >= 3) continue;
+      if (r.kind == OptimizerKind::Swan && round >= 3) continue;
       r.full_s = std::min(r.full_s, timed(*be, [&] { r.opt->step(2, 2); }));
       r.matrix_s = std::min(r.matrix_s, timed(*be, [&] { matrix_step(r, false); }));
-      if (r.name == "sinkgd") r.one_by_one_s = std::min(r.one_by_one_s, timed(*be, [&] { matrix_step(r, true); }));
+      if (r.kind == OptimizerKind::SinkGD) r.one_by_one_s = std::min(r.one_by_one_s, timed(*be, [&] { matrix_step(r, true); }));
     }
   }
   for (auto& r : rows)

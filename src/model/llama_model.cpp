@@ -303,12 +303,6 @@ LossSum LlamaModel::loss_of_this_call(int64_t BT) {
   return {t.sum, static_cast<int64_t>(t.count)};
 }
 
-LossTotals LlamaModel::read_update_loss() const {
-  LossTotals t;
-  be_.to_host(&t, loss_totals_, sizeof(t));
-  return t;
-}
-
 LossSum LlamaModel::forward(const MicroBatch& mb) {
   upload(mb, true);
   forward_layers(mb.B, mb.T);
