@@ -4,7 +4,7 @@
 #   bin/multinorm, bin/multinorm_tests, bin/mpirun (the bundled Open MPI's launcher)
 #   lib/libmultinorm_cuda.so and every shared library these need except glibc's and CUDA's
 #   openmpi/   Open MPI's launcher, daemon, components and help files (bin/mpirun sets OPAL_PREFIX)
-#   share/multinorm/configs, BUNDLE.txt (what is inside, what the node must provide)
+#   share/multinorm/{configs,docs,README.md}, BUNDLE.txt (what is inside, what the node must provide)
 # Every ELF file finds its libraries through RUNPATH ($ORIGIN/../lib). Not bundled: the CUDA driver,
 # cuBLASLt and NCCL (hundreds of MB; every GPU node has them): the binary finds them at run time in
 # LD_LIBRARY_PATH, the CUDA toolkit (/usr/local/cuda*/lib64, $CUDA_HOME) or a Python environment's
@@ -42,6 +42,7 @@ mkdir -p "$stage/bin" "$stage/lib" "$stage/share/multinorm"
 cp "$build/multinorm" "$build/multinorm_tests" "$stage/bin/"
 [ -f "$build/libmultinorm_cuda.so" ] && cp "$build/libmultinorm_cuda.so" "$stage/lib/"
 cp -r configs "$stage/share/multinorm/configs"
+cp -r docs README.md "$stage/share/multinorm/"  # the docs errors and help name
 
 # What the node provides: glibc (the loader's own libraries) and CUDA (driver, runtime, cuBLAS, NCCL).
 provided='^(linux-vdso|ld-linux|libc|libm|libdl|libpthread|librt|libresolv|libutil|libanl|libcuda|libcudart|libcublas|libcublasLt|libnccl|libnvidia-)[.-]'

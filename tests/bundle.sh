@@ -33,6 +33,7 @@ done < <(find "$root" -type f)
 
 cd "$tmp"
 out=$("$root/bin/multinorm" --version) && grep -q "^multinorm " <<<"$out" || fail "--version"
+test -f "$root/share/multinorm/docs/training-on-c4.md" || fail "the bundle ships no docs (errors name docs/*.md)"
 out=$("$root/bin/multinorm" info --config "$root/share/multinorm/configs/models/llama_60m.json") && grep -qE "total +58,073,600" <<<"$out" || fail "info"
 source "$src/tests/fixtures/tiny_shards.sh"
 make_tiny_shards "$root/bin/multinorm"

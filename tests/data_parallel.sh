@@ -165,7 +165,7 @@ for how in KILL STOP; do
     grep -Eq "rank 0 of 2: .* during (the checkpoint of |the statistics of )?update [0-9]+ did not complete within 3 s \(parallel.timeout_s\)" $d.log \
       || { echo "FAIL: no timeout message naming rank 0 and the update"; cat $d.log; exit 1; }
   else
-    grep -Eq "rank 0 of 2: terminated by signal 15 during (update [0-9]+|the checkpoint of update [0-9]+)|exited on signal 9" $d.log \
+    grep -Eq "rank 0 of 2: (terminated by signal 15|SIGTERM received) during (update [0-9]+|the checkpoint of update [0-9]+)|exited on signal 9" $d.log \
       || { echo "FAIL: no message naming the killed rank or where rank 0 was"; cat $d.log; exit 1; }
   fi
   # The newest checkpoint is complete and resumes (on one process: another world size).

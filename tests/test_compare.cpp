@@ -6,6 +6,7 @@
 
 #include "multinorm/compare.h"
 #include "multinorm/json_file.h"
+#include "multinorm/run_config.h"
 #include "test_util.h"
 
 namespace multinorm {
@@ -48,6 +49,24 @@ Comparison compare(const std::vector<std::string>& dirs, const std::string& ref 
   std::vector<RunCurve> runs;
   for (const auto& d : dirs) runs.push_back(load_run_curve(d, CompareMetric::ValLoss));
   return compare_runs(std::move(runs), ref, CompareMetric::ValLoss, allow);
+}
+
+// A run of a configs/c4 recipe gets the paper's figure beside its own; a changed recipe does not.
+TEST(Compare, PrintsThePapersFigureBesideARunOfAPaperRecipe) {
+  TempDir tmp;
+  FakeRun f;
+  f.evals = {{10, 3.5}, {30, 3.4}};
+  const std::string paper = make_run(tmp, "paper", f), tuned = make_run(tmp, "tuned", f);
+  const std::string c4 = std::string(MULTINORM_CONFIGS_DIR) + "/c4/llama_60m_sinkgd.json";
+  write_text_file_atomic(paper + "/config.json", load_run_config(c4, {"batch.micro_batch=32"}).resolved.dump(2));
+  write_text_file_atomic(tuned + "/config.json", load_run_config(c4, {"optimizer.lr=0.01"}).resolved.dump(2));
+  const auto c = compare({paper, tuned});
+  EXPECT_DOUBLE_EQ(c.runs[0].paper_ppl, 30.99);
+  EXPECT_EQ(c.runs[0].paper_row, "Table 1, SinkGD");
+  EXPECT_EQ(c.runs[1].paper_ppl, 0);
+  const std::string md = comparison_markdown(c);
+  EXPECT_NE(md.find("| 30.99 (Table 1, SinkGD) |"), std::string::npos) << md;
+  EXPECT_NE(comparison_csv(c).find(",30.99,"), std::string::npos);
 }
 
 TEST(Compare, InterpolatesTheCrossingAndDerivesSpeedups) {

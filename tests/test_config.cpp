@@ -220,11 +220,57 @@ TEST(Configs, PaperRunConfigsHoldThePapersHyperparameters) {
   EXPECT_EQ(s.batch.global_batch * s.batch.seq_len, 131072);
   EXPECT_EQ(s.schedule.total_steps, 10000);
   EXPECT_EQ(s.schedule.warmup_steps, 1000);
+  EXPECT_TRUE(s.schedule.galore_offset);  // GaLore's scheduler: update k at mult(k - 1)
+  EXPECT_EQ(s.backend, BackendRequest::Cuda);
   EXPECT_DOUBLE_EQ(s.optimizer.grad_clip, 0.0);
   EXPECT_DOUBLE_EQ(s.optimizer.weight_decay, 0.0);
   EXPECT_EQ(load_run_config(dir + "llama_1b_adam.json").optimizer.lr, 7e-4);
   EXPECT_EQ(load_run_config(dir + "llama_350m_adam.json").schedule.total_steps, 60000);
-  EXPECT_EQ(load_run_config(dir + "llama_1b_swan.json").schedule.total_steps, 100000);
+  // The paper's batch shapes: 60M 256 x 2; 130M and 350M 128 x 4 on one GPU; 1B 32 per GPU x 2 on 8.
+  const std::vector<std::pair<std::string, int64_t>> micro = {{"60m", 256}, {"130m", 128}, {"350m", 128}, {"1b", 32}};
+  for (const auto& [size, mb] : micro)
+    for (const std::string opt : {"adam", "sinkgd", "swan", "swan_dagger"}) {
+      const RunConfig c = load_run_config(dir + "llama_" + size + "_" + opt + ".json");
+      EXPECT_EQ(c.batch.micro_batch, mb) << size << " " << opt;
+      EXPECT_TRUE(c.schedule.galore_offset) << size << " " << opt;
+      EXPECT_GT(c.resolved["paper"]["perplexity"].get<double>(), 0) << size << " " << opt;
+    }
+  // SWAN's two rows: SWAN (cited: no warm-up, Adam's learning rate everywhere) and SWAN† (warm-up,
+  // the tuned 0.02 with alpha 0.05), with their Table 1 figures.
+  const RunConfig swan = load_run_config(dir + "llama_60m_swan.json"), dagger = load_run_config(dir + "llama_60m_swan_dagger.json");
+  EXPECT_EQ(swan.schedule.warmup_steps, 0);
+  EXPECT_DOUBLE_EQ(swan.optimizer.lr * swan.optimizer.alpha, 1e-3);
+  EXPECT_EQ(swan.resolved["paper"]["row"], "SWAN");
+  EXPECT_DOUBLE_EQ(swan.resolved["paper"]["perplexity"].get<double>(), 32.28);
+  EXPECT_EQ(dagger.schedule.warmup_steps, 1000);
+  EXPECT_DOUBLE_EQ(dagger.optimizer.lr, 0.02);
+  EXPECT_EQ(dagger.resolved["paper"]["row"], "SWAN†");
+  EXPECT_DOUBLE_EQ(dagger.resolved["paper"]["perplexity"].get<double>(), 30.00);
+  EXPECT_DOUBLE_EQ(load_run_config(dir + "llama_1b_sinkgd.json").resolved["paper"]["perplexity"].get<double>(), 13.51);
+  EXPECT_EQ(load_run_config(dir + "llama_7b_sinkgd.json").model.hidden_size, 4096);
+}
+
+#include "multinorm/paper_figures.h"
+
+TEST(Configs, PaperFigureFollowsTheRecipe) {
+  const std::string dir = std::string(MULTINORM_CONFIGS_DIR) + "/c4/";
+  const auto figure = [&](const std::string& file, const std::vector<std::string>& set) {
+    return paper_figure(load_run_config(dir + file, set).resolved);
+  };
+  ASSERT_TRUE(figure("llama_60m_sinkgd.json", {}).has_value());
+  EXPECT_DOUBLE_EQ(figure("llama_60m_sinkgd.json", {})->perplexity, 30.99);
+  EXPECT_EQ(figure("llama_60m_sinkgd.json", {})->row, "SinkGD");
+  // How the batch is split, where the data is, the seed and the backend do not change the recipe...
+  const auto split = figure("llama_60m_sinkgd.json", {"batch.micro_batch=32", "seed=7", "backend=cpu", "data.train=x/*.tok", "name=other"});
+  ASSERT_TRUE(split.has_value());
+  EXPECT_DOUBLE_EQ(split->perplexity, 30.99);
+  // ... the learning rate, the schedule and the model do.
+  EXPECT_FALSE(figure("llama_60m_sinkgd.json", {"optimizer.lr=0.01"}).has_value());
+  EXPECT_FALSE(figure("llama_60m_sinkgd.json", {"schedule.total_steps=5000"}).has_value());
+  EXPECT_FALSE(figure("llama_60m_sinkgd.json", {"model.config=llama_130m"}).has_value());
+  EXPECT_FALSE(figure("llama_60m_adam.json", {"optimizer.lr=0.005"}).has_value());
+  EXPECT_DOUBLE_EQ(figure("llama_130m_swan_dagger.json", {})->perplexity, 22.83);
+  EXPECT_FALSE(figure("llama_7b_sinkgd.json", {}).has_value());  // no paper figure for it
 }
 
 TEST(Configs, ReferenceDocIsInSyncWithTheSchema) {
@@ -248,15 +294,46 @@ TEST(Schema, EditDistanceAndOverrideParsing) {
 
 #include "multinorm/sweep.h"
 
-TEST(Configs, PaperSweepListsTheTwelveRunsWithTheirHyperparameters) {
+TEST(Configs, PaperSweepListsTheSixteenRunsOfTable1) {
   const SweepPlan plan = load_sweep(std::string(MULTINORM_CONFIGS_DIR) + "/sweeps/paper_table1.json");
-  ASSERT_EQ(plan.runs.size(), 12u);
-  const RunConfig one_b = load_run_config(plan.base_config, plan.runs[9].overrides);  // llama_1b_adam
+  ASSERT_EQ(plan.runs.size(), 16u);
+  for (const SweepRun& r : plan.runs) {  // each run is its shipped config, with the paper's figure
+    const RunConfig c = load_run_config(r.config, r.overrides);
+    EXPECT_EQ(c.name, r.name);
+    ASSERT_TRUE(paper_figure(c.resolved).has_value()) << r.name;
+    EXPECT_EQ(paper_figure(c.resolved)->config.substr(paper_figure(c.resolved)->config.rfind('/') + 1), r.name + ".json");
+  }
+  const RunConfig one_b = load_run_config(plan.runs[12].config, plan.runs[12].overrides);  // llama_1b_adam
   EXPECT_EQ(one_b.model.hidden_size, 2048);
   EXPECT_EQ(one_b.optimizer.name, OptimizerKind::Adam);
   EXPECT_DOUBLE_EQ(one_b.optimizer.lr, 7e-4);
   EXPECT_EQ(one_b.schedule.total_steps, 100000);
   EXPECT_EQ(one_b.schedule.warmup_steps, 10000);
+}
+
+TEST(Configs, AdamLearningRateGridsAreThePapers) {
+  const std::vector<double> small = {1e-2, 5e-3, 1e-3, 5e-4, 1e-4}, large = {1e-3, 7e-4, 5e-4, 3e-4, 1e-4};
+  for (const std::string size : {"60m", "130m", "350m", "1b"}) {
+    const SweepPlan plan = load_sweep(std::string(MULTINORM_CONFIGS_DIR) + "/sweeps/adam_lr_grid_" + size + ".json");
+    std::vector<double> lrs;
+    for (const SweepRun& r : plan.runs) {
+      const RunConfig c = load_run_config(r.config, r.overrides);
+      EXPECT_EQ(c.optimizer.name, OptimizerKind::Adam) << size;
+      EXPECT_EQ(c.model.name, "llama_" + size);
+      lrs.push_back(c.optimizer.lr);
+    }
+    EXPECT_EQ(lrs, size == "1b" ? large : small) << size;
+  }
+}
+
+TEST(Configs, SweepGpuListsParse) {
+  EXPECT_EQ(parse_gpu_list("0-7"), (std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7}));
+  EXPECT_EQ(parse_gpu_list("0,1,4-5"), (std::vector<int>{0, 1, 4, 5}));
+  EXPECT_EQ(parse_gpu_list("3"), (std::vector<int>{3}));
+  expect_config_error([] { parse_gpu_list("0-"); }, {"--gpus 0-", "expected GPU ids"});
+  expect_config_error([] { parse_gpu_list("3-1"); }, {"3-1 is empty"});
+  expect_config_error([] { parse_gpu_list("0,0"); }, {"GPU 0 twice"});
+  expect_config_error([] { parse_gpu_list("a"); }, {"expected GPU ids"});
 }
 
 TEST(Configs, SmallOptimizerSweepIsThePapersProtocolWithTheSameTokensForAll) {
@@ -265,7 +342,7 @@ TEST(Configs, SmallOptimizerSweepIsThePapersProtocolWithTheSameTokensForAll) {
   std::vector<std::string> optimizers;
   std::vector<double> lrs;
   for (const auto& r : plan.runs) {
-    const RunConfig run = load_run_config(plan.base_config, r.overrides);
+    const RunConfig run = load_run_config(r.config, r.overrides);
     EXPECT_EQ(run.data.layout, ShardLayout::Rows) << r.name;
     EXPECT_EQ(run.batch.seq_len, 256) << r.name;
     EXPECT_EQ(run.batch.global_batch, 32) << r.name;
@@ -293,4 +370,13 @@ TEST(Configs, SweepErrorsNameTheKey) {
   const SweepPlan p = load_sweep(dir.write("s3.json", R"({"base": "base.json", "grid": {"optimizer.name": ["sinkgd", "adam"],
       "optimizer.lr": [0.1, 0.2]}, "runs": [{"name": "extra", "set": {"seed": 3}}]})"));
   EXPECT_EQ(p.runs.size(), 5u);  // 2 x 2 grid + 1 listed
+  // No base: every run names its config (relative to the sweep file), or the sweep is refused.
+  expect_config_error([&] { load_sweep(dir.write("s4.json", R"({"runs": [{"name": "a"}]})")); },
+                      {"s4.json", "base", "unless every run names its config"});
+  const SweepPlan own = load_sweep(dir.write("s5.json", R"({"runs": [{"name": "a", "config": "base.json"}]})"));
+  ASSERT_EQ(own.runs.size(), 1u);
+  EXPECT_EQ(own.runs[0].config, dir.path() + "/base.json");
+  // A model.config path in a sweep file resolves against the sweep file's folder.
+  const SweepPlan m = load_sweep(dir.write("s6.json", R"({"base": "base.json", "runs": [{"name": "m", "set": {"model.config": "tiny.json"}}]})"));
+  EXPECT_EQ(load_run_config(m.runs[0].config, m.runs[0].overrides).model.hidden_size, load_model_config(dir.path() + "/tiny.json").hidden_size);
 }

@@ -37,6 +37,9 @@ class Comm {
   // terminates the rank because another one failed.
   static void set_activity(const std::string& what);
   static std::string activity();
+  // For a signal handler (no allocation): this rank ("0 of 2"; "" without MPI) and its activity.
+  static const char* rank_text_for_handler();
+  static const char* activity_for_handler();
   // In place, element-wise sums (or maxima) over the ranks.
   void allreduce_sum(float* x, int64_t n);
   void allreduce_sum(double* x, int64_t n);

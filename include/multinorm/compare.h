@@ -28,6 +28,8 @@ struct RunCurve {
   int64_t peak_rss_bytes = 0;  // largest rss_bytes recorded
   int64_t missing_updates = 0; // updates with no metrics record (their time is not counted)
   std::string comparability;   // model, data, batch and evaluation settings, as one JSON text
+  double paper_ppl = 0;        // the paper's perplexity for this run's recipe (paper_figures.h); 0: none
+  std::string paper_row;       // "Table 1, SinkGD"
 };
 
 // Where a curve first reaches `target` (loss <= target).

@@ -33,5 +33,10 @@ const Schema& model_schema();
 // Validates a parsed model config (`source` names it in errors) and checks its internal consistency.
 ModelConfig model_config_from_json(const json& doc, const std::string& source, const std::string& name);
 ModelConfig load_model_config(const std::string& path);
+// The file a model config reference names: a name ("llama_1b": the shipped configs/models/llama_1b.json,
+// from a bundle's share/multinorm/configs or the source tree), or a path (it has a '/' or ends in
+// .json), returned as is.
+std::string model_config_path(const std::string& name_or_path);
+bool is_model_config_name(const std::string& name_or_path);
 
 }  // namespace multinorm

@@ -34,9 +34,17 @@ struct TrainResult {
   EvalResult eval;
   double seconds = 0, tokens_per_s = 0;
   std::string run_dir, last_checkpoint;
+  int stopped_by = 0;  // the signal that stopped the run after its last update (stop_signals.h); 0: none
 };
 
 TrainResult train(const RunConfig& run, const TrainOptions& opt);
+
+// `multinorm train` stopped by a signal after an update, its checkpoint written: every rank exits
+// with kStoppedBySignalStatus (75), which a job script requeues on (docs/training-on-c4.md).
+class StoppedBySignal : public Error {
+ public:
+  explicit StoppedBySignal(const std::string& message) : Error(message) {}
+};
 
 // Evaluates `model` on `data` over `token_budget` counted targets (the same code the trainer uses).
 // With several ranks, each evaluates its slice of every step and the sums are taken over the ranks.
@@ -45,5 +53,9 @@ EvalResult evaluate(LlamaModel& model, std::shared_ptr<const ShardSet> data, int
 
 // The newest complete checkpoint directory of a run ("" when none).
 std::string latest_checkpoint(const std::string& run_dir);
+// The checkpoint a command reads from `path`: a run directory's newest, or `path` itself when it holds
+// a model. A path that does not exist, a run directory with no checkpoint yet, or a directory that is
+// neither, is an Error that says which (`what`: the option that named it, e.g. "--checkpoint").
+std::string checkpoint_to_read(const std::string& path, const std::string& what);
 
 }  // namespace multinorm

@@ -42,7 +42,8 @@ extern "C" int multinorm_cuda_device_query(int device, multinorm_cuda_device_inf
   std::memset(info, 0, sizeof(*info));
 #if MN_EMULATED
   (void)err, (void)err_len;
-  std::snprintf(info->name, sizeof(info->name), "CUDA emulation on the CPU (test instrument)");
+  std::snprintf(info->name, sizeof(info->name), "CUDA emulation on the CPU (test instrument), device %d",
+                cuda_emu::physical_device(device));
   info->cc_major = 9;
   size_t free_b = 0;
   cudaMemGetInfo(&free_b, &info->total_memory_bytes);

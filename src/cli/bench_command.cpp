@@ -3,17 +3,20 @@
 
 #include "multinorm/bench.h"
 #include "multinorm/cli.h"
+#include "multinorm/model_config.h"
 
 namespace multinorm {
 
 void add_bench_command(CLI::App& app) {
   auto* bench = app.add_subcommand("bench", "Benchmarks, printed as ratios against baselines measured in the same run");
-  bench->footer("Example: multinorm bench model --config configs/models/llama_60m.json");
+  bench->footer("Example: multinorm bench model --config llama_60m");
   bench->require_subcommand(1);
   auto* model = bench->add_subcommand("model", "Training throughput vs the oneDNN GEMM peak and PyTorch CPU");
-  model->footer("Example: multinorm bench model --config configs/models/llama_1b.json --batch 32 --seq 256 --predict a100");
+  model->footer("Example: multinorm bench model --config llama_1b --batch 32 --seq 256 --predict a100");
   static ModelBenchOptions o;
-  model->add_option("--config,-c", o.config, "model config or run config")->required();
+  model->add_option("--config,-c", o.config, "run config, model config, or a shipped model's name (llama_1b)")
+      ->required()
+      ->transform(model_config_path);
   model->add_option("--batch", o.batch, "micro-batch (sequences)");
   model->add_option("--seq", o.seq, "sequence length");
   model->add_option("--steps", o.steps, "timed steps");
@@ -35,9 +38,11 @@ void add_bench_command(CLI::App& app) {
   model->callback([] { o.predict.empty() ? bench_model(o) : bench_model_predict(o); });
 
   auto* optim = bench->add_subcommand("optim", "One optimizer step per optimizer: SinkGD/Adam and SWAN/SinkGD ratios, bandwidth");
-  optim->footer("Example: multinorm bench optim --config configs/models/llama_130m.json");
+  optim->footer("Example: multinorm bench optim --config llama_130m");
   static OptimBenchOptions p;
-  optim->add_option("--config,-c", p.config, "model config or run config")->required();
+  optim->add_option("--config,-c", p.config, "run config, model config, or a shipped model's name (llama_1b)")
+      ->required()
+      ->transform(model_config_path);
   optim->add_option("--precision", p.precision, "bf16 or fp32 weights and states")->check(CLI::IsMember({"bf16", "fp32"}));
   optim->add_option("--steps", p.steps, "timed rounds, optimizers interleaved (the best of each is reported)");
   optim->add_option("--threads", p.threads, "CPU threads (0: all cores)");
@@ -52,7 +57,7 @@ void add_bench_command(CLI::App& app) {
   checksum->callback([] { bench_checksum(static_cast<int64_t>(checksum_bytes)); });
 
   auto* data = bench->add_subcommand("data", "Tokenize throughput vs spm_encode, loader throughput");
-  data->footer("Example: multinorm bench data --input 'corpus/*.json.gz' --tokenizer data/tokenizer.model");
+  data->footer("Example: multinorm bench data --input 'c4/en/c4-train.00000-of-01024.json.gz' --tokenizer data/c4/t5_spiece.model");
   static DataBenchOptions d;
   data->add_option("--input,-i", d.inputs, "C4 json.gz globs")->required();
   data->add_option("--tokenizer,-t", d.tokenizer, "SentencePiece model")->required();

@@ -8,24 +8,24 @@
 #include "multinorm/checkpoint.h"
 #include "multinorm/cli.h"
 #include "multinorm/error.h"
+#include "multinorm/trainer.h"
 
 namespace multinorm {
 
 void add_checkpoint_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("checkpoint", "Checkpoint tools");
-  cmd->footer("Example: multinorm checkpoint verify runs/llama_60m_sinkgd");
+  cmd->footer("Example: multinorm checkpoint verify runs/c4_llama_60m_sinkgd");
   cmd->require_subcommand(1);
   auto* verify = cmd->add_subcommand("verify", "Check every file of a checkpoint against its manifest (size and CRC-32C)");
   static std::string dir;
   verify->add_option("dir", dir, "a checkpoint directory (runs/NAME/checkpoints/step_N), or a run directory: all its checkpoints")
       ->required();
-  verify->footer("Example: multinorm checkpoint verify runs/llama_60m_sinkgd/checkpoints/step_00010000");
+  verify->footer("Example: multinorm checkpoint verify runs/c4_llama_60m_sinkgd/checkpoints/step_00010000");
   verify->callback([] {
-    std::vector<std::string> dirs;
-    if (!checkpoint_dirs(dir + "/checkpoints").empty()) {
+    std::vector<std::string> dirs = {checkpoint_to_read(dir, "checkpoint verify")};  // one, or a run's newest
+    if (dirs[0] != dir) {  // a run directory: all its checkpoints
+      dirs.clear();
       for (const std::string& d : checkpoint_dirs(dir + "/checkpoints")) dirs.push_back(dir + "/checkpoints/" + d);
-    } else {
-      dirs.push_back(dir);
     }
     int damaged = 0;
     for (const std::string& d : dirs) {

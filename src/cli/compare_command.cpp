@@ -25,7 +25,7 @@ void add_compare_command(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "compare", "Optimizer comparison of runs: updates, tokens and time to the reference's final loss, "
                  "effective throughput, memory (Markdown, CSV, plot)");
-  cmd->footer("Example: multinorm compare runs/llama_60m_adam runs/llama_60m_sinkgd runs/llama_60m_swan");
+  cmd->footer("Example: multinorm compare runs/c4_llama_60m_adam runs/c4_llama_60m_sinkgd runs/c4_llama_60m_swan");
   static std::vector<std::string> dirs;
   static std::string reference, metric = "val_loss", out, stem = "comparison";
   static int window = 20;

@@ -10,11 +10,11 @@ namespace multinorm {
 
 void add_data_command(CLI::App& app) {
   auto* data = app.add_subcommand("data", "Tokenizer training, C4 json.gz -> token shards, shard inspection");
-  data->footer("Example: multinorm data tokenize --input 'c4/en/c4-train.*.json.gz' --tokenizer t5-spiece.model --out data/c4_train");
+  data->footer("Example: multinorm data tokenize -i 'c4/en/c4-train.*.json.gz,c4/en/c4-validation.*.json.gz' -t data/c4/t5_spiece.model -o data/c4/shards");
   data->require_subcommand(1);
 
   auto* tt = data->add_subcommand("train-tokenizer", "Train a SentencePiece model on C4-format files");
-  tt->footer("Example: multinorm data train-tokenizer --input 'corpus/*.json.gz' --out data/tokenizer --vocab-size 8192");
+  tt->footer("Example: multinorm data train-tokenizer --input 'c4/en/c4-train.0000*.json.gz' --out data/c4/my_tokenizer --vocab-size 8192");
   static TrainTokenizerOptions t;
   tt->add_option("--input,-i", t.inputs, "comma-separated globs of C4 json.gz files")->required();
   tt->add_option("--out,-o", t.out_prefix, "output prefix: writes PREFIX.model and PREFIX.vocab")->required();
@@ -25,7 +25,7 @@ void add_data_command(CLI::App& app) {
   tt->callback([] { train_tokenizer(t); });
 
   auto* tk = data->add_subcommand("tokenize", "C4 json.gz files -> token shards (resumable)");
-  tk->footer("Example: multinorm data tokenize --input 'c4/en/c4-train.*.json.gz' --tokenizer t5-spiece.model --out data/c4_train");
+  tk->footer("Example: multinorm data tokenize -i 'c4/en/c4-train.*.json.gz,c4/en/c4-validation.*.json.gz' -t data/c4/t5_spiece.model -o data/c4/shards");
   static TokenizeOptions k;
   tk->add_option("--input,-i", k.inputs, "comma-separated globs of C4 json.gz files")->required();
   tk->add_option("--tokenizer,-t", k.tokenizer, "SentencePiece model")->required();
@@ -58,7 +58,7 @@ void add_data_command(CLI::App& app) {
   });
 
   auto* in = data->add_subcommand("inspect", "Header, counts, token histogram, decoded first documents");
-  in->footer("Example: multinorm data inspect data/c4_train/shard_00000.bin --tokenizer t5-spiece.model");
+  in->footer("Example: multinorm data inspect data/c4/shards/c4-validation.00000-of-00008.tok -t data/c4/t5_spiece.model");
   static std::string shard, tokenizer;
   static int64_t docs = 2;
   in->add_option("shard", shard, "shard file")->required();
@@ -67,7 +67,7 @@ void add_data_command(CLI::App& app) {
   in->callback([] { inspect_shard(shard, tokenizer, docs); });
 
   auto* ve = data->add_subcommand("verify", "Check shards' sizes, checksums and token ids");
-  ve->footer("Example: multinorm data verify 'data/c4_train/*.bin'");
+  ve->footer("Example: multinorm data verify 'data/c4/shards/*.tok'");
   static std::string globs;
   ve->add_option("shards", globs, "comma-separated globs")->required();
   ve->callback([] { verify_shards(globs); });

@@ -17,10 +17,12 @@ namespace multinorm {
 
 void add_export_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("export", "Write model.safetensors + config.json (Hugging Face LlamaForCausalLM)");
-  cmd->footer("Example: multinorm export --config runs/llama_60m_sinkgd/config.json --from runs/llama_60m_sinkgd --out hf/llama_60m_sinkgd");
+  cmd->footer("Example: multinorm export --config runs/c4_llama_60m_sinkgd/config.json --from runs/c4_llama_60m_sinkgd --out hf/llama_60m_sinkgd");
   static std::string config, from, out, dtype = "bf16";
   static int64_t seed = -1;
-  cmd->add_option("--config,-c", config, "model config or run config (its model and seed)")->required();
+  cmd->add_option("--config,-c", config, "run config (its model and seed), model config, or a shipped model's name (llama_1b)")
+      ->required()
+      ->transform(model_config_path);
   cmd->add_option("--from", from,
                   "weights to export: a checkpoint directory, a run directory (its latest checkpoint) or a Hugging Face directory (default: a "
                   "seeded random init)");
@@ -44,7 +46,7 @@ void add_export_command(CLI::App& app) {
     LlamaModel model(*be, model_cfg, DType::F32, 1, 2);
     if (from.empty()) model.init_random(static_cast<uint64_t>(seed >= 0 ? seed : run_seed));
     else {
-      if (!latest_checkpoint(from).empty()) from = latest_checkpoint(from);  // a run directory
+      from = checkpoint_to_read(from, "--from");  // a run directory: its newest
       const auto verify = verify_reads_of(from);  // a checkpoint: its files checked as they are read
       load_hf_model(model, from);
     }

@@ -35,8 +35,7 @@ void add_generate_command(CLI::App& app) {
   cmd->add_flag("--no-kv-cache", no_cache,
                 "recompute the whole context for every token (the reference path; slow) instead of the key/value cache");
   cmd->callback([] {
-    std::string dir = checkpoint;
-    if (!latest_checkpoint(dir).empty()) dir = latest_checkpoint(dir);
+    const std::string dir = checkpoint_to_read(checkpoint, "--checkpoint");  // a run directory: its newest
     const auto verify = verify_reads_of(dir);  // every file of the checkpoint checked as it is read
     const std::string config = checkpoint_run_config_path(dir);  // the checkpoint's own, self-sufficient
     const RunConfig run = run_config_from_json(read_json_file(config), config);

@@ -12,6 +12,7 @@
 #include "multinorm/llama_model.h"
 #include "multinorm/device.h"
 #include "multinorm/error.h"
+#include "multinorm/model_config.h"
 #include "multinorm/json_file.h"
 #include "multinorm/memory_estimate.h"
 #include "multinorm/param_groups.h"
@@ -168,7 +169,9 @@ void add_info_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("info", "Parameter counts and memory (the paper's MEM column, training total)");
   cmd->footer("Example: multinorm info --config configs/c4/llama_1b_sinkgd.json --ranks 8");
   static InfoOptions o;
-  cmd->add_option("--config,-c", o.path, "model config (configs/models/*.json) or run config")->required();
+  cmd->add_option("--config,-c", o.path, "run config, model config, or a shipped model's name (llama_1b)")
+      ->required()
+      ->transform(model_config_path);
   cmd->add_option("--set", o.overrides, "override a run config key (repeatable)");
   cmd->add_option("--ranks", o.ranks, "data-parallel ranks: per-rank memory with and without the sharded optimizer")
       ->check(CLI::Range(1, 1 << 20));

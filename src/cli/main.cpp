@@ -11,6 +11,8 @@
 #include "multinorm/comm.h"
 #include "multinorm/divergence.h"
 #include "multinorm/error.h"
+#include "multinorm/stop_signals.h"
+#include "multinorm/trainer.h"
 
 // An error on one rank of a data-parallel run ends them all: the others would wait in a collective.
 static int stop_all_ranks(int code) {
@@ -19,6 +21,14 @@ static int stop_all_ranks(int code) {
     multinorm::Comm::world().abort_all(code);
   }
   return code;
+}
+
+// Sentinel defaults ("-1": taken from the run config; "[]": none) hidden from --help, where the
+// option's description says what it defaults to.
+static void hide_sentinel_defaults(CLI::App& app) {
+  for (CLI::Option* o : app.get_options())
+    if (o->get_default_str() == "-1" || o->get_default_str() == "[]") o->default_str("");
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) hide_sentinel_defaults(*sub);
 }
 
 // Every subcommand's action replaced by nothing (parse-only mode).
@@ -35,6 +45,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "multinorm " MULTINORM_VERSION);
   app.footer("multinorm SUBCOMMAND --help: the options of each.\nExample: multinorm train --config configs/c4/llama_60m_sinkgd.json");
   app.require_subcommand(1);
+  app.option_defaults()->always_capture_default();  // --help shows every option's default (subcommands inherit it)
   multinorm::add_train_command(app);
   multinorm::add_sweep_command(app);
   multinorm::add_compare_command(app);
@@ -47,13 +58,18 @@ int main(int argc, char** argv) {
   multinorm::add_data_command(app);
   multinorm::add_export_command(app);
   multinorm::add_bench_command(app);
+  hide_sentinel_defaults(app);
   // MULTINORM_PARSE_ONLY=1: check the command line (subcommand, flags, values) and exit without
   // running it; the docs test passes every documented command through this.
   if (const char* p = std::getenv("MULTINORM_PARSE_ONLY"); p && std::string(p) == "1") drop_callbacks(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    const int code = app.exit(e);  // prints the help, the version or what is wrong with the command line
+    return code == 0 ? 0 : 2;      // a usage error: status 2, as Unix tools have it
+  } catch (const multinorm::StoppedBySignal& e) {  // every rank stops after the same update: no abort
+    if (multinorm::Comm::world().root()) std::fprintf(stderr, "multinorm: %s\n", e.what());
+    return multinorm::kStoppedBySignalStatus;
   } catch (const multinorm::DivergenceError& e) {  // a run stopped by the divergence monitor: status 3
     std::fprintf(stderr, "multinorm: diverged: %s\n", e.what());
     return stop_all_ranks(3);

@@ -10,6 +10,7 @@
 #include "multinorm/comm.h"
 #include "multinorm/error.h"
 #include "multinorm/json_file.h"
+#include "multinorm/stop_signals.h"
 #include "multinorm/trainer.h"
 
 namespace multinorm {
@@ -44,6 +45,9 @@ void add_train_command(CLI::App& app) {
                            "divergence.max_consecutive_skips (docs/training.md)\n");
     const RunConfig run = load_run_config(path, overrides);
     const TrainResult r = train(run, o);
+    if (r.stopped_by)
+      throw StoppedBySignal("stopped by " + std::string(StopSignals::name(r.stopped_by)) + " after " + std::to_string(r.updates) +
+                            " update(s) of this run; checkpoint " + r.last_checkpoint + "; go on with --resume");
     if (!Comm::world().root()) return;  // rank 0 reports for the run
     if (r.updates == 0 && r.skipped == 0)
       std::printf("nothing to train: %s is already at its last update (schedule.total_steps or --max-updates)\n",
@@ -58,7 +62,7 @@ void add_train_command(CLI::App& app) {
   });
 
   auto* ev = app.add_subcommand("eval", "Validation loss and perplexity of a checkpoint");
-  ev->footer("Example: multinorm eval --checkpoint runs/llama_60m_sinkgd");
+  ev->footer("Example: multinorm eval --checkpoint runs/c4_llama_60m_sinkgd");
   static std::string checkpoint, data;
   static int64_t tokens = -1;
   static bool as_json = false;
@@ -67,8 +71,7 @@ void add_train_command(CLI::App& app) {
   ev->add_option("--tokens", tokens, "counted target tokens to evaluate (default: the run's eval.tokens)");
   ev->add_flag("--json", as_json, "machine-readable output");
   ev->callback([] {
-    std::string dir = checkpoint;
-    if (!latest_checkpoint(dir).empty()) dir = latest_checkpoint(dir);  // a run directory
+    const std::string dir = checkpoint_to_read(checkpoint, "--checkpoint");  // a run directory: its newest
     const auto verify = verify_reads_of(dir);  // every file of the checkpoint checked as it is read
     const std::string config = checkpoint_run_config_path(dir);  // the checkpoint's own, self-sufficient
     const RunConfig run = run_config_from_json(read_json_file(config), config);

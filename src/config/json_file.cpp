@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -95,6 +96,13 @@ void write_text_file_atomic(const std::string& path, const std::string& text) {
     ::unlink(tmp.c_str());
     throw Error(path + ": rename failed: " + std::strerror(err));
   }
+}
+
+void make_directories(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::create_directories(path, ec);
+  if (!std::filesystem::is_directory(path))
+    throw Error(path + ": cannot create the directory" + (ec ? ": " + ec.message() : std::string()));
 }
 
 }  // namespace multinorm

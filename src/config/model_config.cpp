@@ -1,6 +1,9 @@
 // LLaMA model configs in Hugging Face LlamaConfig form.
 #include "multinorm/model_config.h"
 
+#include <unistd.h>
+
+#include "multinorm/device.h"
 #include "multinorm/error.h"
 #include "multinorm/json_file.h"
 
@@ -83,6 +86,20 @@ static std::string file_stem(const std::string& path) {
   std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
   const auto dot = base.rfind('.');
   return dot == std::string::npos ? base : base.substr(0, dot);
+}
+
+bool is_model_config_name(const std::string& ref) {
+  return !ref.empty() && ref.find('/') == std::string::npos && ref.find(".json") == std::string::npos;
+}
+
+std::string model_config_path(const std::string& ref) {
+  if (!is_model_config_name(ref)) return ref;
+  const std::vector<std::string> dirs = {executable_dir() + "/../share/multinorm/configs/models",
+                                         std::string(MULTINORM_SOURCE_DIR) + "/configs/models"};
+  for (const std::string& d : dirs)
+    if (::access((d + "/" + ref + ".json").c_str(), R_OK) == 0) return d + "/" + ref + ".json";
+  throw ConfigError("model " + ref + ": no configs/models/" + ref + ".json in " + dirs[0] + " or " + dirs[1] +
+                    " (a name is one of the shipped model configs; a path has a '/' or ends in .json)");
 }
 
 ModelConfig load_model_config(const std::string& path) {

@@ -52,7 +52,7 @@ const Schema& run_schema() {
   constexpr double kMaxInt = 9.007199254740992e15;  // 2^53: exact in a JSON double
   static const Schema schema("run", {
       string("name", "", "run name; empty: the config file's stem"),
-      required("model.config", ValueKind::ModelRef, "model config: a path relative to this file (configs/models/*.json) or an inline object"),
+      required("model.config", ValueKind::ModelRef, "model config: a shipped model's name (llama_60m ... llama_7b), a path relative to this file (relative to the working directory when given with --set), or an inline object"),
       string("model.init_from", "", "start from a Hugging Face-format directory (model.safetensors + config.json) instead of a random init"),
       string("data.train", "", "glob of training token shards (relative to the working directory)"),
       string("data.validation", "", "glob of validation token shards"),
@@ -116,6 +116,10 @@ const Schema& run_schema() {
       integer("seed", 0, "seed of the init, the data order and stochastic rounding", 0, kMaxInt),
       string("output_dir", "", "run directory; empty: runs/<name>"),
       integer("log.every", 1, "print a log line every N updates (metrics.jsonl gets every update)", 1, kMaxInt),
+      string("paper.table", "", "configs/c4: where in the paper this recipe's figure is (\"Table 1\")"),
+      string("paper.row", "", "configs/c4: the paper's name of the row (Adam, SWAN, SWAN†, SinkGD)"),
+      number("paper.perplexity", 0.0, "configs/c4: the paper's C4 validation perplexity for this recipe; `compare` prints it beside a run that matches the recipe (0: none)", 0),
+      string("paper.setup", "", "configs/c4: the GPUs and batch split the paper ran this recipe on (micro-batch x accumulation x GPUs)"),
   });
   return schema;
 }
@@ -126,9 +130,11 @@ RunConfig run_config_from_json(const json& doc_in, const std::string& source, co
   const Schema& schema = run_schema();
   if (!doc_in.is_object()) throw ConfigError(source + ": expected a JSON object at the top level");
   json doc = doc_in;
+  bool model_from_command_line = false;  // a relative model.config then resolves against the working directory
   for (const auto& text : overrides) {
     auto [key, value] = parse_override(text);
     schema.apply_override(doc, key, value, "--set " + text);
+    if (key == "model.config") model_from_command_line = true;
   }
   json r = schema.resolve(doc, source);
 
@@ -137,12 +143,13 @@ RunConfig run_config_from_json(const json& doc_in, const std::string& source, co
   c.name = r["name"].get<std::string>();
   if (c.name.empty()) c.name = stem_of(source);
 
-  // The model: a path relative to this config file, or an inline object. The resolved config
-  // inlines it so that a run directory is self-contained.
+  // The model: a shipped model's name (llama_1b), a path (relative to this config file, or to the
+  // working directory when --set gives it), or an inline object. The resolved config inlines it so
+  // that a run directory is self-contained.
   const json& ref = r["model"]["config"];
   if (ref.is_string()) {
-    std::string path = ref.get<std::string>();
-    if (!path.empty() && path[0] != '/') path = dir_of(source) + "/" + path;
+    std::string path = model_config_path(ref.get<std::string>());
+    if (!path.empty() && path[0] != '/' && !model_from_command_line) path = dir_of(source) + "/" + path;
     try {
       c.model = load_model_config(path);
     } catch (const ConfigError& e) {

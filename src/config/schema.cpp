@@ -255,7 +255,7 @@ void Schema::walk(const json& node, const std::string& prefix, const std::string
       const std::string s = suggest(path);
       throw ConfigError(source + ": " + path + ": unknown key" +
                         (s.empty() ? "" : " (did you mean '" + s + "'?)") +
-                        "; the valid keys are listed in docs/configs.md");
+                        "; `multinorm config --reference` lists the valid keys (docs/configs.md)");
     }
   }
 }

@@ -30,9 +30,11 @@ ShardSet::ShardSet(const std::vector<std::string>& paths, int64_t seq_len, int64
   for (const auto& p : paths) {
     shards_.emplace_back(p, false);
     const ShardHeader& h = shards_.back().header();
+    // A model may round its vocabulary up (llm.c pads GPT-2's 50257 to 50304): only fewer
+    // embeddings than the tokenizer's pieces is an error.
     if (static_cast<int64_t>(h.vocab_size) > vocab_size)
-      throw Error(p + ": tokenized with a vocabulary of " + std::to_string(h.vocab_size) + ", the model has " +
-                  std::to_string(vocab_size) + " embeddings");
+      throw Error(p + ": tokenized with a vocabulary of " + std::to_string(h.vocab_size) + ", the model has only " +
+                  std::to_string(vocab_size) + " embeddings (model.config.vocab_size must be at least the tokenizer's)");
     if (h.layout != shards_.front().header().layout)
       throw Error(p + ": layout " + layout_name(h.layout) + " differs from " + shards_.front().path());
   }
@@ -271,18 +273,15 @@ uint64_t check_data_identity(const ShardSet& set, const std::string& tokenizer, 
       throw ConfigError("data.tokenizer: " + tokenizer + " does not exist (or cannot be read)");
     want = file_fingerprint(tokenizer);
   }
-  constexpr int64_t kVocabPadding = 128;  // a model may round its vocabulary up (e.g. to a multiple of 64)
   uint64_t carried = 0;
+  int64_t shard_vocab = 0;
   for (int64_t s = 0; s < set.shards(); ++s) {
     const Shard& sh = set.shard(s);
     const ShardHeader& h = sh.header();
     if (h.layout != layout)
       throw Error(sh.path() + ": its layout is " + layout_name(h.layout) + ", data.layout is " + layout_name(layout) +
                   " (tokenize again with --layout " + layout_name(layout) + ", or set data.layout=" + layout_name(h.layout) + ")");
-    const int64_t v = h.vocab_size;
-    if (v > model_vocab || model_vocab - v >= kVocabPadding)
-      throw Error(sh.path() + ": tokenized with a vocabulary of " + std::to_string(v) + ", the model has " + std::to_string(model_vocab) +
-                  " embeddings (another tokenizer's shards, or another model)");
+    shard_vocab = h.vocab_size;  // (at most model_vocab: ShardSet checks; another tokenizer's shards: the hash below)
     if (h.tokenizer_hash == 0) continue;  // format version 1: no record
     if (want != 0 && h.tokenizer_hash != want)
       throw Error(sh.path() + ": tokenized with the tokenizer of hash " + hex64(h.tokenizer_hash) + ", data.tokenizer " + tokenizer +
@@ -295,6 +294,9 @@ uint64_t check_data_identity(const ShardSet& set, const std::string& tokenizer, 
   if (note && tokenizer.empty())
     *note = carried ? "data.tokenizer is not set: the shards record tokenizer hash " + hex64(carried)
                     : "data.tokenizer is not set and the shards record no tokenizer";
+  if (note && model_vocab - shard_vocab >= 1024)  // a padding far beyond a round-up: worth a line
+    *note += (note->empty() ? "" : "; ") + std::to_string(model_vocab - shard_vocab) + " of the model's " + std::to_string(model_vocab) +
+             " embeddings are past the tokenizer's " + std::to_string(shard_vocab) + " pieces (never an input or a target)";
   return want ? want : carried;
 }
 

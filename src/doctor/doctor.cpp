@@ -43,13 +43,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::string find_model_config(const std::string& name) {
-  if (name.find('/') != std::string::npos || name.find(".json") != std::string::npos) return name;
-  const std::vector<std::string> dirs = {executable_dir() + "/../share/multinorm/configs/models", std::string(MULTINORM_SOURCE_DIR) + "/configs/models"};
-  for (const std::string& d : dirs)
-    if (::access((d + "/" + name + ".json").c_str(), R_OK) == 0) return d + "/" + name + ".json";
-  throw ConfigError("doctor --model " + name + ": no configs/models/" + name + ".json in " + dirs[0] + " or " + dirs[1]);
-}
 
 // The run config of the timed step: the paper's recipe (SinkGD on the matrices, Adam elsewhere,
 // BF16), this micro-batch, one update per micro-batch.
@@ -62,7 +55,7 @@ std::string largest_fitting(const DoctorOptions& o, size_t free_bytes) {
   int64_t best_params = 0;
   for (const char* name : {"llama_tiny", "llama_20m", "llama_60m", "llama_130m", "llama_350m", "llama_1b", "llama_7b"}) {
     try {
-      const ModelConfig m = load_model_config(find_model_config(name));
+      const ModelConfig m = load_model_config(model_config_path(name));
       const RunConfig run = step_run(m, o.batch, std::min(o.seq, m.max_position_embeddings));
       const TrainingMemory mem = training_memory(run, true);
       // Keep a tenth for the CUDA context, cuBLASLt's plans and fragmentation.
@@ -274,7 +267,7 @@ int run_doctor(const DoctorOptions& o) {
   }
   json checks = json::array(), steps = json::array();
   for (const std::string& name : models) {
-    const ModelConfig cfg = load_model_config(find_model_config(name));
+    const ModelConfig cfg = load_model_config(model_config_path(name));
     std::printf("\n== %s (C %lld, F %lld, %lld heads of %lld, vocabulary %lld), micro-batch %lld x %lld\n", cfg.name.c_str(),
                 static_cast<long long>(cfg.hidden_size), static_cast<long long>(cfg.intermediate_size),
                 static_cast<long long>(cfg.num_attention_heads), static_cast<long long>(cfg.head_dim()), static_cast<long long>(cfg.vocab_size),

@@ -201,6 +201,8 @@ void Comm::set_activity(const std::string& what) {
   std::snprintf(g_activity, sizeof(g_activity), "%s", what.c_str());
 }
 std::string Comm::activity() { return g_activity; }
+const char* Comm::rank_text_for_handler() { return g_rank_text; }
+const char* Comm::activity_for_handler() { return g_activity; }
 
 #ifdef MULTINORM_HAVE_MPI
 #define MN_REDUCE(T, op, what) \

@@ -66,6 +66,10 @@ CudaProbe load_plugin(const std::string& path, void* handle) {
   if (n < 0) {
     probe.device_error = err;
     if (const char* c = std::strstr(err, "code ")) probe.device_error_code = std::atoi(c + 5);
+    // The runtime reports a missing driver as an old one ("driver version is insufficient"): say which.
+    if (!probe.driver_loaded)
+      probe.device_error = "no NVIDIA driver (libcuda.so.1 not found: a machine or container without GPUs; the runtime says " +
+                           probe.device_error + ")";
     return probe;
   }
   for (int d = 0; d < n; ++d) {
@@ -151,9 +155,12 @@ BackendChoice choose_backend(BackendRequest requested) {
   if (!p.plugin_loaded) why = "CUDA plugin not loaded: " + p.load_error;
   else if (p.device_count == 0) why = "no GPU: " + (p.device_error.empty() ? std::string("0 devices") : p.device_error);
   if (requested == BackendRequest::Cuda) {
-    if (!why.empty()) throw Error("backend cuda requested, but it cannot be used: " + why);
+    if (!why.empty())
+      throw Error("backend cuda requested, but it cannot be used: " + why + " (`multinorm devices` shows what is found; " +
+                  "--set backend=cpu trains on the CPU)");
     if (p.emulated)
-      return {BackendKind::Cuda, "cuda (emulated on the CPU by " + p.plugin_path + ": a test instrument, orders of magnitude slower)"};
+      return {BackendKind::Cuda, "cuda (emulated on the CPU by " + p.plugin_path + ": a test instrument, orders of magnitude slower; " +
+                                     std::to_string(p.device_count) + " visible, the first: " + p.devices[0].name + ")"};
     return {BackendKind::Cuda, "cuda (" + std::string(p.devices[0].name) + ", " + p.plugin_path + ")"};
   }
   if (why.empty() && p.emulated) why = "the CUDA plugin is the CPU emulation (tests only)";  // never picked by auto

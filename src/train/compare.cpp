@@ -13,6 +13,7 @@
 #include "multinorm/checkpoint.h"
 #include "multinorm/error.h"
 #include "multinorm/json_file.h"
+#include "multinorm/paper_figures.h"
 #include "multinorm/trainer.h"
 
 namespace multinorm {
@@ -36,15 +37,6 @@ std::string real_path(const std::string& p) {
 bool exists(const std::string& p) {
   struct stat st {};
   return ::stat(p.c_str(), &st) == 0;
-}
-
-void make_dirs(const std::string& path) {
-  std::string cur;
-  for (size_t i = 0; i <= path.size(); ++i)
-    if (i == path.size() || path[i] == '/') {
-      cur = path.substr(0, i);
-      if (!cur.empty()) ::mkdir(cur.c_str(), 0755);
-    }
 }
 
 // The settings that must agree for losses to be comparable: what is learned from (model, data,
@@ -113,6 +105,7 @@ std::vector<std::string> cells(const Comparison& c, const CompareRow& r, bool re
           run.optimizer,
           fmt("%.4f", r.final_loss),
           fmt("%.2f", std::exp(r.final_loss)),
+          run.paper_ppl > 0 ? fmt("%.2f", run.paper_ppl) + " (" + run.paper_row + ")" : "—",
           ok ? le + fmt("%.1f", r.crossing.steps) : "not reached",
           ok ? le + human_tokens(r.crossing.tokens) : "—",
           ok ? le + human_seconds(r.crossing.seconds) : "—",
@@ -125,7 +118,7 @@ std::vector<std::string> cells(const Comparison& c, const CompareRow& r, bool re
 }
 
 const std::vector<std::string>& headers() {
-  static const std::vector<std::string> h = {"run", "optimizer", "final loss", "final ppl", "updates to target",
+  static const std::vector<std::string> h = {"run", "optimizer", "final loss", "final ppl", "paper ppl", "updates to target",
                                               "tokens to target", "time to target", "speed-up (updates / tokens / time)",
                                               "raw tok/s", "effective tok/s", "optimizer state", "peak RSS", "notes"};
   return h;
@@ -221,6 +214,7 @@ RunCurve load_run_curve(const std::string& dir, CompareMetric metric, int window
   const json cfg = read_json_file(dir + "/config.json");
   r.optimizer = cfg.contains("optimizer") ? cfg["optimizer"].value("name", "?") : "?";
   r.comparability = comparability_of(cfg).dump();
+  if (const auto figure = paper_figure(cfg)) r.paper_ppl = figure->perplexity, r.paper_row = figure->table + ", " + figure->row;
   std::map<int64_t, TrainRecord> train;
   std::map<int64_t, double> eval;
   const std::string path = dir + "/metrics.jsonl";
@@ -344,7 +338,7 @@ std::string comparison_markdown(const Comparison& c) {
 
 std::string comparison_csv(const Comparison& c) {
   std::string csv =
-      "run,dir,optimizer,reference,metric,final_loss,final_ppl,reached,upper_bound,updates_to_target,tokens_to_target,"
+      "run,dir,optimizer,reference,metric,final_loss,final_ppl,paper_ppl,reached,upper_bound,updates_to_target,tokens_to_target,"
       "seconds_to_target,speedup_updates,speedup_tokens,speedup_time,raw_tokens_per_s,effective_tokens_per_s,"
       "optimizer_state_bytes,peak_rss_bytes,notes\n";
   for (size_t i = 0; i < c.rows.size(); ++i) {
@@ -356,7 +350,7 @@ std::string comparison_csv(const Comparison& c) {
     const RunCurve& run = c.runs[r.run];
     csv += run.name + "," + run.dir + "," + run.optimizer + "," + (i == c.reference ? "1" : "0") + "," +
            metric_name(c.metric) + "," + fmt("%.6f", r.final_loss) + "," + fmt("%.4f", std::exp(r.final_loss)) + "," +
-           (ok ? "1" : "0") + "," + (r.crossing.at_first_point ? "1" : "0") + "," + num(r.crossing.steps) + "," +
+           (run.paper_ppl > 0 ? fmt("%.2f", run.paper_ppl) : "") + "," + (ok ? "1" : "0") + "," + (r.crossing.at_first_point ? "1" : "0") + "," + num(r.crossing.steps) + "," +
            num(r.crossing.tokens) + "," + num(r.crossing.seconds) + "," + num(r.speedup_steps) + "," +
            num(r.speedup_tokens) + "," + num(r.speedup_time) + "," + fmt("%.1f", r.raw_tokens_per_s) + "," +
            num(r.effective_tokens_per_s) + "," + std::to_string(run.state_bytes) + "," +
@@ -391,7 +385,7 @@ std::string comparison_text(const Comparison& c) {
 }
 
 std::string write_comparison(const Comparison& c, const std::string& out_dir, const std::string& stem, bool quiet) {
-  make_dirs(out_dir);
+  make_directories(out_dir);
   const std::string base = out_dir + "/" + stem;
   write_text_file_atomic(base + ".md", comparison_markdown(c));
   write_text_file_atomic(base + ".csv", comparison_csv(c));

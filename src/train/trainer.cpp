@@ -5,8 +5,11 @@
 // checkpointed, then k's step is queued. A device is never idle between updates; on the CPU, whose
 // ops are done when they return, the same code finds everything settled. Everything decided about
 // k - 1 (a trip, a skip's count, a checkpoint) comes before k's step is queued: k's micro-batches read
-// the weights and write only gradients, which a rollback drops. The parts: training_run.h.
+// the weights and write only gradients, which a rollback drops. A stop signal (stop_signals.h) ends
+// the loop at an update's boundary, the update in flight settled. The parts: training_run.h.
 #include "multinorm/trainer.h"
+
+#include <unistd.h>
 
 #include <cmath>
 #include <optional>
@@ -66,6 +69,18 @@ EvalResult evaluate(LlamaModel& model, std::shared_ptr<const ShardSet> data, int
 std::string latest_checkpoint(const std::string& run_dir) {
   const auto all = checkpoint_dirs(run_dir + "/checkpoints");
   return all.empty() ? "" : run_dir + "/checkpoints/" + all.back();
+}
+
+std::string checkpoint_to_read(const std::string& path, const std::string& what) {
+  auto exists = [&](const std::string& name) { return ::access((path + name).c_str(), F_OK) == 0; };
+  if (!exists("")) throw Error(what + " " + path + ": no such file or directory");
+  const std::string newest = latest_checkpoint(path);
+  if (!newest.empty()) return newest;
+  if (exists("/model.safetensors") || exists("/manifest.json") || exists("/trainer_state.json")) return path;
+  if (exists("/checkpoints") || exists("/metrics.jsonl") || exists("/config.json"))
+    throw Error(what + " " + path + ": a run directory with no checkpoint yet (" + path +
+                "/checkpoints holds none: the run stopped before its first, checkpoint.every)");
+  throw Error(what + " " + path + ": neither a checkpoint (no model.safetensors) nor a run directory (no checkpoints/)");
 }
 
 }  // namespace multinorm

@@ -5,6 +5,7 @@
 // (every counted target of the update weighs the same, scale 1 / total count).
 #include "training_run.h"
 
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -24,18 +25,6 @@ namespace multinorm {
 namespace {
 
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
-void mkdirs(const std::string& path) {
-  std::string cur;
-  for (size_t i = 0; i <= path.size(); ++i) {
-    if (i == path.size() || path[i] == '/') {
-      if (!cur.empty()) ::mkdir(cur.c_str(), 0755);
-    }
-    if (i < path.size()) cur += path[i];
-  }
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) throw Error(path + ": cannot create the run directory");
-}
 
 double wall_clock() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
 
@@ -70,11 +59,28 @@ void TrainingRun::check_config() const {
                       std::to_string(run_.batch.micro_batch));
 }
 
+// The files of data.train or data.validation: none is an error naming the config, the key and what
+// makes shards. Relative paths resolve against the working directory (docs/configs.md).
+std::vector<std::string> TrainingRun::shard_files(const char* key, const std::string& globs) const {
+  try {
+    return expand_globs(globs);
+  } catch (const Error& e) {
+    char cwd[4096] = "?";
+    if (!::getcwd(cwd, sizeof(cwd))) cwd[0] = '?', cwd[1] = 0;
+    throw ConfigError(run_.source + ": " + key + ": " + e.what() + " (relative to the working directory " + cwd +
+                      "): make the shards with `multinorm data tokenize` (docs/training-on-c4.md), or set " + key);
+  }
+}
+
 // The shards, made with the run's tokenizer, in its layout, for its vocabulary (errors name the shard).
 void TrainingRun::open_data() {
-  train_data_ = std::make_shared<const ShardSet>(expand_globs(run_.data.train), run_.batch.seq_len, run_.model.vocab_size);
+  if (!run_.data.tokenizer.empty() && ::access(run_.data.tokenizer.c_str(), R_OK) != 0)
+    throw ConfigError(run_.source + ": data.tokenizer: " + run_.data.tokenizer +
+                      " does not exist (or cannot be read): the SentencePiece model the shards were made with (docs/training-on-c4.md)");
+  train_data_ = std::make_shared<const ShardSet>(shard_files("data.train", run_.data.train), run_.batch.seq_len, run_.model.vocab_size);
   if (!run_.data.validation.empty())
-    val_data_ = std::make_shared<const ShardSet>(expand_globs(run_.data.validation), run_.batch.seq_len, run_.model.vocab_size);
+    val_data_ = std::make_shared<const ShardSet>(shard_files("data.validation", run_.data.validation), run_.batch.seq_len,
+                                                 run_.model.vocab_size);
   tokenizer_hash_ = check_data_identity(*train_data_, run_.data.tokenizer, run_.data.layout, run_.model.vocab_size, &data_note_);
   if (val_data_) {
     const uint64_t v = check_data_identity(*val_data_, run_.data.tokenizer, run_.data.layout, run_.model.vocab_size);
@@ -87,7 +93,7 @@ void TrainingRun::open_data() {
 // checkpoint to resume from, and the resolved config.
 void TrainingRun::take_run_directory() {
   if (comm_.root()) {
-    mkdirs(run_.output_dir);
+    make_directories(run_.output_dir);
     lock_ = std::make_unique<RunDirLock>(run_.output_dir);
     remove_stale_checkpoint_temporaries(run_.output_dir);  // left by a trainer that died while writing one
   }
@@ -198,19 +204,27 @@ void TrainingRun::describe() const {
 
 // ---- an update ----------------------------------------------------------------------------------
 
-QueuedUpdate TrainingRun::queue_micro_batches(int64_t k) {
+std::optional<QueuedUpdate> TrainingRun::queue_micro_batches(int64_t k) {
   if (k == first_) t_loop_ = t_last_end_ = Clock::now(), counted_ = backend_->queue().counters();
+  if (stopped_by_) return std::nullopt;
   QueuedUpdate u;
   u.k = k;
   Comm::set_activity("update " + std::to_string(k));
   const double wait_before = loader_->wait_seconds();
   std::vector<Batch> batches;
-  int64_t total_count = 0;  // counted targets of the whole global step, all ranks
+  // Over all ranks: [counted targets of the whole global step, ranks stopped by SIGTERM, SIGINT, SIGUSR1]
+  const int stops[3] = {SIGTERM, SIGINT, SIGUSR1};
+  int64_t sums[4] = {0, 0, 0, 0};
+  for (int i = 0; i < 3; ++i) sums[1 + i] = StopSignals::received() == stops[i];
   for (int64_t a = 0; a < accum_; ++a) {
     batches.push_back(loader_->next());
-    total_count += batches.back().count;
+    sums[0] += batches.back().count;
   }
-  comm_.allreduce_sum(&total_count, 1);
+  comm_.allreduce_sum(sums, 4);
+  for (int i = 0; i < 3; ++i)  // every rank stops here, for a signal some rank received
+    if (sums[1 + i] > 0 && !stopped_by_) stopped_by_ = stops[i];
+  if (stopped_by_) return std::nullopt;  // the batches go back: the checkpoint's cursor is the last update's
+  const int64_t total_count = sums[0];
   u.data_s = loader_->wait_seconds() - wait_before;
   u.cursor = batches.back().after;
   model_->zero_grads();
@@ -371,6 +385,12 @@ bool TrainingRun::on_trip(const DivergenceTrip& trip, int64_t k) {
 
 TrainResult TrainingRun::finish() {
   log_->end();
+  if (stopped_by_) {  // the last update's checkpoint, unless it has one
+    if (state_.step > 0 && checkpointer_->last_good().find(checkpoint_name(state_.step)) == std::string::npos) checkpointer_->save(state_);
+    result_.stopped_by = stopped_by_;
+    log_->say("stopped by %s after update %lld: checkpoint %s; go on with --resume (exit status %d)\n", StopSignals::name(stopped_by_),
+              (long long)state_.step, checkpointer_->last_good().c_str(), kStoppedBySignalStatus);
+  }
   const GraphCache& mg = model_->graphs();
   const GraphCache& og = optimizer_->graphs();
   if (mg.captures() > 0)
@@ -388,7 +408,8 @@ TrainResult TrainingRun::finish() {
                 {"skipped_updates", state_.skipped}, {"tokens_per_s", result_.tokens_per_s}, {"wall_s", result_.seconds},
                 {"final_train_loss", result_.last_loss}, {"optimizer", choice_name(run_.optimizer.name)},
                 {"optimizer_state_bytes", optimizer_->state_bytes()}, {"matrix_state_bytes", optimizer_->matrix_state_bytes()},
-                {"backend", backend_->name()}, {"ranks", world_}, {"gradient_communicator", grad_comm_->name()}};
+                {"backend", backend_->name()}, {"backend_choice", choice_.reason}, {"ranks", world_},
+                {"gradient_communicator", grad_comm_->name()}};
     if (result_.eval.batches) res["final_val_loss"] = result_.eval.loss, res["final_val_ppl"] = result_.eval.perplexity();
     // What this process replayed from CUDA graphs (GraphCache; zeros where the backend has none).
     res["cuda_graphs"] = {{"micro_batch_captures", mg.captures()}, {"micro_batches_replayed", mg.replays()},

@@ -7,7 +7,9 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "checkpointer.h"
 #include "multinorm/data_parallel.h"
@@ -16,6 +18,7 @@
 #include "multinorm/loader.h"
 #include "multinorm/optimizer.h"
 #include "multinorm/run_lock.h"
+#include "multinorm/stop_signals.h"
 #include "multinorm/trainer.h"
 #include "run_log.h"
 
@@ -39,8 +42,9 @@ class TrainingRun {
   int64_t next_update() const { return state_.step + 1; }
   int64_t last_update() const { return last_; }
 
-  // Update k's data and micro-batches, queued with no host wait, and its gradient reduction.
-  QueuedUpdate queue_micro_batches(int64_t k);
+  // Update k's data and micro-batches, queued with no host wait, and its gradient reduction; nothing
+  // (nullopt) once a stop signal came to any rank (the ranks agree in the update's first collective).
+  std::optional<QueuedUpdate> queue_micro_batches(int64_t k);
   // Its gradient reduction finished, then its optimizer step queued behind its micro-batches
   // (Optimizer::queue_step, with the judge's spike test).
   void queue_step(QueuedUpdate& u);
@@ -50,11 +54,13 @@ class TrainingRun {
   bool settle(const QueuedUpdate& u);
   // An update queued when a rollback came: its reduction completed, its gradients dropped.
   void discard(QueuedUpdate& u);
-  // The end of the run: result.json when complete, the CUDA graph counts in the log.
+  // The end of the run: a checkpoint of the last update when a signal stopped it, result.json when
+  // complete, the CUDA graph counts in the log.
   TrainResult finish();
 
  private:
   void check_config() const;
+  std::vector<std::string> shard_files(const char* key, const std::string& globs) const;
   void open_data();
   void take_run_directory();
   void build_model_and_optimizer();
@@ -92,6 +98,8 @@ class TrainingRun {
   std::unique_ptr<TrainLoader> loader_;
   TrainerState state_;
   TrainResult result_;
+  StopSignals stop_signals_;  // while the run lives: SIGTERM, SIGINT, SIGUSR1 stop it after an update
+  int stopped_by_ = 0;        // the signal every rank stops for (0: none)
   Clock::time_point t_start_, t_loop_, t_last_end_;
   QueueCounters counted_;  // the queue's counters at the last record
   int64_t tokens_this_run_ = 0, swan_warnings_ = 0;

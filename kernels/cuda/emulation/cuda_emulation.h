@@ -83,6 +83,10 @@ void launch(const char* name, const void* fn, dim3 grid, dim3 block, size_t shar
 bool record_if_capturing(cudaStream_t stream, std::function<void()> work);
 // Graph launches so far (the tests count replays).
 int64_t graph_launches();
+// The emulated GPUs: MULTINORM_EMU_DEVICES of them (default 1; a sweep's placement test asks for
+// more), those CUDA_VISIBLE_DEVICES lists when it is set, as on a real machine. All share the host.
+int visible_devices();
+int physical_device(int device);  // the id CUDA_VISIBLE_DEVICES gave visible device `device`
 
 // ---- atomics: a CAS loop on the raw bits (correct across worker threads) ------------------------
 template <class T, class F>

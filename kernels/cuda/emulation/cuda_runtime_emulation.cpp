@@ -74,6 +74,35 @@ bool cuda_emu::record_if_capturing(cudaStream_t stream, std::function<void()> wo
 }
 int64_t cuda_emu::graph_launches() { return g_graph_launches.load(); }
 
+namespace {
+// The physical ids of the visible emulated devices (cuda_emulation.h).
+const std::vector<int>& visible_ids() {
+  static const std::vector<int> ids = [] {
+    int n = 1;
+    if (const char* e = std::getenv("MULTINORM_EMU_DEVICES"); e && *e) n = std::max(1, std::atoi(e));
+    std::vector<int> v;
+    const char* list = std::getenv("CUDA_VISIBLE_DEVICES");
+    if (!list) {
+      for (int i = 0; i < n; ++i) v.push_back(i);
+      return v;
+    }
+    for (const char* p = list; *p;) {  // "2,3": the listed ids that exist, in order; the first bad one ends the list
+      char* end = nullptr;
+      const long id = std::strtol(p, &end, 10);
+      if (end == p || id < 0 || id >= n) break;
+      v.push_back(static_cast<int>(id));
+      p = *end == ',' ? end + 1 : end;
+      if (*end != ',' && *end) break;
+    }
+    return v;
+  }();
+  return ids;
+}
+int g_current_device = 0;
+}  // namespace
+int cuda_emu::visible_devices() { return static_cast<int>(visible_ids().size()); }
+int cuda_emu::physical_device(int device) { return visible_ids().at(device); }
+
 struct CUgraph_st {
   std::vector<std::function<void()>> work;
 };
@@ -84,12 +113,16 @@ struct CUgraphExec_st {
 extern "C" {
 
 cudaError_t cudaGetDeviceCount(int* count) {
-  *count = 1;
+  *count = cuda_emu::visible_devices();
+  return *count > 0 ? cudaSuccess : set(cudaErrorNoDevice);
+}
+cudaError_t cudaSetDevice(int device) {
+  if (device < 0 || device >= cuda_emu::visible_devices()) return set(cudaErrorInvalidDevice);
+  g_current_device = device;
   return cudaSuccess;
 }
-cudaError_t cudaSetDevice(int device) { return set(device == 0 ? cudaSuccess : cudaErrorInvalidDevice); }
 cudaError_t cudaGetDevice(int* device) {
-  *device = 0;
+  *device = g_current_device;
   return cudaSuccess;
 }
 cudaError_t cudaRuntimeGetVersion(int* v) {
@@ -101,7 +134,7 @@ cudaError_t cudaDriverGetVersion(int* v) {
   return cudaSuccess;
 }
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
-  if (device != 0) return set(cudaErrorInvalidDevice);
+  if (device < 0 || device >= cuda_emu::visible_devices()) return set(cudaErrorInvalidDevice);
   switch (attr) {
     // An A100's (SXM, sm_80): the smallest target, whose limits the emulation enforces (launch_limits.h).
     case cudaDevAttrMultiProcessorCount: *value = 108; break;
