@@ -70,9 +70,33 @@ struct TokenizeJob {
   ShardLayout layout;
   bool use_cache;
   uint64_t tokenizer_hash;
-  std::mutex mu;  // guards st and stderr reports
+  std::mutex mu;  // guards st, the progress and stderr reports
   TokenizeStats st;
+  // Progress: compressed input bytes to read and read (by finished files and the ones in flight).
+  int64_t files_todo = 0, files_done = 0, bytes_todo = 0, bytes_read = 0;
+  std::chrono::steady_clock::time_point t0{}, last_report{};
 };
+
+std::string hms(double seconds) {
+  const long s = static_cast<long>(seconds + 0.5);
+  char text[32];
+  std::snprintf(text, sizeof(text), "%ld:%02ld:%02ld", s / 3600, s / 60 % 60, s % 60);
+  return text;
+}
+
+// "[3/1024 files, 0.95 of 326.78 GB, 11.2 MB/s, ETA 8:05:12]": the rate and the ETA in compressed
+// bytes, what the files on disk measure. Under job.mu.
+std::string progress(TokenizeJob& job) {
+  const auto now = std::chrono::steady_clock::now();
+  job.last_report = now;
+  const double s = std::chrono::duration<double>(now - job.t0).count(), rate = job.bytes_read / std::max(s, 1e-9);
+  const bool gb = job.bytes_todo >= 1e9;
+  char text[160];
+  std::snprintf(text, sizeof(text), "[%lld/%lld files, %.2f of %.2f %s, %.1f MB/s, ETA %s]", (long long)job.files_done,
+                (long long)job.files_todo, job.bytes_read / (gb ? 1e9 : 1e6), job.bytes_todo / (gb ? 1e9 : 1e6), gb ? "GB" : "MB",
+                rate / 1e6, job.bytes_read > 0 ? hms((job.bytes_todo - job.bytes_read) / rate).c_str() : "?");
+  return text;
+}
 
 // One input file -> one shard, its documents encoded by `threads` OpenMP threads, each with its own
 // word cache (caches[thread], kept across files: words repeat across documents).
@@ -91,6 +115,7 @@ void tokenize_file(TokenizeJob& job, const std::string& in, const std::string& o
   ShardWriter writer(out, static_cast<uint32_t>(job.tok.vocab_size()), job.tok.eos_id(), job.tok.pad_id(), job.layout,
                      static_cast<uint32_t>(o.seq_len));
   writer.set_provenance(job.tokenizer_hash, input.bytes, input.mtime_ns);
+  int64_t counted = 0;  // compressed bytes of this file added to job.bytes_read
   while (true) {
     size_t n = 0;
     while (n < kBatch && reader.next_line(lines[n], line_no[n])) {
@@ -98,6 +123,13 @@ void tokenize_file(TokenizeJob& job, const std::string& in, const std::string& o
       ++n;
     }
     if (n == 0) break;
+    if (!o.quiet) {  // a line every 30 s while files are long in the making (a C4 file: minutes)
+      std::lock_guard<std::mutex> lock(job.mu);
+      const int64_t at = reader.compressed_offset();
+      job.bytes_read += at - counted, counted = at;
+      if (std::chrono::steady_clock::now() - job.last_report > std::chrono::seconds(30))
+        std::fprintf(stderr, "tokenize: %s %s\n", progress(job).c_str(), in.c_str());
+    }
     // One document per task: document sizes vary by 1000x, larger chunks leave a core idle.
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
     for (size_t i = 0; i < n; ++i) {
@@ -142,6 +174,8 @@ void tokenize_file(TokenizeJob& job, const std::string& in, const std::string& o
   std::lock_guard<std::mutex> lock(job.mu);
   TokenizeStats& st = job.st;
   if (::stat(in.c_str(), &s) == 0) st.input_bytes += s.st_size;
+  job.bytes_read += static_cast<int64_t>(input.bytes) - counted;
+  ++job.files_done;
   st.json_bytes += local.json_bytes;
   st.empty += local.empty;
   st.truncated += local.truncated;
@@ -150,7 +184,7 @@ void tokenize_file(TokenizeJob& job, const std::string& in, const std::string& o
   st.tokens += static_cast<int64_t>(writer.header().num_tokens);
   ++st.files;
   if (!o.quiet)
-    std::fprintf(stderr, "tokenize: %s -> %s (%llu documents, %llu tokens)\n", in.c_str(), out.c_str(),
+    std::fprintf(stderr, "tokenize: %s %s -> %s (%llu documents, %llu tokens)\n", progress(job).c_str(), in.c_str(), out.c_str(),
                  (unsigned long long)writer.header().num_docs, (unsigned long long)writer.header().num_tokens);
 }
 
@@ -203,6 +237,12 @@ TokenizeStats tokenize_files(const TokenizeOptions& o) {
   const int workers = static_cast<int>(std::max<int64_t>(
       1, std::min<int64_t>(static_cast<int64_t>(todo.size()), o.file_workers > 0 ? o.file_workers : cores / 2)));
   const int threads = std::max(1, cores / workers);
+  job.files_todo = static_cast<int64_t>(todo.size());
+  for (const auto& [in, out] : todo) job.bytes_todo += static_cast<int64_t>(stat_input(in).bytes);
+  job.t0 = job.last_report = std::chrono::steady_clock::now();
+  if (!o.quiet && !todo.empty())
+    std::fprintf(stderr, "tokenize: %lld file(s) to tokenize (%.1f MB of json.gz), %lld already complete; %d file worker(s) x %d thread(s)\n",
+                 (long long)todo.size(), job.bytes_todo / 1e6, (long long)job.st.skipped_files, workers, threads);
   std::atomic<size_t> next{0};
   std::exception_ptr error;
   auto work = [&] {

@@ -19,7 +19,7 @@ packages=(
   universal-ctags             # scripts/function_lengths.sh (a test): every function's length
 )
 if [ -z "${MULTINORM_DEPS_MINIMAL:-}" ]; then
-  packages+=(python3 python3-torch python3-numpy python3-matplotlib)
+  packages+=(python3 python3-torch python3-numpy python3-matplotlib python3-sentencepiece)
 fi
 
 missing=()

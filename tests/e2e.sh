@@ -10,6 +10,12 @@ source "$fixtures/tiny_shards.sh"
 make_tiny_shards "$bin"
 "$bin" data verify 'shards/*.tok' | grep -q "3 shard(s) verified"
 passes=0
+# Tokenizing says what it will do, then each file with the progress and an ETA.
+"$bin" data tokenize -i 'c4-*.json.gz' -t tok.model -o shards_again --seq-len 32 2> progress.txt > /dev/null
+grep -qE "^tokenize: 3 file\(s\) to tokenize \([0-9.]+ MB of json.gz\), 0 already complete" progress.txt
+[ "$(grep -cE '^tokenize: \[[1-3]/3 files, [0-9.]+ of [0-9.]+ MB, [0-9.]+ MB/s, ETA [0-9]+:[0-9]{2}:[0-9]{2}\] c4-' progress.txt)" = 3 ]
+grep -qE '^tokenize: \[3/3 files, ([0-9.]+) of \1 MB, .*ETA 0:00:00\]' progress.txt
+passes=$((passes + 1))
 for opt in sinkgd swan adam adamw sgd; do
   "$bin" train -c run.json --set optimizer.name=$opt --set output_dir=runs/$opt --max-updates 3 --quiet > out.txt
   "$bin" train -c run.json --set optimizer.name=$opt --set output_dir=runs/$opt --resume --quiet > out.txt

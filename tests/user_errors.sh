@@ -103,6 +103,12 @@ expect "a vocabulary smaller than the tokenizer's" 2 "tokenized with a vocabular
 expect "a large gap is noted" 0 "1748 of the model's 2048 embeddings are past the tokenizer's 300 pieces" -- \
   "$bin" train -c run_v2048.json --set output_dir=runs/vocab2048
 
+# ---- a schedule that reads its data more than once says so ----
+expect "one pass" 0 "data: 300 sequences in 2 training shard\(s\); the schedule reads 16 of them \(0.05 epochs\)$" -- \
+  "$bin" train -c run.json --set output_dir=runs/once
+expect "repeated data" 0 "the schedule reads 800 of them \(2.67 epochs: it repeats its data\)" -- \
+  "$bin" train -c run.json --set schedule.total_steps=100 --max-updates 1 --set output_dir=runs/twice
+
 # ---- backend cuda with no GPU (here: no plugin at all) ----
 expect "backend cuda without a GPU" 2 "backend cuda requested, but it cannot be used: .*--set backend=cpu trains on the CPU" -- \
   env MULTINORM_CUDA_PLUGIN="$tmp/none.so" "$bin" train -c run.json --set backend=cuda --set output_dir=runs/nogpu

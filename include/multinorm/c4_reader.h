@@ -19,6 +19,8 @@ class C4Reader {
   bool next_line(std::string& out, int64_t& line);
 
   const std::string& path() const { return path_; }
+  // Compressed bytes read so far (the progress through the file on disk).
+  int64_t compressed_offset() const;
 
  private:
   bool fill();

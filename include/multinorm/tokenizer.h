@@ -45,7 +45,8 @@ class Tokenizer {
   int32_t vocab_size() const;
   int32_t eos_id() const;  // -1 when the model has none
   int32_t pad_id() const;  // -1 when the model has none
-  int32_t bos_id() const;
+  int32_t bos_id() const;  // -1 when the model has none (T5's; training never adds one)
+  int32_t unk_id() const;
   // True when segment-wise encoding equals whole-text encoding for this model; why_not says why not.
   bool word_cache_exact() const { return word_cache_exact_; }
   const std::string& word_cache_why_not() const { return why_not_; }

@@ -39,6 +39,8 @@ bool C4Reader::fill() {
   return n > 0;
 }
 
+int64_t C4Reader::compressed_offset() const { return static_cast<int64_t>(::gzoffset(static_cast<gzFile>(gz_))); }
+
 bool C4Reader::next_line(std::string& out, int64_t& line) {
   while (true) {
     const size_t nl = buf_.find('\n', pos_);

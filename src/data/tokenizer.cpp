@@ -187,5 +187,6 @@ int32_t Tokenizer::vocab_size() const { return sp_->GetPieceSize(); }
 int32_t Tokenizer::eos_id() const { return sp_->eos_id(); }
 int32_t Tokenizer::pad_id() const { return sp_->pad_id(); }
 int32_t Tokenizer::bos_id() const { return sp_->bos_id(); }
+int32_t Tokenizer::unk_id() const { return sp_->unk_id(); }
 
 }  // namespace multinorm

@@ -188,6 +188,12 @@ void TrainingRun::describe() const {
             (long long)r.schedule.total_steps, (long long)r.batch.global_batch, (long long)r.batch.seq_len, (long long)accum_,
             (long long)r.batch.micro_batch, world_, choice_name(r.batch.loss_normalization).c_str(), dtype_name(r.precision.params),
             dtype_name(r.precision.grads));
+  // How much of the data the schedule reads: more than once is worth a line (more shards: training-on-c4.md).
+  const double reads = static_cast<double>(r.schedule.total_steps) * static_cast<double>(r.batch.global_batch),
+               epochs = reads / static_cast<double>(std::max<int64_t>(1, train_data_->total_sequences()));
+  log_->say("  data: %lld sequences in %lld training shard(s); the schedule reads %.3g of them (%.2f epoch%s%s)\n",
+            (long long)train_data_->total_sequences(), (long long)train_data_->shards(), reads, epochs, epochs == 1 ? "" : "s",
+            epochs > 1 ? ": it repeats its data" : "");
   if (world_ > 1)
     log_->say("  data parallel: %d ranks, gradients over %s in %d bucket(s) of ~%.0f MiB (FP32 staging %.2f MiB), %s; optimizer %s (state on this "
               "rank %.1f of %.1f MiB); collective timeout %.0f s\n",
