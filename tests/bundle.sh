@@ -31,6 +31,30 @@ while IFS= read -r f; do
 done < <(find "$root" -type f)
 [ "$files" -gt 40 ] || fail "only $files ELF files in the bundle"
 
+# The glibc each file needs (its newest GLIBC_ symbol version), printed for every file. Ours need at
+# most 2.34 (RHEL 9; Ubuntu 22.04 has 2.35); Debian 12's libstdc++ (arc4random), libgcc_s
+# (_dl_find_object) and libevent (Open MPI's launcher: arc4random) need 2.35 and 2.36, which makes the
+# bundle's floor 2.36: any other file above 2.34 fails, naming the symbols that pull it up.
+# glibc_check ALLOWED_REGEX: prints the table; 1 and the reason when a file not allowed needs > 2.34.
+glibc_check() {
+  local f rel need symbols
+  while IFS= read -r f; do
+    head -c 4 "$f" | grep -q ELF || continue
+    rel=${f#"$root"/}
+    need=$(objdump -T "$f" 2>/dev/null | grep -oE 'GLIBC_[0-9]+\.[0-9]+' | sort -V | tail -1)
+    printf '  %-12s %s\n' "${need:-none}" "$rel"
+    [ -n "$need" ] && [ "$(printf '%s\n' "$need" GLIBC_2.34 | sort -V | tail -1)" != GLIBC_2.34 ] || continue
+    symbols=$(objdump -T "$f" | awk '/GLIBC_2\.3[5-9]/ {print $NF}' | sort -u | tr '\n' ' ')
+    [[ $rel =~ $1 ]] || { echo "$rel needs $need ($symbols): more than GLIBC_2.34"; return 1; }
+    echo "               (Debian 12's build; $need for: $symbols)"
+  done < <(find "$root" -type f | sort)
+}
+echo "bundle: the newest glibc symbol version each ELF file needs:"
+glibc_check '^lib/(libstdc\+\+\.so\.6|libgcc_s\.so\.1|libevent_core-2\.1\.so\.7)$' || fail "a bundled file needs a newer glibc (above)"
+# The check fires: with libstdc++ left out of the allowed files, it names libstdc++ and arc4random.
+out=$(glibc_check '^lib/(libgcc_s\.so\.1|libevent_core-2\.1\.so\.7)$') && fail "the glibc check passed with libstdc++ not allowed"
+grep -q "lib/libstdc++.so.6 needs GLIBC_2.36 (arc4random" <<<"$out" || fail "the planted glibc failure was not named: $(tail -1 <<<"$out")"
+
 cd "$tmp"
 out=$("$root/bin/multinorm" --version) && grep -q "^multinorm " <<<"$out" || fail "--version"
 test -f "$root/share/multinorm/docs/training-on-c4.md" || fail "the bundle ships no docs (errors name docs/*.md)"
