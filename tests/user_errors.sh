@@ -113,4 +113,9 @@ expect "repeated data" 0 "the schedule reads 800 of them \(2.67 epochs: it repea
 expect "backend cuda without a GPU" 2 "backend cuda requested, but it cannot be used: .*--set backend=cpu trains on the CPU" -- \
   env MULTINORM_CUDA_PLUGIN="$tmp/none.so" "$bin" train -c run.json --set backend=cuda --set output_dir=runs/nogpu
 [ -e runs/nogpu ] && fail "backend cuda without a GPU created runs/nogpu"
+# `devices` on a machine without an NVIDIA driver (the nvcc-built plugin beside the binary, no driver
+# loaded) says so, instead of the runtime's "driver version is insufficient".
+if [ -f "$(dirname "$bin")/libmultinorm_cuda.so" ] && [ ! -e /proc/driver/nvidia/version ]; then
+  expect "devices without a driver" 0 "GPUs: none \(no NVIDIA driver \(libcuda.so.1 not found" -- env -u MULTINORM_CUDA_PLUGIN "$bin" devices
+fi
 echo "user_errors: $passes passed, 0 failed"

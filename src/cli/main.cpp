@@ -64,6 +64,8 @@ int main(int argc, char** argv) {
   if (const char* p = std::getenv("MULTINORM_PARSE_ONLY"); p && std::string(p) == "1") drop_callbacks(app);
   try {
     app.parse(argc, argv);
+  } catch (const CLI::RuntimeError& e) {  // a command that ran and reports a failure (doctor: a check failed)
+    return e.get_exit_code();
   } catch (const CLI::ParseError& e) {
     const int code = app.exit(e);  // prints the help, the version or what is wrong with the command line
     return code == 0 ? 0 : 2;      // a usage error: status 2, as Unix tools have it
