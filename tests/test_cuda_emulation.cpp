@@ -509,3 +509,18 @@ TEST(RingSpans, SpansHeldNeverOverlapAndTheRingIsReused) {
   EXPECT_EQ(ring.take(256), 256);
   EXPECT_EQ(ring.take(1), -1) << "between the newest and the oldest: none";
 }
+
+extern "C" int multinorm_cuda_environment(char* out, size_t len);
+
+// The environment probe visits every GPU; a backend's device (here 2 of 3) stays the current one.
+TEST(CudaEnvironment, TheProbeLeavesTheCurrentDeviceAsItWas) {
+  cuda_emu::set_device_count_for_test(3);
+  ASSERT_EQ(cudaSetDevice(2), cudaSuccess);
+  std::vector<char> out(1 << 16);
+  ASSERT_EQ(multinorm_cuda_environment(out.data(), out.size()), 0);
+  EXPECT_NE(std::string(out.data()).find("\"index\": 2"), std::string::npos) << out.data();  // it visited device 2
+  int device = -1;
+  EXPECT_EQ(cudaGetDevice(&device), cudaSuccess);
+  EXPECT_EQ(device, 2);
+  cuda_emu::set_device_count_for_test(0);
+}

@@ -133,6 +133,21 @@ TEST_P(CudaVsCpu, AttentionDecodeAppendsAndAttends) {
   }
 }
 
+// A context longer than the 12,000 positions a block's shared scores once held: the online softmax
+// has no limit. Caches filled directly; one step at position 13,000, D = 64 and 128 (lanes owning
+// two and four dimensions).
+TEST_P(CudaVsCpu, AttentionDecodeOnALongContext) {
+  for (int64_t D : {64, 128}) {
+    const int64_t H = 2, C = H * D, pos = 13000;
+    Pair kc(*cpu, *cuda, random_vec((pos + 1) * C, 21), DType::BF16), vc(*cpu, *cuda, random_vec((pos + 1) * C, 22), DType::BF16),
+        out(*cpu, *cuda, Vec(C, 0.0), DType::BF16), qkv(*cpu, *cuda, random_vec(3 * C, 23, 4.0), DType::BF16);
+    cpu->attention_decode(out.c.buf(), qkv.c.buf(), kc.c.buf(), vc.c.buf(), pos, H, D);
+    cuda->attention_decode(out.g.buf(), qkv.g.buf(), kc.g.buf(), vc.g.buf(), pos, H, D);
+    EXPECT_TRUE(out.same(tol(DType::BF16))) << D;
+    EXPECT_TRUE(kc.same(0.0));
+  }
+}
+
 TEST_P(CudaVsCpu, SwiGLUForwardBackward) {
   for (int64_t F : {13, 40})  // scalar and 16-byte-pack paths
     for (DType t : kTypes) {

@@ -24,6 +24,12 @@ __global__ void uses_dynamic_shared(float* out) {
   __syncthreads();
   out[threadIdx.x] = s[(threadIdx.x + 1) % blockDim.x];
 }
+__global__ void uses_dynamic_shared_on_two_devices(float* out) {
+  MN_DYNAMIC_SHARED(float, s);
+  s[threadIdx.x] = 2.0f;
+  __syncthreads();
+  out[threadIdx.x] = s[(threadIdx.x + 1) % blockDim.x];
+}
 __global__ void heavy_registers(float* out) { out[threadIdx.x] = 1.0f; }
 __global__ void big_static_shared(float* out) { out[threadIdx.x] = 1.0f; }
 
@@ -98,6 +104,24 @@ TEST(LaunchLimits, DynamicSharedMemoryAbove48KbNeedsTheOptIn) {
   } catch (const multinorm::Error& x) {
     EXPECT_NE(std::string(x.what()).find("uses_dynamic_shared needs 174080 B of dynamic shared memory"), std::string::npos) << x.what();
   }
+}
+
+TEST(LaunchLimits, TheOptInIsPerDevice) {
+  // A GPU keeps cudaFuncAttributeMaxDynamicSharedMemorySize per device context: a second backend on
+  // another GPU of the process must set it again. The emulator keeps it per device as well (the
+  // raw launch on device 1 is refused: the planted bug), and the launcher opts in on each device.
+  cuda_emu::set_device_count_for_test(2);
+  Device out(1024);
+  auto k = uses_dynamic_shared_on_two_devices;
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  EXPECT_NO_THROW(multinorm::cuda::launch("uses_dynamic_shared_on_two_devices", k, dim3(1), dim3(64), 100 * 1024, nullptr, out.p));
+  EXPECT_EQ(raw_launch("uses_dynamic_shared_on_two_devices", k, dim3(64), 100 * 1024, out.p), "");
+  ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+  const std::string e = raw_launch("uses_dynamic_shared_on_two_devices", k, dim3(64), 100 * 1024, out.p);
+  EXPECT_NE(e.find("needs cudaFuncSetAttribute"), std::string::npos) << e;
+  EXPECT_NO_THROW(multinorm::cuda::launch("uses_dynamic_shared_on_two_devices", k, dim3(1), dim3(64), 100 * 1024, nullptr, out.p));
+  EXPECT_EQ(raw_launch("uses_dynamic_shared_on_two_devices", k, dim3(64), 100 * 1024, out.p), "");
+  cuda_emu::set_device_count_for_test(0);
 }
 
 TEST(LaunchLimits, StaticSharedMemoryAbove48KbIsRefused) {

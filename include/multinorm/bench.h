@@ -21,12 +21,21 @@ struct ModelBenchOptions {
   std::string predict;
   // With a CUDA backend: the GPU whose peaks the measured table's MFU and predicted column use.
   std::string peak = "a100";
-  double gemm_efficiency = 0.7, attention_efficiency = 0.35;  // the roofline's fractions of peak
+  // The roofline's fractions of peak; 0: the GPU's own (DevicePeak::assume, kernel_costs.h).
+  double gemm_efficiency = 0, attention_efficiency = 0;
+  // With predict: the data-parallel step on 1, 2, 4, ... up to this many GPUs, 8 a node; 0: not shown.
+  int ranks = 0;
 };
 
 void bench_model(const ModelBenchOptions& o);
 // `bench model --predict`: the per-kernel roofline of a micro-batch and an optimizer update.
 void bench_model_predict(const ModelBenchOptions& o);
+// `bench model --predict --ranks N`: what data parallelism adds to that step and the scaling efficiency
+// (scaling_model.h), printed as a table, or as JSON with --json (src/bench/bench_scaling.cpp).
+struct RunConfig;
+struct DevicePeak;
+struct RooflineAssumptions;
+void bench_scaling_predict(const ModelBenchOptions& o, const RunConfig& run, const DevicePeak& peak, const RooflineAssumptions& a);
 
 struct OptimBenchOptions {
   std::string config;  // model config or run config (its optimizer settings)

@@ -50,21 +50,30 @@ struct StepCosts {
 };
 StepCosts record_step_costs(const RunConfig& run, DType dtype, int64_t B, int64_t T);
 
-// A GPU's peaks (dense, no sparsity) from its datasheet.
-struct DevicePeak {
-  std::string name;
-  double bf16_tflops = 0, fp32_tflops = 0, bandwidth_gbs = 0;
-};
-// "a100" (A100 SXM4 80 GB) or "h100" (H100 SXM5); nullptr for another name.
-const DevicePeak* find_device_peak(const std::string& name);
-
-// The fractions of peak the roofline assumes: stated, not measured.
+// The fractions of peak the roofline assumes: stated, not measured (docs/cuda.md gives the sources).
 struct RooflineAssumptions {
   double gemm = 0.7;       // cuBLASLt's BF16 and FP32 GEMMs
-  double attention = 0.35; // our mma.sync attention: half of cuBLASLt's (synchronous tile loads)
+  double attention = 0.35; // our mma.sync attention kernels
   double simt = 0.5;       // FP32 FMA kernels
   double memory = 0.8;     // memory-bound kernels, of the peak bandwidth
 };
+
+// A GPU's peaks (dense, no sparsity) from its datasheet, and what the roofline assumes of it.
+struct DevicePeak {
+  std::string name;
+  double bf16_tflops = 0, fp32_tflops = 0, bandwidth_gbs = 0;
+  // FlashAttention-2's forward + backward fraction of the BF16 peak on this architecture at the
+  // paper's shapes (T 256-2048, D 64-128, causal); our attention is estimated at kAttentionOfFa2 of it.
+  double fa2_of_peak = 0;
+  RooflineAssumptions assume;  // gemm, simt, memory; attention = fa2_of_peak x kAttentionOfFa2
+};
+// Our mma.sync attention against FlashAttention-2 on the same GPU (forward + backward): an estimate
+// from a review of the kernels (35-50% at T = 256, 50-70% forward at 1-2k, 25-45% backward) until a
+// GPU measures it (scripts/gpu_check.sh compares it with scaled_dot_product_attention).
+constexpr double kAttentionOfFa2 = 0.45;
+// "a100" (A100 SXM4 80 GB), "h100" (H100 SXM5) or "h200" (H200 SXM); nullptr for another name.
+const DevicePeak* find_device_peak(const std::string& name);
+
 // The kernel's time on `peak`: the larger of its compute time and its memory time.
 double roofline_seconds(const KernelCost& k, const DevicePeak& peak, const RooflineAssumptions& a);
 bool roofline_memory_bound(const KernelCost& k, const DevicePeak& peak, const RooflineAssumptions& a);

@@ -320,47 +320,61 @@ __global__ void attention_backward_dq_kernel(T* dqkv, const T* dout, const T* qk
 }
 
 // ---- decoding (batch 1) -------------------------------------------------------------------------------
-// One block per head: append this position's k and v to the caches, then softmax(q K^T) V over
-// positions 0..pos. Dynamic shared memory: (pos + 1) scores + D floats of q.
+// One block of kDecodeWarps warps per head: append this position's k and v to the caches, then
+// softmax(q K^T) V over positions 0..pos with an online softmax, so any context length fits: warp w
+// takes positions w, w + warps, ..., keeping its running max, sum and output row (lane l owns
+// dimensions l, l + 32, ...); the warps' partial rows are then merged in warp order (deterministic).
+// bytes: 2 (pos + 1) D sizeof(T) (K and V read once) + 5 D sizeof(T); ~4 (pos + 1) D FLOPs.
+constexpr int kDecodeWarps = 4;
+constexpr int kDecodeLaneDims = kAttentionMaxHeadDim / 32;  // dimensions a lane owns at most
+
 template <class T>
 __global__ void attention_decode_kernel(T* out, const T* qkv, T* k_cache, T* v_cache, int64_t pos, int H, int D, float scale) {
-  MN_DYNAMIC_SHARED(float, smem);
-  __shared__ float scratch[32];
-  float* qv = smem;
-  float* scores = smem + D;
-  const int h = blockIdx.x;
+  __shared__ float part_m[kDecodeWarps], part_l[kDecodeWarps], part_o[kDecodeWarps][kAttentionMaxHeadDim];
+  const int h = blockIdx.x, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t C = int64_t(H) * D;
   for (int d = threadIdx.x; d < D; d += blockDim.x) {
-    qv[d] = to_float(qkv[h * D + d]);
     k_cache[pos * C + h * D + d] = qkv[C + h * D + d];
     v_cache[pos * C + h * D + d] = qkv[2 * C + h * D + d];
   }
-  __syncthreads();  // the cache row and q are visible to every thread of the block
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-  for (int64_t j = warp; j <= pos; j += warps) {
+  __syncthreads();  // the new cache row is visible to every thread of the block
+  float q[kDecodeLaneDims], o[kDecodeLaneDims];
+#pragma unroll
+  for (int i = 0; i < kDecodeLaneDims; ++i) {
+    const int d = lane + 32 * i;
+    q[i] = d < D ? to_float(qkv[h * D + d]) * scale : 0.0f;
+    o[i] = 0.0f;
+  }
+  float m = -INFINITY, l = 0.0f;
+  for (int64_t j = warp; j <= pos; j += kDecodeWarps) {
+    const T* kj = k_cache + j * C + h * D;
+    const T* vj = v_cache + j * C + h * D;
     float dot = 0.0f;
-    for (int d = lane; d < D; d += 32) dot += qv[d] * to_float(k_cache[j * C + h * D + d]);
-    dot = warp_sum(dot);
-    if (lane == 0) scores[j] = dot * scale;
+#pragma unroll
+    for (int i = 0; i < kDecodeLaneDims; ++i)
+      if (lane + 32 * i < D) dot += q[i] * to_float(kj[lane + 32 * i]);
+    const float s = warp_sum(dot), m_new = fmaxf(m, s);
+    const float correction = __expf(m - m_new), p = __expf(s - m_new);
+    l = l * correction + p;
+#pragma unroll
+    for (int i = 0; i < kDecodeLaneDims; ++i)
+      if (lane + 32 * i < D) o[i] = o[i] * correction + p * to_float(vj[lane + 32 * i]);
+    m = m_new;
   }
+  if (lane == 0) part_m[warp] = m, part_l[warp] = l;
+#pragma unroll
+  for (int i = 0; i < kDecodeLaneDims; ++i)
+    if (lane + 32 * i < D) part_o[warp][lane + 32 * i] = o[i];
   __syncthreads();
-  float m = -INFINITY;
-  for (int64_t j = threadIdx.x; j <= pos; j += blockDim.x) m = fmaxf(m, scores[j]);
-  m = warp_max(m);
-  if (lane == 0) scratch[warp] = m;
-  __syncthreads();
-  m = lane < warps ? scratch[lane] : -INFINITY;
-  m = warp_max(m);
-  float sum = 0.0f;
-  for (int64_t j = threadIdx.x; j <= pos; j += blockDim.x) {
-    const float p = __expf(scores[j] - m);
-    scores[j] = p;
-    sum += p;
-  }
-  sum = block_sum(sum, scratch);  // begins with a barrier: every score is final below
+  float top = -INFINITY;
+  for (int w = 0; w < kDecodeWarps; ++w) top = fmaxf(top, part_m[w]);
   for (int d = threadIdx.x; d < D; d += blockDim.x) {
-    float a = 0.0f;
-    for (int64_t j = 0; j <= pos; ++j) a += scores[j] * to_float(v_cache[j * C + h * D + d]);
+    float sum = 0.0f, a = 0.0f;
+    for (int w = 0; w < kDecodeWarps; ++w) {  // a warp with no position has l = 0 and weight exp(-inf) = 0
+      const float weight = __expf(part_m[w] - top);
+      sum += part_l[w] * weight;
+      a += part_o[w][d] * weight;
+    }
     out[h * D + d] = from_float<T>(a / sum);
   }
 }
@@ -407,11 +421,8 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, cons
 template <class T>
 void attention_decode(T* out, const T* qkv, T* k_cache, T* v_cache, int64_t pos, int64_t H, int64_t D, cudaStream_t stream) {
   check_head_dim(D, "attention_decode");
-  const size_t smem = sizeof(float) * (D + pos + 1);
-  if (smem > 48 * 1024)
-    throw_launch_error("attention_decode", dim3(static_cast<unsigned>(H)), dim3(128), smem,
-                       "context of " + std::to_string(pos + 1) + " positions exceeds the 48 KiB of shared scores (at most 12,000)");
-  launch("attention_decode", attention_decode_kernel<T>, dim3(static_cast<unsigned>(H)), dim3(128), smem, stream, out, qkv, k_cache, v_cache, pos,
+  launch("attention_decode", attention_decode_kernel<T>, dim3(static_cast<unsigned>(H)), dim3(32 * kDecodeWarps), 0, stream, out, qkv, k_cache,
+         v_cache, pos,
          static_cast<int>(H), static_cast<int>(D), 1.0f / std::sqrt(static_cast<float>(D)));
 }
 

@@ -3,6 +3,7 @@
 
 #include <map>
 #include <mutex>
+#include <utility>
 
 #include "multinorm/error.h"
 
@@ -19,10 +20,14 @@ void throw_launch_error(const char* kernel, dim3 grid, dim3 block, size_t shared
 }
 
 void allow_dynamic_shared(const char* name, const void* kernel, size_t bytes) {
+  // The attribute belongs to the kernel in one device's context: a backend on a second GPU of the
+  // process must set it again, so the cache is per (device, kernel).
+  int device = 0;
+  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) throw_cuda_error(std::string("cudaGetDevice before launching ") + name, e);
   static std::mutex mu;
-  static std::map<const void*, size_t> allowed;  // per kernel: the attribute set so far
+  static std::map<std::pair<int, const void*>, size_t> allowed;  // the attribute set so far
   std::lock_guard<std::mutex> lock(mu);
-  size_t& current = allowed[kernel];
+  size_t& current = allowed[{device, kernel}];
   if (bytes <= current) return;
   const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
   if (e != cudaSuccess) {

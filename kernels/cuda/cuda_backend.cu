@@ -238,7 +238,9 @@ class CudaBackend final : public Backend {
   }
   void rmsnorm_backward(float* dx, Buf dw, const float* dout, Buf x, Buf w, const float* rstd, int64_t N, int64_t C, bool accumulate_dx) override {
     same_dtype({x, w}, "rmsnorm_backward");
-    if (C * 4 > 48 * 1024) throw Error("rmsnorm_backward: width " + std::to_string(C) + " exceeds the 12,288 channels of one block's shared partial");
+    if (C > cuda::kSharedOptInFloats)
+      throw Error("rmsnorm_backward: width " + std::to_string(C) + " exceeds the " + std::to_string(cuda::kSharedOptInFloats) +
+                  " channels of one block's shared partial (an A100's 163 KB)");
     auto* partials = static_cast<float*>(scratch(rms_scratch_, rmsnorm_backward_scratch(N, C) * 4, "rmsnorm_backward"));
     with_types(w.dtype, dw.dtype, "rmsnorm_backward", [&](auto* t, auto* g) {
       using T = std::remove_pointer_t<decltype(t)>;

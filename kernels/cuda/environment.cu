@@ -42,6 +42,22 @@ int attribute(cudaDeviceAttr a, int device) {
   return v;
 }
 
+// The probes visit every device; the caller's current device (a backend's GPU) is left as it was.
+class KeepCurrentDevice {
+ public:
+  KeepCurrentDevice() {
+    if (cudaGetDevice(&device_) != cudaSuccess) cudaGetLastError(), device_ = -1;
+  }
+  ~KeepCurrentDevice() {
+    if (device_ >= 0) cudaSetDevice(device_);
+  }
+  KeepCurrentDevice(const KeepCurrentDevice&) = delete;
+  KeepCurrentDevice& operator=(const KeepCurrentDevice&) = delete;
+
+ private:
+  int device_ = -1;
+};
+
 int write_out(const std::string& s, char* out, size_t len) {
   if (!out || len == 0) return -1;
   std::snprintf(out, len, "%s", s.c_str());
@@ -51,6 +67,7 @@ int write_out(const std::string& s, char* out, size_t len) {
 }  // namespace
 
 extern "C" int multinorm_cuda_environment(char* out, size_t len) {
+  const KeepCurrentDevice keep;
   std::string j = "{";
   int runtime = 0, driver = 0;
   cudaRuntimeGetVersion(&runtime);
@@ -100,7 +117,6 @@ extern "C" int multinorm_cuda_environment(char* out, size_t len) {
          ", \"l2_bytes\": " + std::to_string(attribute(cudaDevAttrL2CacheSize, d)) +
          ", \"peak_bandwidth_gbs\": " + std::to_string(peak_gbs) + "}";
   }
-  if (n > 0) cudaSetDevice(0);
   j += "]}";
   return write_out(j, out, len);
 }
@@ -113,6 +129,7 @@ extern "C" int multinorm_cuda_nccl_selftest(int ndev, size_t bench_bytes, char* 
   (void)ndev, (void)bench_bytes;
   return write_out("{\"skipped\": \"no NCCL in this plugin build\"}", out, len) == 0 ? -1 : -1;
 #else
+  const KeepCurrentDevice keep;
   std::string j = "{\"gpus\": " + std::to_string(ndev) + ", \"collectives\": [";
   std::vector<ncclComm_t> comms(ndev);
   std::vector<int> devs(ndev);
@@ -198,7 +215,6 @@ extern "C" int multinorm_cuda_nccl_selftest(int ndev, size_t bench_bytes, char* 
     cudaFree(send[d]), cudaFree(recv[d]), cudaStreamDestroy(streams[d]);
     ncclCommDestroy(comms[d]);
   }
-  cudaSetDevice(0);
   j += "]}";
   write_out(j, out, len);
   return all_ok ? 0 : 1;

@@ -209,9 +209,10 @@ SinkgdLayout sinkgd_layout(SinkgdManyItem* items, int64_t count) {
   SinkgdLayout l;
   for (int64_t i = 0; i < count; ++i) {
     SinkgdManyItem& it = items[i];
-    if (it.n * 4 > 48 * 1024)
+    if (it.n > kSharedOptInFloats)
       throw_launch_error("sinkgd_rows", dim3(), dim3(), it.n * 4,
-                         "a row of " + std::to_string(it.n) + " columns exceeds the 12,288 of one block's shared column partial");
+                         "a row of " + std::to_string(it.n) + " columns exceeds the " + std::to_string(kSharedOptInFloats) +
+                             " of one block's shared column partial (an A100's 163 KB)");
     it.first_row_block = l.row_blocks, it.first_col_block = l.col_blocks, it.first_apply_block = l.apply_blocks;
     l.row_blocks += it.m * it.n > 0 ? it.chunks : 0;
     l.col_blocks += ceil_div(it.n, kThreads);

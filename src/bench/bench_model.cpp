@@ -59,6 +59,14 @@ void print_roofline(const std::vector<KernelCost>& ks, const DevicePeak& peak, c
                 step > 0 ? 100.0 * sec / step : 0.0);
 }
 
+// The GPU's assumed fractions of peak, with the command line's overrides.
+RooflineAssumptions roofline_assumptions(const DevicePeak& peak, const ModelBenchOptions& o) {
+  RooflineAssumptions a = peak.assume;
+  if (o.gemm_efficiency > 0) a.gemm = o.gemm_efficiency;
+  if (o.attention_efficiency > 0) a.attention = o.attention_efficiency;
+  return a;
+}
+
 bool is_attention(const std::string& name) { return name.rfind("attention_", 0) == 0; }
 bool is_gemm(const KernelCost& k) { return k.unit == CostUnit::GemmTensorCore || k.unit == CostUnit::GemmFp32; }
 
@@ -66,14 +74,13 @@ bool is_gemm(const KernelCost& k) { return k.unit == CostUnit::GemmTensorCore ||
 
 void bench_model_predict(const ModelBenchOptions& o) {
   const DevicePeak* peak = find_device_peak(o.predict);
-  if (!peak) throw Error("bench model --predict: unknown GPU '" + o.predict + "' (a100, h100)");
+  if (!peak) throw Error("bench model --predict: unknown GPU '" + o.predict + "' (a100, h100, h200)");
   const RunConfig run = bench_run_config(o.config, o.precision);
   const DType dt = parse_dtype(o.precision);
   const int64_t B = o.batch, T = o.seq;
   const StepCosts c = record_step_costs(run, dt, B, T);
-  RooflineAssumptions a;
-  a.gemm = o.gemm_efficiency;
-  a.attention = o.attention_efficiency;
+  const RooflineAssumptions a = roofline_assumptions(*peak, o);
+  if (o.ranks > 0 && o.json) return bench_scaling_predict(o, run, *peak, a);  // the data-parallel step only
   auto secs = [&](const std::vector<KernelCost>& ks, auto&& keep) {
     double s = 0;
     for (const auto& k : ks)
@@ -116,6 +123,7 @@ void bench_model_predict(const ModelBenchOptions& o) {
               "%lld per update (%.2f-%.2f ms; %s)\n",
               (long long)launches, launches * 3e-3, launches * 5e-3, (long long)update_launches, update_launches * 3e-3, update_launches * 5e-3,
               captured.c_str());
+  if (o.ranks > 0) bench_scaling_predict(o, run, *peak, a);  // what N GPUs add (scaling_model.h)
 }
 
 namespace {
@@ -203,9 +211,7 @@ void time_steps_against_gemms(ModelBench& r, Backend& be, LlamaModel& model, con
 // A device backend: one more step with a CUDA event pair around every launch, joined by kernel name
 // with the recorded byte and FLOP counts of the same step (kernel_costs.h).
 void profile_kernels(ModelBench& r, Backend& be, LlamaModel& model, const MicroBatch& mb, DType dt, const ModelBenchOptions& o) {
-  RooflineAssumptions assume;
-  assume.gemm = o.gemm_efficiency;
-  assume.attention = o.attention_efficiency;
+  const RooflineAssumptions assume = roofline_assumptions(*find_device_peak(o.peak), o);
   std::map<std::string, KernelCost> costs;
   for (const KernelCost& k : record_step_costs(bench_run_config(o.config, o.precision), dt, r.B, r.T).micro_batch) costs[k.name] = k;
   be.set_profiling(true);

@@ -350,9 +350,19 @@ std::vector<KernelCost> take_kernel_costs(Backend& recorder) {
 }
 
 // Datasheet peaks, dense. A100 SXM4 80 GB: 312 TFLOP/s BF16 tensor core, 19.5 FP32, HBM2e 2,039 GB/s.
-// H100 SXM5: 989.4 BF16 tensor core, 67 FP32, HBM3 3,350 GB/s.
+// H100 SXM5: 989.4 BF16 tensor core, 67 FP32, HBM3 3,350 GB/s. H200 SXM: the H100's chip with HBM3e,
+// 4,800 GB/s.
+// Assumed fractions (sources in docs/cuda.md): cuBLASLt's large BF16 GEMMs at 75% of the A100's peak
+// and 70% of the H100's (wgmma GEMMs are held back more by their clocks under load); FlashAttention-2
+// forward + backward at ~60% of an A100 (its paper: 50-73%, the upper end at long sequences and D =
+// 128) and ~35% of an H100 (FlashAttention-3's paper: mma.sync without TMA/wgmma caps it there);
+// memory-bound kernels at 80% of the bandwidth; FP32 FMA kernels at 50%.
 const DevicePeak* find_device_peak(const std::string& name) {
-  static const DevicePeak peaks[] = {{"a100", 312.0, 19.5, 2039.0}, {"h100", 989.4, 67.0, 3350.0}};
+  static const DevicePeak peaks[] = {
+      {"a100", 312.0, 19.5, 2039.0, 0.60, RooflineAssumptions{0.75, 0.60 * kAttentionOfFa2, 0.5, 0.8}},
+      {"h100", 989.4, 67.0, 3350.0, 0.35, RooflineAssumptions{0.70, 0.35 * kAttentionOfFa2, 0.5, 0.8}},
+      {"h200", 989.4, 67.0, 4800.0, 0.35, RooflineAssumptions{0.70, 0.35 * kAttentionOfFa2, 0.5, 0.8}},
+  };
   for (const DevicePeak& p : peaks)
     if (p.name == name) return &p;
   return nullptr;

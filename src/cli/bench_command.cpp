@@ -27,14 +27,17 @@ void add_bench_command(CLI::App& app) {
   model->add_option("--torch", o.torch, "auto: also measure PyTorch (python3-torch); off: skip")->check(CLI::IsMember({"auto", "off"}));
   model->add_flag("--json", o.json, "machine-readable output");
   model->add_option("--predict", o.predict,
-                    "a100 or h100: run nothing; print the CUDA kernels' time on that GPU from their bytes and FLOPs (a roofline)")
-      ->check(CLI::IsMember({"a100", "h100"}));
-  model->add_option("--peak", o.peak, "with --backend cuda: the GPU (a100, h100) for the MFU and the predicted column")
-      ->check(CLI::IsMember({"a100", "h100"}));
-  model->add_option("--gemm-efficiency", o.gemm_efficiency, "roofline: cuBLASLt GEMMs' fraction of the peak FLOP rate")
+                    "a100, h100 or h200: run nothing; print the CUDA kernels' time on that GPU from their bytes and FLOPs (a roofline)")
+      ->check(CLI::IsMember({"a100", "h100", "h200"}));
+  model->add_option("--peak", o.peak, "with --backend cuda: the GPU (a100, h100, h200) for the MFU and the predicted column")
+      ->check(CLI::IsMember({"a100", "h100", "h200"}));
+  model->add_option("--gemm-efficiency", o.gemm_efficiency, "roofline: cuBLASLt GEMMs' fraction of the peak FLOP rate (default: the GPU's, docs/cuda.md)")
       ->check(CLI::Range(0.01, 1.0));
-  model->add_option("--attention-efficiency", o.attention_efficiency, "roofline: the mma.sync attention kernels' fraction of peak")
+  model->add_option("--attention-efficiency", o.attention_efficiency, "roofline: the mma.sync attention kernels' fraction of peak (default: the GPU's)")
       ->check(CLI::Range(0.01, 1.0));
+  model->add_option("--ranks", o.ranks, "with --predict: add data parallelism on 1, 2, 4, ... N GPUs, 8 a node (NVLink, InfiniBand)")
+      ->check(CLI::Range(1, 512))
+      ->needs(model->get_option("--predict"));
   model->callback([] { o.predict.empty() ? bench_model(o) : bench_model_predict(o); });
 
   auto* optim = bench->add_subcommand("optim", "One optimizer step per optimizer: SinkGD/Adam and SWAN/SinkGD ratios, bandwidth");

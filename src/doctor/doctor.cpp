@@ -149,7 +149,10 @@ json timed_step(Backend& gpu, const ModelConfig& cfg, const DoctorOptions& o, co
   if (peak > 0) j["peak_tflops"] = peak, j["mfu"] = tflops / peak;
   else j["mfu_note"] = "no BF16 peak known for '" + name + "': MFU not computed";
   // The cost model's roofline of the same step on this GPU, kernel by kernel.
-  const DevicePeak* roof = find_device_peak(name.find("H100") != std::string::npos ? "h100" : name.find("A100") != std::string::npos ? "a100" : "");
+  const DevicePeak* roof = find_device_peak(name.find("H200") != std::string::npos   ? "h200"
+                                          : name.find("H100") != std::string::npos ? "h100"
+                                          : name.find("A100") != std::string::npos ? "a100"
+                                                                                   : "");
   std::map<std::string, KernelCost> costs;  // the profiled step: a micro-batch and an update
   if (roof) {
     const StepCosts c = record_step_costs(run, DType::BF16, B, T);
@@ -165,7 +168,7 @@ json timed_step(Backend& gpu, const ModelConfig& cfg, const DoctorOptions& o, co
     json row = {{"name", k.name}, {"launches", k.launches}, {"ms", k.ms}, {"share", kernel_ms > 0 ? k.ms / kernel_ms : 0.0}};
     if (auto it = costs.find(k.name); it != costs.end()) {
       row["bytes"] = it->second.bytes, row["flops"] = it->second.flops;
-      row["predicted_ms"] = roofline_seconds(it->second, *roof, RooflineAssumptions{}) * 1e3;
+      row["predicted_ms"] = roofline_seconds(it->second, *roof, roof->assume) * 1e3;
     }
     table.push_back(row);
   }

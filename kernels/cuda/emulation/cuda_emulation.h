@@ -87,6 +87,8 @@ int64_t graph_launches();
 // more), those CUDA_VISIBLE_DEVICES lists when it is set, as on a real machine. All share the host.
 int visible_devices();
 int physical_device(int device);  // the id CUDA_VISIBLE_DEVICES gave visible device `device`
+// For tests: n visible devices 0..n-1 from now on (0: back to the environment's).
+void set_device_count_for_test(int n);
 
 // ---- atomics: a CAS loop on the raw bits (correct across worker threads) ------------------------
 template <class T, class F>

@@ -99,9 +99,14 @@ const std::vector<int>& visible_ids() {
   return ids;
 }
 int g_current_device = 0;
+int g_test_device_count = 0;
 }  // namespace
-int cuda_emu::visible_devices() { return static_cast<int>(visible_ids().size()); }
-int cuda_emu::physical_device(int device) { return visible_ids().at(device); }
+int cuda_emu::visible_devices() { return g_test_device_count > 0 ? g_test_device_count : static_cast<int>(visible_ids().size()); }
+int cuda_emu::physical_device(int device) { return g_test_device_count > 0 ? device : visible_ids().at(device); }
+void cuda_emu::set_device_count_for_test(int n) {
+  g_test_device_count = n;
+  g_current_device = 0;
+}
 
 struct CUgraph_st {
   std::vector<std::function<void()>> work;

@@ -78,7 +78,8 @@ Report& report() {
   return r;
 }
 std::map<const void*, KernelFigures> g_cache;      // by kernel address
-std::map<const void*, int> g_max_dynamic;          // cudaFuncAttributeMaxDynamicSharedMemorySize
+// cudaFuncAttributeMaxDynamicSharedMemorySize, per (device, kernel): each device's context has its own
+std::map<std::pair<int, const void*>, int> g_max_dynamic;
 
 KernelFigures figures_locked(const void* fn) {
   auto it = g_cache.find(fn);
@@ -91,6 +92,12 @@ KernelFigures figures_locked(const void* fn) {
   }
   g_cache[fn] = f;
   return f;
+}
+
+int current_device() {
+  int d = 0;
+  cudaGetDevice(&d);
+  return d;
 }
 
 std::string kb(size_t bytes) { return std::to_string(bytes) + " B"; }
@@ -118,7 +125,7 @@ cudaError_t set_max_dynamic_shared(const void* fn, int bytes) {
   const KernelFigures f = figures_locked(fn);
   const long static_bytes = std::max(0L, f.static_shared);
   if (bytes < 0 || static_cast<size_t>(bytes) + static_bytes > kSharedOptinMax) return cudaErrorInvalidValue;
-  g_max_dynamic[fn] = bytes;
+  g_max_dynamic[{current_device(), fn}] = bytes;
   return cudaSuccess;
 }
 
@@ -139,7 +146,7 @@ std::string check_launch(const void* fn, dim3 grid, dim3 block, size_t dynamic_s
   const size_t static_bytes = f.static_shared > 0 ? static_cast<size_t>(f.static_shared) : 0;
   if (static_bytes > kStaticSharedMax)
     return kb(static_bytes) + " of static shared memory: at most " + kb(kStaticSharedMax) + " (larger tiles must be dynamic, with opt-in)";
-  auto attr = fn ? g_max_dynamic.find(fn) : g_max_dynamic.end();
+  auto attr = fn ? g_max_dynamic.find({current_device(), fn}) : g_max_dynamic.end();
   const size_t max_dynamic = attr != g_max_dynamic.end() ? static_cast<size_t>(attr->second) : kStaticSharedMax - static_bytes;
   if (dynamic_shared > max_dynamic)
     return kb(dynamic_shared) + " of dynamic shared memory (+ " + kb(static_bytes) + " static) exceeds the kernel's limit of " +

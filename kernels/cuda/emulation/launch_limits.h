@@ -3,7 +3,8 @@
 //   - a block has 1..1024 threads, blockDim.z <= 64; gridDim.y and .z <= 65535;
 //   - static shared memory <= 48 KB (ptxas refuses more);
 //   - dynamic shared memory above 48 KB minus the static size only after
-//     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), and static +
+//     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) on the current
+//     device (the attribute is per device, as each device's context has its own), and static +
 //     that attribute never above sm_80's 163 KB opt-in limit;
 //   - registers: ptxas's registers per thread, allocated per warp in units of 256, times the block's
 //     warps, at most 64K per block ("too many resources requested for launch").
