@@ -222,15 +222,18 @@ TEST_P(Ops, CrossEntropyWithMaskAndScale) {
 }
 
 // The loss head, logits = x w^T then the cross-entropy: against the FP64 reference of the same BF16
-// x and w, and bit for bit the backend's GEMM followed by its cross_entropy (the default the CPU
-// backend's fused path replaces: 32 rows of logits at a time, never stored). Shapes: nothing a
-// multiple of 32 (x packed, the last strip short), then whole tiles (x read in place), then one row;
-// masked rows; with and without the gradient.
+// x and w, and the backend's GEMM followed by its cross_entropy (the default that fused paths replace):
+// bit for bit on the CPU (32 rows of logits at a time, never stored); on CUDA in BF16 the vocabulary
+// chunks' statistics merge in another order and dlogits is exp(x - chunk max) rounded to BF16, then
+// scaled and rounded again. Shapes: nothing a multiple of 32 (x packed, the last strip short), then
+// whole tiles (x read in place), then one row; more rows than the fused logits buffer holds, so the
+// CUDA head takes the vocabulary in chunks (150 x 130: chunks of 48, 48, 34, the scalar paths;
+// 160 x 96: three of 32, 16-byte packs); masked rows; with and without the gradient.
 TEST_P(Ops, LossHeadIsTheGemmThenCrossEntropy) {
   struct Case {
     int64_t N, V, C;
   };
-  for (const Case c : {Case{45, 100, 40}, Case{64, 96, 64}, Case{1, 33, 32}}) {
+  for (const Case c : {Case{45, 100, 40}, Case{64, 96, 64}, Case{1, 33, 32}, Case{150, 130, 40}, Case{160, 96, 32}}) {
     const int64_t N = c.N, V = c.V, C = c.C;
     const float scale = 0.29f;
     const Vec x = random_vec(N * C, 17, 2.0), w = random_vec(V * C, 18, 0.5);
@@ -246,8 +249,13 @@ TEST_P(Ops, LossHeadIsTheGemmThenCrossEntropy) {
     const std::string where = "N " + std::to_string(N) + " V " + std::to_string(V) + " C " + std::to_string(C);
     be->linear_cross_entropy(LOSS.f32(), DL.buf(), LOGITS.buf(), X.buf(), W.buf(), t, m, N, V, C, scale);
     be->Backend::linear_cross_entropy(LOSS0.f32(), DL0.buf(), LOGITS.buf(), X.buf(), W.buf(), t, m, N, V, C, scale);
-    EXPECT_EQ(LOSS.get(), LOSS0.get()) << where;
-    EXPECT_EQ(DL.get(), DL0.get()) << where;
+    if (GetParam() == "cpu") {
+      EXPECT_EQ(LOSS.get(), LOSS0.get()) << where;
+      EXPECT_EQ(DL.get(), DL0.get()) << where;
+    } else {  // measured (emulated): losses 8.6e-8 relative, dlogits 1.7e-3 (one BF16 rounding apart)
+      EXPECT_TRUE(close(LOSS.get(), LOSS0.get(), 4e-7)) << where;
+      EXPECT_TRUE(close(DL.get(), DL0.get(), 4e-3)) << where;
+    }
     // FP64 reference on the stored (BF16) x and w.
     const Vec xs = X.get(), ws = W.get(), loss = LOSS.get(), dl = DL.get();
     Vec logits(N * V), want_loss(N, 0.0), want_dl(N * V, 0.0);

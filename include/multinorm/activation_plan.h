@@ -33,11 +33,23 @@ constexpr int64_t kHeadChunkRows = 1024;
 // Rows of the FP32 logits buffer when the backend fuses the loss head (only host logits use it).
 constexpr int64_t kFusedLogitsRows = 64;
 
+// The columns of one vocabulary chunk of a fused loss head that computes R rows' FP32 logits a chunk
+// at a time into the fused plan's logits buffer (min(R, kFusedLogitsRows) x V floats as [R, Vc]):
+// all of V when R fits the buffer's rows, else the most that fit, a multiple of 8 (16-byte packs).
+inline int64_t fused_logits_vocab_chunk(int64_t R, int64_t V) {
+  if (R <= kFusedLogitsRows) return V;
+  const int64_t fit = kFusedLogitsRows * V / R / 8 * 8;
+  return fit < 8 ? 8 : fit;
+}
+
 // Which scratch a backend's fused kernels never write (see above).
 struct ActivationFusions {
   bool loss_head = false;        // linear_cross_entropy never stores `logits`
   bool swiglu_backward = false;  // matmul_swiglu_backward never stores `ds`
 };
+// The CUDA backend's (the memory estimate asks it without loading the plugin): the loss head fused
+// in BF16 (kernels/cuda/cross_entropy.cu), SwiGLU's backward not.
+inline ActivationFusions cuda_activation_fusions(DType act) { return {act == DType::BF16, false}; }
 
 struct BufferSpec {
   std::string name;

@@ -3,8 +3,23 @@
 // then across warps; pass 2 writes dlogits = (softmax - onehot) * grad_scale directly (probabilities
 // are never stored; dlogits may alias logits: each element is read then written by one thread).
 // bytes: N V 4 read twice (the second pass mostly from L2 for V = 32000 rows of 128 KB) + N V
-// sizeof(T) written; ~5 N V FLOPs. accumulate_loss: one block reads the N losses and the mask (5 N
-// bytes) and adds their FP64 sum, count and mean to the update's totals.
+// sizeof(T) written; ~5 N V FLOPs. The FP32 path and the unfused default of the loss head use it.
+//
+// The fused loss head (BF16, linear_cross_entropy): the FP32 logits of R rows are never stored
+// whole. The backend computes them a vocabulary chunk at a time, [R, Vc] with Vc ~ 2000 (8 MB at
+// R = 1024: it stays in L2 between the GEMM that writes it and the kernel that reads it, and the
+// next chunk's GEMM overwrites the same lines), and for each chunk
+//   cross_entropy_chunk: a warp per row, 16-byte loads: the chunk's (max m_c, sum of exp(x - m_c)),
+//     the target's logit when it falls in the chunk, and (backward) e = exp(x - m_c) as BF16 into
+//     dlogits; bytes 4 R Vc read (L2) + 2 R Vc written;
+// then once per R rows
+//   cross_entropy_finish: a block per row merges the chunks' (m_c, s_c) in chunk order into lse,
+//     writes the loss, and scales dlogits in place by exp(m_c - lse) grad_scale, 16 bytes at a time
+//     (the target's entry from its exact FP32 logit, as p - 1 must not inherit e's rounding);
+//     bytes 4 R V (2 read, 2 written).
+// Against the unfused 4 + 8 + 2 bytes per logit (GEMM write, two reads, dlogits write): 2 + 4 to
+// DRAM when the tile stays in L2, 6 + 4 when it does not. accumulate_loss: one block reads the N
+// losses and the mask (5 N bytes) and adds their FP64 sum, count and mean to the update's totals.
 #include "../common/optim_math.h"
 #include "device_utils.cuh"
 #include "kernels.h"
@@ -70,6 +85,104 @@ __global__ void cross_entropy_kernel(float* losses, T* dlogits, const float* log
   }
 }
 
+constexpr int kChunkWarps = 4;  // rows per block of cross_entropy_chunk
+
+// One lane's online (max, sum of exp(x - max)) over x.
+__device__ __forceinline__ void add_logit(float& m, float& s, float x) {
+  if (x > m) {
+    s = s * __expf(m - x) + 1.0f;
+    m = x;
+  } else if (x != -INFINITY) {
+    s += __expf(x - m);
+  }
+}
+
+// (max, sum) over the warp, lane 0's merge order taken by every lane (see cross_entropy_kernel).
+__device__ __forceinline__ void warp_merge(float& m, float& s) {
+  for (int o = 16; o > 0; o >>= 1) merge(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+  m = __shfl_sync(0xffffffffu, m, 0);
+  s = __shfl_sync(0xffffffffu, s, 0);
+}
+
+// e = exp(x - m) of one tile row into dlogits: 8 values (two 16-byte loads, one 16-byte store) at a
+// time when the row and chunk allow, else one at a time.
+__device__ __forceinline__ void write_exp(bf16* d, const float* x, int64_t Vc, float m, bool packed, int lane) {
+  if (packed) {
+    for (int64_t p = lane; p < Vc / 8; p += 32) {
+      const Pack<float> a = reinterpret_cast<const Pack<float>*>(x)[2 * p], b = reinterpret_cast<const Pack<float>*>(x)[2 * p + 1];
+      Pack<bf16> o;
+#pragma unroll
+      for (int k = 0; k < 8; ++k) o.v[k] = from_float<bf16>(m == -INFINITY ? 0.0f : __expf((k < 4 ? a.v[k] : b.v[k - 4]) - m));
+      reinterpret_cast<Pack<bf16>*>(d)[p] = o;
+    }
+  } else {
+    for (int64_t v = lane; v < Vc; v += 32) d[v] = from_float<bf16>(m == -INFINITY ? 0.0f : __expf(x[v] - m));
+  }
+}
+
+// A warp per row of the FP32 tile [R, Vc] holding logits columns v0 .. v0 + Vc - 1.
+__global__ void cross_entropy_chunk_kernel(ChunkStats* stats, float* target_logit, bf16* dlogits, const float* tile, const int32_t* targets,
+                                           const uint8_t* mask, int64_t R, int64_t Vc, int64_t v0, int64_t V, int64_t chunk, int64_t chunks) {
+  const int lane = threadIdx.x % 32;
+  const int64_t row = int64_t(blockIdx.x) * kChunkWarps + threadIdx.x / 32;
+  if (row >= R || (mask && !mask[row])) return;  // whole warps; the finish kernel zeroes masked rows
+  const float* x = tile + row * Vc;
+  float m = -INFINITY, s = 0.0f;
+  if (Vc % 4 == 0) {  // the tile's rows start on 16 bytes
+    for (int64_t p = lane; p < Vc / 4; p += 32) {
+      const Pack<float> v = reinterpret_cast<const Pack<float>*>(x)[p];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) add_logit(m, s, v.v[k]);
+    }
+  } else {
+    for (int64_t v = lane; v < Vc; v += 32) add_logit(m, s, x[v]);
+  }
+  warp_merge(m, s);
+  const int64_t t = targets[row];
+  if (lane == 0) {
+    stats[row * chunks + chunk] = ChunkStats{m, s};
+    if (t >= v0 && t < v0 + Vc) target_logit[row] = x[t - v0];
+  }
+  if (dlogits) {
+    bf16* d = dlogits + row * V + v0;
+    write_exp(d, x, Vc, m, Vc % 8 == 0 && packable<bf16>(d, 8), lane);
+  }
+}
+
+// A block per row: lse from the chunks' (m_c, s_c) in chunk order (every thread the same bits), the
+// loss, and dlogits = e exp(m_c - lse) grad_scale in place, the target's (p_t - 1) grad_scale.
+__global__ void cross_entropy_finish_kernel(float* losses, bf16* dlogits, const ChunkStats* stats, const float* target_logit, const int32_t* targets,
+                                            const uint8_t* mask, int64_t V, int64_t Vc, int64_t chunks, float grad_scale) {
+  const int64_t row = blockIdx.x;
+  bf16* d = dlogits ? dlogits + row * V : nullptr;
+  if (mask && !mask[row]) {  // the whole block
+    if (threadIdx.x == 0) losses[row] = 0.0f;
+    if (d)
+      for (int64_t v = threadIdx.x; v < V; v += blockDim.x) d[v] = from_float<bf16>(0.0f);
+    return;
+  }
+  const ChunkStats* st = stats + row * chunks;
+  float m = -INFINITY, s = 0.0f;
+  for (int64_t c = 0; c < chunks; ++c) merge(m, s, st[c].max, st[c].sum);
+  const float lse = m + logf(s), xt = target_logit[row];
+  const int64_t t = targets[row];
+  if (threadIdx.x == 0) losses[row] = lse - xt;
+  if (!d) return;
+  const float target_grad = (__expf(xt - lse) - 1.0f) * grad_scale;
+  if (Vc % 8 == 0 && packable<bf16>(d, V)) {  // a pack never straddles two chunks
+    for (int64_t p = threadIdx.x; p < V / 8; p += blockDim.x) {
+      const float f = __expf(st[(8 * p) / Vc].max - lse) * grad_scale;
+      Pack<bf16> e = reinterpret_cast<const Pack<bf16>*>(d)[p];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) e.v[k] = from_float<bf16>(8 * p + k == t ? target_grad : to_float(e.v[k]) * f);
+      reinterpret_cast<Pack<bf16>*>(d)[p] = e;
+    }
+  } else {
+    for (int64_t v = threadIdx.x; v < V; v += blockDim.x)
+      d[v] = from_float<bf16>(v == t ? target_grad : to_float(d[v]) * (__expf(st[v / Vc].max - lse) * grad_scale));
+  }
+}
+
 // One block of kLossLanes threads: lane j adds positions j, j + kLossLanes, ... (FP64, in order),
 // thread 0 adds the lanes in lane order: optim_math's order, the CPU's bits.
 __global__ void accumulate_loss_kernel(LossTotals* totals, const float* losses, const uint8_t* mask, int64_t n) {
@@ -101,6 +214,20 @@ void cross_entropy(float* losses, T* dlogits, const float* logits, const int32_t
   if (N > 0)
     launch("cross_entropy", cross_entropy_kernel<T>, dim3(static_cast<unsigned>(N)), dim3(kThreads), 0, stream, losses, dlogits, logits, targets,
            mask, V, grad_scale);
+}
+
+void cross_entropy_chunk(ChunkStats* stats, float* target_logit, bf16* dlogits, const float* tile, const int32_t* targets, const uint8_t* mask,
+                         int64_t R, int64_t Vc, int64_t v0, int64_t V, int64_t chunk, int64_t chunks, cudaStream_t stream) {
+  if (R > 0)
+    launch("cross_entropy_chunk", cross_entropy_chunk_kernel, dim3(ceil_div(R, kChunkWarps)), dim3(32 * kChunkWarps), 0, stream, stats,
+           target_logit, dlogits, tile, targets, mask, R, Vc, v0, V, chunk, chunks);
+}
+
+void cross_entropy_finish(float* losses, bf16* dlogits, const ChunkStats* stats, const float* target_logit, const int32_t* targets,
+                          const uint8_t* mask, int64_t R, int64_t V, int64_t Vc, int64_t chunks, float grad_scale, cudaStream_t stream) {
+  if (R > 0)
+    launch("cross_entropy_finish", cross_entropy_finish_kernel, dim3(static_cast<unsigned>(R)), dim3(256), 0, stream, losses, dlogits, stats,
+           target_logit, targets, mask, V, Vc, chunks, grad_scale);
 }
 
 template void cross_entropy<float>(float*, float*, const float*, const int32_t*, const uint8_t*, int64_t, int64_t, float, cudaStream_t);

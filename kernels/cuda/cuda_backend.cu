@@ -139,12 +139,12 @@ class CudaBackend final : public Backend {
     MN_CUDA_CHECK(cudaSetDevice(device), "selecting CUDA device " + std::to_string(device));
     q_ = std::make_unique<CudaQueue>();
     gemm_ = std::make_unique<LtGemm>();
-    for (auto* s : {&rms_scratch_, &attn_scratch_, &bucket_scratch_, &reduce_scratch_, &opt_scratch_}) *s = std::make_unique<Scratch>(*q_);
+    for (auto* s : {&rms_scratch_, &attn_scratch_, &bucket_scratch_, &reduce_scratch_, &opt_scratch_, &head_scratch_}) *s = std::make_unique<Scratch>(*q_);
     descriptors_ = std::make_unique<DescriptorCache>(*q_);
   }
   ~CudaBackend() override {
     descriptors_.reset();
-    for (auto* s : {&rms_scratch_, &attn_scratch_, &bucket_scratch_, &reduce_scratch_, &opt_scratch_}) s->reset();
+    for (auto* s : {&rms_scratch_, &attn_scratch_, &bucket_scratch_, &reduce_scratch_, &opt_scratch_, &head_scratch_}) s->reset();
     gemm_.reset();
     q_.reset();  // waits for the stream
   }
@@ -165,7 +165,7 @@ class CudaBackend final : public Backend {
 
   int64_t workspace_bytes() const override {
     return static_cast<int64_t>(gemm_->workspace_bytes() + rms_scratch_->bytes() + attn_scratch_->bytes() + reduce_scratch_->bytes() +
-                                bucket_scratch_->bytes() + opt_scratch_->bytes() + descriptors_->bytes());
+                                bucket_scratch_->bytes() + opt_scratch_->bytes() + head_scratch_->bytes() + descriptors_->bytes());
   }
 
   // ---- memory -----------------------------------------------------------------------------------
@@ -300,6 +300,27 @@ class CudaBackend final : public Backend {
   }
   void accumulate_loss(LossTotals* totals, const float* losses, const uint8_t* mask, int64_t N) override {
     cuda::accumulate_loss(totals, losses, mask, N, q_->issue());
+  }
+  // BF16: the loss head fused (cross_entropy.cu): the FP32 logits a vocabulary chunk at a time into
+  // the plan's small logits buffer (it stays in L2), each chunk's softmax statistics and exp(x - max)
+  // into dlogits, then the loss and dlogits finished per row. FP32: the GEMM, then cross_entropy.
+  ActivationFusions activation_fusions(DType act) const override { return cuda_activation_fusions(act); }
+  void linear_cross_entropy(float* losses, Buf dlogits, Buf logits, Buf x, Buf w, const int32_t* targets, const uint8_t* mask, int64_t N,
+                            int64_t V, int64_t C, float grad_scale) override {
+    if (x.dtype != DType::BF16 || w.dtype != DType::BF16 || (dlogits.ptr && dlogits.dtype != DType::BF16))
+      return Backend::linear_cross_entropy(losses, dlogits, logits, x, w, targets, mask, N, V, C, grad_scale);
+    if (N == 0) return;
+    const int64_t Vc = fused_logits_vocab_chunk(N, V), chunks = (V + Vc - 1) / Vc;
+    const size_t stats_bytes = static_cast<size_t>(N * chunks) * sizeof(cuda::ChunkStats);
+    auto* stats = static_cast<cuda::ChunkStats*>(scratch(head_scratch_, stats_bytes + N * sizeof(float), "linear_cross_entropy"));
+    auto* target_logit = reinterpret_cast<float*>(reinterpret_cast<char*>(stats) + stats_bytes);
+    cuda::bf16* d = dlogits.ptr ? as<cuda::bf16>(dlogits) : nullptr;
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t v0 = c * Vc, n = std::min(Vc, V - v0);
+      matmul(logits, x, Buf{as<cuda::bf16>(w) + v0 * C, DType::BF16}, N, n, C, false, true, false);  // tile [N, n] = x w[v0 .. v0+n)^T
+      cuda::cross_entropy_chunk(stats, target_logit, d, logits.f32(), targets, mask, N, n, v0, V, c, chunks, q_->issue());
+    }
+    cuda::cross_entropy_finish(losses, d, stats, target_logit, targets, mask, N, V, Vc, chunks, grad_scale, q_->issue());
   }
 
   // ---- optimizer ops ------------------------------------------------------------------------------
@@ -466,7 +487,7 @@ class CudaBackend final : public Backend {
   int device_;
   std::unique_ptr<CudaQueue> q_;
   std::unique_ptr<LtGemm> gemm_;
-  std::unique_ptr<Scratch> rms_scratch_, attn_scratch_, bucket_scratch_, reduce_scratch_, opt_scratch_;
+  std::unique_ptr<Scratch> rms_scratch_, attn_scratch_, bucket_scratch_, reduce_scratch_, opt_scratch_, head_scratch_;
   std::unique_ptr<DescriptorCache> descriptors_;
   std::vector<AdamManyItem> many_items_;
   std::vector<cuda::SinkgdManyItem> sinkgd_items_;

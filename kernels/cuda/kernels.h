@@ -75,6 +75,17 @@ void cross_entropy(float* losses, T* dlogits, const float* logits, const int32_t
                    int64_t V, float grad_scale, cudaStream_t stream);
 // totals += the micro-batch's losses where mask (optim_math's lane order): one block, reads 5 N bytes.
 void accumulate_loss(LossTotals* totals, const float* losses, const uint8_t* mask, int64_t N, cudaStream_t stream);
+// One row's softmax statistics over one vocabulary chunk: max and sum of exp(x - max).
+struct ChunkStats {
+  float max, sum;
+};
+// The fused loss head's two kernels (cross_entropy.cu): per vocabulary chunk of the FP32 tile
+// [R, Vc] (logits columns v0 ..), its (max, sum of exp) into stats[R, chunks], the target's logit, and
+// exp(x - max) as BF16 into dlogits (when given); then per row the loss and dlogits scaled in place.
+void cross_entropy_chunk(ChunkStats* stats, float* target_logit, bf16* dlogits, const float* tile, const int32_t* targets, const uint8_t* mask,
+                         int64_t R, int64_t Vc, int64_t v0, int64_t V, int64_t chunk, int64_t chunks, cudaStream_t stream);
+void cross_entropy_finish(float* losses, bf16* dlogits, const ChunkStats* stats, const float* target_logit, const int32_t* targets,
+                          const uint8_t* mask, int64_t R, int64_t V, int64_t Vc, int64_t chunks, float grad_scale, cudaStream_t stream);
 
 // ---- attention.cu ----------------------------------------------------------------------------------
 constexpr int kAttentionMaxHeadDim = 128;

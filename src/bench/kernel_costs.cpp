@@ -164,6 +164,26 @@ class CostRecorder final : public Backend {
     if (N == 0) return;
     add("cross_entropy", CostUnit::Memory, 1, 8.0 * N * V + (dlogits.ptr ? N * V * s_of(dlogits) : 0.0) + 9.0 * N, 5.0 * N * V);
   }
+  // BF16: the CUDA backend's fused loss head. Per vocabulary chunk a GEMM into the FP32 tile [N, Vc]
+  // (at most kFusedLogitsRows x V floats, 8 MB at V = 32000), which stays in L2 between the GEMM that
+  // writes it and the chunk kernel that reads it, the next chunk's GEMM overwriting the same lines:
+  // neither is counted. The chunk kernel writes exp(x - max) as BF16; the finish kernel reads and
+  // writes dlogits once (6 bytes a logit to DRAM, against the unfused 14).
+  ActivationFusions activation_fusions(DType act) const override { return cuda_activation_fusions(act); }
+  void linear_cross_entropy(float* losses, Buf dlogits, Buf logits, Buf x, Buf w, const int32_t* targets, const uint8_t* mask, int64_t N,
+                            int64_t V, int64_t C, float grad_scale) override {
+    if (x.dtype != DType::BF16 || w.dtype != DType::BF16 || (dlogits.ptr && dlogits.dtype != DType::BF16))
+      return Backend::linear_cross_entropy(losses, dlogits, logits, x, w, targets, mask, N, V, C, grad_scale);
+    if (N == 0) return;
+    const int64_t Vc = fused_logits_vocab_chunk(N, V), chunks = (V + Vc - 1) / Vc;
+    const double backward = dlogits.ptr ? 1.0 : 0.0;
+    for (int64_t v0 = 0; v0 < V; v0 += Vc) {
+      const double n = static_cast<double>(std::min(Vc, V - v0));
+      add("gemm bf16 (cuBLASLt)", CostUnit::GemmTensorCore, 1, 2.0 * (N * C + n * C), 2.0 * N * n * C);
+      add("cross_entropy_chunk", CostUnit::Memory, 1, backward * 2.0 * N * n + 13.0 * N, 5.0 * N * n);
+    }
+    add("cross_entropy_finish", CostUnit::Memory, 1, backward * 4.0 * N * V + 8.0 * N * chunks + 13.0 * N, backward * 2.0 * N * V);
+  }
   // One block: the losses and the mask read, the totals read and written.
   void accumulate_loss(LossTotals*, const float*, const uint8_t*, int64_t N) override {
     add("accumulate_loss", CostUnit::Memory, 1, 5.0 * N + 2.0 * sizeof(LossTotals), double(N));

@@ -138,14 +138,17 @@ int64_t cuda_backend_scratch_bytes(const ModelConfig& m, int64_t B, int64_t T, O
     }
   }
   optimizer = std::max(optimizer, std::max(sinkgd_largest, std::min(sinkgd_all, cs::kSinkgdManyFloats)) * 4);
+  // The fused loss head's statistics (BF16): a (max, sum) per row and vocabulary chunk, a target logit per row.
+  const int64_t R = std::min(BT, kHeadChunkRows), Vc = fused_logits_vocab_chunk(R, m.vocab_size);
+  const int64_t head = R * ((m.vocab_size + Vc - 1) / Vc) * 8 + R * 4;
   return cs::kGemmWorkspaceBytes + cs::rmsnorm_backward_floats(BT, C) * 4 + cs::attention_backward_bytes(B, H, T) +
-         cs::embedding_backward_bytes(BT) + cs::sum_squares_many_bytes(tensors) + optimizer + cs::kDescriptorCacheBytes;
+         cs::embedding_backward_bytes(BT) + cs::sum_squares_many_bytes(tensors) + optimizer + head + cs::kDescriptorCacheBytes;
 }
 
 ActivationPlan training_activation_plan(const RunConfig& run, bool cuda) {
   const DType act = run.precision.params;
   return plan_activations(run.model, run.batch.micro_batch, run.batch.seq_len, act,
-                          cuda ? ActivationFusions{} : cpu_activation_fusions(act));
+                          cuda ? cuda_activation_fusions(act) : cpu_activation_fusions(act));
 }
 
 TrainingMemory training_memory(const RunConfig& run, bool cuda) {
