@@ -74,7 +74,7 @@ void bench_scaling_predict(const ModelBenchOptions& o, const RunConfig& run, con
     rows.push_back(predict_data_parallel(step, n, *ic));
   }
   if (o.json) {
-    json out = {{"model", run.model.name}, {"gpu", peak.name}, {"batch", o.batch}, {"seq", o.seq}, {"precision", o.precision},
+    json out = {{"model", run.model.name}, {"run", run.name}, {"gpu", peak.name}, {"batch", o.batch}, {"seq", o.seq}, {"precision", o.precision},
                 {"bucket_mb", run.parallel.bucket_mb}, {"buckets", step.buckets.size()}, {"overlap", run.parallel.overlap},
                 {"shard_optimizer", run.parallel.shard_optimizer}, {"interconnect", interconnect_json(*ic)}, {"scaling", json::array()}};
     for (const ScalingPrediction& p : rows) out["scaling"].push_back(row_json(p));

@@ -26,9 +26,11 @@ namespace multinorm {
 //   476 GB/s measured in github.com/NVIDIA/nccl-tests/issues/290).
 // - Between nodes, one NIC a GPU. DGX A100: 8 ConnectX-6 HDR at 200 Gb/s, the issue's 200 Gb/s a GPU;
 //   NVIDIA measures 192 GB/s of all-reduce bus bandwidth between DGX A100s over the eight, 24 GB/s a
-//   NIC (github.com/NVIDIA/nccl/issues/812). DGX H100: 8 ConnectX-7 NDR at 400 Gb/s, which H100
-//   clusters are built with (the issue's 200 Gb/s would give an H100 half the A100's link per FLOP);
-//   NCCL moves 46-48 GB/s through each (github.com/NVIDIA/nccl-tests/issues/290): 46 here.
+//   NIC (github.com/NVIDIA/nccl/issues/812). DGX H100: 8 ConnectX-7 NDR at 400 Gb/s, what H100
+//   clusters are built with (the issue's 200 Gb/s would put three times an A100's FLOPs behind an
+//   A100's link); NCCL moves 46-48 GB/s through each (github.com/NVIDIA/nccl-tests/issues/290): 46.
+// - Across nodes a ring's channels go through all of a node's NICs, so its bus bandwidth is the
+//   node's NICs together, 8 x 24 = 192 GB/s on DGX A100s (what NVIDIA measures), not one NIC's.
 // Latency: NCCL's own tuning model for rings with the Simple protocol (large messages), in
 // src/graph/tuning.cc of github.com/NVIDIA/nccl: 8.4 us a call, 3.4 us a step over NVLink, 14 us a
 // step over the network.
