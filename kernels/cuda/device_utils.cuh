@@ -66,6 +66,40 @@ __device__ __forceinline__ bool packable(const void* p, int64_t width) {
   return (reinterpret_cast<uintptr_t>(p) % 16 == 0) && width % Pack<T>::kSize == 0;
 }
 
+// P values from x + j as FP32: 16-byte packs (P a multiple of Pack<X>::kSize) or one element (P = 1).
+template <class X, int P>
+__device__ __forceinline__ void load_values(const X* x, int64_t j, float (&out)[P]) {
+  if constexpr (P == 1) {
+    out[0] = to_float(x[j]);
+  } else {
+    constexpr int S = Pack<X>::kSize;
+    static_assert(P % S == 0, "whole packs");
+#pragma unroll
+    for (int q = 0; q < P; q += S) {
+      const Pack<X> pk = *reinterpret_cast<const Pack<X>*>(x + j + q);
+#pragma unroll
+      for (int p = 0; p < S; ++p) out[q + p] = to_float(pk.v[p]);
+    }
+  }
+}
+
+// P FP32 values to x + j: 16-byte packs (P a multiple of 4) or one element (P = 1).
+template <int P>
+__device__ __forceinline__ void store_values(float* x, int64_t j, const float (&in)[P]) {
+  if constexpr (P == 1) {
+    x[j] = in[0];
+  } else {
+    static_assert(P % 4 == 0, "whole packs");
+#pragma unroll
+    for (int q = 0; q < P; q += 4) {
+      Pack<float> pk;
+#pragma unroll
+      for (int p = 0; p < 4; ++p) pk.v[p] = in[q + p];
+      *reinterpret_cast<Pack<float>*>(x + j + q) = pk;
+    }
+  }
+}
+
 // Sum over the warp (float or double), every lane gets the result.
 template <class F>
 __device__ __forceinline__ F warp_sum(F v) {

@@ -40,23 +40,6 @@ __device__ int64_t item_of_block(const SinkgdManyItem* items, int64_t count, Fir
   return i;
 }
 
-// P values from x + j as FP32: 16-byte packs (P a multiple of Pack<X>::kSize) or one element (P = 1).
-template <class X, int P>
-__device__ __forceinline__ void load_values(const X* x, int64_t j, float (&out)[P]) {
-  if constexpr (P == 1) {
-    out[0] = to_float(x[j]);
-  } else {
-    constexpr int S = Pack<X>::kSize;
-    static_assert(P % S == 0, "whole packs");
-#pragma unroll
-    for (int q = 0; q < P; q += S) {
-      const Pack<X> pk = *reinterpret_cast<const Pack<X>*>(x + j + q);
-#pragma unroll
-      for (int p = 0; p < S; ++p) out[q + p] = to_float(pk.v[p]);
-    }
-  }
-}
-
 // One row pass over rows begin..end-1 of one tensor: u from v, and the chunk's column partial of
 // u^2 G^2 in shared memory (col). Thread t owns columns P t + P blockDim k .. + P - 1: with P > 1 it
 // reads G 16 bytes at a time (a warp 512 bytes of BF16 per load) and its partials as 16-byte packs
