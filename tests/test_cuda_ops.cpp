@@ -78,8 +78,9 @@ TEST_P(CudaVsCpu, RmsNormForwardBackward) {
   }
 }
 
+// D = 6: a thread per pair (half width 3); 16 and 64: 16-byte packs (one or several per head half).
 TEST_P(CudaVsCpu, RopeForwardBackward) {
-  for (int64_t D : {6, 16})
+  for (int64_t D : {6, 16, 64})
     for (DType t : kTypes) {
       const int64_t B = 2, T = 5, H = 3, n = B * T * 3 * H * D;
       const std::vector<float> cs = rope_table(T, D);
