@@ -1,5 +1,6 @@
 // SwiGLU on gate_up[N, 2F] = [gate | up] (formulas: kernels/common/op_math.h). Elementwise, one
-// 16-byte pack per thread when F allows it, else one element.
+// 16-byte pack per thread when F allows it; else (llama_1b's F = 5461: rows start off 16 bytes, each
+// array at another offset) a (F/256, rows) grid, a thread per element of a row, with no division.
 //   forward:  reads 2 N F, writes N F elements of T; ~6 N F FLOPs (sigmoid as one exp)
 //   backward: reads 3 N F, writes 2 N F elements of T; ~12 N F FLOPs; with `out` (the forward's
 //             output, recomputed for the weight gradient) N F more written and ~2 N F FLOPs, which
@@ -35,49 +36,74 @@ __device__ __forceinline__ void swiglu_forward_span(T* out, const T* gate_up, in
   }
 }
 
+// Element (n, f) for f in [f0, f0 + width) of the backward pass; with `out`, the forward too.
 template <class T, int W>
+__device__ __forceinline__ void swiglu_backward_span(T* dgate_up, T* out, const T* dout, const T* gate_up, int64_t n, int64_t f0, int64_t F) {
+  const T* g = gate_up + n * 2 * F + f0;
+  const T* u = g + F;
+  const T* d = dout + n * F + f0;
+  T* dg = dgate_up + n * 2 * F + f0;
+  T* du = dg + F;
+  T* o = out ? out + n * F + f0 : nullptr;
+  if constexpr (W > 1) {
+    const Pack<T> gv = *reinterpret_cast<const Pack<T>*>(g), uv = *reinterpret_cast<const Pack<T>*>(u), dv = *reinterpret_cast<const Pack<T>*>(d);
+    Pack<T> dgv, duv, ov;
+#pragma unroll
+    for (int j = 0; j < W; ++j) {
+      const float gf = to_float(gv.v[j]), uf = to_float(uv.v[j]), sig = sigmoid(gf);
+      float a, b;
+      op_math::swiglu_grad(gf, sig, uf, to_float(dv.v[j]), a, b);
+      dgv.v[j] = from_float<T>(a), duv.v[j] = from_float<T>(b);
+      ov.v[j] = from_float<T>(op_math::swiglu(gf, sig, uf));
+    }
+    *reinterpret_cast<Pack<T>*>(dg) = dgv;
+    *reinterpret_cast<Pack<T>*>(du) = duv;
+    if (o) *reinterpret_cast<Pack<T>*>(o) = ov;
+  } else {
+    const float gf = to_float(g[0]), uf = to_float(u[0]), sig = sigmoid(gf);
+    float a, b;
+    op_math::swiglu_grad(gf, sig, uf, to_float(d[0]), a, b);
+    dg[0] = from_float<T>(a), du[0] = from_float<T>(b);
+    if (o) o[0] = from_float<T>(op_math::swiglu(gf, sig, uf));
+  }
+}
+
+// 16-byte packs: a flat grid-stride over the N F / P packs.
+template <class T>
 __global__ void swiglu_forward_kernel(T* out, const T* gate_up, int64_t N, int64_t F) {
+  constexpr int W = Pack<T>::kSize;
   const int64_t spans_per_row = F / W, total = N * spans_per_row;
   for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < total; k += int64_t(gridDim.x) * blockDim.x)
     swiglu_forward_span<T, W>(out, gate_up, k / spans_per_row, (k % spans_per_row) * W, F);
 }
-
-template <class T, int W>
+template <class T>
 __global__ void swiglu_backward_kernel(T* dgate_up, T* out, const T* dout, const T* gate_up, int64_t N, int64_t F) {
+  constexpr int W = Pack<T>::kSize;
   const int64_t spans_per_row = F / W, total = N * spans_per_row;
-  for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < total; k += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t n = k / spans_per_row, f0 = (k % spans_per_row) * W;
-    const T* g = gate_up + n * 2 * F + f0;
-    const T* u = g + F;
-    const T* d = dout + n * F + f0;
-    T* dg = dgate_up + n * 2 * F + f0;
-    T* du = dg + F;
-    T* o = out ? out + n * F + f0 : nullptr;
-    if constexpr (W > 1) {
-      const Pack<T> gv = *reinterpret_cast<const Pack<T>*>(g), uv = *reinterpret_cast<const Pack<T>*>(u), dv = *reinterpret_cast<const Pack<T>*>(d);
-      Pack<T> dgv, duv, ov;
-#pragma unroll
-      for (int j = 0; j < W; ++j) {
-        const float gf = to_float(gv.v[j]), uf = to_float(uv.v[j]), sig = sigmoid(gf);
-        float a, b;
-        op_math::swiglu_grad(gf, sig, uf, to_float(dv.v[j]), a, b);
-        dgv.v[j] = from_float<T>(a), duv.v[j] = from_float<T>(b);
-        ov.v[j] = from_float<T>(op_math::swiglu(gf, sig, uf));
-      }
-      *reinterpret_cast<Pack<T>*>(dg) = dgv;
-      *reinterpret_cast<Pack<T>*>(du) = duv;
-      if (o) *reinterpret_cast<Pack<T>*>(o) = ov;
-    } else {
-      const float gf = to_float(g[0]), uf = to_float(u[0]), sig = sigmoid(gf);
-      float a, b;
-      op_math::swiglu_grad(gf, sig, uf, to_float(d[0]), a, b);
-      dg[0] = from_float<T>(a), du[0] = from_float<T>(b);
-      if (o) o[0] = from_float<T>(op_math::swiglu(gf, sig, uf));
-    }
-  }
+  for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < total; k += int64_t(gridDim.x) * blockDim.x)
+    swiglu_backward_span<T, W>(dgate_up, out, dout, gate_up, k / spans_per_row, (k % spans_per_row) * W, F);
+}
+
+// Any width: blockIdx.x a 256-wide column span, rows strided over blockIdx.y (coalesced, no division).
+template <class T>
+__global__ void swiglu_forward_rows_kernel(T* out, const T* gate_up, int64_t N, int64_t F) {
+  const int64_t f = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (f >= F) return;
+  for (int64_t n = blockIdx.y; n < N; n += gridDim.y) swiglu_forward_span<T, 1>(out, gate_up, n, f, F);
+}
+template <class T>
+__global__ void swiglu_backward_rows_kernel(T* dgate_up, T* out, const T* dout, const T* gate_up, int64_t N, int64_t F) {
+  const int64_t f = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (f >= F) return;
+  for (int64_t n = blockIdx.y; n < N; n += gridDim.y) swiglu_backward_span<T, 1>(dgate_up, out, dout, gate_up, n, f, F);
 }
 
 unsigned grid_for(int64_t work) { return static_cast<unsigned>(std::min<int64_t>(ceil_div(work, 256), 8192)); }
+// The rows grid: F/256 column spans x up to 8192 / spans rows at a time (~8192 blocks, as grid_for).
+dim3 rows_grid(int64_t N, int64_t F) {
+  const int64_t spans = ceil_div(F, 256);
+  return dim3(static_cast<unsigned>(spans), static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(N, std::min<int64_t>(65535, 8192 / spans + 1)))));
+}
 bool aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
@@ -87,9 +113,9 @@ void swiglu_forward(T* out, const T* gate_up, int64_t N, int64_t F, cudaStream_t
   constexpr int P = Pack<T>::kSize;
   if (N * F == 0) return;
   if (F % P == 0 && aligned(out) && aligned(gate_up))
-    launch("swiglu_forward", swiglu_forward_kernel<T, P>, dim3(grid_for(N * F / P)), dim3(256), 0, stream, out, gate_up, N, F);
+    launch("swiglu_forward", swiglu_forward_kernel<T>, dim3(grid_for(N * F / P)), dim3(256), 0, stream, out, gate_up, N, F);
   else
-    launch("swiglu_forward", swiglu_forward_kernel<T, 1>, dim3(grid_for(N * F)), dim3(256), 0, stream, out, gate_up, N, F);
+    launch("swiglu_forward", swiglu_forward_rows_kernel<T>, rows_grid(N, F), dim3(256), 0, stream, out, gate_up, N, F);
 }
 
 template <class T>
@@ -97,9 +123,9 @@ void swiglu_backward(T* dgate_up, T* out, const T* dout, const T* gate_up, int64
   constexpr int P = Pack<T>::kSize;
   if (N * F == 0) return;
   if (F % P == 0 && aligned(dgate_up) && aligned(dout) && aligned(gate_up) && (!out || aligned(out)))
-    launch("swiglu_backward", swiglu_backward_kernel<T, P>, dim3(grid_for(N * F / P)), dim3(256), 0, stream, dgate_up, out, dout, gate_up, N, F);
+    launch("swiglu_backward", swiglu_backward_kernel<T>, dim3(grid_for(N * F / P)), dim3(256), 0, stream, dgate_up, out, dout, gate_up, N, F);
   else
-    launch("swiglu_backward", swiglu_backward_kernel<T, 1>, dim3(grid_for(N * F)), dim3(256), 0, stream, dgate_up, out, dout, gate_up, N, F);
+    launch("swiglu_backward", swiglu_backward_rows_kernel<T>, rows_grid(N, F), dim3(256), 0, stream, dgate_up, out, dout, gate_up, N, F);
 }
 
 template void swiglu_forward<float>(float*, const float*, int64_t, int64_t, cudaStream_t);
