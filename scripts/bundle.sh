@@ -5,6 +5,8 @@
 #   lib/libmultinorm_cuda.so and every shared library these need except glibc's and CUDA's
 #   openmpi/   Open MPI's launcher, daemon, components and help files (bin/mpirun sets OPAL_PREFIX)
 #   share/multinorm/{configs,docs,README.md}, BUNDLE.txt (what is inside, what the node must provide)
+#   scripts/gpu_check.sh and scripts/gpu_check/, bench/*.py: the first call on a lent GPU node, and the
+#     PyTorch baselines it runs (docs/performance.md#first-gpu-run-scriptsgpu_checksh)
 # Every ELF file finds its libraries through RUNPATH ($ORIGIN/../lib). Not bundled: the CUDA driver,
 # cuBLASLt and NCCL (hundreds of MB; every GPU node has them): the binary finds them at run time in
 # LD_LIBRARY_PATH, the CUDA toolkit (/usr/local/cuda*/lib64, $CUDA_HOME) or a Python environment's
@@ -43,6 +45,11 @@ cp "$build/multinorm" "$build/multinorm_tests" "$stage/bin/"
 [ -f "$build/libmultinorm_cuda.so" ] && cp "$build/libmultinorm_cuda.so" "$stage/lib/"
 cp -r configs "$stage/share/multinorm/configs"
 cp -r docs README.md "$stage/share/multinorm/"  # the docs errors and help name
+# The first GPU call (scripts/gpu_check.sh) and what it runs, at the paths they have in the source tree.
+mkdir -p "$stage/scripts/gpu_check" "$stage/bench"
+cp scripts/gpu_check.sh "$stage/scripts/"
+cp scripts/gpu_check/*.py "$stage/scripts/gpu_check/"
+cp bench/*.py "$stage/bench/"
 
 # What the node provides: glibc (the loader's own libraries) and CUDA (driver, runtime, cuBLAS, NCCL).
 provided='^(linux-vdso|ld-linux|libc|libm|libdl|libpthread|librt|libresolv|libutil|libanl|libcuda|libcudart|libcublas|libcublasLt|libnccl|libnvidia-)[.-]'
@@ -115,6 +122,7 @@ commit=$(git -C "$root_dir" rev-parse --short HEAD 2>/dev/null || echo unknown)
   fi
   echo
   echo "Check the node:        bin/multinorm doctor"
+  echo "Every figure at once:  bash scripts/gpu_check.sh OUT_DIR   (8 minutes at most; JSON and Markdown reports)"
   echo "Data parallel (bundled Open MPI, one node): bin/mpirun -np 8 bin/multinorm train -c CONFIG"
   echo "With the cluster's own Open MPI 4.x: put its lib directory first in LD_LIBRARY_PATH (it then"
   echo "  wins over the bundled copy) and launch with its mpirun or srun. Another MPI (MPICH, Intel MPI)"

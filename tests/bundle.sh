@@ -80,4 +80,16 @@ outside=$(grep -v "file=$root/" <<<"$loaded")
 # doctor from the bundle on the emulated plugin (the op checks; tests/doctor.sh runs the rest)
 MULTINORM_CUDA_PLUGIN=$plugin "$root/bin/multinorm" doctor --model llama_tiny --batch 1 --seq 16 --only op --no-bench --report doctor.json > doctor.txt ||
   { tail -20 doctor.txt; fail "doctor from the bundle"; }
-echo "bundle: $(basename "$tarball"), $((size >> 20)) MB, $files ELF files resolve inside it; runs, trains, mpirun -np 2, doctor"
+# The first GPU call ships with what it runs, and finds the bundle's binaries from there (its
+# environment section only; tests/gpu_check.sh runs the rest).
+for f in scripts/gpu_check.sh scripts/gpu_check/report.py scripts/gpu_check/hf_logits.py bench/torch_llama.py bench/attention_sdpa.py; do
+  test -f "$root/$f" || fail "the bundle lacks $f"
+done
+MULTINORM_CUDA_PLUGIN=$plugin bash "$root/scripts/gpu_check.sh" --dry --only environment "$tmp/gpu_check" > gpu_check.txt 2>&1 ||
+  { tail -20 gpu_check.txt; fail "scripts/gpu_check.sh from the bundle"; }
+/usr/bin/python3 -c "
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r['gpu_check']['layout'] == 'bundle' and r['sections']['environment']['status'] == 'ok', r['gpu_check']" "$tmp/gpu_check/gpu_check.json" ||
+  fail "scripts/gpu_check.sh from the bundle: not the bundle's layout, or its environment failed"
+echo "bundle: $(basename "$tarball"), $((size >> 20)) MB, $files ELF files resolve inside it; runs, trains, mpirun -np 2, doctor, gpu_check.sh"

@@ -59,4 +59,20 @@ void bench_data(const DataBenchOptions& o);
 // CRC-32C throughput (what verifying a checkpoint costs) against a memcpy of the same bytes, same run.
 void bench_checksum(int64_t bytes);
 
+// `bench attention`: Backend::attention_forward and forward + attention_backward alone on [B, T, H, D]
+// (src/bench/bench_attention.cpp), in TFLOP/s, FLOPs counted as FlashAttention counts them.
+struct AttentionBenchOptions {
+  int64_t batch = 16, heads = 32, seq = 1024, head_dim = 64;  // 16k tokens of width 2048: FlashAttention-2's benchmark
+  int64_t steps = 20;  // timed calls of each
+  int64_t warmup = 3;  // untimed forward + backward calls first
+  int threads = 0;
+  std::string backend = "auto";  // cpu | cuda | auto
+  std::string precision = "bf16";
+  bool json = false;
+};
+
+void bench_attention(const AttentionBenchOptions& o);
+// A causal attention forward's FLOPs: 4 x B x H x D x T(T+1)/2 (QK^T and PV over the pairs a query sees).
+double attention_forward_flops(int64_t B, int64_t H, int64_t T, int64_t D);
+
 }  // namespace multinorm

@@ -66,6 +66,23 @@ void add_bench_command(CLI::App& app) {
   data->add_option("--tokenizer,-t", d.tokenizer, "SentencePiece model")->required();
   data->add_option("--train-tokens-per-s", d.train_tokens_per_s, "trainer rate to compare the loader with");
   data->callback([] { bench_data(d); });
+
+  auto* attention = bench->add_subcommand("attention", "The causal attention kernels alone: forward and forward + backward, TFLOP/s");
+  attention->footer(
+      "FLOPs as FlashAttention counts them: 4 x B x H x D x T(T+1)/2 forward, 2.5x that backward.\n"
+      "Example: multinorm bench attention --backend cuda --batch 16 --heads 32 --seq 1024 --head-dim 64");
+  static AttentionBenchOptions at;
+  attention->add_option("--batch", at.batch, "sequences");
+  attention->add_option("--heads", at.heads, "attention heads");
+  attention->add_option("--seq", at.seq, "positions per sequence (T)");
+  attention->add_option("--head-dim", at.head_dim, "channels per head (D; the tensor-core kernels take 64 and 128)");
+  attention->add_option("--steps", at.steps, "timed calls of each (forward; forward + backward)");
+  attention->add_option("--warmup", at.warmup, "untimed forward + backward calls first");
+  attention->add_option("--threads", at.threads, "CPU threads (0: all cores)");
+  attention->add_option("--backend", at.backend, "cpu, cuda or auto");
+  attention->add_option("--precision", at.precision, "bf16 or fp32")->check(CLI::IsMember({"bf16", "fp32"}));
+  attention->add_flag("--json", at.json, "machine-readable output");
+  attention->callback([] { bench_attention(at); });
 }
 
 }  // namespace multinorm

@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 
 #include "multinorm/checkpoint.h"
@@ -14,6 +15,7 @@
 #include "multinorm/json_file.h"
 #include "multinorm/model_io.h"
 #include "multinorm/run_config.h"
+#include "multinorm/safetensors.h"
 #include "multinorm/shard.h"
 #include "multinorm/trainer.h"
 
@@ -42,6 +44,25 @@ std::string tokenizer_to_export(const std::string& given, const std::string& che
   return tok;
 }
 
+// `--logits N`: this build's FP32 logits of the exported weights on N fixed tokens, next to them in
+// multinorm_logits.safetensors ("tokens" [1, N] as FP32, "logits" [1, N, V]), so that a loader on
+// another framework can be checked against what we compute (scripts/gpu_check.sh: transformers). The
+// weights are read back from the export first: a BF16 export is compared as it was written.
+void write_logits(LlamaModel& model, const std::string& out, int64_t n) {
+  const int64_t V = model.config().vocab_size;
+  load_hf_model(model, out);
+  std::vector<int32_t> tokens(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) tokens[i] = static_cast<int32_t>((i * 7919 + 13) % V);  // spread over the vocabulary
+  std::vector<float> logits(static_cast<size_t>(n * V)), token_values(tokens.begin(), tokens.end());
+  model.logits({tokens.data(), nullptr, nullptr, 1, n}, logits.data());
+  write_safetensors(out + "/multinorm_logits.safetensors",
+                    {from_f32_vector("tokens", {1, n}, token_values.data(), DType::F32),
+                     from_f32_vector("logits", {1, n, V}, logits.data(), DType::F32)},
+                    {{"backend", model.backend().name()}});
+  std::printf("wrote %s/multinorm_logits.safetensors (FP32 logits of %lld tokens on the %s backend)\n", out.c_str(), (long long)n,
+              model.backend().name().c_str());
+}
+
 }  // namespace
 
 void add_export_command(CLI::App& app) {
@@ -59,6 +80,11 @@ void add_export_command(CLI::App& app) {
   cmd->add_option("--out,-o", out, "output directory")->required();
   cmd->add_option("--dtype", dtype, "bf16 or fp32")->check(CLI::IsMember({"bf16", "fp32"}));
   static std::string tokenizer;
+  static int64_t logits_tokens = 0;
+  cmd->add_option("--logits", logits_tokens,
+                  "also write multinorm_logits.safetensors: our FP32 logits of the exported weights on this many fixed tokens "
+                  "(to check another loader against)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--tokenizer", tokenizer, "SentencePiece model to export with the weights (default: the one the run trained with)");
   cmd->callback([] {
     const json doc = read_json_file(config);
@@ -76,7 +102,10 @@ void add_export_command(CLI::App& app) {
       run_tokenizer = run.data.tokenizer;
     }
     auto be = make_backend(choose_backend(backend), 0);
-    LlamaModel model(*be, model_cfg, DType::F32, 1, 2);
+    if (logits_tokens > model_cfg.max_position_embeddings)
+      throw ConfigError("export --logits " + std::to_string(logits_tokens) + ": more than the model's max_position_embeddings (" +
+                        std::to_string(model_cfg.max_position_embeddings) + ")");
+    LlamaModel model(*be, model_cfg, DType::F32, 1, std::max<int64_t>(2, logits_tokens));
     if (from.empty()) model.init_random(static_cast<uint64_t>(seed >= 0 ? seed : run_seed));
     else {
       from = checkpoint_to_read(from, "--from");  // a run directory: its newest
@@ -87,6 +116,7 @@ void add_export_command(CLI::App& app) {
     save_hf_model(model, out, parse_dtype(dtype));
     std::printf("wrote %s/model.safetensors (%lld parameters, %s) and %s/config.json\n", out.c_str(),
                 (long long)model.num_params(), dtype.c_str(), out.c_str());
+    if (logits_tokens > 0) write_logits(model, out, logits_tokens);
     if (tok.empty()) {
       std::printf("no tokenizer exported (none configured): pass --tokenizer to write tokenizer.model and its configs\n");
       return;

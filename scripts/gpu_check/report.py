@@ -1,0 +1,497 @@
+"""The reports of scripts/gpu_check.sh: OUT/gpu_check.json and OUT/gpu_check.md from OUT/steps.tsv,
+OUT/logs/*.log and OUT/raw/*. Standard library only (it runs under any python3).
+
+    python3 scripts/gpu_check/report.py OUT
+
+Sections: environment, doctor, step_vs_torch, attention, hf_logits, tests, sanitizer, nccl. Each has a
+status: failed when one of its steps failed or its figures say so (a failed check, test or sanitizer
+finding, logits beyond their bound), skipped when none of its steps ran (with why), else ok.
+Exits 1 when a section failed.
+"""
+import json
+import math
+import os
+import re
+import sys
+import time
+
+TAIL_CHARS = 2500
+
+
+def load_json(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def load_jsonl(path):
+    rows = []
+    try:
+        with open(path) as f:
+            for line in f:
+                line = line.strip()
+                if line.startswith("{"):
+                    try:
+                        rows.append(json.loads(line))
+                    except ValueError:
+                        pass
+    except OSError:
+        pass
+    return rows
+
+
+def tail(path, chars=TAIL_CHARS):
+    try:
+        with open(path, errors="replace") as f:
+            text = f.read()
+    except OSError:
+        return ""
+    return text[-chars:]
+
+
+def finite(x):
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+class Report:
+    def __init__(self, out):
+        self.out = out
+        self.raw = os.path.join(out, "raw")
+        self.meta = load_json(os.path.join(self.raw, "meta.json")) or {}
+        self.steps = self.read_steps()
+        self.by_id = {s["id"]: s for s in self.steps}
+
+    def read_steps(self):
+        steps = []
+        with open(os.path.join(self.out, "steps.tsv")) as f:
+            for line in f:
+                p = line.rstrip("\n").split("\t")
+                if len(p) < 8:
+                    continue
+                s = {"id": p[0], "section": p[1], "status": p[2], "seconds": float(p[3] or 0), "limit_s": float(p[4] or 0),
+                     "exit_status": int(p[5]) if p[5] else None, "reason": p[6], "command": p[7].strip()}
+                if s["status"] != "skipped":
+                    s["output_tail"] = tail(os.path.join(self.out, "logs", s["id"] + ".log"))
+                steps.append(s)
+        return steps
+
+    def raw_path(self, name):
+        return os.path.join(self.raw, name)
+
+    def section_status(self, ids, data_failed=None, data_skipped=None):
+        """failed / skipped / ok from the steps `ids` and what the figures say."""
+        steps = [self.by_id[i] for i in ids if i in self.by_id]
+        failed = [s for s in steps if s["status"] == "failed"]
+        if failed or data_failed:
+            why = [f"{s['id']}: {s['reason']}" for s in failed] + ([data_failed] if data_failed else [])
+            return "failed", "; ".join(why)
+        ran = [s for s in steps if s["status"] == "ok"]
+        if not ran:
+            return "skipped", "; ".join(sorted({s["reason"] for s in steps})) or "no step ran"
+        if data_skipped:
+            return "skipped", data_skipped
+        return "ok", ""
+
+    # ---- the peak MFU is counted against ---------------------------------------------------------
+    def peak_tflops(self):
+        o = self.meta.get("peak_tflops_override")
+        if o:
+            return float(o), "GPU_CHECK_PEAK_TFLOPS"
+        for m in ("60m", "1b"):
+            d = load_json(self.raw_path(f"doctor_llama_{m}.json")) or {}
+            for s in d.get("steps", []):
+                if finite(s.get("peak_tflops")):
+                    return float(s["peak_tflops"]), "multinorm doctor's table of BF16 dense peaks"
+        if self.meta.get("peak_matched"):  # the peak `bench model --peak` used, for this GPU
+            for m in ("60m", "1b"):
+                b = load_json(self.raw_path(f"step_ours_llama_{m}.json")) or {}
+                mfu = b.get("mfu_" + self.meta.get("peak_name", ""))
+                if finite(mfu) and mfu > 0:
+                    return b["gflops"] / 1e3 / mfu, f"multinorm bench model's {self.meta['peak_name']} peak"
+        return None, "no BF16 peak known for this device (GPU_CHECK_PEAK_TFLOPS sets one)"
+
+
+def environment(r):
+    status, reason = r.section_status(["environment"])
+    env = {"status": status, "reason": reason, "python": load_json(r.raw_path("python.json")),
+           "layout": r.meta.get("layout"), "gpu": r.meta.get("gpu_name"), "sanitizer": r.meta.get("sanitizer") or None,
+           "ncu": r.meta.get("ncu") or None}
+    smi = r.raw_path("nvidia_smi.csv")
+    if os.path.exists(smi):
+        env["nvidia_smi"] = open(smi).read().strip()
+    for name in ("doctor_llama_60m.json", "doctor_llama_1b.json"):
+        d = load_json(r.raw_path(name))
+        if d and "environment" in d:
+            e = d["environment"]
+            env["doctor_environment"] = {k: e.get(k) for k in ("plugin", "driver_version", "runtime_version", "cublaslt", "nccl", "devices")}
+            break
+    return env
+
+
+def doctor_model(r, m):
+    d = load_json(r.raw_path(f"doctor_llama_{m}.json"))
+    if d is None:
+        return None
+    checks = d.get("checks", [])
+    failing = [{"name": c["name"], "section": c["section"], "dtype": c.get("dtype"), "error": c.get("error"), "bound": c.get("bound"),
+                "failure": c.get("failure", ""), "kernels": c.get("kernels")} for c in checks if not c.get("ok")]
+    name = next((x["model"] for x in checks + d.get("steps", []) if "model" in x), f"llama_{m}")
+    out = {"slot": f"llama_{m}", "model": name, "ok": d.get("ok"), "checks": len(checks), "failed": len(failing), "failing": failing}
+    if "error" in d:
+        out["error"] = d["error"]
+    for s in d.get("steps", []):
+        keys = ("model", "batch", "seq", "step_seconds", "step_seconds_eager", "graph_speedup", "tokens_per_s", "tflops", "mfu", "peak_tflops",
+                "mfu_note", "launches_per_step", "host_waits_per_step", "host_drains_per_step", "host_waits_per_step_eager",
+                "host_drains_per_step_eager", "kernel_ms", "predicted_on", "error")
+        step = {k: s[k] for k in keys if k in s}
+        step["kernels"] = [dict({"name": k["name"], "launches": k["launches"], "ms": k["ms"]},
+                                **({"predicted_ms": k["predicted_ms"], "measured_over_predicted": k["ms"] / k["predicted_ms"]}
+                                   if finite(k.get("predicted_ms")) and k["predicted_ms"] > 0 else {}))
+                           for k in s.get("kernels", [])]
+        out["step"] = step
+    return out, d.get("nccl")
+
+
+def doctor(r):
+    models, failed = [], []
+    nccl = None
+    for m in ("60m", "1b"):
+        got = doctor_model(r, m)
+        if got is None:
+            continue
+        row, n = got
+        models.append(row)
+        nccl = nccl or n
+        if row["failed"] or row.get("ok") is False:
+            names = ", ".join(c["name"] for c in row["failing"]) or row.get("error", "not ok")
+            failed.append(f"{row['model']}: {names}")
+    status, reason = r.section_status(["doctor_llama_60m", "doctor_llama_1b"], "; ".join(failed) or None)
+    return {"status": status, "reason": reason, "models": models}, nccl
+
+
+def nccl_section(n):
+    if not n:
+        return {"status": "skipped", "reason": "no doctor report"}
+    if "skipped" in n:
+        return {"status": "skipped", "reason": n["skipped"]}
+    rows = [{"name": c.get("name"), "bytes": c.get("bytes"), "bus_bandwidth_gbs": c.get("bus_bandwidth_gbs"),
+             "exact": c.get("wrong_elements") == 0} for c in n.get("collectives", [])]
+    bad = n.get("error") or ("wrong elements" if any(not x["exact"] for x in rows) else "")
+    return {"status": "failed" if bad else "ok", "reason": bad, "gpus": n.get("gpus"), "collectives": rows}
+
+
+def torch_modes(rows):
+    """{mode: tokens/s} and {mode: error} from torch_llama.py's progress lines."""
+    tps, errors, summary = {}, {}, {}
+    for x in rows:
+        if "mode" in x:
+            if "tokens_per_s" in x:
+                tps[x["mode"]] = x["tokens_per_s"]
+            else:
+                errors[x["mode"]] = x.get("error", "")
+        elif "tokens_per_s" in x:
+            summary = summary or x  # the eager run's (the compiled run's says the same of the model)
+    return tps, errors, summary
+
+
+def step_vs_torch(r):
+    peak, peak_source = r.peak_tflops()
+    rows = []
+    problems = []
+    for m in ("60m", "1b"):
+        ours = load_json(r.raw_path(f"step_ours_llama_{m}.json"))
+        tps, errors, summary = torch_modes(load_jsonl(r.raw_path(f"step_torch_llama_{m}.jsonl")) +
+                                           load_jsonl(r.raw_path(f"step_compile_llama_{m}.jsonl")))
+        compile_step = r.by_id.get(f"step_compile_llama_{m}")
+        if "bf16_sdpa_compile" not in tps and "bf16_sdpa_compile" not in errors and compile_step:
+            errors["bf16_sdpa_compile"] = f"{compile_step['status']}: {compile_step['reason']}"  # timed out, not run
+        if ours is None and not tps and not errors:
+            continue
+        row = {"slot": f"llama_{m}", "model": (ours or {}).get("model", f"llama_{m}"), "batch": r.meta.get("step_batch"),
+               "seq": r.meta.get("step_seq")}
+        if ours:
+            row["ours_tokens_per_s"] = ours["train_tokens_per_s"]
+            row["ours_flops_per_token"] = ours["gflops"] * 1e9 / ours["train_tokens_per_s"]
+            row["ours_tflops"] = ours["gflops"] / 1e3
+            row["ours_backend"] = ours.get("gemm_engine")
+        if summary:
+            row["torch_flops_per_token"] = summary.get("flops_per_token")
+            row["torch_version"] = summary.get("torch")
+            row["torch_attention"] = summary.get("attention")
+            row["torch_device"] = summary.get("device_name", summary.get("device"))
+        fpt = row.get("ours_flops_per_token") or row.get("torch_flops_per_token")
+        for mode, key in (("bf16_sdpa", "torch_eager"), ("bf16_sdpa_compile", "torch_compile")):
+            if mode in tps:
+                row[key + "_tokens_per_s"] = tps[mode]
+                if fpt:
+                    row[key + "_tflops"] = tps[mode] * fpt / 1e12
+                if "ours_tokens_per_s" in row:
+                    row["ratio_to_" + key] = row["ours_tokens_per_s"] / tps[mode]
+            elif mode in errors:
+                row[key + "_error"] = errors[mode]
+        if peak:
+            for key in ("ours", "torch_eager", "torch_compile"):
+                if key + "_tflops" in row:
+                    row[key + "_mfu"] = row[key + "_tflops"] / peak
+        if "torch_eager_tokens_per_s" not in row and f"step_torch_llama_{m}" in r.by_id and r.by_id[f"step_torch_llama_{m}"]["status"] == "ok":
+            problems.append(f"llama_{m}: PyTorch eager gave no figure ({errors.get('bf16_sdpa', 'no output')})")
+        rows.append(row)
+    # torch.compile is optional: its failure is in the rows, not the section's status
+    ids = [f"step_{w}_llama_{m}" for m in ("60m", "1b") for w in ("ours", "torch")]
+    status, reason = r.section_status(ids, "; ".join(problems) or None)
+    return {"status": status, "reason": reason, "peak_tflops": peak, "peak_source": peak_source, "rows": rows,
+            "flops": "per token: 6 x GEMM parameters + 12 x L x T x C (multinorm's count, both sides); MFU against the BF16 dense peak"}
+
+
+def attention(r):
+    sdpa = [x for x in load_jsonl(r.raw_path("attention_sdpa.jsonl")) if "kernel" in x]
+    rows = []
+    shapes = [s for s in (r.meta.get("attention_shapes") or "").split(",") if s]
+    for shape in shapes:
+        B, H, T, D = (int(v) for v in shape.split("x"))
+        ours = load_json(r.raw_path(f"attention_ours_{T}_{D}.json"))
+        row = {"batch": B, "heads": H, "seq": T, "head_dim": D}
+        if ours:
+            row["ours_forward_tflops"] = ours["forward_tflops"]
+            row["ours_forward_backward_tflops"] = ours["forward_backward_tflops"]
+        for x in sdpa:
+            if (x["batch"], x["heads"], x["seq"], x["head_dim"]) != (B, H, T, D):
+                continue
+            key = "flash" if "flash" in x["kernel"] else "torch"
+            if "error" in x:
+                row[key + "_error"] = x["error"]
+                continue
+            row[key + "_kernel"] = x["kernel"]
+            row[key + "_forward_tflops"] = x["forward_tflops"]
+            row[key + "_forward_backward_tflops"] = x["forward_backward_tflops"]
+        for key in ("torch", "flash"):
+            for p in ("forward", "forward_backward"):
+                a, b = row.get(f"ours_{p}_tflops"), row.get(f"{key}_{p}_tflops")
+                if a and b:
+                    row[f"ratio_{p}_to_{key}"] = a / b
+        if len(row) > 4:
+            rows.append(row)
+    problem = None
+    sdpa_step = r.by_id.get("attention_sdpa")
+    if sdpa_step and sdpa_step["status"] == "ok" and not any("torch_forward_tflops" in x for x in rows):
+        first = next((x["error"] for x in sdpa if "error" in x), "no output")
+        problem = f"PyTorch gave no attention figure ({first[:300]})"
+    status, reason = r.section_status(["attention_ours", "attention_sdpa"], problem)
+    return {"status": status, "reason": reason, "rows": rows,
+            "flops": "causal: 4 B H D T(T+1)/2 forward, 2.5x that backward (FlashAttention's convention)"}
+
+
+def hf_logits(r):
+    d = load_json(r.raw_path("hf_logits.json"))
+    status, reason = r.section_status(["hf_export", "hf_compare"],
+                                      d.get("reason") if d and d.get("status") == "failed" else None,
+                                      d.get("reason") if d and d.get("status") == "skipped" else None)
+    out = {"status": status, "reason": reason}
+    if d:
+        out.update({k: v for k, v in d.items() if k not in ("status", "reason")})
+    return out
+
+
+def gtest_results(r):
+    """(tests, passed, failed, skipped, failing names) from gtest's JSON, else from its log."""
+    g = load_json(r.raw_path("gtest.json"))
+    if g:
+        names, skipped, tests = [], 0, 0
+        for suite in g.get("testsuites", []):
+            for t in suite.get("testsuite", []):
+                tests += 1
+                if t.get("failures"):
+                    names.append(f"{suite['name']}.{t['name']}")
+                elif t.get("result") == "SKIPPED":
+                    skipped += 1
+        return tests, tests - len(names) - skipped, len(names), skipped, names, "gtest JSON"
+    log = tail(os.path.join(r.out, "logs", "tests_cuda.log"), 10 ** 7)
+    if not log:
+        return None
+    ok = len(re.findall(r"^\[       OK \] ", log, re.M))
+    failing = sorted(set(re.findall(r"^\[  FAILED  \] (\S+)(?: \(|,|$)", log, re.M)))
+    skipped = len(re.findall(r"^\[  SKIPPED \] \S+ \(", log, re.M))
+    return ok + len(failing) + skipped, ok, len(failing), skipped, failing, "the log (no gtest JSON: the binary stopped early)"
+
+
+def tests(r):
+    got = gtest_results(r)
+    out = {}
+    data_failed = None
+    if got:
+        total, passed, failed, skipped, names, source = got
+        out = {"tests": total, "passed": passed, "failed": failed, "skipped": skipped, "failing": names, "counted_from": source}
+        if failed:
+            data_failed = f"{failed} failed: " + ", ".join(names[:10])
+    status, reason = r.section_status(["tests_cuda"], data_failed)
+    return dict({"status": status, "reason": reason}, **out)
+
+
+# How compute-sanitizer says it cannot run here (a device or driver it does not support, no permission).
+REFUSED = re.compile(r"^.*(not supported|Unable to|unsupported|No CUDA-capable|insufficient permissions|ERR_NVGPUCTRPERM).*$", re.I | re.M)
+
+
+def sanitizer(r):
+    runs, failed = [], []
+    for tool in ("memcheck", "racecheck"):
+        for target in ("training", "attention"):
+            s = r.by_id.get(f"{tool}_{target}")
+            if not s:
+                continue
+            run = {"tool": tool, "target": target, "status": s["status"], "reason": s["reason"]}
+            if s["status"] != "skipped":
+                log = tail(os.path.join(r.out, "logs", s["id"] + ".log"), 10 ** 7)
+                m = re.findall(r"ERROR SUMMARY: (\d+) error", log)
+                run["errors"] = int(m[-1]) if m else None
+                refused = REFUSED.search(log)
+                if run["errors"] is None and refused and s["status"] == "failed":
+                    run["status"], run["reason"] = "skipped", "compute-sanitizer refused: " + refused.group(0).strip().lstrip("= ")[:200]
+                elif run["errors"]:
+                    run["status"], run["reason"] = "failed", f"{run['errors']} {tool} error(s)"
+                if run["status"] == "failed":
+                    failed.append(f"{tool} {target}: {run['reason']}")
+            runs.append(run)
+    statuses = {x["status"] for x in runs}
+    if failed:
+        status, reason = "failed", "; ".join(failed)
+    elif statuses <= {"skipped"}:
+        status, reason = "skipped", "; ".join(sorted({x["reason"] for x in runs})) or "no run"
+    else:
+        status, reason = "ok", ""
+    return {"status": status, "reason": reason, "runs": runs}
+
+
+def build(out):
+    r = Report(out)
+    doc, nccl = doctor(r)
+    sections = {"environment": environment(r), "doctor": doc, "step_vs_torch": step_vs_torch(r), "attention": attention(r),
+                "hf_logits": hf_logits(r), "tests": tests(r), "sanitizer": sanitizer(r), "nccl": nccl_section(nccl)}
+    finished = r.meta.get("finished", time.time())
+    report = {"gpu_check": {"dry": r.meta.get("dry"), "layout": r.meta.get("layout"), "host": r.meta.get("host"),
+                            "multinorm": r.meta.get("version"),
+                            "gpu": r.meta.get("gpu_name"), "only": r.meta.get("only") or None,
+                            "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(r.meta.get("started", 0))),
+                            "wall_s": finished - r.meta.get("started", finished), "budget_s": r.meta.get("budget_s")},
+              "ok": not any(s["status"] == "failed" for s in sections.values()),
+              "sections": sections, "steps": r.steps}
+    return report
+
+
+# ---- Markdown ----------------------------------------------------------------------------------------
+def fmt(x, digits=3):
+    if x is None:
+        return "—"
+    if isinstance(x, float):
+        if x == 0 or not math.isfinite(x):
+            return str(x)
+        return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.{digits}g}"
+    return str(x)
+
+
+def pct(x):
+    return "—" if x is None else f"{100 * x:.1f}%"
+
+
+def table(header, rows):
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c).replace("|", "/").replace("\n", " ") for c in row) + " |" for row in rows]
+    return lines
+
+
+def markdown(rep):
+    g, s = rep["gpu_check"], rep["sections"]
+    md = [f"# gpu_check: {'ok' if rep['ok'] else 'FAILED'}", "",
+          f"{g['multinorm'] or 'multinorm'}; {g['started']}, {g['wall_s']:.0f} s of a {g['budget_s']} s budget; host {g['host']}, GPU {g['gpu'] or '—'}, "
+          f"{g['layout']} layout{', DRY RUN (the emulated plugin, PyTorch on the CPU, tiny shapes: no figure here is a GPU' + chr(39) + 's)' if g['dry'] else ''}"
+          f"{', only ' + g['only'] if g['only'] else ''}.", "", "## Sections", ""]
+    md += table(["section", "status", "why"], [[k, v["status"], v.get("reason", "")] for k, v in s.items()])
+    st = s["step_vs_torch"]
+    md += ["", "## Training step against PyTorch (same GPU, same model and micro-batch)", "",
+           f"{st['flops']}; peak {fmt(st['peak_tflops'])} TFLOP/s ({st['peak_source']}).", ""]
+    md += table(["model", "B x T", "ours tokens/s", "ours MFU", "PyTorch eager (SDPA) tokens/s", "MFU", "ours / eager",
+                 "torch.compile tokens/s", "MFU", "ours / compile"],
+                [[x["model"], f"{x['batch']} x {x['seq']}", fmt(x.get("ours_tokens_per_s")), pct(x.get("ours_mfu")),
+                  fmt(x.get("torch_eager_tokens_per_s")), pct(x.get("torch_eager_mfu")), fmt(x.get("ratio_to_torch_eager")),
+                  fmt(x.get("torch_compile_tokens_per_s")) if "torch_compile_tokens_per_s" in x else "failed: " + x.get("torch_compile_error", "—")[:120],
+                  pct(x.get("torch_compile_mfu")), fmt(x.get("ratio_to_torch_compile"))] for x in st["rows"]])
+    at = s["attention"]
+    md += ["", "## Attention against scaled_dot_product_attention (TFLOP/s)", "", at["flops"] + ".", ""]
+    md += table(["B x H x T x D", "ours fwd", "SDPA fwd", "ours / SDPA", "ours fwd+bwd", "SDPA fwd+bwd", "ours / SDPA", "FA2 fwd+bwd", "ours / FA2"],
+                [[f"{x['batch']} x {x['heads']} x {x['seq']} x {x['head_dim']}", fmt(x.get("ours_forward_tflops")),
+                  fmt(x.get("torch_forward_tflops")), fmt(x.get("ratio_forward_to_torch")), fmt(x.get("ours_forward_backward_tflops")),
+                  fmt(x.get("torch_forward_backward_tflops")), fmt(x.get("ratio_forward_backward_to_torch")),
+                  fmt(x.get("flash_forward_backward_tflops")), fmt(x.get("ratio_forward_backward_to_flash"))] for x in at["rows"]])
+    md += doctor_markdown(s["doctor"])
+    h = s["hf_logits"]
+    md += ["", "## Exported llama_60m loaded by transformers", "", f"status {h['status']}{': ' + h['reason'] if h.get('reason') else ''}."]
+    for label, d in (("transformers", h), ("fallback (" + h.get("fallback", {}).get("against", "") + ")", h.get("fallback"))):
+        if d and "relative_error" in d:
+            md += ["", f"{label}: {d.get('tokens', h.get('tokens'))} tokens, relative error {d['relative_error']:.3e} (bound {d['bound']:g}), "
+                       f"max abs error {d['max_abs_error']:.3e} of logits up to {d['max_abs_logit']:.3g}, argmax agreement {pct(d['argmax_agreement'])}."]
+    t = s["tests"]
+    md += ["", "## CUDA tests", "", f"status {t['status']}: {t.get('passed', '—')} passed, {t.get('failed', '—')} failed, "
+                                     f"{t.get('skipped', '—')} skipped of {t.get('tests', '—')}{'; failing: ' + ', '.join(t['failing']) if t.get('failing') else ''}."]
+    md += ["", "## compute-sanitizer", ""]
+    md += table(["tool", "target", "status", "errors", "why"],
+                [[x["tool"], x["target"], x["status"], fmt(x.get("errors")), x["reason"]] for x in s["sanitizer"]["runs"]])
+    n = s["nccl"]
+    md += ["", "## NCCL", "", f"status {n['status']}{': ' + n['reason'] if n.get('reason') else ''}."]
+    if n.get("collectives"):
+        md += [""] + table(["collective", "MB", "bus GB/s", "exact"],
+                           [[c["name"], fmt((c["bytes"] or 0) / 1e6), fmt(c["bus_bandwidth_gbs"]), c["exact"]] for c in n["collectives"]])
+    md += ["", "## Steps", ""]
+    md += table(["step", "section", "status", "seconds", "limit s", "why"],
+                [[x["id"], x["section"], x["status"], f"{x['seconds']:.1f}", f"{x['limit_s']:.0f}", x["reason"]] for x in rep["steps"]])
+    for x in rep["steps"]:
+        if x["status"] == "failed":
+            md += ["", f"### {x['id']}: output tail", "", "```", x.get("output_tail", "").rstrip()[-1500:], "```"]
+    return "\n".join(md) + "\n"
+
+
+def doctor_markdown(d):
+    md = ["", "## multinorm doctor", "", f"status {d['status']}{': ' + d['reason'] if d.get('reason') else ''}.", ""]
+    md += table(["model", "checks", "failed", "B x T", "tokens/s", "MFU", "graphs speed-up", "host waits / drains a step (trainer)",
+                 "eager waits / drains"],
+                [[m["model"], m["checks"], m["failed"], f"{m.get('step', {}).get('batch', '—')} x {m.get('step', {}).get('seq', '—')}",
+                  fmt(m.get("step", {}).get("tokens_per_s")), pct(m.get("step", {}).get("mfu")), fmt(m.get("step", {}).get("graph_speedup")),
+                  f"{m.get('step', {}).get('host_waits_per_step', '—')} / {m.get('step', {}).get('host_drains_per_step', '—')}",
+                  f"{m.get('step', {}).get('host_waits_per_step_eager', '—')} / {m.get('step', {}).get('host_drains_per_step_eager', '—')}"]
+                 for m in d["models"]])
+    for m in d["models"]:
+        for c in m["failing"]:
+            md += ["", f"- FAILED {m['model']} {c['section']} {c['name']} ({c['dtype']}): error {fmt(c['error'])} (bound {fmt(c['bound'])}) {c['failure']}"]
+        k = m.get("step", {}).get("kernels", [])
+        if k:
+            md += ["", f"{m['model']}: the slowest kernels of one step, measured and predicted ({m['step'].get('predicted_on', 'no roofline for this device')}):", ""]
+            md += table(["kernel", "launches", "ms", "predicted ms", "measured / predicted"],
+                        [[x["name"], x["launches"], fmt(x["ms"]), fmt(x.get("predicted_ms")), fmt(x.get("measured_over_predicted"))] for x in k[:15]])
+    return md
+
+
+def clean(x):
+    """NaN and infinities as null: the report stays strict JSON."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: clean(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [clean(v) for v in x]
+    return x
+
+
+def main():
+    out = sys.argv[1]
+    rep = clean(build(out))
+    with open(os.path.join(out, "gpu_check.json"), "w") as f:
+        json.dump(rep, f, indent=1, allow_nan=False, default=str)
+    with open(os.path.join(out, "gpu_check.md"), "w") as f:
+        f.write(markdown(rep))
+    for name, sec in rep["sections"].items():
+        print(f"  {name:14s} {sec['status']}{': ' + sec['reason'] if sec.get('reason') else ''}")
+    sys.exit(0 if rep["ok"] else 1)
+
+
+if __name__ == "__main__":
+    main()
