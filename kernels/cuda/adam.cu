@@ -5,6 +5,9 @@
 //   Adam: reads w, g, m, v and writes w, m, v: per element sizeof(T) * 2 + sizeof(G) + 4 sizeof(S)
 //         bytes (BF16 everything: 12 B), ~15 FLOPs
 //   SGD:  reads w, g (+ buf) and writes w (+ buf): 2 sizeof(T) + sizeof(G) [+ 2 sizeof(S)] bytes
+// A thread takes runs of 8 elements (16-byte packs of each BF16 array, two of each FP32 one) where
+// every array is 16-byte aligned; a tensor's last n mod 8 elements, or unaligned arrays, one by one.
+// Each element's arithmetic and its rounding index are the same either way: the same bits.
 #include "device_utils.cuh"
 #include "kernels.h"
 
@@ -12,17 +15,47 @@ namespace multinorm::cuda {
 
 namespace {
 
+constexpr int kRun = 8;  // elements a thread takes at once on the packed path
+
+template <class T, class G, class S>
+__device__ __forceinline__ bool packable_arrays(const T* w, const G* g, const S* m, const S* v) {
+  return (reinterpret_cast<uintptr_t>(w) | reinterpret_cast<uintptr_t>(g) | reinterpret_cast<uintptr_t>(m) | reinterpret_cast<uintptr_t>(v)) %
+             16 ==
+         0;
+}
+
+// Adam on P consecutive elements from e (P = kRun: whole packs; P = 1: one element).
+template <int P, class T, class G, class S>
+__device__ __forceinline__ void adam_run(T* w, const G* g, S* m, S* v, int64_t e, const AdamScalars& a, const WriteBack& wb) {
+  float wf[P], gf[P], mf[P], vf[P];
+  load_values<T, P>(w, e, wf), load_values<G, P>(g, e, gf), load_values<S, P>(m, e, mf), load_values<S, P>(v, e, vf);
+  T wo[P];
+  S mo[P], vo[P];
+#pragma unroll
+  for (int k = 0; k < P; ++k) {
+    wo[k] = store_weight<T>(optim_math::adam_element(wf[k], gf[k], mf[k], vf[k], a), wb, static_cast<uint64_t>(e + k));
+    mo[k] = from_float<S>(mf[k]), vo[k] = from_float<S>(vf[k]);
+  }
+  store_packs<S, P>(m, e, mo), store_packs<S, P>(v, e, vo), store_packs<T, P>(w, e, wo);
+}
+
+// Elements begin..end-1 of one tensor by the block's threads: runs of kRun where the arrays allow.
+template <class T, class G, class S>
+__device__ void adam_range(T* w, const G* g, S* m, S* v, int64_t begin, int64_t end, int64_t stride_threads, int64_t thread,
+                           const AdamScalars& a, const WriteBack& wb) {
+  int64_t tail = begin;
+  if (packable_arrays(w, g, m, v) && begin % kRun == 0) {
+    const int64_t runs = (end - begin) / kRun;
+    for (int64_t k = thread; k < runs; k += stride_threads) adam_run<kRun>(w, g, m, v, begin + k * kRun, a, wb);
+    tail = begin + runs * kRun;
+  }
+  for (int64_t e = tail + thread; e < end; e += stride_threads) adam_run<1>(w, g, m, v, e, a, wb);
+}
+
 template <class T, class G, class S>
 __global__ void adam_kernel(T* w, const G* g, S* m, S* v, int64_t n, RuleScalars r, WriteBack wb, const UpdateScalars* s, int slot) {
   if (!take_update_scalars(s, slot, r, wb)) return;
-  const AdamScalars& a = r.adam;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    float mi = to_float(m[i]), vi = to_float(v[i]);
-    const float wi = optim_math::adam_element(to_float(w[i]), to_float(g[i]), mi, vi, a);
-    m[i] = from_float<S>(mi);
-    v[i] = from_float<S>(vi);
-    w[i] = store_weight<T>(wi, wb, static_cast<uint64_t>(i));
-  }
+  adam_range(w, g, m, v, 0, n, int64_t(gridDim.x) * blockDim.x, blockIdx.x * int64_t(blockDim.x) + threadIdx.x, r.adam, wb);
 }
 
 // One launch over many tensors: block b serves the item whose block range holds b (a short scan of
@@ -30,24 +63,14 @@ __global__ void adam_kernel(T* w, const G* g, S* m, S* v, int64_t n, RuleScalars
 template <class T, class G, class S>
 __global__ void adam_many_kernel(const AdamManyItem* items, int64_t count, RuleScalars r, WriteBack wb, const UpdateScalars* s, int slot) {
   if (!take_update_scalars(s, slot, r, wb)) return;
-  const AdamScalars& a = r.adam;
   int64_t i = 0;
   while (i + 1 < count && items[i + 1].first_block <= int64_t(blockIdx.x)) ++i;
   const AdamManyItem it = items[i];
-  T* w = static_cast<T*>(it.w);
-  const G* g = static_cast<const G*>(it.g);
-  S* m = static_cast<S*>(it.m);
-  S* v = static_cast<S*>(it.v);
   wb.tensor = it.tensor;
   const int64_t begin = (int64_t(blockIdx.x) - it.first_block) * kAdamManyElementsPerBlock;
   const int64_t end = begin + kAdamManyElementsPerBlock < it.n ? begin + kAdamManyElementsPerBlock : it.n;
-  for (int64_t e = begin + threadIdx.x; e < end; e += blockDim.x) {
-    float mi = to_float(m[e]), vi = to_float(v[e]);
-    const float wi = optim_math::adam_element(to_float(w[e]), to_float(g[e]), mi, vi, a);
-    m[e] = from_float<S>(mi);
-    v[e] = from_float<S>(vi);
-    w[e] = store_weight<T>(wi, wb, static_cast<uint64_t>(e));
-  }
+  adam_range(static_cast<T*>(it.w), static_cast<const G*>(it.g), static_cast<S*>(it.m), static_cast<S*>(it.v), begin, end, blockDim.x,
+             threadIdx.x, r.adam, wb);
 }
 
 template <class T, class G, class S>

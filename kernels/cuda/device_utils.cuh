@@ -100,6 +100,24 @@ __device__ __forceinline__ void store_values(float* x, int64_t j, const float (&
   }
 }
 
+// P values of X to x + j: 16-byte packs (P a multiple of the pack) or one element (P = 1).
+template <class X, int P>
+__device__ __forceinline__ void store_packs(X* x, int64_t j, const X (&in)[P]) {
+  if constexpr (P == 1) {
+    x[j] = in[0];
+  } else {
+    constexpr int S = Pack<X>::kSize;
+    static_assert(P % S == 0, "whole packs");
+#pragma unroll
+    for (int q = 0; q < P; q += S) {
+      Pack<X> pk;
+#pragma unroll
+      for (int p = 0; p < S; ++p) pk.v[p] = in[q + p];
+      *reinterpret_cast<Pack<X>*>(x + j + q) = pk;
+    }
+  }
+}
+
 // Sum over the warp (float or double), every lane gets the result.
 template <class F>
 __device__ __forceinline__ F warp_sum(F v) {
