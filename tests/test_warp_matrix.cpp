@@ -6,7 +6,10 @@
 //   - the two together as the attention kernels use them (A by ldmatrix from a row-major tile, B by
 //     ldmatrix from an [n][k] tile and by ldmatrix .trans from a [k][n] tile);
 //   - a planted layout bug (two A registers swapped) gives a wrong product, so the comparison can
-//     fail; ldmatrix at a misaligned or non-shared address is an error naming the kernel and lane.
+//     fail; ldmatrix at a misaligned or non-shared address is an error naming the kernel and lane;
+//   - cp.async: a copy lands at the wait that lets its group complete and not before; reading its
+//     destination before that wait (the planted bug), or issuing a copy over bytes another thread
+//     still reads (no barrier between), is an error naming cp.async; zero-fill reads nothing.
 // On a GPU the same primitives are single PTX instructions (the nvcc build), which the kernels'
 // comparison with the CPU backend checks there.
 #include <gtest/gtest.h>
@@ -26,6 +29,9 @@ using multinorm::cuda::bf16;
 using multinorm::cuda::launch;
 using multinorm::cuda::ldmatrix_x4;
 using multinorm::cuda::ldmatrix_x4_trans;
+using multinorm::cuda::cp_async_16;
+using multinorm::cuda::cp_async_commit;
+using multinorm::cuda::cp_async_wait;
 using multinorm::cuda::mma_bf16_16816;
 
 namespace {
@@ -218,4 +224,68 @@ TEST(WarpMatrix, LdmatrixAtAMisalignedOrGlobalAddressIsAnError) {
   EXPECT_NE(misaligned.find("not 16-byte aligned"), std::string::npos) << misaligned;
   const std::string global = error_of([&] { launch("ldmatrix_kernel", ldmatrix_kernel, dim3(1), dim3(32), 0, nullptr, out.p, m.p, false, 0, true); });
   EXPECT_NE(global.find("outside shared memory"), std::string::npos) << global;
+}
+
+namespace {
+
+// 32 threads copy 32 x 16 bytes into shared memory by cp.async (two groups: the first 16 threads'
+// copies, then the rest), then each thread reads its neighbour's 16 bytes. `mode`: 0 correct (wait
+// for both groups, barrier, read); 1 the planted bug: read before waiting; 2 wait only for the first
+// group (one may stay in flight) and read from the second; 3 zero-fill (valid false) from a null source;
+// 4 correct, then the next copy issued over the slot a neighbour just read, with no barrier between.
+__global__ void cp_async_kernel(uint32_t* out, const uint32_t* in, int mode) {
+  MN_DYNAMIC_SHARED(uint32_t, tile);  // 32 x 4 words
+  const int t = threadIdx.x;
+  if (t < 16) cp_async_16(tile + 4 * t, mode == 3 ? nullptr : in + 4 * t, mode != 3);
+  cp_async_commit();
+  if (t >= 16) cp_async_16(tile + 4 * t, mode == 3 ? nullptr : in + 4 * t, mode != 3);
+  cp_async_commit();
+  if (mode == 2) {
+    cp_async_wait<1>();
+  } else if (mode != 1) {
+    cp_async_wait<0>();
+  }
+  __syncthreads();
+  const int from = mode == 2 ? 16 + t % 16 : (t + 1) % 32;
+  for (int k = 0; k < 4; ++k) out[4 * t + k] = tile[4 * from + k];
+  if (mode == 4) cp_async_16(tile + 4 * t, in + 4 * t, true), cp_async_commit();
+  cp_async_wait<0>();
+}
+
+std::string run_cp_async(int mode, std::vector<uint32_t>* result) {
+  std::vector<uint32_t> h(128);
+  for (int i = 0; i < 128; ++i) h[i] = 1000u + uint32_t(i);
+  DeviceArray<uint32_t> in(h), out(128);
+  const std::string e = error_of([&] { launch("cp_async_kernel", cp_async_kernel, dim3(1), dim3(32), 512, nullptr, out.p, in.p, mode); });
+  if (result) *result = out.get();
+  return e;
+}
+
+}  // namespace
+
+TEST(AsyncCopy, LandsAtItsWaitAndZeroFillsWithoutReading) {
+  std::vector<uint32_t> r;
+  ASSERT_EQ(run_cp_async(0, &r), "");
+  for (int t = 0; t < 32; ++t)
+    for (int k = 0; k < 4; ++k) EXPECT_EQ(r[4 * t + k], 1000u + uint32_t(4 * ((t + 1) % 32) + k)) << t;
+  ASSERT_EQ(run_cp_async(3, &r), "");
+  for (uint32_t v : r) EXPECT_EQ(v, 0u);
+}
+
+TEST(AsyncCopy, ReadingBeforeTheWaitIsAnError) {
+  const std::string e = run_cp_async(1, nullptr);  // the planted bug: no wait before the barrier
+  EXPECT_NE(e.find("cp_async_kernel"), std::string::npos) << e;
+  EXPECT_NE(e.find("the destination of a cp.async"), std::string::npos) << e;
+  EXPECT_NE(e.find("has not landed"), std::string::npos) << e;
+}
+
+TEST(AsyncCopy, AGroupLeftInFlightHasNotLanded) {
+  // wait_group 1 completes the older group only: the second group's bytes are not there yet.
+  const std::string e = run_cp_async(2, nullptr);
+  EXPECT_NE(e.find("has not landed"), std::string::npos) << e;
+}
+
+TEST(AsyncCopy, ACopyOverBytesAnotherThreadStillReadsIsARace) {
+  const std::string e = run_cp_async(4, nullptr);  // double-buffer reuse without the barrier
+  EXPECT_NE(e.find("write after read"), std::string::npos) << e;
 }

@@ -7,6 +7,14 @@
 // query tiles from the diagonal on), one per 64 queries (dQ; streams key tiles up to the diagonal);
 // each recomputes P from the saved log-sum-exp.
 //
+// Every streamed tile is double-buffered with cp.async: tile j + 1's copies are issued right after
+// the one barrier of step j, so they run under step j's mma's; the barrier both publishes tile j
+// (each thread first waits for its own copies) and ends every read of the buffer the next copies
+// overwrite. Exponentials are 2^x with the softmax scale and log2 e folded into one FMA
+// (fast_exp2); the causal mask is applied on the tiles that cross a warp's diagonal only; query
+// blocks with the longest causal rows are launched first (the forward and dQ grids run backwards),
+// so the short ones fill the tail of the wave.
+//
 // Layouts (the Backend seam): qkv[B*T, 3*H*D] rows [q heads | k heads | v heads], out[B*T, H*D],
 // lse[B, H, T] (natural log), delta[B, H, T] = rowsum(dout * out) (attention.cu computes it).
 // Shared tiles are row-major BF16 with rows of D + 8 elements: 16 bytes of padding put the 8 row
@@ -31,22 +39,21 @@ constexpr int kWarps = 4, kThreads = 32 * kWarps;
 constexpr int kBlockRows = 16 * kWarps;  // queries (forward, dQ) or keys (dK/dV) per block
 
 // Rows [row0, row0 + rows) of one head's section (`base` points at row 0's first element of it;
-// rows `stride` elements apart) into a [rows][D + 8] shared tile, 16 bytes at a time; rows past T
-// are zero.
+// rows `stride` elements apart) into a [rows][D + 8] shared tile by cp.async, 16 bytes at a time:
+// they land at the issuing thread's cp_async_wait. Rows past T are zero-filled without being read
+// (the source then points at row 0, in bounds).
 template <int D>
-__device__ __forceinline__ void load_rows(bf16* tile, const bf16* base, int64_t stride, int64_t row0, int rows, int64_t T_) {
+__device__ __forceinline__ void copy_rows_async(bf16* tile, const bf16* base, int64_t stride, int64_t row0, int rows, int64_t T_) {
   constexpr int kChunks = D / 8, kLd = D + 8;
   for (int k = threadIdx.x; k < rows * kChunks; k += kThreads) {
     const int r = k / kChunks, c = k % kChunks;
-    Pack<bf16> v;
-    if (row0 + r < T_) {
-      v = *reinterpret_cast<const Pack<bf16>*>(base + (row0 + r) * stride + c * 8);
-    } else {
-      for (int j = 0; j < 8; ++j) v.v[j] = __float2bfloat16(0.0f);
-    }
-    *reinterpret_cast<Pack<bf16>*>(tile + r * kLd + c * 8) = v;
+    const bool valid = row0 + r < T_;
+    cp_async_16(tile + r * kLd + c * 8, base + (valid ? (row0 + r) * stride : 0) + c * 8, valid);
   }
 }
+
+// log2 e: the exponentials are 2^x with the softmax scale folded in (scale log2 e).
+constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 
 // A fragments of a 16-row slab of a [rows][D + 8] tile (the warp's rows of Q, dO, K or V), one per
 // 16-column step.
@@ -125,48 +132,64 @@ __device__ __forceinline__ int live_column_tiles(int64_t last_row, int64_t k0, i
 }
 
 // ---- forward ----------------------------------------------------------------------------------
-// grid (ceil(T / 64), B * H), 128 threads; shared Q, K, V tiles [64][D + 8].
+// grid (ceil(T / 64), B * H), 128 threads; shared: four [64][D + 8] regions, R0 = Q, then two K/V
+// buffers, (R1, R2) and (R0, R3): once every warp holds its Q fragments (one more barrier, at the
+// first tile), Q's region takes the second buffer's K (36.9 / 69.6 KB at D = 64 / 128).
+// scale2 = log2 e / sqrt(D): S is kept in the log2 domain (m too); lse is written in natural log.
 template <int D>
-__global__ void attention_forward_mma_kernel(bf16* out, float* lse, const bf16* qkv, int64_t T_, int H, float scale) {
+__global__ void attention_forward_mma_kernel(bf16* out, float* lse, const bf16* qkv, int64_t T_, int H, float scale2) {
   constexpr int kLd = D + 8, kKeys = 64, kNt = kKeys / 8;
   MN_DYNAMIC_SHARED(bf16, smem);
   bf16* qs = smem;
-  bf16* ks = qs + kBlockRows * kLd;
-  bf16* vs = ks + kKeys * kLd;
+  // buffer i's K and V (selects, not arrays: a runtime index into an array of pointers spills it)
+  auto kbuf = [&](int i) { return i ? smem : smem + kBlockRows * kLd; };
+  auto vbuf = [&](int i) { return smem + (i ? 3 : 2) * kBlockRows * kLd; };
   const int b = blockIdx.y / H, h = blockIdx.y % H;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int64_t C = int64_t(H) * D, stride = 3 * C;
   const bf16* q_base = qkv + int64_t(b) * T_ * stride + h * D;
-  const int64_t q0 = int64_t(blockIdx.x) * kBlockRows, w0 = q0 + 16 * warp;  // block's, warp's first query
+  const int64_t q0 = int64_t(gridDim.x - 1 - blockIdx.x) * kBlockRows, w0 = q0 + 16 * warp;  // the longest rows first
   const int64_t rows[2] = {w0 + g, w0 + g + 8};
+  const int64_t last_q = q0 + kBlockRows - 1 < T_ - 1 ? q0 + kBlockRows - 1 : T_ - 1;
+  const int tiles = static_cast<int>(last_q / kKeys) + 1;
 
-  load_rows<D>(qs, q_base, stride, q0, kBlockRows, T_);
-  __syncthreads();
+  copy_rows_async<D>(qs, q_base, stride, q0, kBlockRows, T_);
+  copy_rows_async<D>(kbuf(0), q_base + C, stride, 0, kKeys, T_);
+  copy_rows_async<D>(vbuf(0), q_base + 2 * C, stride, 0, kKeys, T_);
+  cp_async_commit();
   uint32_t qf[D / 16][4];
-  load_a_fragments<D>(qf, qs, 16 * warp);
   float o[D / 8][4];
 #pragma unroll
   for (int nd = 0; nd < D / 8; ++nd)
     for (int i = 0; i < 4; ++i) o[nd][i] = 0.0f;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // per row; l is this lane's partial sum
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // per row, log2 domain; l is this lane's partial sum
 
-  const int64_t last_q = q0 + kBlockRows - 1 < T_ - 1 ? q0 + kBlockRows - 1 : T_ - 1;
-  for (int64_t k0 = 0; k0 <= last_q; k0 += kKeys) {
-    __syncthreads();  // the previous tile is no longer read
-    load_rows<D>(ks, q_base + C, stride, k0, kKeys, T_);
-    load_rows<D>(vs, q_base + 2 * C, stride, k0, kKeys, T_);
-    __syncthreads();
+  for (int j = 0; j < tiles; ++j) {
+    cp_async_wait<0>();
+    __syncthreads();  // tile j is in for every thread, and nobody reads tile j - 1's buffer any more
+    if (j == 0) {
+      load_a_fragments<D>(qf, qs, 16 * warp);
+      __syncthreads();  // every warp holds its Q: R0 is the second buffer's from here on
+    }
+    if (j + 1 < tiles) {
+      copy_rows_async<D>(kbuf((j + 1) & 1), q_base + C, stride, int64_t(j + 1) * kKeys, kKeys, T_);
+      copy_rows_async<D>(vbuf((j + 1) & 1), q_base + 2 * C, stride, int64_t(j + 1) * kKeys, kKeys, T_);
+      cp_async_commit();
+    }
+    const int64_t k0 = int64_t(j) * kKeys;
+    const bf16* ks = kbuf(j & 1);
     const int live = live_column_tiles(w0 + 15, k0, kNt);
     if (live == 0) continue;  // the whole tile is after this warp's queries
     float s[kNt][4];
     mma_abt<D, kNt>(s, qf, ks, live);
+    const bool diagonal = k0 + kKeys - 1 > w0;  // a key after the warp's first query: mask (warp-uniform)
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int nt = 0; nt < kNt; ++nt)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int64_t key = k0 + nt * 8 + 2 * t + (i & 1);
-        s[nt][i] = key <= rows[i / 2] ? s[nt][i] * scale : -INFINITY;
+        s[nt][i] = diagonal && key > rows[i / 2] ? -INFINITY : s[nt][i] * scale2;
         mx[i / 2] = fmaxf(mx[i / 2], s[nt][i]);
       }
     float alpha[2], m_use[2];
@@ -175,7 +198,7 @@ __global__ void attention_forward_mma_kernel(bf16* out, float* lse, const bf16* 
       for (int o_ = 1; o_ < 4; o_ <<= 1) mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], o_));  // the row's 4 lanes
       const float m_new = fmaxf(m[r], mx[r]);
       m_use[r] = m_new == -INFINITY ? 0.0f : m_new;  // a row with no key yet
-      alpha[r] = __expf(m[r] - m_use[r]);
+      alpha[r] = fast_exp2(m[r] - m_use[r]);
       m[r] = m_new;
       l[r] *= alpha[r];
     }
@@ -183,44 +206,64 @@ __global__ void attention_forward_mma_kernel(bf16* out, float* lse, const bf16* 
     for (int nt = 0; nt < kNt; ++nt)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        s[nt][i] = __expf(s[nt][i] - m_use[i / 2]);
+        s[nt][i] = fast_exp2(s[nt][i] - m_use[i / 2]);
         l[i / 2] += s[nt][i];
       }
 #pragma unroll
     for (int nd = 0; nd < D / 8; ++nd)
 #pragma unroll
       for (int i = 0; i < 4; ++i) o[nd][i] *= alpha[i / 2];
-    mma_py<D, kNt>(o, s, vs, live);
+    mma_py<D, kNt>(o, s, vbuf(j & 1), live);
   }
   float inv[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     for (int o_ = 1; o_ < 4; o_ <<= 1) l[r] += __shfl_xor_sync(0xffffffffu, l[r], o_);
     inv[r] = 1.0f / l[r];
-    if (t == 0 && rows[r] < T_) lse[(int64_t(b) * H + h) * T_ + rows[r]] = m[r] + logf(l[r]);
+    if (t == 0 && rows[r] < T_) lse[(int64_t(b) * H + h) * T_ + rows[r]] = m[r] * kLn2 + logf(l[r]);
   }
   store_rows<D>(out + int64_t(b) * T_ * C + h * D, C, w0, T_, o, inv[0], inv[1]);
 }
 
 // ---- backward -----------------------------------------------------------------------------------
-// dK, dV for 64 keys (16 per warp); grid (ceil(T / 64), B * H), 128 threads. Streams query tiles of
-// kQ rows from the block's first key on. Shared: K, V [64][D + 8], Q, dO [kQ][D + 8], lse, delta [kQ].
+// dK, dV for 64 keys (16 per warp); grid (ceil(T / 64), B * H), 128 threads (the first key blocks, the
+// longest, first). Streams query tiles of kQ rows from the block's first key on, double-buffered.
+// Shared: K, V [64][D + 8], two buffers of Q, dO [kQ][D + 8] and of lse (log2 domain), delta [kQ].
 template <int D>
 struct DkdvShape {
   static constexpr int kQ = D > 64 ? 32 : 64;  // D = 128: smaller tiles keep dK, dV, S^T, dP^T in registers
-  static constexpr size_t smem() { return sizeof(bf16) * size_t(2 * kBlockRows + 2 * kQ) * (D + 8) + sizeof(float) * 2 * kQ; }
+  static constexpr size_t smem() { return sizeof(bf16) * size_t(2 * kBlockRows + 4 * kQ) * (D + 8) + sizeof(float) * 4 * kQ; }
 };
+
+// Query tile q0 of the dK/dV kernel into buffer `buf`: Q and dO by cp.async (one commit), lse (times
+// log2 e) and delta by plain stores (published by the same barrier).
+template <int D, int kQ>
+__device__ __forceinline__ void dkdv_query_tile(bf16* qs, bf16* dos, float* lse_s, float* delta_s, const bf16* base, const bf16* dout_base,
+                                                const float* lse, const float* delta, int64_t stride, int64_t C, int64_t bh_T, int64_t q0,
+                                                int64_t T_) {
+  copy_rows_async<D>(qs, base, stride, q0, kQ, T_);
+  copy_rows_async<D>(dos, dout_base, C, q0, kQ, T_);
+  cp_async_commit();
+  for (int k = threadIdx.x; k < kQ; k += kThreads) {
+    lse_s[k] = q0 + k < T_ ? lse[bh_T + q0 + k] * kLog2e : 0.0f;
+    delta_s[k] = q0 + k < T_ ? delta[bh_T + q0 + k] : 0.0f;
+  }
+}
+
 template <int D>
 __global__ void attention_backward_dkdv_mma_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* delta, int64_t T_,
-                                                   int H, float scale) {
+                                                   int H, float scale, float scale2) {
   constexpr int kLd = D + 8, kQ = DkdvShape<D>::kQ, kNt = kQ / 8;
   MN_DYNAMIC_SHARED(bf16, smem);
   bf16* ks = smem;
   bf16* vs = ks + kBlockRows * kLd;
-  bf16* qs = vs + kBlockRows * kLd;
-  bf16* dos = qs + kQ * kLd;
-  float* lse_s = reinterpret_cast<float*>(dos + kQ * kLd);
-  float* delta_s = lse_s + kQ;
+  // buffer i's Q, dO, lse, delta (selects, not arrays: a runtime index into an array of pointers spills it)
+  bf16* const tiles_at = vs + kBlockRows * kLd;  // Q0, Q1, dO0, dO1
+  float* const floats_at = reinterpret_cast<float*>(tiles_at + 4 * kQ * kLd);  // lse0, lse1, delta0, delta1
+  auto qbuf = [&](int i) { return tiles_at + i * kQ * kLd; };
+  auto dobuf = [&](int i) { return tiles_at + (2 + i) * kQ * kLd; };
+  auto lse_buf = [&](int i) { return floats_at + i * kQ; };
+  auto delta_buf = [&](int i) { return floats_at + (2 + i) * kQ; };
   const int b = blockIdx.y / H, h = blockIdx.y % H;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int64_t C = int64_t(H) * D, stride = 3 * C, bh_T = (int64_t(b) * H + h) * T_;
@@ -228,37 +271,42 @@ __global__ void attention_backward_dkdv_mma_kernel(bf16* dqkv, const bf16* dout,
   const bf16* dout_base = dout + int64_t(b) * T_ * C + h * D;
   const int64_t k0 = int64_t(blockIdx.x) * kBlockRows, w0 = k0 + 16 * warp;  // block's, warp's first key
   const int64_t keys[2] = {w0 + g, w0 + g + 8};
+  const int tiles = static_cast<int>((T_ - k0 + kQ - 1) / kQ);
 
-  load_rows<D>(ks, base + C, stride, k0, kBlockRows, T_);
-  load_rows<D>(vs, base + 2 * C, stride, k0, kBlockRows, T_);
+  copy_rows_async<D>(ks, base + C, stride, k0, kBlockRows, T_);
+  copy_rows_async<D>(vs, base + 2 * C, stride, k0, kBlockRows, T_);
+  dkdv_query_tile<D, kQ>(qbuf(0), dobuf(0), lse_buf(0), delta_buf(0), base, dout_base, lse, delta, stride, C, bh_T, k0, T_);
   float dk[D / 8][4], dv[D / 8][4];
 #pragma unroll
   for (int nd = 0; nd < D / 8; ++nd)
     for (int i = 0; i < 4; ++i) dk[nd][i] = dv[nd][i] = 0.0f;
-  for (int64_t q0 = k0; q0 < T_; q0 += kQ) {
-    __syncthreads();  // the previous tile is consumed (the first time: K, V are visible below)
-    load_rows<D>(qs, base, stride, q0, kQ, T_);
-    load_rows<D>(dos, dout_base, C, q0, kQ, T_);
-    for (int k = threadIdx.x; k < kQ; k += kThreads) {
-      lse_s[k] = q0 + k < T_ ? lse[bh_T + q0 + k] : 0.0f;
-      delta_s[k] = q0 + k < T_ ? delta[bh_T + q0 + k] : 0.0f;
-    }
-    __syncthreads();
+  for (int j = 0; j < tiles; ++j) {
+    cp_async_wait<0>();
+    __syncthreads();  // tile j (and K, V) in for every thread; tile j - 1's buffer no longer read
+    const int64_t q0 = k0 + int64_t(j) * kQ;
+    if (j + 1 < tiles)
+      dkdv_query_tile<D, kQ>(qbuf((j + 1) & 1), dobuf((j + 1) & 1), lse_buf((j + 1) & 1), delta_buf((j + 1) & 1), base, dout_base, lse, delta,
+                             stride, C, bh_T, q0 + kQ, T_);
     if (q0 + kQ - 1 < w0) continue;  // every query of the tile is before this warp's keys
+    const bf16* qs = qbuf(j & 1);
+    const bf16* dos = dobuf(j & 1);
+    const float* lse_s = lse_buf(j & 1);
+    const float* delta_s = delta_buf(j & 1);
     uint32_t kf[D / 16][4], vf[D / 16][4];
     load_a_fragments<D>(kf, ks, 16 * warp);
     float p[kNt][4], dp[kNt][4];
     mma_abt<D, kNt>(p, kf, qs, kNt);  // S^T = K Q^T: rows keys, columns queries
     load_a_fragments<D>(vf, vs, 16 * warp);
     mma_abt<D, kNt>(dp, vf, dos, kNt);  // dP^T = V dO^T
+    const bool unmasked = q0 >= w0 + 15 && q0 + kQ <= T_;  // every query at or after every key of the warp
 #pragma unroll
     for (int nt = 0; nt < kNt; ++nt)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int c = nt * 8 + 2 * t + (i & 1);
         const int64_t q = q0 + c;
-        const bool live = keys[i / 2] <= q && q < T_;
-        p[nt][i] = live ? __expf(p[nt][i] * scale - lse_s[c]) : 0.0f;
+        const bool live = unmasked || (keys[i / 2] <= q && q < T_);
+        p[nt][i] = live ? fast_exp2(p[nt][i] * scale2 - lse_s[c]) : 0.0f;
         dp[nt][i] = p[nt][i] * (dp[nt][i] - delta_s[c]);  // dS^T
       }
     mma_py<D, kNt>(dv, p, dos, kNt);  // dV += P^T dO
@@ -269,61 +317,70 @@ __global__ void attention_backward_dkdv_mma_kernel(bf16* dqkv, const bf16* dout,
   store_rows<D>(dst + 2 * C, stride, w0, T_, dv, 1.0f, 1.0f);
 }
 
-// dQ for 64 queries (16 per warp); grid (ceil(T / 64), B * H), 128 threads. Streams key tiles of kK
-// rows up to the diagonal. Shared: Q, dO [64][D + 8] (read once into fragments), K, V [kK][D + 8].
+// dQ for 64 queries (16 per warp); grid (ceil(T / 64), B * H), 128 threads, the last query blocks (the
+// longest) first. Streams key tiles of kK rows up to the diagonal, double-buffered. Shared: Q, dO
+// [64][D + 8] (read once into fragments), two buffers of K, V [kK][D + 8].
 template <int D>
 struct DqShape {
   static constexpr int kK = D > 64 ? 32 : 64;
-  static constexpr size_t smem() { return sizeof(bf16) * size_t(2 * kBlockRows + 2 * kK) * (D + 8); }
+  static constexpr size_t smem() { return sizeof(bf16) * size_t(2 * kBlockRows + 4 * kK) * (D + 8); }
 };
 template <int D>
 __global__ void attention_backward_dq_mma_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* delta, int64_t T_,
-                                                 int H, float scale) {
+                                                 int H, float scale, float scale2) {
   constexpr int kLd = D + 8, kK = DqShape<D>::kK, kNt = kK / 8;
   MN_DYNAMIC_SHARED(bf16, smem);
   bf16* qs = smem;
   bf16* dos = qs + kBlockRows * kLd;
-  bf16* ks = dos + kBlockRows * kLd;
-  bf16* vs = ks + kK * kLd;
+  auto kbuf = [&](int i) { return dos + (kBlockRows + i * kK) * kLd; };  // K0, K1, V0, V1 after dO
+  auto vbuf = [&](int i) { return dos + (kBlockRows + (2 + i) * kK) * kLd; };
   const int b = blockIdx.y / H, h = blockIdx.y % H;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int64_t C = int64_t(H) * D, stride = 3 * C, bh_T = (int64_t(b) * H + h) * T_;
   const bf16* base = qkv + int64_t(b) * T_ * stride + h * D;
-  const int64_t q0 = int64_t(blockIdx.x) * kBlockRows, w0 = q0 + 16 * warp;
+  const int64_t q0 = int64_t(gridDim.x - 1 - blockIdx.x) * kBlockRows, w0 = q0 + 16 * warp;
   const int64_t rows[2] = {w0 + g, w0 + g + 8};
   float row_lse[2], row_delta[2];
   for (int r = 0; r < 2; ++r) {
-    row_lse[r] = rows[r] < T_ ? lse[bh_T + rows[r]] : 0.0f;
+    row_lse[r] = rows[r] < T_ ? lse[bh_T + rows[r]] * kLog2e : 0.0f;
     row_delta[r] = rows[r] < T_ ? delta[bh_T + rows[r]] : 0.0f;
   }
+  const int64_t last_q = q0 + kBlockRows - 1 < T_ - 1 ? q0 + kBlockRows - 1 : T_ - 1;
+  const int tiles = static_cast<int>(last_q / kK) + 1;
 
-  load_rows<D>(qs, base, stride, q0, kBlockRows, T_);
-  load_rows<D>(dos, dout + int64_t(b) * T_ * C + h * D, C, q0, kBlockRows, T_);
-  __syncthreads();
+  copy_rows_async<D>(qs, base, stride, q0, kBlockRows, T_);
+  copy_rows_async<D>(dos, dout + int64_t(b) * T_ * C + h * D, C, q0, kBlockRows, T_);
+  copy_rows_async<D>(kbuf(0), base + C, stride, 0, kK, T_);
+  copy_rows_async<D>(vbuf(0), base + 2 * C, stride, 0, kK, T_);
+  cp_async_commit();
   uint32_t qf[D / 16][4], dof[D / 16][4];
-  load_a_fragments<D>(qf, qs, 16 * warp);
-  load_a_fragments<D>(dof, dos, 16 * warp);
   float dq[D / 8][4];
 #pragma unroll
   for (int nd = 0; nd < D / 8; ++nd)
     for (int i = 0; i < 4; ++i) dq[nd][i] = 0.0f;
-  const int64_t last_q = q0 + kBlockRows - 1 < T_ - 1 ? q0 + kBlockRows - 1 : T_ - 1;
-  for (int64_t k0 = 0; k0 <= last_q; k0 += kK) {
-    __syncthreads();
-    load_rows<D>(ks, base + C, stride, k0, kK, T_);
-    load_rows<D>(vs, base + 2 * C, stride, k0, kK, T_);
-    __syncthreads();
+  for (int j = 0; j < tiles; ++j) {
+    cp_async_wait<0>();
+    __syncthreads();  // tile j in for every thread; tile j - 1's buffer no longer read
+    if (j + 1 < tiles) {
+      copy_rows_async<D>(kbuf((j + 1) & 1), base + C, stride, int64_t(j + 1) * kK, kK, T_);
+      copy_rows_async<D>(vbuf((j + 1) & 1), base + 2 * C, stride, int64_t(j + 1) * kK, kK, T_);
+      cp_async_commit();
+    }
+    if (j == 0) load_a_fragments<D>(qf, qs, 16 * warp), load_a_fragments<D>(dof, dos, 16 * warp);
+    const int64_t k0 = int64_t(j) * kK;
     const int live = live_column_tiles(w0 + 15, k0, kNt);
     if (live == 0) continue;
+    const bf16* ks = kbuf(j & 1);
     float p[kNt][4], ds[kNt][4];
-    mma_abt<D, kNt>(p, qf, ks, live);   // S = Q K^T
-    mma_abt<D, kNt>(ds, dof, vs, live); // dP = dO V^T
+    mma_abt<D, kNt>(p, qf, ks, live);          // S = Q K^T
+    mma_abt<D, kNt>(ds, dof, vbuf(j & 1), live); // dP = dO V^T
+    const bool diagonal = k0 + kK - 1 > w0;     // a key after the warp's first query (warp-uniform)
 #pragma unroll
     for (int nt = 0; nt < kNt; ++nt)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int64_t key = k0 + nt * 8 + 2 * t + (i & 1);
-        p[nt][i] = key <= rows[i / 2] ? __expf(p[nt][i] * scale - row_lse[i / 2]) : 0.0f;
+        p[nt][i] = diagonal && key > rows[i / 2] ? 0.0f : fast_exp2(p[nt][i] * scale2 - row_lse[i / 2]);
         ds[nt][i] = p[nt][i] * (ds[nt][i] - row_delta[i / 2]);
       }
     mma_py<D, kNt>(dq, ds, ks, live);  // dQ += dS K
@@ -331,7 +388,7 @@ __global__ void attention_backward_dq_mma_kernel(bf16* dqkv, const bf16* dout, c
   store_rows<D>(dqkv + int64_t(b) * T_ * stride + h * D, stride, w0, T_, dq, scale, scale);
 }
 
-size_t forward_smem(int64_t D) { return sizeof(bf16) * 3 * 64 * size_t(D + 8); }
+size_t forward_smem(int64_t D) { return sizeof(bf16) * 4 * 64 * size_t(D + 8); }  // Q, K, V, and a V: Q's region is a K
 
 }  // namespace
 
@@ -344,30 +401,30 @@ bool attention_mma_supported(int64_t D, std::initializer_list<const void*> point
 
 void attention_forward_mma(bf16* out, float* lse, const bf16* qkv, int64_t B, int64_t T_, int64_t H, int64_t D, cudaStream_t stream) {
   const dim3 grid(ceil_div(T_, kBlockRows), static_cast<unsigned>(B * H));
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const float scale2 = kLog2e / std::sqrt(static_cast<float>(D));
   if (D == 64)
     launch("attention_forward_mma", attention_forward_mma_kernel<64>, grid, dim3(kThreads), forward_smem(64), stream, out, lse, qkv, T_,
-           static_cast<int>(H), scale);
+           static_cast<int>(H), scale2);
   else
     launch("attention_forward_mma", attention_forward_mma_kernel<128>, grid, dim3(kThreads), forward_smem(128), stream, out, lse, qkv, T_,
-           static_cast<int>(H), scale);
+           static_cast<int>(H), scale2);
 }
 
 void attention_backward_mma(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* delta, int64_t B, int64_t T_, int64_t H,
                             int64_t D, cudaStream_t stream) {
   const dim3 grid(ceil_div(T_, kBlockRows), static_cast<unsigned>(B * H));
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D)), scale2 = scale * kLog2e;
   const int h = static_cast<int>(H);
   if (D == 64) {
     launch("attention_backward_dkdv_mma", attention_backward_dkdv_mma_kernel<64>, grid, dim3(kThreads), DkdvShape<64>::smem(), stream, dqkv, dout,
-           qkv, lse, delta, T_, h, scale);
+           qkv, lse, delta, T_, h, scale, scale2);
     launch("attention_backward_dq_mma", attention_backward_dq_mma_kernel<64>, grid, dim3(kThreads), DqShape<64>::smem(), stream, dqkv, dout, qkv,
-           lse, delta, T_, h, scale);
+           lse, delta, T_, h, scale, scale2);
   } else {
     launch("attention_backward_dkdv_mma", attention_backward_dkdv_mma_kernel<128>, grid, dim3(kThreads), DkdvShape<128>::smem(), stream, dqkv,
-           dout, qkv, lse, delta, T_, h, scale);
+           dout, qkv, lse, delta, T_, h, scale, scale2);
     launch("attention_backward_dq_mma", attention_backward_dq_mma_kernel<128>, grid, dim3(kThreads), DqShape<128>::smem(), stream, dqkv, dout, qkv,
-           lse, delta, T_, h, scale);
+           lse, delta, T_, h, scale, scale2);
   }
 }
 

@@ -1,5 +1,6 @@
 // The warp-level matrix primitives of sm_80+ tensor cores, the one place inline PTX is allowed
-// (tests/lint_cuda.sh): mma.sync m16n8k16 with BF16 operands and FP32 accumulators, and ldmatrix.
+// (tests/lint_cuda.sh): mma.sync m16n8k16 with BF16 operands and FP32 accumulators, ldmatrix, and
+// the asynchronous global-to-shared copies (cp.async) that feed their tiles.
 // Under nvcc each is one PTX instruction. In the emulated build each is a warp collective
 // (cuda_emu::warp_exchange: every lane's registers gathered) that follows the PTX ISA's fragment
 // layouts exactly, so an emulated kernel puts every element in the lane the GPU would, and a kernel
@@ -30,6 +31,7 @@
 #include "cuda_compat.h"
 
 #if MN_EMULATED
+#include <cmath>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -110,6 +112,48 @@ __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+
+// cp.async.cg: 16 bytes from global memory to shared memory without passing through registers;
+// `valid` false zero-fills the 16 bytes (src-size 0) and reads nothing. A copy lands only when a
+// cp_async_wait lets its group complete: commit after issuing a tile's copies, wait with the number
+// of newer groups that may stay in flight, then __syncthreads before other threads read the tile.
+// The emulation keeps each thread's groups and lands them at the wait (cuda_emulation.h).
+__device__ __forceinline__ void cp_async_16(void* shared_dst, const void* global_src, bool valid) {
+#if MN_EMULATED
+  ::cuda_emu::async_copy(shared_dst, global_src, valid ? 16 : 0);
+#else
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(shared_dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(global_src), "r"(valid ? 16 : 0) : "memory");
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if MN_EMULATED
+  ::cuda_emu::async_commit();
+#else
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+// Waits until at most `kPending` of this thread's committed groups are still in flight.
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+#if MN_EMULATED
+  ::cuda_emu::async_wait(kPending);
+#else
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+#endif
+}
+
+// 2^x on the special-function unit (ex2.approx, what __expf runs after scaling by log2 e; 2^-inf =
+// 0): attention's exponentials with the softmax scale and log2 e folded into one FMA.
+__device__ __forceinline__ float fast_exp2(float x) {
+#if MN_EMULATED
+  return std::exp2(x);
+#else
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
 #endif
 }
 

@@ -17,6 +17,8 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <deque>
 #include <exception>
 #include <map>
 #include <memory>
@@ -102,6 +104,12 @@ struct Stack {
   size_t bytes = 0;      // including the guard page
 };
 
+// A cp.async in flight: its 16 bytes read at issue, written to `dst` when it lands.
+struct AsyncCopy {
+  void* dst = nullptr;
+  unsigned char data[16] = {};
+};
+
 struct Fiber {
   uint3 idx{};
   int linear = 0, lane = 0, warp = 0;
@@ -117,6 +125,9 @@ struct Fiber {
   Stack stack;
   const std::function<void()>* body = nullptr;
   std::string error;  // an exception thrown by the body
+  // cp.async: the copies since the last commit, and the committed groups, oldest first
+  std::vector<AsyncCopy> async_open;
+  std::deque<std::vector<AsyncCopy>> async_groups;
 #if CUDA_EMU_ASAN
   void* fake_stack = nullptr;
   const void* sched_bottom = nullptr;
@@ -269,6 +280,13 @@ void fiber_entry(ctx::transfer_t t) {
   __tsan_release(&t_worker_anchor[(seq + 1) & 1]);
 #endif
   EMU_BOOKKEEPING_BEGIN();
+  // A thread that ends with copies in flight: they land (a GPU completes them; no thread of its
+  // block can wait for them any more).
+  if (!f.async_open.empty()) f.async_groups.push_back(std::move(f.async_open)), f.async_open.clear();
+  while (!f.async_groups.empty()) {
+    for (const AsyncCopy& c : f.async_groups.front()) racecheck::async_copy_landed(c.dst, 16), std::memcpy(c.dst, c.data, 16);
+    f.async_groups.pop_front();
+  }
   f.error = std::move(error);
   f.state = State::Done;
   EMU_BOOKKEEPING_END();
@@ -555,6 +573,32 @@ std::mutex g_launch_mutex;  // one emulated launch at a time (a single in-order 
 
 // ---- what kernels call ------------------------------------------------------------------------------
 const uint3& thread_idx() { return t_fiber->idx; }
+void async_copy(void* shared_dst, const void* global_src, int src_bytes) {
+  if (!t_fiber) throw std::runtime_error("cp.async outside a kernel");
+  if (reinterpret_cast<uintptr_t>(shared_dst) % 16 || reinterpret_cast<uintptr_t>(global_src) % 16)
+    throw std::runtime_error("cp.async: a 16-byte copy at an address not 16-byte aligned (a GPU stops the kernel)");
+  if (!is_shared_address(shared_dst, 16)) throw std::runtime_error("cp.async: the destination is not shared memory (a GPU stops the kernel)");
+  if (src_bytes < 0 || src_bytes > 16) throw std::runtime_error("cp.async: src-size " + std::to_string(src_bytes) + " outside 0..16");
+  AsyncCopy c;
+  c.dst = shared_dst;
+  if (src_bytes > 0) std::memcpy(c.data, global_src, static_cast<size_t>(src_bytes));  // the rest zero-filled
+  racecheck::async_copy_issued(shared_dst, 16);
+  t_fiber->async_open.push_back(c);
+}
+void async_commit() {
+  if (!t_fiber) throw std::runtime_error("cp.async.commit_group outside a kernel");
+  t_fiber->async_groups.push_back(std::move(t_fiber->async_open));
+  t_fiber->async_open.clear();
+}
+void async_wait(int pending) {
+  if (!t_fiber) throw std::runtime_error("cp.async.wait_group outside a kernel");
+  auto& groups = t_fiber->async_groups;
+  while (static_cast<int>(groups.size()) > pending) {
+    for (const AsyncCopy& c : groups.front()) racecheck::async_copy_landed(c.dst, 16), std::memcpy(c.dst, c.data, 16);
+    groups.pop_front();
+  }
+}
+
 const uint3& block_idx() { return t_block->idx; }
 const dim3& block_dim() { return t_block->dim; }
 const dim3& grid_dim() { return t_block->grid; }

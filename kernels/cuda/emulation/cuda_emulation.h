@@ -65,6 +65,14 @@ uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int arg, int 
 // the lanes' contributions, lane k's at offset k * bytes (lanes outside `mask` zero). Valid until the
 // warp's next collective. Like a shuffle, it does not order memory between lanes.
 const void* warp_exchange(unsigned mask, const void* mine, int bytes);
+// cp.async.cg.shared.global (16 bytes; src_bytes < 16 zero-fills the rest), commit_group and
+// wait_group, per CUDA thread as on a GPU: a copy's bytes land in shared memory only when a
+// wait_group lets its group (older than the `pending` newest) complete, written then by the issuing
+// thread (a __syncthreads must follow before other threads read them). Under racecheck, touching
+// the destination before it lands is an error; without it the old bytes are seen.
+void async_copy(void* shared_dst, const void* global_src, int src_bytes);
+void async_commit();
+void async_wait(int pending);
 // Whether [p, p + bytes) lies in the running block's shared memory (static or dynamic), which
 // ldmatrix requires; true when racecheck is off (it keeps the ranges).
 bool is_shared_address(const void* p, size_t bytes);

@@ -41,6 +41,8 @@ struct Cell {
   Access write;
   Access read[2];
   uint8_t readers = 0;
+  bool pending = false;  // the destination of a cp.async that has not landed
+  uint16_t pending_tid = 0;
 };
 
 struct Worker {
@@ -107,6 +109,12 @@ void shadow(Worker& w, std::vector<Cell>& cells, bool is_static, size_t offset, 
     Cell& c = cells[offset + i];
     if (c.serial != w.serial) c = Cell{}, c.serial = w.serial;
     if (!w.error.empty()) return;  // one report per block
+    if (c.pending) {
+      record_error(w, std::string(write ? "writes " : "reads ") + std::to_string(size) + " bytes at " + shared_name(is_static, offset + i) +
+                          ", the destination of a cp.async " + thread_name(w, c.pending_tid) +
+                          " issued that has not landed (no cp.async.wait_group let it since): a GPU sees stale or partial data");
+      return;
+    }
     if (write) {
       if (c.write.gen && !ordered(w, c.write, tid))
         record_error(w, "shared-memory race (write after write): writes " + std::to_string(size) + " bytes at " +
@@ -273,6 +281,33 @@ void begin_block(uint3 block_idx, dim3 block, void* dynamic_shared, size_t dynam
   reset_clocks(w);
   w.error.clear();
   w.tid = -1;
+}
+
+// A cp.async's destination: checked as a write now (it must not overwrite bytes others still read),
+// then pending until it lands.
+void async_copy_issued(const void* p, size_t size) {
+  if (!g_checks.load(std::memory_order_relaxed)) return;
+  Worker& w = t_worker_state;
+  if (w.tid < 0) return;
+  check_access(&w, p, size, true, 16);
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  const bool is_static = a - reinterpret_cast<uintptr_t>(w.static_lo) < w.static_bytes;
+  std::vector<Cell>& cells = is_static ? w.static_cells : w.dynamic_cells;
+  const size_t offset = a - reinterpret_cast<uintptr_t>(is_static ? w.static_lo : w.dynamic_lo);
+  for (size_t i = 0; i < size && offset + i < cells.size(); ++i) cells[offset + i].pending = true, cells[offset + i].pending_tid = uint16_t(w.tid);
+}
+// It lands: its bytes are written by the issuing thread now (a __syncthreads must follow before
+// other threads read them).
+void async_copy_landed(const void* p, size_t size) {
+  if (!g_checks.load(std::memory_order_relaxed)) return;
+  Worker& w = t_worker_state;
+  if (w.tid < 0) return;
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  const bool is_static = a - reinterpret_cast<uintptr_t>(w.static_lo) < w.static_bytes;
+  std::vector<Cell>& cells = is_static ? w.static_cells : w.dynamic_cells;
+  const size_t offset = a - reinterpret_cast<uintptr_t>(is_static ? w.static_lo : w.dynamic_lo);
+  for (size_t i = 0; i < size && offset + i < cells.size(); ++i) cells[offset + i].pending = false;
+  check_access(&w, p, size, true, 16);
 }
 
 void enter_thread(int linear) { t_worker_state.tid = linear; }

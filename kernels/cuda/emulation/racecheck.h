@@ -8,7 +8,10 @@
 //     neither a __syncthreads nor a __syncwarp naming both lanes between them (warp-level ordering
 //     is tracked with a vector clock per lane; shuffles and votes do not order memory, as the CUDA
 //     programming guide says);
-//   - uninitialised shared memory: a read of a shared byte no thread of the block has written.
+//   - uninitialised shared memory: a read of a shared byte no thread of the block has written;
+//   - cp.async: a read or write of shared bytes a cp.async is still copying into (it lands only at a
+//     cp.async.wait_group that lets it, cuda_emulation.h), and a copy issued over bytes another
+//     thread read since the last barrier.
 // The first error of a block is kept and reported by the scheduler with the kernel, block and thread.
 //
 // MULTINORM_EMU_RACECHECK=0 turns the checks off (the hooks then return at once). The sanitizer
@@ -40,6 +43,10 @@ void begin_block(uint3 block_idx, dim3 block, void* dynamic_shared, size_t dynam
 // The CUDA thread (linear index in the block) the worker is about to run, and back to the scheduler.
 void enter_thread(int linear);
 void leave_thread();
+// cp.async: the running thread issued a copy into shared memory [p, p + size) (checked as a write;
+// then a read or write of those bytes is an error until it lands), and it landed.
+void async_copy_issued(const void* p, size_t size);
+void async_copy_landed(const void* p, size_t size);
 // Every thread of the block passed a __syncthreads.
 void barrier_completed();
 // The lanes of `mask` in warp `warp` completed a __syncwarp together.
