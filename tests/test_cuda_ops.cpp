@@ -34,8 +34,10 @@ TEST_P(CudaVsCpu, MatmulLayoutsAccumulateAndOddWidths) {
 TEST_P(CudaVsCpu, EmbeddingForwardBackward) {
   // BT 37: one shared-memory sort chunk; BT 5000: the device sort's global stages (8192 keys in
   // chunks of 2048), 5000 draws of 300 ids: runs of ~17 positions, many crossing the backward
-  // blocks' 32-key windows.
-  for (const auto& [BT, V, C] : {std::tuple<int64_t, int64_t, int64_t>{37, 11, 13}, {37, 11, 40}, {5000, 300, 40}}) {  // C 13: no 16-byte packs
+  // blocks' 32-key chunks; 4000 draws of 3 ids: runs of ~1300 positions (padding, a frequent token)
+  // summed as ~40 pieces in parallel and added in chunk order.
+  for (const auto& [BT, V, C] :
+       {std::tuple<int64_t, int64_t, int64_t>{37, 11, 13}, {37, 11, 40}, {5000, 300, 40}, {4000, 3, 24}}) {  // C 13: no 16-byte packs
     for (DType t : kTypes)
       for (DType g : {t, DType::F32}) {
         const Ids tok(*cpu, *cuda, random_ids(static_cast<size_t>(BT), static_cast<int32_t>(V), 5));
@@ -46,8 +48,9 @@ TEST_P(CudaVsCpu, EmbeddingForwardBackward) {
         EXPECT_TRUE(out.same(0.0)) << "a copy is exact";
         cpu->embedding_backward(dwte.c.buf(), dout.c.buf(), static_cast<int32_t*>(tok.c), BT, C);
         cuda->embedding_backward(dwte.g.buf(), dout.g.buf(), static_cast<int32_t*>(tok.g), BT, C);
-        // Bit for bit: both sum a token's positions in position order in FP32 and add once (measured
-        // error 0); a run of one token split or reordered by the device sort would change bits.
+        // Bit for bit: both sum a token's positions in position order in FP32, in pieces cut every
+        // 32 sorted positions (op_math::kEmbeddingSumChunk), and add once (measured error 0); a run
+        // split elsewhere or reordered by the device sort would change bits.
         EXPECT_TRUE(dwte.same(0.0)) << "BT " << BT << " C " << C << " " << dtype_name(t) << "/" << dtype_name(g);
       }
   }

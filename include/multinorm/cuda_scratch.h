@@ -26,7 +26,14 @@ inline int64_t embedding_sort_length(int64_t BT) {
   while (n < BT) n <<= 1;
   return n;
 }
-inline int64_t embedding_backward_bytes(int64_t BT) { return embedding_sort_length(BT) * 8; }  // the keys
+// The sorted keys are summed in chunks of kEmbeddingRunChunk: a run of one token that crosses a
+// chunk boundary leaves its pieces' sums (a head and a tail per chunk, FP32 rows of C) to be added in
+// chunk order, so no thread walks a long run (padding, frequent tokens) alone.
+constexpr int64_t kEmbeddingRunChunk = 32;
+inline int64_t embedding_run_chunks(int64_t BT) { return (BT + kEmbeddingRunChunk - 1) / kEmbeddingRunChunk; }
+inline int64_t embedding_backward_bytes(int64_t BT, int64_t C) {  // the keys, then the pieces' sums
+  return embedding_sort_length(BT) * 8 + 2 * embedding_run_chunks(BT) * C * 4;
+}
 // sum of squares: the partials and the result, FP64
 inline int64_t sum_squares_bytes() { return (kSumSquaresBlocks + 1) * 8; }
 // sum_squares_many (the update's statistics): each tensor's partials, FP64 (the results go to the caller's buffer)

@@ -7,6 +7,12 @@
 
 namespace multinorm::op_math {
 
+// The embedding's backward sums each token's positions (sorted by token, then position) in FP32 in
+// pieces: the sorted order is cut every kEmbeddingSumChunk positions, each piece summed from zero,
+// the pieces added in order, the total added to the token's row once. Both backends follow it (the
+// CUDA one sums the pieces in parallel), so their bits agree; a run inside one piece is a plain sum.
+constexpr int kEmbeddingSumChunk = 32;
+
 // RoPE, rotate-half pairing (i, i + D/2) at angle p * theta^(-2i/D); c, s = cos, sin of the angle.
 // The backward pass is the inverse rotation: the same call with -s.
 MN_HOST_DEVICE void rope_rotate(float a, float b, float c, float s, float& a_out, float& b_out) {

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "../common/op_math.h"
 #include "cpu_kernels.h"
 
 #ifdef _OPENMP
@@ -37,23 +38,30 @@ void embedding_backward(G* dwte, const T* dout, const int32_t* tokens, int64_t B
 #ifdef _OPENMP
   threads = omp_get_max_threads();
 #endif
-  float* acc_all = ws.floats(static_cast<size_t>(C) * threads, kEmbeddingAccumulatorSlot);
+  float* acc_all = ws.floats(static_cast<size_t>(2 * C) * threads, kEmbeddingAccumulatorSlot);
 #pragma omp parallel num_threads(threads)
   {
-    float* acc = acc_all;
+    float* piece = acc_all;  // the current piece's sum, then the run's total (op_math's order)
 #ifdef _OPENMP
-    acc += static_cast<size_t>(omp_get_thread_num()) * C;
+    piece += static_cast<size_t>(omp_get_thread_num()) * 2 * C;
 #endif
+    float* total = piece + C;
 #pragma omp for schedule(dynamic, 16)
     for (int64_t r = 0; r < runs; ++r) {
       const int64_t begin = run_start[r], end = r + 1 < runs ? run_start[r + 1] : BT;
-      std::fill(acc, acc + C, 0.0f);
+      std::fill(piece, piece + C, 0.0f);
+      bool have_total = false;
       for (int64_t i = begin; i < end; ++i) {
+        if (i > begin && i % op_math::kEmbeddingSumChunk == 0) {  // a piece ends: into the total
+          for (int64_t c = 0; c < C; ++c) total[c] = have_total ? total[c] + piece[c] : piece[c];
+          have_total = true;
+          std::fill(piece, piece + C, 0.0f);
+        }
         const T* row = dout + static_cast<int64_t>(order[i]) * C;
-        for (int64_t c = 0; c < C; ++c) acc[c] += to_f32(row[c]);
+        for (int64_t c = 0; c < C; ++c) piece[c] += to_f32(row[c]);
       }
       G* drow = dwte + static_cast<int64_t>(tokens[order[begin]]) * C;
-      for (int64_t c = 0; c < C; ++c) drow[c] = from_f32<G>(to_f32(drow[c]) + acc[c]);
+      for (int64_t c = 0; c < C; ++c) drow[c] = from_f32<G>(to_f32(drow[c]) + (have_total ? total[c] + piece[c] : piece[c]));
     }
   }
 }

@@ -222,7 +222,7 @@ class CudaBackend final : public Backend {
   }
   void embedding_backward(Buf dwte, Buf dout, const int32_t* tokens, int64_t BT, int64_t C) override {
     // Positions bucketed by token on the device (a sort of (token, position) keys): no host crossing.
-    auto* keys = static_cast<uint64_t*>(scratch(bucket_scratch_, cuda_scratch::embedding_backward_bytes(BT), "embedding_backward"));
+    auto* keys = static_cast<uint64_t*>(scratch(bucket_scratch_, cuda_scratch::embedding_backward_bytes(BT, C), "embedding_backward"));
     with_types(dout.dtype, dwte.dtype, "embedding_backward", [&](auto* t, auto* g) {
       using T = std::remove_pointer_t<decltype(t)>;
       using G = std::remove_pointer_t<decltype(g)>;

@@ -4,12 +4,19 @@
 //   backward: dwte[t, :] += sum over positions i with tokens[i] = t of dout[i, :]
 //             deterministic without float atomics and without the host: the keys (token << 32 |
 //             position) are sorted on the device (a bitonic sort: keys are unique, so the order is
-//             token, then position), and one thread per (run of equal tokens, channel) sums its run
-//             in position order in FP32 and adds once (llm.c's buckets, formed on the device).
+//             token, then position); then the sorted keys are taken in chunks of 32: a thread per
+//             (chunk, channel) sums each run piece of its chunk in position order in FP32, adds a
+//             run that starts and ends in the chunk to dwte at once, and leaves the pieces of a run
+//             that crosses the chunk's edges (a head: the run began earlier; a tail: it goes on) in
+//             scratch; a second kernel adds each crossing run's tail and the following chunks'
+//             heads in chunk order and adds the sum once. A run of R positions costs a thread 32
+//             steps plus R / 32 (R before: padding or a frequent token made one thread the tail).
 //             sort: n = BT rounded up to a power of two, 8 n bytes, log2(n)(log2(n)+1)/2 stages, of
 //             which those with strides >= 2048 are one global launch each (llama_60m's 16384 tokens:
 //             6 global stage launches + 4 shared-memory ones); sum: BT * C * sizeof(T) read +
-//             2 * U * C * sizeof(G) (U distinct tokens); BT * C FLOPs
+//             2 * U * C * sizeof(G) (U distinct tokens) + the crossing pieces (at most 2 BT C 4 / 32
+//             written and read); BT * C FLOPs
+#include "../common/op_math.h"
 #include "device_utils.cuh"
 #include "kernels.h"
 
@@ -34,7 +41,8 @@ __global__ void embedding_forward_kernel(T* out, const int32_t* tokens, const T*
 }
 
 constexpr int kSortChunk = static_cast<int>(cuda_scratch::kEmbeddingSortChunk);  // keys a block sorts in shared memory
-constexpr int kRunsPerBlock = 32; // sorted keys a backward block looks at for run starts
+constexpr int64_t kRunsPerBlock = cuda_scratch::kEmbeddingRunChunk;  // sorted keys a backward block sums
+static_assert(kRunsPerBlock == op_math::kEmbeddingSumChunk, "the CPU backend cuts the runs at the same places");
 
 __device__ __forceinline__ int32_t key_token(uint64_t k) { return static_cast<int32_t>(k >> 32); }
 __device__ __forceinline__ int64_t key_position(uint64_t k) { return static_cast<int64_t>(k & 0xffffffffu); }
@@ -85,21 +93,49 @@ __global__ void bitonic_local_kernel(uint64_t* keys, int chunk, int64_t k_outer)
   for (int t = threadIdx.x; t < chunk; t += blockDim.x) keys[base + t] = s[t];
 }
 
-// Sorted keys [blockIdx.x * 32, + 32): each that starts a run of one token sums the run's dout rows
-// in position order, channel c = blockIdx.y * 128 + threadIdx.x, and adds the sum to the token's row.
+// Sorted keys of chunk q = blockIdx.x ([32 q, 32 q + 32)), channel c = blockIdx.y * 128 + threadIdx.x:
+// every run piece of the chunk summed in position order; a run inside the chunk is added to dwte,
+// a piece of a run that crosses the chunk's start goes to head[q], of one that crosses its end (and
+// began inside it) to tail[q].
 template <class T, class G>
-__global__ void embedding_backward_kernel(G* dwte, const T* dout, const uint64_t* keys, int64_t BT, int64_t C) {
+__global__ void embedding_backward_kernel(G* dwte, float* head, float* tail, const T* dout, const uint64_t* keys, int64_t BT, int64_t C) {
   const int64_t c = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
   if (c >= C) return;
-  const int64_t first = int64_t(blockIdx.x) * kRunsPerBlock;
-  for (int64_t s = first; s < first + kRunsPerBlock && s < BT; ++s) {
+  const int64_t q = blockIdx.x, first = q * kRunsPerBlock, end = first + kRunsPerBlock < BT ? first + kRunsPerBlock : BT;
+  for (int64_t s = first; s < end;) {
     const int32_t token = key_token(keys[s]);
-    if (s > 0 && key_token(keys[s - 1]) == token) continue;  // not the start of a run
     float sum = 0.0f;
-    for (int64_t r = s; r < BT && key_token(keys[r]) == token; ++r) sum += to_float(dout[key_position(keys[r]) * C + c]);
-    G* row = dwte + int64_t(token) * C;
-    row[c] = from_float<G>(to_float(row[c]) + sum);
+    int64_t r = s;
+    for (; r < end && key_token(keys[r]) == token; ++r) sum += to_float(dout[key_position(keys[r]) * C + c]);
+    const bool began_before = s == first && s > 0 && key_token(keys[s - 1]) == token;
+    const bool goes_on = r == end && r < BT && key_token(keys[r]) == token;
+    if (began_before) {
+      head[q * C + c] = sum;  // also when it goes on: the run's middle chunks are heads
+    } else if (goes_on) {
+      tail[q * C + c] = sum;
+    } else {
+      G* row = dwte + int64_t(token) * C;
+      row[c] = from_float<G>(to_float(row[c]) + sum);
+    }
+    s = r;
   }
+}
+
+// A run that began in chunk q and goes on: its tail[q] plus the heads of the chunks it reaches, in
+// chunk order, added to its token's row once.
+template <class G>
+__global__ void embedding_backward_runs_kernel(G* dwte, const float* head, const float* tail, const uint64_t* keys, int64_t BT, int64_t C) {
+  const int64_t c = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
+  const int64_t q = blockIdx.x, end = (q + 1) * kRunsPerBlock;
+  if (c >= C || end >= BT) return;
+  const int32_t token = key_token(keys[end - 1]);
+  if (key_token(keys[end]) != token) return;  // no run crosses this chunk's end
+  const int64_t first = q * kRunsPerBlock;
+  if (q > 0 && key_token(keys[first - 1]) == token && key_token(keys[first]) == token) return;  // all of the chunk continues an earlier run
+  float sum = tail[q * C + c];
+  for (int64_t p = q + 1; p * kRunsPerBlock < BT && key_token(keys[p * kRunsPerBlock]) == token; ++p) sum += head[p * C + c];
+  G* row = dwte + int64_t(token) * C;
+  row[c] = from_float<G>(to_float(row[c]) + sum);
 }
 
 }  // namespace
@@ -124,8 +160,11 @@ void embedding_backward(G* dwte, const T* dout, const int32_t* tokens, int64_t B
       launch("embedding_sort_global", bitonic_global_kernel, dim3(ceil_div(n / 2, 256)), dim3(256), 0, stream, keys, n, k, j);
     launch("embedding_sort_local", bitonic_local_kernel, dim3(chunks), dim3(threads), smem, stream, keys, chunk, k);
   }
-  launch("embedding_backward", embedding_backward_kernel<T, G>, dim3(ceil_div(BT, kRunsPerBlock), ceil_div(C, kThreads)), dim3(kThreads), 0, stream,
-         dwte, dout, keys, BT, C);
+  float* head = reinterpret_cast<float*>(keys + n);
+  float* tail = head + cuda_scratch::embedding_run_chunks(BT) * C;
+  const dim3 grid(static_cast<unsigned>(cuda_scratch::embedding_run_chunks(BT)), ceil_div(C, kThreads));
+  launch("embedding_backward", embedding_backward_kernel<T, G>, grid, dim3(kThreads), 0, stream, dwte, head, tail, dout, keys, BT, C);
+  launch("embedding_backward_runs", embedding_backward_runs_kernel<G>, grid, dim3(kThreads), 0, stream, dwte, head, tail, keys, BT, C);
 }
 
 template void embedding_forward<float>(float*, const int32_t*, const float*, int64_t, int64_t, cudaStream_t);

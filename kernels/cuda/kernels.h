@@ -46,7 +46,7 @@ void clip_gradients(T* x, int64_t n, const UpdateScalars* s, cudaStream_t stream
 template <class T>
 void embedding_forward(T* out, const int32_t* tokens, const T* wte, int64_t BT, int64_t C, cudaStream_t stream);
 // Deterministic backward, all on the device: positions sorted by (token, position) in `keys`
-// (cuda_scratch::embedding_backward_bytes(BT) of scratch), then each token's run summed in position order.
+// (cuda_scratch::embedding_backward_bytes(BT, C) of scratch), then each token's run summed in chunks of 32 keys.
 template <class T, class G>
 void embedding_backward(G* dwte, const T* dout, const int32_t* tokens, int64_t BT, int64_t C, uint64_t* keys, cudaStream_t stream);
 

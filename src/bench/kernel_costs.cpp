@@ -105,6 +105,9 @@ class CostRecorder final : public Backend {
     add("embedding_sort_local", CostUnit::Memory, local, local * 16.0 * n, 0);
     if (global) add("embedding_sort_global", CostUnit::Memory, global, global * 16.0 * n, 0);
     add("embedding_backward", CostUnit::Memory, 1, BT * (C * s_of(dout) + 8.0) + 2.0 * BT * C * s_of(dwte), double(BT) * C);
+    // The crossing runs' pieces: at most a head and a tail per chunk of 32 keys, written and read.
+    const double chunks = static_cast<double>(cuda_scratch::embedding_run_chunks(BT));
+    add("embedding_backward_runs", CostUnit::Memory, 1, 16.0 * chunks + 2.0 * 2.0 * chunks * C * 4.0, 2.0 * chunks * C);
   }
   void rmsnorm_forward(Buf out, float*, Buf x, Buf w, int64_t N, int64_t C, float) override {
     if (N > 0) add("rmsnorm_forward", CostUnit::Memory, 1, N * C * (s_of(x) + s_of(out)) + C * s_of(w) + 4.0 * N, 4.0 * N * C);

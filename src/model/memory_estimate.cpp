@@ -59,7 +59,7 @@ int64_t cpu_backend_scratch_bytes(const ModelConfig& m, int64_t B, int64_t T, DT
   }
   need(0, (BT + 31) / 32 * C);            // kernels/cpu/rmsnorm.cpp: partial column sums per 32 rows
   need(-1, 2 * BT);                       // kernels/cpu/embedding.cpp: order and run starts (int32)
-  need(12, C * std::max(threads, 1));     // ... and one FP32 row per thread
+  need(12, 2 * C * std::max(threads, 1)); // ... and two FP32 rows per thread (a piece, the total)
   if (cpu::fuses_gemm_epilogues(act == DType::BF16)) {  // the fused GEMM epilogues' strips per thread
     const int64_t F = m.intermediate_size, V = m.vocab_size;
     auto strips = [&](int64_t N) { return cpu::row_strips_per_pass(N, C, threads); };  // every one has K = C
@@ -142,7 +142,7 @@ int64_t cuda_backend_scratch_bytes(const ModelConfig& m, int64_t B, int64_t T, O
   const int64_t R = std::min(BT, kHeadChunkRows), Vc = fused_logits_vocab_chunk(R, m.vocab_size);
   const int64_t head = R * ((m.vocab_size + Vc - 1) / Vc) * 8 + R * 4;
   return cs::kGemmWorkspaceBytes + cs::rmsnorm_backward_floats(BT, C) * 4 + cs::attention_backward_bytes(B, H, T) +
-         cs::embedding_backward_bytes(BT) + cs::sum_squares_many_bytes(tensors) + optimizer + head + cs::kDescriptorCacheBytes;
+         cs::embedding_backward_bytes(BT, C) + cs::sum_squares_many_bytes(tensors) + optimizer + head + cs::kDescriptorCacheBytes;
 }
 
 ActivationPlan training_activation_plan(const RunConfig& run, bool cuda) {
