@@ -3,10 +3,11 @@
 // where one tensor at a time took 2 L + 2 per tensor: llama_60m's 56 matrices, L = 5, 672 -> 11).
 //   X = diag(u) G diag(v) is never materialised; each of the L iterations is one rows launch over G:
 //   a block owns a fixed chunk of one tensor's rows (chunks_for(m) chunks: the same reduction tree on
-//   every GPU); for each row it block-reduces ||G_i o v||, sets u_i = sqrt(n) / max(norm, eps), and
-//   adds u_i^2 G_ij^2 to its column partial in shared memory (thread t owns columns t, t + blockDim,
-//   ..., or P at a time, sinkgd_rows: no races, no atomics); a columns launch sums each tensor's
-//   partials in chunk order into
+//   every GPU), taken by groups of threads sized to the row (a 512-wide BF16 row: 64 threads, 4 rows
+//   at a time); for each row its group reduces ||G_i o v||, sets u_i = sqrt(n) / max(norm, eps), and
+//   adds u_i^2 G_ij^2 to the group's column partial in shared memory (each thread owns its columns,
+//   P at a time, sinkgd_rows: no races, no atomics), the groups' partials added in group order; a
+//   columns launch sums each tensor's partials in chunk order into
 //   v_j = sqrt(m) / max(., eps). The first pass takes v = 1 without reading it. The last launch reads
 //   G and W once and writes W.
 // Bytes: L x (|G| + chunks n 4 x 2) + |G| + 2 |W|; with BF16 G and W that is 2L + 6 bytes per element
@@ -15,7 +16,7 @@
 // base is 16-byte aligned and whose width is a multiple of 8 (BF16) or 4 (FP32) values are read 16
 // bytes per thread (LDG.128), and the W write moves W and G in 16-byte packs on the same condition;
 // others (llama_1b's 5461-wide down projection) element by element.
-// A block finds its tensor by scanning the launch's descriptors (at most kSinkgdManyPerLaunch, in L2).
+// A block finds its tensor by a binary search of the launch's descriptors (at most kSinkgdManyPerLaunch, in L2).
 #include <cmath>
 
 #include "device_utils.cuh"
@@ -32,26 +33,48 @@ constexpr int64_t kApplyElementsPerBlock = 4096;
 
 int64_t chunks_for(int64_t m) { return std::min<int64_t>(m, kChunks); }
 
-// The item whose range of one launch's blocks (starting at first(item)) holds this block.
+// The item whose range of one launch's blocks (starting at first(item), non-decreasing) holds this
+// block: the last item starting at or before it, by binary search over the launch's descriptors.
 template <class First>
 __device__ int64_t item_of_block(const SinkgdManyItem* items, int64_t count, First first) {
-  int64_t i = 0;
-  while (i + 1 < count && first(items[i + 1]) <= int64_t(blockIdx.x)) ++i;
-  return i;
+  int64_t lo = 0, hi = count - 1;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) / 2;
+    if (first(items[mid]) <= int64_t(blockIdx.x)) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
+// Threads per row in the rows pass: the smallest of 32, 64, 128, 256 that covers a row's n / P
+// loads, so a narrow matrix (llama_60m's n = 512: 64 BF16 packs) takes several rows at a time
+// instead of leaving most of the block idle.
+__device__ __forceinline__ int row_group_threads(int64_t n, int P) {
+  int S = 32;
+  while (S < int(blockDim.x) && int64_t(S) * P < n) S *= 2;
+  return S;
 }
 
 // One row pass over rows begin..end-1 of one tensor: u from v, and the chunk's column partial of
-// u^2 G^2 in shared memory (col). Thread t owns columns P t + P blockDim k .. + P - 1: with P > 1 it
-// reads G 16 bytes at a time (a warp 512 bytes of BF16 per load) and its partials as 16-byte packs
-// (a quarter-warp's 128 bytes per shared-memory phase: no bank conflicts).
+// u^2 G^2. Groups of S threads (row_group_threads) take blockDim / S rows at a time, each group with
+// its own column partial in shared memory (col + group n): thread t of a group owns columns
+// P t + P S k .. + P - 1, reading G 16 bytes at a time with P > 1. A row's norm is its group's warp
+// sums added in warp order after one barrier a round (the round's scratch half alternates, so no
+// second barrier). The caller adds the groups' partials in group order.
 template <class G, int P>
 __device__ void sinkgd_rows(const G* g, float* u, const float* v, float* col, float* scratch, int64_t begin, int64_t end, int64_t n,
-                            bool first_pass, float sqrt_n, float eps) {
-  const int64_t stride = int64_t(P) * blockDim.x;
-  for (int64_t i = begin; i < end; ++i) {
+                            bool first_pass, float sqrt_n, float eps, int S) {
+  const int group = threadIdx.x / S, gt = threadIdx.x % S, groups = blockDim.x / S;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, group_warps = S / 32;
+  float* colg = col + int64_t(group) * n;
+  const int64_t stride = int64_t(P) * S;
+  int half = 0;
+  for (int64_t r0 = begin; r0 < end; r0 += groups, half ^= 1) {
+    const int64_t i = r0 + group;
+    const bool live = i < end;  // group-uniform: a group past the chunk's last row still meets the barrier
     const G* gi = g + i * n;
     float r = 0.0f;
-    for (int64_t j = int64_t(P) * threadIdx.x; j < n; j += stride) {
+    for (int64_t j = int64_t(P) * gt; live && j < n; j += stride) {
       float x[P];
       load_values<G, P>(gi, j, x);
 #pragma unroll
@@ -60,19 +83,24 @@ __device__ void sinkgd_rows(const G* g, float* u, const float* v, float* col, fl
         r += y * y;
       }
     }
-    r = block_sum(r, scratch);
+    r = warp_sum(r);
+    if (lane == 0) scratch[32 * half + warp] = r;
+    __syncthreads();
+    if (!live) continue;
+    r = 0.0f;
+    for (int w = 0; w < group_warps; ++w) r += scratch[32 * half + group * group_warps + w];
     const float ui = sqrt_n / fmaxf(sqrtf(r), eps);
-    if (threadIdx.x == 0) u[i] = ui;
+    if (gt == 0) u[i] = ui;
     const float u2 = ui * ui;
-    for (int64_t j = int64_t(P) * threadIdx.x; j < n; j += stride) {
+    for (int64_t j = int64_t(P) * gt; j < n; j += stride) {
       float x[P];
       load_values<G, P>(gi, j, x);
       if constexpr (P == 1) {
-        col[j] += u2 * x[0] * x[0];
+        colg[j] += u2 * x[0] * x[0];
       } else {
 #pragma unroll
         for (int q = 0; q < P; q += 4) {
-          Pack<float>& c = *reinterpret_cast<Pack<float>*>(col + j + q);
+          Pack<float>& c = *reinterpret_cast<Pack<float>*>(colg + j + q);
 #pragma unroll
           for (int p = 0; p < 4; ++p) c.v[p] += u2 * x[q + p] * x[q + p];
         }
@@ -87,23 +115,29 @@ template <class G>
 __global__ void sinkgd_rows_kernel(const SinkgdManyItem* items, int64_t count, bool first_pass, float eps, const UpdateScalars* scalars) {
   if (scalars && scalars->stats.skip) return;  // a skipped update: no pass (the scratch is not read after)
   MN_DYNAMIC_SHARED(float, col);
-  __shared__ float scratch[32];
+  __shared__ float scratch[64];
   const SinkgdManyItem& it = items[item_of_block(items, count, [](const SinkgdManyItem& x) { return x.first_row_block; })];
   const G* g = static_cast<const G*>(it.g);
   const int64_t m = it.m, n = it.n, chunk = int64_t(blockIdx.x) - it.first_row_block;
   float* u = it.scratch;
   const float* v = u + m;
   float* partials = u + m + n;
-  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) col[j] = 0.0f;
-  __syncthreads();  // a thread's columns differ between this loop and the packed passes below
+  const bool packed = packable<G>(g, n);
+  const int S = row_group_threads(n, packed ? Pack<G>::kSize : 1), groups = blockDim.x / S;
+  for (int64_t j = threadIdx.x; j < groups * n; j += blockDim.x) col[j] = 0.0f;
+  __syncthreads();  // a thread's columns differ between this loop and the passes below
   const int64_t begin = chunk * it.rows_per_chunk;
   const int64_t end = begin + it.rows_per_chunk < m ? begin + it.rows_per_chunk : m;
-  if (packable<G>(g, n))
-    sinkgd_rows<G, Pack<G>::kSize>(g, u, v, col, scratch, begin, end, n, first_pass, it.sqrt_n, eps);
+  if (packed)
+    sinkgd_rows<G, Pack<G>::kSize>(g, u, v, col, scratch, begin, end, n, first_pass, it.sqrt_n, eps, S);
   else
-    sinkgd_rows<G, 1>(g, u, v, col, scratch, begin, end, n, first_pass, it.sqrt_n, eps);
+    sinkgd_rows<G, 1>(g, u, v, col, scratch, begin, end, n, first_pass, it.sqrt_n, eps, S);
   __syncthreads();
-  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) partials[chunk * n + j] = col[j];
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+    float s = 0.0f;
+    for (int q = 0; q < groups; ++q) s += col[int64_t(q) * n + j];  // group order: deterministic
+    partials[chunk * n + j] = s;
+  }
 }
 
 __global__ void sinkgd_cols_kernel(const SinkgdManyItem* items, int64_t count, float eps, const UpdateScalars* scalars) {
@@ -175,6 +209,10 @@ __global__ void sinkgd_apply_kernel(const SinkgdManyItem* items, int64_t count, 
 
 }  // namespace
 
+// The rows pass's shared column partials: one row's width, or a group's for every group of a
+// narrow matrix (groups x n <= kThreads x 8 floats: the widest 16-byte pack, BF16).
+static int64_t rows_shared_floats(const SinkgdLayout& l) { return std::max<int64_t>(l.max_n, int64_t(kThreads) * 8); }
+
 int64_t sinkgd_scratch(int64_t m, int64_t n) { return cuda_scratch::sinkgd_floats(m, n); }
 
 SinkgdManyItem sinkgd_item(void* w, const void* g, int64_t m, int64_t n, float* scratch, uint64_t tensor) {
@@ -210,8 +248,8 @@ void sinkgd_many(const SinkgdManyItem* items, int64_t count, const SinkgdLayout&
                  const WriteBack& wb, ScalarsRef s, cudaStream_t stream) {
   if (count == 0 || l.apply_blocks == 0) return;
   for (int it = 0; it < iterations; ++it) {
-    launch("sinkgd_rows", sinkgd_rows_kernel<G>, dim3(static_cast<unsigned>(l.row_blocks)), dim3(kThreads), l.max_n * sizeof(float), stream,
-           items, count, it == 0, eps, s.at);
+    launch("sinkgd_rows", sinkgd_rows_kernel<G>, dim3(static_cast<unsigned>(l.row_blocks)), dim3(kThreads), rows_shared_floats(l) * sizeof(float),
+           stream, items, count, it == 0, eps, s.at);
     launch("sinkgd_cols", sinkgd_cols_kernel, dim3(static_cast<unsigned>(l.col_blocks)), dim3(kThreads), 0, stream, items, count, eps, s.at);
   }
   launch("sinkgd_apply", sinkgd_apply_kernel<T, G>, dim3(static_cast<unsigned>(l.apply_blocks)), dim3(kThreads), 0, stream, items, count,
