@@ -55,6 +55,15 @@ __device__ __forceinline__ int row_group_threads(int64_t n, int P) {
   return S;
 }
 
+// Where column j's partial sits in a group's [n] partial. Runs of 8 (BF16 packs) are split into two
+// halves of 4 kept n/2 apart, so a warp's 16-byte partial updates fall 16 bytes apart (one bank
+// wavefront per quarter-warp), not 32 (two).
+__device__ __forceinline__ int64_t partial_index(int64_t j, int64_t n, int P) {
+  if (P != 8) return j;
+  const int64_t k = j % 8;
+  return (k < 4 ? 0 : n / 2) + j / 8 * 4 + k % 4;
+}
+
 // One row pass over rows begin..end-1 of one tensor: u from v, and the chunk's column partial of
 // u^2 G^2. Groups of S threads (row_group_threads) take blockDim / S rows at a time, each group with
 // its own column partial in shared memory (col + group n): thread t of a group owns columns
@@ -100,7 +109,7 @@ __device__ void sinkgd_rows(const G* g, float* u, const float* v, float* col, fl
       } else {
 #pragma unroll
         for (int q = 0; q < P; q += 4) {
-          Pack<float>& c = *reinterpret_cast<Pack<float>*>(colg + j + q);
+          Pack<float>& c = *reinterpret_cast<Pack<float>*>(colg + partial_index(j + q, n, P));
 #pragma unroll
           for (int p = 0; p < 4; ++p) c.v[p] += u2 * x[q + p] * x[q + p];
         }
@@ -135,7 +144,8 @@ __global__ void sinkgd_rows_kernel(const SinkgdManyItem* items, int64_t count, b
   __syncthreads();
   for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
     float s = 0.0f;
-    for (int q = 0; q < groups; ++q) s += col[int64_t(q) * n + j];  // group order: deterministic
+    const int64_t at = partial_index(j, n, packed ? Pack<G>::kSize : 1);
+    for (int q = 0; q < groups; ++q) s += col[int64_t(q) * n + at];  // group order: deterministic
     partials[chunk * n + j] = s;
   }
 }
