@@ -73,18 +73,33 @@ __global__ void adam_many_kernel(const AdamManyItem* items, int64_t count, RuleS
              threadIdx.x, r.adam, wb);
 }
 
+// SGD (with momentum when buf) on P consecutive elements from i.
+template <int P, class T, class G, class S>
+__device__ __forceinline__ void sgd_run(T* w, const G* g, S* buf, int64_t i, float lr, float keep, float momentum, const WriteBack& wb) {
+  float wf[P], d[P];
+  load_values<T, P>(w, i, wf), load_values<G, P>(g, i, d);
+  if (buf) {
+    float b[P];
+    load_values<S, P>(buf, i, b);
+    S bo[P];
+#pragma unroll
+    for (int k = 0; k < P; ++k) d[k] = momentum * b[k] + d[k], bo[k] = from_float<S>(d[k]);
+    store_packs<S, P>(buf, i, bo);
+  }
+  T wo[P];
+#pragma unroll
+  for (int k = 0; k < P; ++k) wo[k] = store_weight<T>(wf[k] * keep - lr * d[k], wb, static_cast<uint64_t>(i + k));
+  store_packs<T, P>(w, i, wo);
+}
+
 template <class T, class G, class S>
 __global__ void sgd_kernel(T* w, const G* g, S* buf, int64_t n, RuleScalars r, float momentum, WriteBack wb, const UpdateScalars* s, int slot) {
   if (!take_update_scalars(s, slot, r, wb)) return;
-  const float lr = r.lr, keep = r.keep;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    float d = to_float(g[i]);
-    if (buf) {
-      d = momentum * to_float(buf[i]) + d;
-      buf[i] = from_float<S>(d);
-    }
-    w[i] = store_weight<T>(to_float(w[i]) * keep - lr * d, wb, static_cast<uint64_t>(i));
-  }
+  const int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x, stride = int64_t(gridDim.x) * blockDim.x;
+  const bool packed = packable_arrays(w, g, buf ? buf : reinterpret_cast<S*>(w), buf ? buf : reinterpret_cast<S*>(w));
+  const int64_t tail = packed ? n / kRun * kRun : 0;
+  for (int64_t k = t; k < tail / kRun; k += stride) sgd_run<kRun>(w, g, buf, k * kRun, r.lr, r.keep, momentum, wb);
+  for (int64_t i = tail + t; i < n; i += stride) sgd_run<1>(w, g, buf, i, r.lr, r.keep, momentum, wb);
 }
 
 unsigned grid_for(int64_t n) { return static_cast<unsigned>(std::min<int64_t>(ceil_div(n, 256), 8192)); }
