@@ -6,12 +6,18 @@
 #   bash scripts/gpu_check.sh --dry OUT_DIR           here: the emulated plugin, PyTorch on the CPU, tiny
 #                                                     shapes (GPU_CHECK_DRY=1 does the same); tests/gpu_check.sh
 #   bash scripts/gpu_check.sh --only doctor,attention OUT_DIR   only these sections (or step names)
+#   --work DIR      the work files (the exported model, ~240 MB at llama_60m; configs) there, kept;
+#                   default: a temporary folder, removed at the end
+#   --no-pack       leave logs/, raw/ and steps.tsv in OUT_DIR instead of packing them
 #
-# Writes OUT_DIR/gpu_check.json and OUT_DIR/gpu_check.md (always, whatever fails), each step's output
-# in OUT_DIR/logs/, the raw figures in OUT_DIR/raw/. Exits 0 when no section failed, 1 otherwise, 2 on
-# a usage error. Every step runs under `timeout` and records ok, failed (its exit status, or timed
-# out) or skipped (why); none stops the script. SIGTERM or ^C stops the running step and writes the
-# reports of what ran. logs/ and raw/ are the script's: a folder used before loses their old files.
+# Writes OUT_DIR/gpu_check.json and OUT_DIR/gpu_check.md (always, whatever fails) and
+# OUT_DIR/gpu_check_logs.tar.gz (each step's output in logs/, the raw figures in raw/, steps.tsv):
+# those three files and nothing else, for a return channel of a few files of 16 MiB. Exits 0 when no
+# section failed, 1 otherwise, 2 on a usage error. Every step runs under `timeout` and records ok,
+# failed (its exit status, timed out, or killed) or skipped (why); none stops the script, except
+# that on a GPU node (not --dry) it stops after the environment step, with both reports, when
+# `multinorm devices` sees no GPU or the CUDA emulation. SIGTERM or ^C stops the running step and
+# writes the reports of what ran. logs/ and raw/ are the script's: a folder used before loses them.
 #
 # Sections and their steps, in the order they run (most wanted first), with each step's time limit in
 # seconds and, in brackets, what one H100 is expected to take (estimates: no GPU has run this yet):
@@ -19,18 +25,21 @@
 #   doctor        doctor_llama_60m 90 [45]: every check at llama_60m's shapes, a timed step (per-kernel
 #                 measured and predicted time, host waits and drains), NCCL when >1 GPU is visible
 #   step_vs_torch step_ours_llama_60m 30 [10], step_torch_llama_60m 30 [10], step_ours_llama_1b 45 [20],
-#                 step_torch_llama_1b 45 [15]: micro-batch 32 x 256, BF16, PyTorch eager with SDPA
-#   attention     attention_ours 30 [12], attention_sdpa 30 [10]: T 256, 1024, 2048 x D 64, 128
+#                 step_torch_llama_1b 45 [15]: micro-batch 32 x 256, BF16, PyTorch eager with SDPA; ours
+#                 timed replaying CUDA graphs (as the trainer runs), profiled in separate steps
+#   attention     attention_ours 30 [8], attention_sdpa 30 [12]: T 256, 1024, 2048 x D 64, 128, all in
+#                 one process each; SDPA as PyTorch picks it, FlashAttention-2 and cuDNN forced
 #   hf_logits     hf_export 20 [5], hf_compare 30 [12]: llama_60m exported, loaded by transformers
 #   tests         tests_cuda 60 [35]: the CUDA tests of multinorm_tests on the GPU
 #   doctor        doctor_llama_1b 60 [40]: the op checks and a timed step at llama_1b's shapes
 #   sanitizer     memcheck_training 30, memcheck_attention 25, racecheck_training 35,
 #                 racecheck_attention 30 [80 together]: compute-sanitizer on a tiny model's updates
 #                 and timed step, and on the attention tests
-#   step_vs_torch step_compile_llama_1b 90 [75], step_compile_llama_60m 60 [35]: PyTorch under
-#                 torch.compile (last: it mostly compiles; a failure or timeout is recorded in the
+#   step_vs_torch step_compile_llama_60m 60 [35], step_compile_llama_1b 90 [45]: PyTorch under
+#                 torch.compile, each transformer block compiled on its own (the compile time does not
+#                 grow with depth; last: it mostly compiles; a failure or timeout is recorded in the
 #                 comparison's row and does not fail the section)
-# Expected about 420 s in all. The limits add up to 760 s; the deadline GPU_CHECK_BUDGET_S (default
+# Expected about 390 s in all. The limits add up to 760 s; the deadline GPU_CHECK_BUDGET_S (default
 # 440 s) caps them: a step is cut to what is left, one that would start with under 5 s left is
 # skipped, so the call ends by about 450 s (7.5 minutes) with its reports written.
 #
@@ -38,19 +47,27 @@
 # /usr/bin/python3, that imports torch), GPU_CHECK_PEAK_TFLOPS (the BF16 dense peak for MFU where the
 # doctor knows none for this GPU), GPU_CHECK_BUDGET_S, GPU_CHECK_MULTINORM / GPU_CHECK_TESTS /
 # GPU_CHECK_PLUGIN (the binaries, when neither layout below holds them), MULTINORM_CUDA_PLUGIN (dry:
-# the emulated plugin, default build/libmultinorm_cuda_emulated.so).
+# the emulated plugin, default build/libmultinorm_cuda_emulated.so; on a GPU node the script sets it
+# to the plugin it found, so multinorm, the tests and the report use the same one).
+# On a GPU node the plugin needs libcublasLt.so.13 and libnccl.so.2, which a bare node may have only
+# in the python's pip wheels (PyTorch for CUDA 13 installs them): the script asks that python for its
+# site-packages' nvidia/*/lib folders and puts them first in LD_LIBRARY_PATH. The python steps run
+# with HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 (a node has no network).
 # Layouts: a bundle (bin/multinorm, bin/multinorm_tests, lib/libmultinorm_cuda.so,
 # share/multinorm/configs) or a build tree (build/multinorm, build/multinorm_tests,
 # build/libmultinorm_cuda.so, configs/), found from this script's directory.
 set -uo pipefail
 
-usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; }
-dry=${GPU_CHECK_DRY:-0} only="" out=""
+usage() { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; }
+dry=${GPU_CHECK_DRY:-0} only="" out="" work="" pack=1
 while [ $# -gt 0 ]; do
   case $1 in
     --dry) dry=1 ;;
     --only) only=${2:-}; shift ;;
     --only=*) only=${1#--only=} ;;
+    --work) work=${2:-}; [ -n "$work" ] || { echo "gpu_check.sh: --work needs a folder" >&2; exit 2; }; shift ;;
+    --work=*) work=${1#--work=} ;;
+    --no-pack) pack=0 ;;
     -h | --help) usage; exit 0 ;;
     -*) echo "gpu_check.sh: unknown option $1" >&2; usage >&2; exit 2 ;;
     *) [ -z "$out" ] || { echo "gpu_check.sh: one output folder, not '$out' and '$1'" >&2; exit 2; }; out=$1 ;;
@@ -59,8 +76,18 @@ while [ $# -gt 0 ]; do
 done
 [ -n "$out" ] || { echo "gpu_check.sh: the output folder is missing" >&2; usage >&2; exit 2; }
 [ "$dry" = 1 ] || dry=0
-mkdir -p "$out/logs" "$out/raw" "$out/work" || { echo "gpu_check.sh: cannot create $out" >&2; exit 2; }
+mkdir -p "$out/logs" "$out/raw" || { echo "gpu_check.sh: cannot create $out" >&2; exit 2; }
 out=$(cd "$out" && pwd)
+# The work files (the exported model is ~240 MB) stay out of the report folder.
+work_owned=0
+if [ -z "$work" ]; then
+  work=$(mktemp -d "${TMPDIR:-/tmp}/gpu_check_work.XXXXXX") || { echo "gpu_check.sh: cannot create a work folder" >&2; exit 2; }
+  work_owned=1
+fi
+mkdir -p "$work" || { echo "gpu_check.sh: cannot create $work" >&2; exit 2; }
+work=$(cd "$work" && pwd)
+case $work/ in "$out"/*) echo "gpu_check.sh: --work must not be inside the report folder $out" >&2; exit 2 ;; esac
+[ "$work_owned" = 0 ] || trap 'rm -rf "$work"' EXIT
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(dirname "$here")
 started=$(date +%s)
@@ -68,8 +95,14 @@ budget_s=${GPU_CHECK_BUDGET_S:-440}
 deadline=$((started + budget_s))
 : >"$out/steps.tsv"
 # A folder used before: its reports and figures go (logs/ and raw/ are this script's own).
-rm -f "$out/gpu_check.json" "$out/gpu_check.md" "$out"/raw/*.json "$out"/raw/*.jsonl "$out"/raw/*.csv "$out"/logs/*.log
-gpu_name="" peak_name=a100 attention_shapes="" step_batch=0 step_seq=0 model_60m="" model_1b=""
+rm -rf "$out/gpu_check.json" "$out/gpu_check.md" "$out/gpu_check_logs.tar.gz" "$out/work" "$out"/raw/* "$out"/logs/*
+gpu_name="" peak_name=a100 attention_shapes="" step_batch=0 step_seq=0 model_60m="" model_1b="" stopped="" nvidia_lib_dirs=""
+json_str() {  # a JSON string of $1
+  local s=${1//\\/\\\\}
+  s=${s//\"/\\\"}
+  s=${s//$'\t'/ }
+  printf '"%s"' "${s//$'\n'/ }"
+}
 
 # ---- where the binaries are -----------------------------------------------------------------------
 if [ -x "$root/bin/multinorm" ]; then
@@ -82,9 +115,12 @@ fi
 mn=${GPU_CHECK_MULTINORM:-$mn} tests_bin=${GPU_CHECK_TESTS:-$tests_bin} plugin=${GPU_CHECK_PLUGIN:-$plugin}
 if [ "$dry" = 1 ]; then
   plugin=${MULTINORM_CUDA_PLUGIN:-$emulated}
-  export MULTINORM_CUDA_PLUGIN=$plugin
 fi
+# multinorm, the tests and the report all use this plugin (on a node: the real one found above).
+export MULTINORM_CUDA_PLUGIN=$plugin
 bench_dir=$root/bench
+# No network on a node: transformers and the hub must not try it (a timeout per file otherwise).
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 
 # The python3 with PyTorch (the node's own); any python3 still writes the reports.
 py="" py_note=""
@@ -101,6 +137,33 @@ py_env=()
 torch_missing=""
 [ -n "$py" ] || torch_missing="no python3 that imports torch (tried: ${GPU_CHECK_PYTHON:-} python3 /usr/bin/python3; GPU_CHECK_PYTHON names one)"
 
+# On a node, cuBLASLt 13 and NCCL 2 may exist only in that python's pip wheels
+# (site-packages/nvidia/*/lib): first in LD_LIBRARY_PATH, for the plugin and its tests.
+if [ "$dry" = 0 ] && [ -n "$report_py" ]; then
+  nvidia_lib_dirs=$("$report_py" - 2>/dev/null <<'PY'
+import glob, os, site
+roots = []
+try:
+    import nvidia  # the wheels' namespace package
+    roots += list(getattr(nvidia, "__path__", []))
+except Exception:
+    pass
+try:
+    roots += [os.path.join(p, "nvidia") for p in site.getsitepackages() + [site.getusersitepackages()]]
+except Exception:
+    pass
+dirs = []
+for r in roots:
+    for d in sorted(glob.glob(os.path.join(r, "*", "lib"))):
+        d = os.path.realpath(d)
+        if os.path.isdir(d) and d not in dirs:
+            dirs.append(d)
+print(":".join(dirs))
+PY
+  )
+  [ -z "$nvidia_lib_dirs" ] || export LD_LIBRARY_PATH=$nvidia_lib_dirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+fi
+
 # The sanitizer and the profiler: PATH, $CUDA_HOME/bin, /usr/local/cuda*/bin (newest first).
 find_cuda_tool() {
   local d
@@ -116,7 +179,7 @@ ncu=$(find_cuda_tool ncu || true)
 # ---- shapes: a GPU node's, or the dry run's tiny ones --------------------------------------------
 # The tiny model: doctor's fixture (tests/fixtures/doctor_model.json) with room for 256 positions
 # and every key PyTorch's LLaMA reads; one layer of one head in the dry run (the emulation is slow).
-tiny=$out/work/tiny_model.json
+tiny=$work/tiny_model.json
 if [ "$dry" = 1 ]; then
   layers=1 width=64 heads=1 ffn=172 vocab=256
 else
@@ -160,6 +223,8 @@ write_reports() {
   cat >"$out/raw/meta.json" <<EOF
 {"dry": $([ "$dry" = 1 ] && echo true || echo false), "layout": "$layout", "multinorm": "$mn", "tests_binary": "$tests_bin",
  "plugin": "$plugin", "python": "${py:-}", "sanitizer": "${sanitizer:-}", "ncu": "${ncu:-}", "only": "$only",
+ "stopped": $(json_str "$stopped"), "nvidia_lib_dirs": $(json_str "$nvidia_lib_dirs"), "ld_library_path": $(json_str "${LD_LIBRARY_PATH:-}"),
+ "work": $(json_str "$work"), "packed": $([ "$pack" = 1 ] && echo true || echo false),
  "budget_s": $budget_s, "started": $started, "finished": $(date +%s), "host": "$(hostname)", "peak_name": "$peak_name", "peak_matched": ${peak_matched:-false},
  "gpu_name": "$gpu_name", "peak_tflops_override": "${GPU_CHECK_PEAK_TFLOPS:-}", "attention_shapes": "$attention_shapes",
  "version": "$("$mn" --version 2>/dev/null | head -1)", "step_batch": $step_batch, "step_seq": $step_seq, "model_60m": "$model_60m", "model_1b": "$model_1b"}
@@ -181,8 +246,28 @@ EOF
       END { print "]}" }' "$out/steps.tsv" >"$out/gpu_check.json"
     rc=1
   fi
-  echo "gpu_check: $(($(date +%s) - started)) s; reports: $out/gpu_check.json, $out/gpu_check.md"
+  [ "$pack" = 1 ] && pack_logs
+  echo "gpu_check: $(($(date +%s) - started)) s; reports: $out/gpu_check.json, $out/gpu_check.md$([ "$pack" = 1 ] && echo ", $out/gpu_check_logs.tar.gz")"
   return $rc
+}
+# pack_logs: logs/, raw/ and steps.tsv into gpu_check_logs.tar.gz, then gone from the folder; a log
+# over 4 MiB keeps its first 256 KiB and last 3 MiB (the channel back takes files of 16 MiB).
+pack_logs() {
+  local f size
+  for f in "$out"/logs/*.log; do
+    [ -f "$f" ] || continue
+    size=$(stat -c %s "$f")
+    if [ "$size" -gt $((4 << 20)) ]; then
+      { head -c $((256 << 10)) "$f"; printf '\n[gpu_check: %s bytes cut from the middle of this log]\n' "$((size - (256 << 10) - (3 << 20)))"
+        tail -c $((3 << 20)) "$f"; } >"$f.cut" && mv "$f.cut" "$f"
+    fi
+  done
+  if tar -czf "$out/gpu_check_logs.tar.gz.part" -C "$out" logs raw steps.tsv && mv "$out/gpu_check_logs.tar.gz.part" "$out/gpu_check_logs.tar.gz"; then
+    rm -rf "$out/logs" "$out/raw" "$out/steps.tsv"
+  else
+    rm -f "$out/gpu_check_logs.tar.gz.part"
+    echo "gpu_check: could not pack logs/ and raw/: left in $out"
+  fi
 }
 # Stopped from outside (a scheduler's SIGTERM, ^C): the reports of what ran, then exit 1.
 step_pid="" step_running=()
@@ -219,7 +304,7 @@ run_step() {
   fi
   [ "$left" -lt "$limit" ] && limit=$left
   echo "gpu_check: $id (at most $limit s)"
-  local t0 t1 rc status reason=""
+  local t0 t1 rc status reason="" seconds
   t0=$(date +%s.%N)
   # In the background, so that a signal to this script is handled at once (a trap waits for a
   # foreground child); timeout leads its own process group, which the trap stops.
@@ -229,11 +314,16 @@ run_step() {
   rc=$?
   step_pid=""
   t1=$(date +%s.%N)
+  seconds=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }')
+  # timeout exits 124, or 137 when its SIGKILL (5 s after the SIGTERM) ended the step; a 137 well
+  # before the limit is another SIGKILL (the kernel's out-of-memory killer, say), a 124 the step's own.
   if [ $rc -eq 0 ]; then status=ok
-  elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then status=failed reason="timed out after $limit s"
+  elif { [ $rc -eq 124 ] || [ $rc -eq 137 ]; } && awk -v s="$seconds" -v l="$limit" 'BEGIN { exit !(s >= l - 0.5) }'; then
+    status=failed reason="timed out after $limit s"
+  elif [ $rc -eq 137 ]; then status=failed reason="killed by SIGKILL (exit status 137) after $seconds s, before its $limit s limit (out of memory?)"
   else status=failed reason="exit status $rc"
   fi
-  record "$id" "$section" "$status" "$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }')" "$limit" "$rc" "$reason" "$cmd"
+  record "$id" "$section" "$status" "$seconds" "$limit" "$rc" "$reason" "$cmd"
   echo "gpu_check: $id: $status${reason:+ ($reason)}"
 }
 skip_step() {  # ID SECTION REASON
@@ -243,9 +333,12 @@ skip_step() {  # ID SECTION REASON
 # ---- the steps ---------------------------------------------------------------------------------------
 export mn py out bench_dir tiny plugin dry sanitizer ncu torch_device layout tests_bin
 
+# What multinorm sees (the stop below reads it), once: the environment step prints it.
+timeout 30 "$mn" devices >"$out/raw/devices.txt" 2>&1
 environment_step() {
   echo "== multinorm"; "$mn" --version
-  echo "== devices"; "$mn" devices
+  echo "== LD_LIBRARY_PATH"; echo "${LD_LIBRARY_PATH:-}"
+  echo "== devices"; cat "$out/raw/devices.txt"
   echo "== nvidia-smi"
   if command -v nvidia-smi >/dev/null; then
     nvidia-smi --query-gpu=index,name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv | tee "$out/raw/nvidia_smi.csv"
@@ -256,9 +349,10 @@ environment_step() {
   echo "== python"
   [ -n "$py" ] || { echo "no python3 with torch"; return 0; }
   "$py" - "$out/raw/python.json" <<'PY'
-import json, platform, sys
+import json, os, platform, sys
 import torch
 r = {"python": sys.executable, "python_version": platform.python_version(), "torch": torch.__version__,
+     "offline": {k: os.environ.get(k) for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")},
      "torch_cuda": torch.version.cuda, "cuda_available": torch.cuda.is_available(),
      "sdpa": hasattr(torch.nn.functional, "scaled_dot_product_attention"), "compile": hasattr(torch, "compile")}
 if torch.cuda.is_available():
@@ -277,8 +371,23 @@ export -f environment_step
 run_step environment environment 20 bash -c environment_step
 
 # The GPU's name picks the roofline `bench model` prints its predicted column and MFU for.
-gpu_name=$(sed -n 's/^  \[0\] \([^,]*\),.*/\1/p' "$out/logs/environment.log" 2>/dev/null | head -1)
-[ -n "$gpu_name" ] || gpu_name=$(timeout 20 "$mn" devices 2>/dev/null | sed -n 's/^  \[0\] \([^,]*\),.*/\1/p' | head -1)
+gpu_name=$(sed -n 's/^  \[0\] \([^,]*\),.*/\1/p' "$out/raw/devices.txt" 2>/dev/null | head -1)
+# On a node, no GPU or the CPU emulation would make every figure below meaningless: stop here.
+if [ "$dry" = 0 ]; then
+  if [ ! -f "$plugin" ]; then
+    stopped="no CUDA plugin at $plugin (GPU_CHECK_PLUGIN names one)"
+  elif grep -qi "emulation" <<<"$gpu_name"; then
+    stopped="multinorm devices reports the CUDA emulation, not a GPU ($gpu_name; plugin $plugin)"
+  elif [ -z "$gpu_name" ]; then
+    stopped="multinorm devices sees no GPU: $(grep -m1 -E '^GPUs:|error' "$out/raw/devices.txt" | cut -c1-400)"
+    [ -s "$out/raw/devices.txt" ] || stopped="multinorm devices printed nothing (plugin $plugin)"
+  fi
+  if [ -n "$stopped" ]; then
+    echo "gpu_check: stopped: $stopped"
+    write_reports
+    exit 1
+  fi
+fi
 peak_matched=true
 case $gpu_name in
   *H200*) peak_name=h200 ;;  # (GH200 too)
@@ -310,19 +419,9 @@ for D in 64 128; do
   for T in $attention_seqs; do attention_shapes+="$((attention_tokens / T))x$((attention_width / D))x${T}x${D},"; done
 done
 attention_shapes=${attention_shapes%,}
-attention_ours() {  # every shape, even after one fails; exit 1 when any did
-  local s B H T D rc=0
-  for s in ${attention_shapes//,/ }; do
-    IFS=x read -r B H T D <<<"$s"
-    "$mn" bench attention --backend cuda --batch "$B" --heads "$H" --seq "$T" --head-dim "$D" --steps "$attention_steps" \
-      --warmup "$attention_warmup" --json >"$out/raw/attention_ours_${T}_${D}.json" || { rc=1; echo "bench attention failed at $s"; }
-    cat "$out/raw/attention_ours_${T}_${D}.json"
-  done
-  return $rc
-}
-export attention_shapes attention_steps attention_warmup
-export -f attention_ours
-run_step attention_ours attention 30 bash -c attention_ours
+# Every shape in one process (a JSON line each, as it finishes): one CUDA context, one plugin load.
+run_step attention_ours attention 30 bash -o pipefail -c '"$0" "$@" | tee "$out/raw/attention_ours.jsonl"' "$mn" bench attention \
+  --backend cuda --shapes "$attention_shapes" --steps "$attention_steps" --warmup "$attention_warmup" --json
 if [ -n "$py" ]; then
   run_step attention_sdpa attention 30 bash -o pipefail -c '"$0" "$@" | tee "$out/raw/attention_sdpa.jsonl"' "${py_env[@]}" "$py" "$bench_dir/attention_sdpa.py" \
     --shapes "$attention_shapes" --device $torch_device --steps $attention_steps --warmup $((attention_warmup > 0 ? attention_warmup : 1))
@@ -331,15 +430,16 @@ else
 fi
 
 # llama_60m exported (a seeded init), our logits of it on the CUDA backend, transformers' of the same.
-cat >"$out/work/export_run.json" <<EOF
+# (in the work folder: the FP32 model is ~240 MB, too big for the report folder)
+cat >"$work/export_run.json" <<EOF
 {"model": {"config": "$model_60m"}, "backend": "cuda", "seed": 1}
 EOF
-rm -rf "$out/work/hf_llama_60m"
-run_step hf_export hf_logits 20 "$mn" export -c "$out/work/export_run.json" -o "$out/work/hf_llama_60m" --dtype fp32 --logits $logits_tokens
-if [ ! -s "$out/work/hf_llama_60m/multinorm_logits.safetensors" ]; then
+rm -rf "$work/hf_llama_60m"
+run_step hf_export hf_logits 20 "$mn" export -c "$work/export_run.json" -o "$work/hf_llama_60m" --dtype fp32 --logits $logits_tokens
+if [ ! -s "$work/hf_llama_60m/multinorm_logits.safetensors" ]; then
   skip_step hf_compare hf_logits "no logits of ours to compare (hf_export did not write them)"
 elif [ -n "$py" ]; then
-  run_step hf_compare hf_logits 30 "${py_env[@]}" "$py" "$here/gpu_check/hf_logits.py" "$out/work/hf_llama_60m" --device $torch_device \
+  run_step hf_compare hf_logits 30 "${py_env[@]}" "$py" "$here/gpu_check/hf_logits.py" "$work/hf_llama_60m" --device $torch_device \
     --out "$out/raw/hf_logits.json"
 else
   skip_step hf_compare hf_logits "$torch_missing"
@@ -368,8 +468,9 @@ for tool in memcheck racecheck; do
     --gtest_filter="$san_attention_filter"
 done
 
-torch_step step_compile_llama_1b "$model_1b" bf16_sdpa_compile 90
+# The small model first: its figure comes back even when llama_1b's compile runs out of time.
 torch_step step_compile_llama_60m "$model_60m" bf16_sdpa_compile 60
+torch_step step_compile_llama_1b "$model_1b" bf16_sdpa_compile 90
 
 write_reports
 exit $?

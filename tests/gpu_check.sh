@@ -2,14 +2,24 @@
 # scripts/gpu_check.sh in its dry mode (the emulated plugin, PyTorch on the CPU, tiny shapes), so the
 # first GPU call is known to work before a GPU is lent:
 #   1. every section and step, with a stand-in compute-sanitizer on PATH (it runs the program and
-#      reports no error): statuses as expected here, every figure positive and finite, both sides of
-#      the step comparison counting the same FLOPs, the exported model's logits equal to PyTorch's
-#      within the FP32 bound, and a Markdown report with its tables;
+#      reports no error, in memcheck's and racecheck's own summary lines): statuses as expected here,
+#      every figure positive and finite, both sides of the step comparison counting the same FLOPs,
+#      our step timed from CUDA graph replays, the exported model's logits equal to PyTorch's within
+#      the FP32 bound, a Markdown report with its tables; the report folder holds the two reports and
+#      gpu_check_logs.tar.gz only (the exported model stays in --work);
 #   2. a planted wrong kernel (MULTINORM_EMU_PLANT=rmsnorm_forward) fails the doctor section, named,
-#      while both reports are written and the script exits 1;
-#   3. a sanitizer that finds errors fails its run; one that refuses the device is a skip, said so;
+#      while both reports are written and the script exits 1; its temporary work folder is removed;
+#   3. sanitizer verdicts: errors (memcheck's and racecheck's summaries) and racecheck warnings fail
+#      their run; a tool that refuses the device at start is a skip, said so, while a run that fails
+#      after the program printed "not supported" is a failure; a timeout is inconclusive, and a
+#      SIGKILL before the limit is not called a timeout;
 #   4. a step that would start past the budget is skipped, and that is no failure;
-#   5. stopped from outside (SIGTERM), it stops the running step and still writes both reports.
+#   5. stopped from outside (SIGTERM), it stops the running step and still writes both reports;
+#   6. a bench that exits 0 without its figures (no JSON, a key missing) fails its section, "no
+#      figure", and the report script does not crash;
+#   7. not dry, on a machine whose plugin is the CUDA emulation: the python's nvidia/*/lib folders
+#      lead LD_LIBRARY_PATH, MULTINORM_CUDA_PLUGIN is the plugin found, and it stops after the
+#      environment step, saying why, with both reports.
 # usage: gpu_check.sh <source dir> <multinorm> <multinorm_tests> <emulated plugin>
 set -uo pipefail
 src=$1
@@ -18,8 +28,12 @@ tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
 /usr/bin/python3 -c "import torch" 2>/dev/null || { echo "gpu_check: /usr/bin/python3 has no torch (python3-torch): skipped"; exit 77; }
 
-# The stand-in sanitizer: runs the program; STUB_ERRORS_TOOL's runs report 2 errors (exit 86, the
-# script's --error-exitcode), STUB_REFUSE_TOOL's are refused as compute-sanitizer refuses a device.
+# The stand-in sanitizer: runs the program and prints the tool's summary (memcheck: "ERROR SUMMARY",
+# racecheck: "RACECHECK SUMMARY: N hazards displayed (E errors, W warnings)"). STUB_ERRORS_TOOL's runs
+# report 2 errors (exit 86, the script's --error-exitcode), STUB_WARNINGS_TOOL's 1 warning (exit 0),
+# STUB_REFUSE_TOOL's are refused as compute-sanitizer refuses a device (before the program runs),
+# STUB_LATE_TOOL's program fails printing "not supported" (no summary), STUB_HANG_TOOL's hang,
+# STUB_KILL_TOOL's die of SIGKILL at once.
 mkdir "$tmp/bin"
 cat >"$tmp/bin/compute-sanitizer" <<'SH'
 #!/usr/bin/env bash
@@ -32,24 +46,41 @@ while [ $# -gt 0 ]; do
     *) break ;;
   esac
 done
+summary() {  # ERRORS WARNINGS
+  if [ "$tool" = racecheck ]; then echo "========= RACECHECK SUMMARY: $(($1 + $2)) hazards displayed ($1 errors, $2 warnings)"
+  else echo "========= ERROR SUMMARY: $1 errors"; fi
+}
 echo "========= COMPUTE-SANITIZER (stand-in, $tool)"
 if [ "$tool" = "${STUB_REFUSE_TOOL:-}" ]; then echo "========= Error: Device not supported"; exit 1; fi
+if [ "$tool" = "${STUB_KILL_TOOL:-}" ]; then kill -KILL $$; fi
+if [ "$tool" = "${STUB_HANG_TOOL:-}" ]; then sleep 300; exit 0; fi
 "$@"; rc=$?
-if [ "$tool" = "${STUB_ERRORS_TOOL:-}" ]; then echo "========= ERROR SUMMARY: 2 errors"; exit 86; fi
-echo "========= ERROR SUMMARY: 0 errors"
+if [ "$tool" = "${STUB_LATE_TOOL:-}" ]; then echo "the program: operation not supported (stand-in)"; exit 1; fi
+if [ "$tool" = "${STUB_ERRORS_TOOL:-}" ]; then summary 2 0; exit 86; fi
+if [ "$tool" = "${STUB_WARNINGS_TOOL:-}" ]; then summary 0 1; exit $rc; fi
+summary 0 0
 exit $rc
 SH
 chmod +x "$tmp/bin/compute-sanitizer"
 
 # 1. The whole dry run. A peak of 0.001 TFLOP/s stands in for a GPU's, so that MFU is computed.
 start=$(date +%s)
-PATH="$tmp/bin:$PATH" GPU_CHECK_PEAK_TFLOPS=0.001 bash "$src/scripts/gpu_check.sh" --dry "$tmp/all" > "$tmp/all.txt" 2>&1
+PATH="$tmp/bin:$PATH" GPU_CHECK_PEAK_TFLOPS=0.001 bash "$src/scripts/gpu_check.sh" --dry --work "$tmp/work" "$tmp/all" > "$tmp/all.txt" 2>&1
 rc=$?
 wall=$(($(date +%s) - start))
 [ $rc -eq 0 ] || { tail -40 "$tmp/all.txt"; fail "the dry run exited $rc"; }
-/usr/bin/python3 - "$tmp/all" <<'PY' || { cat "$tmp/all/gpu_check.md"; fail "the dry run's report (above)"; }
+# What comes back from a node: the two reports and one archive (of logs/, raw/, steps.tsv) under 16 MiB.
+[ "$(cd "$tmp/all" && ls -A | sort | tr '\n' ' ')" = "gpu_check.json gpu_check.md gpu_check_logs.tar.gz " ] ||
+  fail "the report folder holds more than the reports and the archive: $(ls -A "$tmp/all")"
+[ "$(stat -c %s "$tmp/all/gpu_check_logs.tar.gz")" -lt $((16 << 20)) ] || fail "gpu_check_logs.tar.gz is over 16 MiB"
+mkdir "$tmp/unpacked" && tar -xzf "$tmp/all/gpu_check_logs.tar.gz" -C "$tmp/unpacked" || fail "gpu_check_logs.tar.gz does not unpack"
+for f in steps.tsv logs/environment.log logs/attention_ours.log raw/meta.json raw/attention_ours.jsonl raw/step_ours_llama_60m.json; do
+  [ -s "$tmp/unpacked/$f" ] || fail "gpu_check_logs.tar.gz lacks $f"
+done
+[ -s "$tmp/work/hf_llama_60m/multinorm_logits.safetensors" ] || fail "the exported model is not in the --work folder"
+/usr/bin/python3 - "$tmp/all" "$tmp/unpacked" <<'PY' || { cat "$tmp/all/gpu_check.md"; fail "the dry run's report (above)"; }
 import json, math, sys
-d = sys.argv[1]
+d, raw = sys.argv[1], sys.argv[2] + "/raw"
 r = json.load(open(d + "/gpu_check.json"))
 md = open(d + "/gpu_check.md").read()
 s = r["sections"]
@@ -60,6 +91,7 @@ expected = {"environment": "ok", "doctor": "ok", "step_vs_torch": "ok", "attenti
 assert {k: v["status"] for k, v in s.items()} == expected, {k: (v["status"], v.get("reason")) for k, v in s.items()}
 assert len(r["steps"]) == 18 and all(x["status"] == "ok" for x in r["steps"]), [(x["id"], x["status"], x["reason"]) for x in r["steps"]]
 assert all(x["seconds"] <= x["limit_s"] for x in r["steps"]), "a step ran past its limit"
+assert s["environment"]["python"]["offline"] == {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}, s["environment"]["python"]
 
 for m in s["doctor"]["models"]:  # 52 and 50 checks at one layer; the trainer's path waits once a step, never drains
     st = m["step"]
@@ -76,7 +108,11 @@ for x in rows:
     # the same FLOPs per token on both sides (6 x GEMM parameters + 12 L T C), to rounding
     assert abs(x["ours_flops_per_token"] / x["torch_flops_per_token"] - 1) < 1e-9, x
     assert abs(x["ours_mfu"] - x["ours_tflops"] / 0.001) < 1e-9 * x["ours_mfu"], x
+    # timed as the trainer runs it: the one timed step replayed a CUDA graph, no per-op profiling
+    assert x["ours_cuda_graph_replays"] == 1 and x["ours_timed"].startswith("CUDA graphs"), x
     assert pos(x.get("torch_compile_tokens_per_s")) or "torch.compile" in x.get("torch_compile_error", ""), x  # none in PyTorch 1.13
+ours = json.load(open(raw + "/step_ours_llama_60m.json"))
+assert ours["profile_s"]["attention"] > 0 and ours["kernels"], ours  # the profiles, from untimed steps
 
 att = s["attention"]["rows"]
 assert [(x["seq"], x["head_dim"]) for x in att] == [(32, 64), (64, 64), (32, 128), (64, 128)], att
@@ -84,6 +120,11 @@ for x in att:
     for k in ("ours_forward_tflops", "ours_forward_backward_tflops", "torch_forward_tflops", "torch_forward_backward_tflops",
               "ratio_forward_to_torch", "ratio_forward_backward_to_torch"):
         assert pos(x.get(k)), (k, x)
+# one process for every shape; each warmed up for 150 ms, each window at least 50 ms (or --steps calls)
+lines = [json.loads(l) for l in open(raw + "/attention_ours.jsonl") if l.startswith("{")]
+assert len(lines) == 4 and all(l["warmup_s"] >= 0.15 and l["forward_calls"] * l["forward_s"] >= 0.0499 for l in lines), lines
+sdpa = [json.loads(l) for l in open(raw + "/attention_sdpa.jsonl") if l.startswith("{")]
+assert all(l["variant"] == "default" and l["warmup_s"] >= 0.15 for l in sdpa if "seq" in l), sdpa
 
 h = s["hf_logits"]
 assert h["reason"] == "transformers not installed", h
@@ -93,24 +134,27 @@ assert h["tokens"] == 16 and h["fallback"]["relative_error"] <= 1e-4 and h["fall
 t = s["tests"]
 assert (t["tests"], t["passed"], t["failed"], t["failing"]) == (3, 3, 0, []), t
 runs = s["sanitizer"]["runs"]
-assert len(runs) == 4 and all(x["status"] == "ok" and x["errors"] == 0 for x in runs), runs
+assert len(runs) == 4 and all(x["status"] == "ok" and x["errors"] == 0 and x["warnings"] == 0 for x in runs), runs
 assert s["nccl"]["reason"] == "1 GPU visible", s["nccl"]
 
 assert md.startswith("# gpu_check: ok"), md[:200]
-for header in ("| section | status | why |", "| model | B x T | ours tokens/s", "| B x H x T x D |", "| step | section | status |"):
+for header in ("| section | status | why |", "| model | B x T | ours tokens/s | ours MFU (fwd+bwd, no optimizer) |", "| B x H x T x D |",
+               "| step | section | status |", "| tokens/s | MFU (step with the update) |"):
     assert header in md, header
 print("gpu_check dry run: %d sections, %d steps, llama_60m slot %.0f tokens/s ours, %.0f PyTorch" %
       (len(s), len(r["steps"]), rows[0]["ours_tokens_per_s"], rows[0]["torch_eager_tokens_per_s"]))
 PY
 echo "gpu_check: the dry run took $wall s"
 # (export --logits past the model's positions is refused, naming both)
-out=$("$GPU_CHECK_MULTINORM" export -c "$tmp/all/work/tiny_model.json" -o "$tmp/too_long" --logits 257 2>&1) && fail "export --logits 257 ran"
+out=$("$GPU_CHECK_MULTINORM" export -c "$tmp/work/tiny_model.json" -o "$tmp/too_long" --logits 257 2>&1) && fail "export --logits 257 ran"
 grep -q "export --logits 257: more than the model's max_position_embeddings (256)" <<<"$out" || fail "export --logits 257: $out"
 
 # 2. A planted wrong kernel: the doctor section fails, naming it; both reports are still written.
-MULTINORM_EMU_PLANT=rmsnorm_forward bash "$src/scripts/gpu_check.sh" --dry --only doctor_llama_60m "$tmp/planted" > "$tmp/planted.txt" 2>&1
+mkdir "$tmp/tmpdir"
+TMPDIR=$tmp/tmpdir MULTINORM_EMU_PLANT=rmsnorm_forward bash "$src/scripts/gpu_check.sh" --dry --only doctor_llama_60m "$tmp/planted" > "$tmp/planted.txt" 2>&1
 rc=$?
 [ $rc -eq 1 ] || { tail -20 "$tmp/planted.txt"; fail "a planted wrong kernel: exit $rc, expected 1"; }
+[ -z "$(ls -A "$tmp/tmpdir")" ] || fail "the temporary work folder was left behind: $(ls -A "$tmp/tmpdir")"
 /usr/bin/python3 - "$tmp/planted" <<'PY' || fail "the planted run's report"
 import json, sys
 d = sys.argv[1]
@@ -139,7 +183,47 @@ for target in ("training", "attention"):
     assert got[("memcheck", target)][:2] == ("failed", 2), got
     assert got[("racecheck", target)][0] == "skipped" and "refused: Error: Device not supported" in got[("racecheck", target)][2], got
 PY
-echo "gpu_check: sanitizer errors fail their run; a refused device is skipped, with the tool's words"
+# racecheck's own summary with errors; a program that fails printing "not supported" is no refusal
+PATH="$tmp/bin:$PATH" STUB_ERRORS_TOOL=racecheck STUB_LATE_TOOL=memcheck \
+  bash "$src/scripts/gpu_check.sh" --dry --only sanitizer "$tmp/san2" > "$tmp/san2.txt" 2>&1
+rc=$?
+[ $rc -eq 1 ] || { tail -20 "$tmp/san2.txt"; fail "racecheck errors: exit $rc, expected 1"; }
+# racecheck warnings are findings; a SIGKILL at once is no timeout
+PATH="$tmp/bin:$PATH" STUB_WARNINGS_TOOL=racecheck STUB_KILL_TOOL=memcheck \
+  bash "$src/scripts/gpu_check.sh" --dry --only sanitizer "$tmp/san3" > "$tmp/san3.txt" 2>&1
+rc=$?
+[ $rc -eq 1 ] || { tail -20 "$tmp/san3.txt"; fail "racecheck warnings: exit $rc, expected 1"; }
+# a run that times out is inconclusive (the budget cuts the first run's limit; the others are skipped)
+PATH="$tmp/bin:$PATH" STUB_HANG_TOOL=memcheck GPU_CHECK_BUDGET_S=8 \
+  bash "$src/scripts/gpu_check.sh" --dry --only sanitizer "$tmp/san4" > "$tmp/san4.txt" 2>&1
+rc=$?
+[ $rc -eq 0 ] || { tail -20 "$tmp/san4.txt"; fail "a sanitizer timeout: exit $rc, expected 0 (inconclusive is no failure)"; }
+/usr/bin/python3 - "$tmp" <<'PY' || fail "the sanitizer runs' reports"
+import json, sys
+t = sys.argv[1]
+def runs(name):
+    s = json.load(open(f"{t}/{name}/gpu_check.json"))["sections"]["sanitizer"]
+    return s, {(x["tool"], x["target"]): x for x in s["runs"]}
+s, got = runs("san2")
+for target in ("training", "attention"):
+    x = got[("racecheck", target)]
+    assert (x["status"], x["errors"], x["warnings"]) == ("failed", 2, 0) and "2 racecheck error(s)" in x["reason"], x
+    x = got[("memcheck", target)]
+    assert x["status"] == "failed" and x["errors"] is None and x["reason"] == "exit status 1", x
+s, got = runs("san3")
+for target in ("training", "attention"):
+    x = got[("racecheck", target)]
+    assert (x["status"], x["errors"], x["warnings"]) == ("failed", 0, 1) and "1 racecheck warning(s)" in x["reason"], x
+    x = got[("memcheck", target)]
+    assert x["status"] == "failed" and x["reason"].startswith("killed by SIGKILL (exit status 137)"), x
+s, got = runs("san4")
+assert s["status"] == "inconclusive", s
+x = got[("memcheck", "training")]
+assert x["status"] == "inconclusive" and x["reason"].startswith("timed out after"), x
+assert all(got[k]["status"] == "skipped" and "out of time" in got[k]["reason"] for k in got if k != ("memcheck", "training")), got
+PY
+echo "gpu_check: sanitizer errors and racecheck warnings fail their run; a refused device is skipped, with the tool's words;"
+echo "  a program's own failure is a failure, a timeout inconclusive, an early SIGKILL no timeout"
 
 # 4. Out of time: a step that would start with under 5 s of the budget left is skipped, not failed.
 GPU_CHECK_BUDGET_S=2 bash "$src/scripts/gpu_check.sh" --dry --only tests "$tmp/late" > "$tmp/late.txt" 2>&1
@@ -163,4 +247,52 @@ import json, sys
 r = json.load(open(sys.argv[1]))
 assert [x['reason'] for x in r['steps']][-1] == 'interrupted (SIGTERM or SIGINT)', r['steps']" "$tmp/stopped/gpu_check.json" ||
   fail "the stopped run's report does not record the interrupted step"
+
+# 6. A bench that exits 0 without its figures: the section fails, "no figure"; the report still comes.
+cat >"$tmp/bin/multinorm-nofigure" <<SH
+#!/usr/bin/env bash
+case "\$1 \$2" in
+  "bench model") echo '{"model": "llama_tiny"}' ;;  # no train_tokens_per_s
+  "bench attention") echo "not JSON at all" ;;
+  *) exec "$GPU_CHECK_MULTINORM" "\$@" ;;
+esac
+SH
+chmod +x "$tmp/bin/multinorm-nofigure"
+GPU_CHECK_MULTINORM=$tmp/bin/multinorm-nofigure bash "$src/scripts/gpu_check.sh" --dry --only step_ours_llama_60m,attention_ours \
+  "$tmp/nofigure" > "$tmp/nofigure.txt" 2>&1
+rc=$?
+[ $rc -eq 1 ] || { tail -20 "$tmp/nofigure.txt"; fail "no figure: exit $rc, expected 1"; }
+/usr/bin/python3 - "$tmp/nofigure/gpu_check.json" <<'PY' || fail "the no-figure run's report"
+import json, sys
+s = json.load(open(sys.argv[1]))["sections"]
+assert s["step_vs_torch"]["status"] == "failed" and "step_ours_llama_60m: failed: no figure" in s["step_vs_torch"]["reason"], s["step_vs_torch"]
+assert s["attention"]["status"] == "failed" and "attention_ours: failed: no figure" in s["attention"]["reason"], s["attention"]
+PY
+echo "gpu_check: a bench that exits 0 without its figures fails its section"
+
+# 7. Not dry, where the plugin is the CUDA emulation: the python's wheels' library folders lead
+# LD_LIBRARY_PATH, the plugin found is the one used, and it stops after the environment step.
+mkdir -p "$tmp/site/nvidia/cublas/lib" "$tmp/site/nvidia/nccl/lib"
+PYTHONPATH=$tmp/site GPU_CHECK_PLUGIN=$MULTINORM_CUDA_PLUGIN MULTINORM_CUDA_PLUGIN= \
+  bash "$src/scripts/gpu_check.sh" --work "$tmp/work_real" "$tmp/real" > "$tmp/real.txt" 2>&1
+rc=$?
+[ $rc -eq 1 ] || { tail -20 "$tmp/real.txt"; fail "not dry on the emulation: exit $rc, expected 1"; }
+mkdir "$tmp/real_unpacked" && tar -xzf "$tmp/real/gpu_check_logs.tar.gz" -C "$tmp/real_unpacked" || fail "the stopped run's archive"
+/usr/bin/python3 - "$tmp" "$MULTINORM_CUDA_PLUGIN" <<'PY' || { cat "$tmp/real/gpu_check.md"; fail "the stopped run's report"; }
+import json, os, sys
+t, plugin = sys.argv[1], sys.argv[2]
+r = json.load(open(t + "/real/gpu_check.json"))
+meta = json.load(open(t + "/real_unpacked/raw/meta.json"))
+s = r["sections"]
+assert r["ok"] is False and "CUDA emulation" in r["gpu_check"]["stopped"], r["gpu_check"]
+assert s["environment"]["status"] == "failed" and "stopped: multinorm devices reports the CUDA emulation" in s["environment"]["reason"], s["environment"]
+assert [x["id"] for x in r["steps"]] == ["environment"], r["steps"]
+for name in ("doctor", "step_vs_torch", "attention", "tests", "sanitizer"):
+    assert s[name]["status"] == "skipped" and "stopped early" in s[name]["reason"], (name, s[name])
+libs = [os.path.realpath(t + "/site/nvidia/" + d + "/lib") for d in ("cublas", "nccl")]
+assert meta["nvidia_lib_dirs"].split(":")[:2] == libs and meta["ld_library_path"].startswith(":".join(libs)), meta
+assert meta["plugin"] == plugin and f"CUDA plugin: {plugin}" in open(t + "/real_unpacked/raw/devices.txt").read(), meta
+assert open(t + "/real/gpu_check.md").read().startswith("# gpu_check: FAILED")
+PY
+echo "gpu_check: not dry on the emulation, it stops after the environment step, saying why"
 echo "gpu_check: passed"

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace multinorm {
 
@@ -63,8 +64,11 @@ void bench_checksum(int64_t bytes);
 // (src/bench/bench_attention.cpp), in TFLOP/s, FLOPs counted as FlashAttention counts them.
 struct AttentionBenchOptions {
   int64_t batch = 16, heads = 32, seq = 1024, head_dim = 64;  // 16k tokens of width 2048: FlashAttention-2's benchmark
-  int64_t steps = 20;  // timed calls of each
-  int64_t warmup = 3;  // untimed forward + backward calls first
+  std::vector<std::string> shapes;  // "BxHxTxD" each, all in this process; empty: the one shape above
+  int64_t steps = 20;  // timed calls of each, at least
+  int64_t warmup = 3;  // untimed forward + backward calls first, at least
+  double warmup_ms = 150;  // ... and at least this long, per shape
+  double min_ms = 50;      // each timed window at least this long (more calls than --steps where they are short)
   int threads = 0;
   std::string backend = "auto";  // cpu | cuda | auto
   std::string precision = "bf16";

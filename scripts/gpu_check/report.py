@@ -5,8 +5,10 @@ OUT/logs/*.log and OUT/raw/*. Standard library only (it runs under any python3).
 
 Sections: environment, doctor, step_vs_torch, attention, hf_logits, tests, sanitizer, nccl. Each has a
 status: failed when one of its steps failed or its figures say so (a failed check, test or sanitizer
-finding, logits beyond their bound), skipped when none of its steps ran (with why), else ok.
-Exits 1 when a section failed.
+finding, logits beyond their bound) or a step that exited 0 left no figure ("no figure"), skipped
+when none of its steps ran (with why), inconclusive (the sanitizer) when a run timed out without a
+finding, else ok. A section whose figures this script cannot read is failed, with why, not a crash.
+Exits 1 when a section failed, or when the check stopped early (no GPU, the CUDA emulation).
 """
 import json
 import math
@@ -52,7 +54,13 @@ def tail(path, chars=TAIL_CHARS):
 
 
 def finite(x):
-    return isinstance(x, (int, float)) and math.isfinite(x)
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def num(d, key):
+    """d[key] where d is a dict and that is a finite number, else None (a figure missing)."""
+    v = d.get(key) if isinstance(d, dict) else None
+    return v if finite(v) else None
 
 
 class Report:
@@ -80,15 +88,20 @@ class Report:
     def raw_path(self, name):
         return os.path.join(self.raw, name)
 
-    def section_status(self, ids, data_failed=None, data_skipped=None):
-        """failed / skipped / ok from the steps `ids` and what the figures say."""
+    def section_status(self, ids, data_failed=None, data_skipped=None, figures=None):
+        """failed / skipped / ok from the steps `ids` and what the figures say. figures: {step id: whether
+        it left its figure}; a step that exited 0 without one fails the section ("no figure")."""
         steps = [self.by_id[i] for i in ids if i in self.by_id]
         failed = [s for s in steps if s["status"] == "failed"]
-        if failed or data_failed:
-            why = [f"{s['id']}: {s['reason']}" for s in failed] + ([data_failed] if data_failed else [])
+        no_figure = [s for s in steps if s["status"] == "ok" and figures is not None and s["id"] in figures and not figures[s["id"]]]
+        if failed or data_failed or no_figure:
+            why = ([f"{s['id']}: {s['reason']}" for s in failed] + [f"{s['id']}: failed: no figure (it exited 0)" for s in no_figure] +
+                   ([data_failed] if data_failed else []))
             return "failed", "; ".join(why)
         ran = [s for s in steps if s["status"] == "ok"]
         if not ran:
+            if not steps and self.meta.get("stopped"):
+                return "skipped", "not run: the check stopped early (" + self.meta["stopped"] + ")"
             return "skipped", "; ".join(sorted({s["reason"] for s in steps})) or "no step ran"
         if data_skipped:
             return "skipped", data_skipped
@@ -106,18 +119,23 @@ class Report:
                     return float(s["peak_tflops"]), "multinorm doctor's table of BF16 dense peaks"
         if self.meta.get("peak_matched"):  # the peak `bench model --peak` used, for this GPU
             for m in ("60m", "1b"):
-                b = load_json(self.raw_path(f"step_ours_llama_{m}.json")) or {}
-                mfu = b.get("mfu_" + self.meta.get("peak_name", ""))
-                if finite(mfu) and mfu > 0:
-                    return b["gflops"] / 1e3 / mfu, f"multinorm bench model's {self.meta['peak_name']} peak"
+                b = load_json(self.raw_path(f"step_ours_llama_{m}.json"))
+                mfu, gflops = num(b, "mfu_" + self.meta.get("peak_name", "")), num(b, "gflops")
+                if mfu and gflops:
+                    return gflops / 1e3 / mfu, f"multinorm bench model's {self.meta['peak_name']} peak"
         return None, "no BF16 peak known for this device (GPU_CHECK_PEAK_TFLOPS sets one)"
 
 
 def environment(r):
-    status, reason = r.section_status(["environment"])
+    stopped = r.meta.get("stopped")
+    status, reason = r.section_status(["environment"], "stopped: " + stopped if stopped else None)
     env = {"status": status, "reason": reason, "python": load_json(r.raw_path("python.json")),
-           "layout": r.meta.get("layout"), "gpu": r.meta.get("gpu_name"), "sanitizer": r.meta.get("sanitizer") or None,
-           "ncu": r.meta.get("ncu") or None}
+           "layout": r.meta.get("layout"), "gpu": r.meta.get("gpu_name"), "plugin": r.meta.get("plugin"),
+           "nvidia_lib_dirs": [d for d in (r.meta.get("nvidia_lib_dirs") or "").split(":") if d],
+           "sanitizer": r.meta.get("sanitizer") or None, "ncu": r.meta.get("ncu") or None}
+    devices = r.raw_path("devices.txt")
+    if os.path.exists(devices):
+        env["devices"] = open(devices, errors="replace").read().strip()[:4000]
     smi = r.raw_path("nvidia_smi.csv")
     if os.path.exists(smi):
         env["nvidia_smi"] = open(smi).read().strip()
@@ -134,9 +152,9 @@ def doctor_model(r, m):
     d = load_json(r.raw_path(f"doctor_llama_{m}.json"))
     if d is None:
         return None
-    checks = d.get("checks", [])
-    failing = [{"name": c["name"], "section": c["section"], "dtype": c.get("dtype"), "error": c.get("error"), "bound": c.get("bound"),
-                "failure": c.get("failure", ""), "kernels": c.get("kernels")} for c in checks if not c.get("ok")]
+    checks = [c for c in d.get("checks", []) if isinstance(c, dict)]
+    failing = [{"name": c.get("name", "?"), "section": c.get("section", "?"), "dtype": c.get("dtype"), "error": c.get("error"),
+                "bound": c.get("bound"), "failure": c.get("failure", ""), "kernels": c.get("kernels")} for c in checks if not c.get("ok")]
     name = next((x["model"] for x in checks + d.get("steps", []) if "model" in x), f"llama_{m}")
     out = {"slot": f"llama_{m}", "model": name, "ok": d.get("ok"), "checks": len(checks), "failed": len(failing), "failing": failing}
     if "error" in d:
@@ -146,10 +164,10 @@ def doctor_model(r, m):
                 "mfu_note", "launches_per_step", "host_waits_per_step", "host_drains_per_step", "host_waits_per_step_eager",
                 "host_drains_per_step_eager", "kernel_ms", "predicted_on", "error")
         step = {k: s[k] for k in keys if k in s}
-        step["kernels"] = [dict({"name": k["name"], "launches": k["launches"], "ms": k["ms"]},
+        step["kernels"] = [dict({"name": k.get("name", "?"), "launches": k.get("launches"), "ms": num(k, "ms")},
                                 **({"predicted_ms": k["predicted_ms"], "measured_over_predicted": k["ms"] / k["predicted_ms"]}
-                                   if finite(k.get("predicted_ms")) and k["predicted_ms"] > 0 else {}))
-                           for k in s.get("kernels", [])]
+                                   if num(k, "predicted_ms") and num(k, "ms") is not None else {}))
+                           for k in s.get("kernels", []) if isinstance(k, dict)]
         out["step"] = step
     return out, d.get("nccl")
 
@@ -157,8 +175,10 @@ def doctor_model(r, m):
 def doctor(r):
     models, failed = [], []
     nccl = None
+    figures = {}
     for m in ("60m", "1b"):
         got = doctor_model(r, m)
+        figures[f"doctor_llama_{m}"] = got is not None
         if got is None:
             continue
         row, n = got
@@ -167,7 +187,7 @@ def doctor(r):
         if row["failed"] or row.get("ok") is False:
             names = ", ".join(c["name"] for c in row["failing"]) or row.get("error", "not ok")
             failed.append(f"{row['model']}: {names}")
-    status, reason = r.section_status(["doctor_llama_60m", "doctor_llama_1b"], "; ".join(failed) or None)
+    status, reason = r.section_status(["doctor_llama_60m", "doctor_llama_1b"], "; ".join(failed) or None, figures=figures)
     return {"status": status, "reason": reason, "models": models}, nccl
 
 
@@ -187,10 +207,10 @@ def torch_modes(rows):
     tps, errors, summary = {}, {}, {}
     for x in rows:
         if "mode" in x:
-            if "tokens_per_s" in x:
+            if finite(x.get("tokens_per_s")) and x["tokens_per_s"] > 0:
                 tps[x["mode"]] = x["tokens_per_s"]
             else:
-                errors[x["mode"]] = x.get("error", "")
+                errors[x["mode"]] = x.get("error", "no tokens/s in its line")
         elif "tokens_per_s" in x:
             summary = summary or x  # the eager run's (the compiled run's says the same of the model)
     return tps, errors, summary
@@ -200,8 +220,11 @@ def step_vs_torch(r):
     peak, peak_source = r.peak_tflops()
     rows = []
     problems = []
+    figures = {}
     for m in ("60m", "1b"):
         ours = load_json(r.raw_path(f"step_ours_llama_{m}.json"))
+        ours_tps, ours_gflops = num(ours, "train_tokens_per_s"), num(ours, "gflops")
+        figures[f"step_ours_llama_{m}"] = bool(ours_tps and ours_gflops)
         tps, errors, summary = torch_modes(load_jsonl(r.raw_path(f"step_torch_llama_{m}.jsonl")) +
                                            load_jsonl(r.raw_path(f"step_compile_llama_{m}.jsonl")))
         compile_step = r.by_id.get(f"step_compile_llama_{m}")
@@ -211,11 +234,13 @@ def step_vs_torch(r):
             continue
         row = {"slot": f"llama_{m}", "model": (ours or {}).get("model", f"llama_{m}"), "batch": r.meta.get("step_batch"),
                "seq": r.meta.get("step_seq")}
-        if ours:
-            row["ours_tokens_per_s"] = ours["train_tokens_per_s"]
-            row["ours_flops_per_token"] = ours["gflops"] * 1e9 / ours["train_tokens_per_s"]
-            row["ours_tflops"] = ours["gflops"] / 1e3
+        if ours_tps and ours_gflops:
+            row["ours_tokens_per_s"] = ours_tps
+            row["ours_flops_per_token"] = ours_gflops * 1e9 / ours_tps
+            row["ours_tflops"] = ours_gflops / 1e3
             row["ours_backend"] = ours.get("gemm_engine")
+            row["ours_timed"] = ours.get("timed")
+            row["ours_cuda_graph_replays"] = ours.get("cuda_graph_replays")
         if summary:
             row["torch_flops_per_token"] = summary.get("flops_per_token")
             row["torch_version"] = summary.get("torch")
@@ -240,33 +265,53 @@ def step_vs_torch(r):
         rows.append(row)
     # torch.compile is optional: its failure is in the rows, not the section's status
     ids = [f"step_{w}_llama_{m}" for m in ("60m", "1b") for w in ("ours", "torch")]
-    status, reason = r.section_status(ids, "; ".join(problems) or None)
+    status, reason = r.section_status(ids, "; ".join(problems) or None, figures=figures)
     return {"status": status, "reason": reason, "peak_tflops": peak, "peak_source": peak_source, "rows": rows,
             "flops": "per token: 6 x GEMM parameters + 12 x L x T x C (multinorm's count, both sides); MFU against the BF16 dense peak"}
 
 
+SDPA_VARIANTS = ("torch", "flash", "cudnn")  # PyTorch's choice, FlashAttention-2 forced, cuDNN attention forced
+
+
+def sdpa_variant(x):
+    v = x.get("variant")
+    if v in ("flash", "cudnn"):
+        return v
+    if v == "default":
+        return "torch"
+    kernel = str(x.get("kernel", ""))
+    return "flash" if "flash" in kernel else "cudnn" if "cudnn" in kernel else "torch"
+
+
 def attention(r):
     sdpa = [x for x in load_jsonl(r.raw_path("attention_sdpa.jsonl")) if "kernel" in x]
+    ours_rows = [x for x in load_jsonl(r.raw_path("attention_ours.jsonl")) if "seq" in x]
     rows = []
+    missing = []
     shapes = [s for s in (r.meta.get("attention_shapes") or "").split(",") if s]
     for shape in shapes:
         B, H, T, D = (int(v) for v in shape.split("x"))
-        ours = load_json(r.raw_path(f"attention_ours_{T}_{D}.json"))
         row = {"batch": B, "heads": H, "seq": T, "head_dim": D}
-        if ours:
-            row["ours_forward_tflops"] = ours["forward_tflops"]
-            row["ours_forward_backward_tflops"] = ours["forward_backward_tflops"]
+        ours = next((x for x in ours_rows if (x.get("batch"), x.get("heads"), x.get("seq"), x.get("head_dim")) == (B, H, T, D)), None)
+        fwd, fb = num(ours, "forward_tflops"), num(ours, "forward_backward_tflops")
+        if fwd and fb:
+            row["ours_forward_tflops"], row["ours_forward_backward_tflops"] = fwd, fb
+        else:
+            missing.append(shape)
         for x in sdpa:
-            if (x["batch"], x["heads"], x["seq"], x["head_dim"]) != (B, H, T, D):
+            if (x.get("batch"), x.get("heads"), x.get("seq"), x.get("head_dim")) != (B, H, T, D):
                 continue
-            key = "flash" if "flash" in x["kernel"] else "torch"
-            if "error" in x:
-                row[key + "_error"] = x["error"]
+            key = sdpa_variant(x)
+            if x.get("sdpa_backend"):
+                row[key + "_sdpa_backend"] = x["sdpa_backend"]
+            fwd, fb = num(x, "forward_tflops"), num(x, "forward_backward_tflops")
+            if "error" in x or not (fwd and fb):
+                row[key + "_error"] = x.get("error", "no figure in its line")
                 continue
-            row[key + "_kernel"] = x["kernel"]
-            row[key + "_forward_tflops"] = x["forward_tflops"]
-            row[key + "_forward_backward_tflops"] = x["forward_backward_tflops"]
-        for key in ("torch", "flash"):
+            row[key + "_kernel"] = x.get("kernel")
+            row[key + "_forward_tflops"] = fwd
+            row[key + "_forward_backward_tflops"] = fb
+        for key in SDPA_VARIANTS:
             for p in ("forward", "forward_backward"):
                 a, b = row.get(f"ours_{p}_tflops"), row.get(f"{key}_{p}_tflops")
                 if a and b:
@@ -277,17 +322,24 @@ def attention(r):
     sdpa_step = r.by_id.get("attention_sdpa")
     if sdpa_step and sdpa_step["status"] == "ok" and not any("torch_forward_tflops" in x for x in rows):
         first = next((x["error"] for x in sdpa if "error" in x), "no output")
-        problem = f"PyTorch gave no attention figure ({first[:300]})"
-    status, reason = r.section_status(["attention_ours", "attention_sdpa"], problem)
+        problem = f"PyTorch gave no attention figure ({str(first)[:300]})"
+    figures = {"attention_ours": not missing}
+    status, reason = r.section_status(["attention_ours", "attention_sdpa"], problem, figures=figures)
+    if missing and status == "failed" and "attention_ours: failed: no figure" in reason:
+        reason = reason.replace("attention_ours: failed: no figure (it exited 0)",
+                                "attention_ours: failed: no figure (it exited 0) for " + ", ".join(missing))
     return {"status": status, "reason": reason, "rows": rows,
             "flops": "causal: 4 B H D T(T+1)/2 forward, 2.5x that backward (FlashAttention's convention)"}
 
 
 def hf_logits(r):
     d = load_json(r.raw_path("hf_logits.json"))
+    if not isinstance(d, dict):
+        d = None
     status, reason = r.section_status(["hf_export", "hf_compare"],
                                       d.get("reason") if d and d.get("status") == "failed" else None,
-                                      d.get("reason") if d and d.get("status") == "skipped" else None)
+                                      d.get("reason") if d and d.get("status") == "skipped" else None,
+                                      figures={"hf_compare": d is not None})
     out = {"status": status, "reason": reason}
     if d:
         out.update({k: v for k, v in d.items() if k not in ("status", "reason")})
@@ -303,7 +355,7 @@ def gtest_results(r):
             for t in suite.get("testsuite", []):
                 tests += 1
                 if t.get("failures"):
-                    names.append(f"{suite['name']}.{t['name']}")
+                    names.append(f"{suite.get('name', '?')}.{t.get('name', '?')}")
                 elif t.get("result") == "SKIPPED":
                     skipped += 1
         return tests, tests - len(names) - skipped, len(names), skipped, names, "gtest JSON"
@@ -325,16 +377,40 @@ def tests(r):
         out = {"tests": total, "passed": passed, "failed": failed, "skipped": skipped, "failing": names, "counted_from": source}
         if failed:
             data_failed = f"{failed} failed: " + ", ".join(names[:10])
-    status, reason = r.section_status(["tests_cuda"], data_failed)
+    status, reason = r.section_status(["tests_cuda"], data_failed, figures={"tests_cuda": got is not None and got[0] > 0})
     return dict({"status": status, "reason": reason}, **out)
 
 
 # How compute-sanitizer says it cannot run here (a device or driver it does not support, no permission).
-REFUSED = re.compile(r"^.*(not supported|Unable to|unsupported|No CUDA-capable|insufficient permissions|ERR_NVGPUCTRPERM).*$", re.I | re.M)
+REFUSED = re.compile(r"not supported|Unable to|unsupported|No CUDA-capable|insufficient permissions|ERR_NVGPUCTRPERM", re.I)
+
+
+def refused_at_start(log):
+    """The tool's refusal, where it refused before the program printed anything: one of its own lines
+    ("========= ...") saying so, ahead of the first line of the program's. None otherwise (a program
+    that failed, printing "not supported" itself, is a failure, not a refusal)."""
+    for line in log.splitlines():
+        if not line.strip():
+            continue
+        if not line.startswith("========="):
+            return None  # the program ran
+        if REFUSED.search(line):
+            return line.strip().lstrip("= ").strip()
+    return None
+
+
+def sanitizer_summary(log):
+    """(errors, warnings) from the last summary: memcheck's "ERROR SUMMARY: N errors", racecheck's
+    "RACECHECK SUMMARY: N hazards displayed (E errors, W warnings)"; (None, None) without one."""
+    race = re.findall(r"RACECHECK SUMMARY: (\d+) hazards? displayed \((\d+) errors?, (\d+) warnings?\)", log)
+    if race:
+        return int(race[-1][1]), int(race[-1][2])
+    m = re.findall(r"ERROR SUMMARY: (\d+) errors?", log)
+    return (int(m[-1]), 0) if m else (None, None)
 
 
 def sanitizer(r):
-    runs, failed = [], []
+    runs, failed, inconclusive = [], [], []
     for tool in ("memcheck", "racecheck"):
         for target in ("training", "attention"):
             s = r.by_id.get(f"{tool}_{target}")
@@ -343,21 +419,34 @@ def sanitizer(r):
             run = {"tool": tool, "target": target, "status": s["status"], "reason": s["reason"]}
             if s["status"] != "skipped":
                 log = tail(os.path.join(r.out, "logs", s["id"] + ".log"), 10 ** 7)
-                m = re.findall(r"ERROR SUMMARY: (\d+) error", log)
-                run["errors"] = int(m[-1]) if m else None
-                refused = REFUSED.search(log)
-                if run["errors"] is None and refused and s["status"] == "failed":
-                    run["status"], run["reason"] = "skipped", "compute-sanitizer refused: " + refused.group(0).strip().lstrip("= ")[:200]
+                run["errors"], run["warnings"] = sanitizer_summary(log)
+                refused = refused_at_start(log) if run["errors"] is None and s["status"] == "failed" else None
+                timed_out = s["status"] == "failed" and s["reason"].startswith("timed out")
+                if refused:
+                    run["status"], run["reason"] = "skipped", "compute-sanitizer refused: " + refused[:200]
                 elif run["errors"]:
-                    run["status"], run["reason"] = "failed", f"{run['errors']} {tool} error(s)"
+                    run["status"], run["reason"] = "failed", f"{run['errors']} {tool} error(s)" + (
+                        f", {run['warnings']} warning(s)" if run["warnings"] else "")
+                elif run["warnings"]:  # racecheck's possible hazards: a finding to look at, not a pass
+                    run["status"], run["reason"] = "failed", f"{run['warnings']} {tool} warning(s) (hazards reported as warnings)"
+                elif timed_out:  # no verdict: neither a finding nor a pass
+                    run["status"], run["reason"] = "inconclusive", s["reason"] + ", no summary: no verdict"
+                elif s["status"] == "ok" and run["errors"] is None:
+                    run["status"], run["reason"] = "failed", "no figure: the tool printed no summary"
                 if run["status"] == "failed":
                     failed.append(f"{tool} {target}: {run['reason']}")
+                elif run["status"] == "inconclusive":
+                    inconclusive.append(f"{tool} {target}: {run['reason']}")
             runs.append(run)
     statuses = {x["status"] for x in runs}
     if failed:
-        status, reason = "failed", "; ".join(failed)
+        status, reason = "failed", "; ".join(failed + inconclusive)
+    elif inconclusive:
+        status, reason = "inconclusive", "; ".join(inconclusive)
     elif statuses <= {"skipped"}:
         status, reason = "skipped", "; ".join(sorted({x["reason"] for x in runs})) or "no run"
+        if not runs and r.meta.get("stopped"):
+            reason = "not run: the check stopped early (" + r.meta["stopped"] + ")"
     else:
         status, reason = "ok", ""
     return {"status": status, "reason": reason, "runs": runs}
@@ -365,16 +454,26 @@ def sanitizer(r):
 
 def build(out):
     r = Report(out)
-    doc, nccl = doctor(r)
-    sections = {"environment": environment(r), "doctor": doc, "step_vs_torch": step_vs_torch(r), "attention": attention(r),
-                "hf_logits": hf_logits(r), "tests": tests(r), "sanitizer": sanitizer(r), "nccl": nccl_section(nccl)}
+
+    def guarded(name, fn, *args):  # a figure this script cannot read fails its section, named; the rest still report
+        try:
+            return fn(*args)
+        except Exception as e:
+            return {"status": "failed", "reason": f"report.py could not read the {name} figures ({type(e).__name__}: {e})"[:600]}
+
+    got = guarded("doctor", doctor, r)
+    doc, nccl = got if isinstance(got, tuple) else (got, None)
+    sections = {"environment": guarded("environment", environment, r), "doctor": doc, "step_vs_torch": guarded("step_vs_torch", step_vs_torch, r),
+                "attention": guarded("attention", attention, r), "hf_logits": guarded("hf_logits", hf_logits, r),
+                "tests": guarded("tests", tests, r), "sanitizer": guarded("sanitizer", sanitizer, r), "nccl": guarded("nccl", nccl_section, nccl)}
     finished = r.meta.get("finished", time.time())
     report = {"gpu_check": {"dry": r.meta.get("dry"), "layout": r.meta.get("layout"), "host": r.meta.get("host"),
                             "multinorm": r.meta.get("version"),
                             "gpu": r.meta.get("gpu_name"), "only": r.meta.get("only") or None,
                             "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(r.meta.get("started", 0))),
-                            "wall_s": finished - r.meta.get("started", finished), "budget_s": r.meta.get("budget_s")},
-              "ok": not any(s["status"] == "failed" for s in sections.values()),
+                            "wall_s": finished - r.meta.get("started", finished), "budget_s": r.meta.get("budget_s"),
+                            "stopped": r.meta.get("stopped") or None},
+              "ok": not r.meta.get("stopped") and not any(s["status"] == "failed" for s in sections.values()),
               "sections": sections, "steps": r.steps}
     return report
 
@@ -405,39 +504,50 @@ def markdown(rep):
     md = [f"# gpu_check: {'ok' if rep['ok'] else 'FAILED'}", "",
           f"{g['multinorm'] or 'multinorm'}; {g['started']}, {g['wall_s']:.0f} s of a {g['budget_s']} s budget; host {g['host']}, GPU {g['gpu'] or '—'}, "
           f"{g['layout']} layout{', DRY RUN (the emulated plugin, PyTorch on the CPU, tiny shapes: no figure here is a GPU' + chr(39) + 's)' if g['dry'] else ''}"
-          f"{', only ' + g['only'] if g['only'] else ''}.", "", "## Sections", ""]
-    md += table(["section", "status", "why"], [[k, v["status"], v.get("reason", "")] for k, v in s.items()])
+          f"{', only ' + g['only'] if g['only'] else ''}.", ""]
+    if g.get("stopped"):
+        md += [f"**Stopped early: {g['stopped']}.** The sections after the environment did not run.", ""]
+    md += ["## Sections", ""]
+    md += table(["section", "status", "why"], [[k, v.get("status"), v.get("reason", "")] for k, v in s.items()])
     st = s["step_vs_torch"]
     md += ["", "## Training step against PyTorch (same GPU, same model and micro-batch)", "",
-           f"{st['flops']}; peak {fmt(st['peak_tflops'])} TFLOP/s ({st['peak_source']}).", ""]
-    md += table(["model", "B x T", "ours tokens/s", "ours MFU", "PyTorch eager (SDPA) tokens/s", "MFU", "ours / eager",
-                 "torch.compile tokens/s", "MFU", "ours / compile"],
-                [[x["model"], f"{x['batch']} x {x['seq']}", fmt(x.get("ours_tokens_per_s")), pct(x.get("ours_mfu")),
+           f"{st.get('flops', '—')}; peak {fmt(st.get('peak_tflops'))} TFLOP/s ({st.get('peak_source', '—')}). "
+           "Forward and backward of one micro-batch, no optimizer update (its MFU is not the doctor's below); "
+           "ours replayed from CUDA graphs, as the trainer runs it.", ""]
+    md += table(["model", "B x T", "ours tokens/s", "ours MFU (fwd+bwd, no optimizer)", "PyTorch eager (SDPA) tokens/s", "MFU (no optimizer)",
+                 "ours / eager", "torch.compile (per block) tokens/s", "MFU (no optimizer)", "ours / compile"],
+                [[x.get("model"), f"{x.get('batch')} x {x.get('seq')}", fmt(x.get("ours_tokens_per_s")), pct(x.get("ours_mfu")),
                   fmt(x.get("torch_eager_tokens_per_s")), pct(x.get("torch_eager_mfu")), fmt(x.get("ratio_to_torch_eager")),
-                  fmt(x.get("torch_compile_tokens_per_s")) if "torch_compile_tokens_per_s" in x else "failed: " + x.get("torch_compile_error", "—")[:120],
-                  pct(x.get("torch_compile_mfu")), fmt(x.get("ratio_to_torch_compile"))] for x in st["rows"]])
+                  fmt(x.get("torch_compile_tokens_per_s")) if "torch_compile_tokens_per_s" in x else "failed: " + str(x.get("torch_compile_error", "—"))[:120],
+                  pct(x.get("torch_compile_mfu")), fmt(x.get("ratio_to_torch_compile"))] for x in st.get("rows", [])])
     at = s["attention"]
-    md += ["", "## Attention against scaled_dot_product_attention (TFLOP/s)", "", at["flops"] + ".", ""]
-    md += table(["B x H x T x D", "ours fwd", "SDPA fwd", "ours / SDPA", "ours fwd+bwd", "SDPA fwd+bwd", "ours / SDPA", "FA2 fwd+bwd", "ours / FA2"],
-                [[f"{x['batch']} x {x['heads']} x {x['seq']} x {x['head_dim']}", fmt(x.get("ours_forward_tflops")),
+    md += ["", "## Attention against scaled_dot_product_attention (TFLOP/s)", "", at.get("flops", "—") + ". "
+           "SDPA: the kernel PyTorch picks (named); FA2 and cuDNN: that kernel forced.", ""]
+    md += table(["B x H x T x D", "ours fwd", "SDPA fwd", "ours / SDPA", "ours fwd+bwd", "SDPA fwd+bwd", "ours / SDPA", "SDPA picked",
+                 "FA2 fwd+bwd", "ours / FA2", "cuDNN fwd+bwd", "ours / cuDNN"],
+                [[f"{x.get('batch')} x {x.get('heads')} x {x.get('seq')} x {x.get('head_dim')}", fmt(x.get("ours_forward_tflops")),
                   fmt(x.get("torch_forward_tflops")), fmt(x.get("ratio_forward_to_torch")), fmt(x.get("ours_forward_backward_tflops")),
-                  fmt(x.get("torch_forward_backward_tflops")), fmt(x.get("ratio_forward_backward_to_torch")),
-                  fmt(x.get("flash_forward_backward_tflops")), fmt(x.get("ratio_forward_backward_to_flash"))] for x in at["rows"]])
+                  fmt(x.get("torch_forward_backward_tflops")), fmt(x.get("ratio_forward_backward_to_torch")), x.get("torch_sdpa_backend", "—"),
+                  fmt(x.get("flash_forward_backward_tflops")) if "flash_error" not in x else "n/a: " + str(x["flash_error"])[:80],
+                  fmt(x.get("ratio_forward_backward_to_flash")),
+                  fmt(x.get("cudnn_forward_backward_tflops")) if "cudnn_error" not in x else "n/a: " + str(x["cudnn_error"])[:80],
+                  fmt(x.get("ratio_forward_backward_to_cudnn"))] for x in at.get("rows", [])])
     md += doctor_markdown(s["doctor"])
     h = s["hf_logits"]
-    md += ["", "## Exported llama_60m loaded by transformers", "", f"status {h['status']}{': ' + h['reason'] if h.get('reason') else ''}."]
-    for label, d in (("transformers", h), ("fallback (" + h.get("fallback", {}).get("against", "") + ")", h.get("fallback"))):
-        if d and "relative_error" in d:
+    md += ["", "## Exported llama_60m loaded by transformers", "", f"status {h.get('status')}{': ' + h['reason'] if h.get('reason') else ''}."]
+    fallback = h.get("fallback") if isinstance(h.get("fallback"), dict) else {}
+    for label, d in (("transformers", h), ("fallback (" + str(fallback.get("against", "")) + ")", fallback)):
+        if d and all(finite(d.get(k)) for k in ("relative_error", "bound", "max_abs_error", "max_abs_logit", "argmax_agreement")):
             md += ["", f"{label}: {d.get('tokens', h.get('tokens'))} tokens, relative error {d['relative_error']:.3e} (bound {d['bound']:g}), "
                        f"max abs error {d['max_abs_error']:.3e} of logits up to {d['max_abs_logit']:.3g}, argmax agreement {pct(d['argmax_agreement'])}."]
     t = s["tests"]
-    md += ["", "## CUDA tests", "", f"status {t['status']}: {t.get('passed', '—')} passed, {t.get('failed', '—')} failed, "
+    md += ["", "## CUDA tests", "", f"status {t.get('status')}: {t.get('passed', '—')} passed, {t.get('failed', '—')} failed, "
                                      f"{t.get('skipped', '—')} skipped of {t.get('tests', '—')}{'; failing: ' + ', '.join(t['failing']) if t.get('failing') else ''}."]
-    md += ["", "## compute-sanitizer", ""]
-    md += table(["tool", "target", "status", "errors", "why"],
-                [[x["tool"], x["target"], x["status"], fmt(x.get("errors")), x["reason"]] for x in s["sanitizer"]["runs"]])
+    md += ["", "## compute-sanitizer", "", f"status {s['sanitizer'].get('status')}{': ' + s['sanitizer']['reason'] if s['sanitizer'].get('reason') else ''}.", ""]
+    md += table(["tool", "target", "status", "errors", "warnings", "why"],
+                [[x["tool"], x["target"], x["status"], fmt(x.get("errors")), fmt(x.get("warnings")), x["reason"]] for x in s["sanitizer"].get("runs", [])])
     n = s["nccl"]
-    md += ["", "## NCCL", "", f"status {n['status']}{': ' + n['reason'] if n.get('reason') else ''}."]
+    md += ["", "## NCCL", "", f"status {n.get('status')}{': ' + n['reason'] if n.get('reason') else ''}."]
     if n.get("collectives"):
         md += [""] + table(["collective", "MB", "bus GB/s", "exact"],
                            [[c["name"], fmt((c["bytes"] or 0) / 1e6), fmt(c["bus_bandwidth_gbs"]), c["exact"]] for c in n["collectives"]])
@@ -451,16 +561,19 @@ def markdown(rep):
 
 
 def doctor_markdown(d):
-    md = ["", "## multinorm doctor", "", f"status {d['status']}{': ' + d['reason'] if d.get('reason') else ''}.", ""]
-    md += table(["model", "checks", "failed", "B x T", "tokens/s", "MFU", "graphs speed-up", "host waits / drains a step (trainer)",
-                 "eager waits / drains"],
-                [[m["model"], m["checks"], m["failed"], f"{m.get('step', {}).get('batch', '—')} x {m.get('step', {}).get('seq', '—')}",
+    md = ["", "## multinorm doctor", "", f"status {d.get('status')}{': ' + d['reason'] if d.get('reason') else ''}. "
+          "Its MFU is of a whole training step as the trainer runs it (micro-batch B x T below, forward, backward and the "
+          "optimizer update): not the step table's above (forward and backward of its micro-batch only).", ""]
+    models = d.get("models", [])
+    md += table(["model", "checks", "failed", "B x T", "tokens/s", "MFU (step with the update)", "graphs speed-up",
+                 "host waits / drains a step (trainer)", "eager waits / drains"],
+                [[m.get("model"), m.get("checks"), m.get("failed"), f"{m.get('step', {}).get('batch', '—')} x {m.get('step', {}).get('seq', '—')}",
                   fmt(m.get("step", {}).get("tokens_per_s")), pct(m.get("step", {}).get("mfu")), fmt(m.get("step", {}).get("graph_speedup")),
                   f"{m.get('step', {}).get('host_waits_per_step', '—')} / {m.get('step', {}).get('host_drains_per_step', '—')}",
                   f"{m.get('step', {}).get('host_waits_per_step_eager', '—')} / {m.get('step', {}).get('host_drains_per_step_eager', '—')}"]
-                 for m in d["models"]])
-    for m in d["models"]:
-        for c in m["failing"]:
+                 for m in models])
+    for m in models:
+        for c in m.get("failing", []):
             md += ["", f"- FAILED {m['model']} {c['section']} {c['name']} ({c['dtype']}): error {fmt(c['error'])} (bound {fmt(c['bound'])}) {c['failure']}"]
         k = m.get("step", {}).get("kernels", [])
         if k:

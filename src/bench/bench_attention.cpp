@@ -7,7 +7,9 @@
 // 4 x B x H x D x T(T+1)/2; the backward counts 2.5x the forward (five products to the forward's two,
 // the recomputation of S not counted). FlashAttention's own benchmark divides T^2 by 2 instead of
 // T(T+1): 0.4% fewer at T = 256.
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <random>
@@ -24,6 +26,11 @@ namespace multinorm {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// The inputs: a block of N(0, 1) draws, uploaded once as FP32 and converted into the buffer tile by
+// tile (the host never writes device memory directly). Drawing every element with
+// std::normal_distribution took seconds a shape at 16k tokens of width 2048 (134M draws on one core).
+constexpr int64_t kFillBlock = int64_t{1} << 20;
 
 // The operands of one attention call, in the backend's memory.
 struct AttentionOperands {
@@ -52,42 +59,105 @@ struct AttentionOperands {
     owned.push_back(be.allocate(bytes));
     return owned.back();
   }
-  // N(0, 1) drawn on the host, uploaded as FP32 and converted where the buffer is: the host never
-  // writes device memory directly.
   void fill_normal(Buf dst, int64_t n, uint32_t seed) {
-    std::vector<float> host(static_cast<size_t>(n));
+    const int64_t m = std::min(n, kFillBlock);
+    std::vector<float> host(static_cast<size_t>(m));
     std::mt19937 gen(seed);
     std::normal_distribution<float> d(0.0f, 1.0f);
     for (float& x : host) x = d(gen);
-    void* staging = be.allocate(n * 4);
-    be.to_device(staging, host.data(), n * 4);
-    be.convert(dst, Buf{staging, DType::F32}, n);
+    void* staging = be.allocate(m * 4);
+    be.to_device(staging, host.data(), m * 4);
+    for (int64_t at = 0; at < n; at += m) be.convert(dst.at(at), Buf{staging, DType::F32}, std::min(m, n - at));
     be.queue().wait_all();
     be.release(staging);
   }
 };
 
-// Seconds per call of fn, over `steps` calls queued back to back: the queue drained before, a fence
-// after the last call waited for (a device backend's launches return before they run).
-double seconds_per_call(Backend& be, int64_t steps, const std::function<void()>& fn) {
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// One call of fn, waited for (a device backend's launches return before they run): its seconds.
+double one_call(Backend& be, const std::function<void()>& fn) {
   WorkQueue& q = be.queue();
   q.wait_all();
   const auto t0 = Clock::now();
-  for (int64_t i = 0; i < steps; ++i) fn();
+  fn();
   q.wait(q.fence());
-  return std::chrono::duration<double>(Clock::now() - t0).count() / static_cast<double>(steps);
+  return since(t0);
 }
 
-void check_options(const AttentionBenchOptions& o) {
+// Untimed calls until both at least `calls` ran and at least `seconds` passed; how many ran.
+int64_t warm_up(Backend& be, int64_t calls, double seconds, const std::function<void()>& fn) {
+  const auto t0 = Clock::now();
+  int64_t n = 0;
+  while (n < calls || since(t0) < seconds) one_call(be, fn), ++n;
+  return n;
+}
+
+// Seconds per call of fn over a window of calls queued back to back (the queue drained before, a
+// fence after the last call waited for) of at least min_calls and at least min_seconds, so a window
+// of short kernels is not a few launches' latency: sized from one call timed alone, and timed again,
+// longer, while it comes out short.
+double seconds_per_call(Backend& be, int64_t min_calls, double min_seconds, const std::function<void()>& fn, int64_t& calls) {
+  constexpr int64_t kMaxCalls = 100000;
+  const double single = one_call(be, fn);
+  calls = std::min<int64_t>(kMaxCalls, std::max<int64_t>(min_calls, static_cast<int64_t>(std::ceil(min_seconds / std::max(single, 1e-7)))));
+  WorkQueue& q = be.queue();
+  for (;;) {
+    q.wait_all();
+    const auto t0 = Clock::now();
+    for (int64_t i = 0; i < calls; ++i) fn();
+    q.wait(q.fence());
+    const double window = since(t0);
+    if (window >= min_seconds || calls >= kMaxCalls) return window / static_cast<double>(calls);
+    calls = std::min<int64_t>(kMaxCalls, std::max<int64_t>(calls + 1, static_cast<int64_t>(std::ceil(1.2 * calls * min_seconds / std::max(window, 1e-9)))));
+  }
+}
+
+struct Shape {
+  int64_t B, H, T, D;
+};
+
+// --shapes BxHxTxD,... (the option may repeat), else the single shape of --batch/--heads/--seq/--head-dim.
+std::vector<Shape> shapes_of(const AttentionBenchOptions& o) {
+  if (o.shapes.empty()) return {{o.batch, o.heads, o.seq, o.head_dim}};
+  std::vector<Shape> out;
+  for (const std::string& s : o.shapes) {
+    int64_t v[4] = {0, 0, 0, 0};
+    size_t at = 0;
+    int k = 0;
+    for (; k < 4; ++k) {
+      size_t used = 0;
+      try {
+        v[k] = std::stoll(s.substr(at), &used);
+      } catch (const std::exception&) {
+        break;
+      }
+      at += used;
+      if (k < 3) {
+        if (at >= s.size() || (s[at] != 'x' && s[at] != 'X')) break;
+        ++at;
+      }
+    }
+    if (k < 4 || at != s.size())
+      throw ConfigError("bench attention --shapes: '" + s + "' is not BATCHxHEADSxSEQxHEAD_DIM (e.g. 16x32x1024x64)");
+    out.push_back({v[0], v[1], v[2], v[3]});
+  }
+  return out;
+}
+
+void check_options(const AttentionBenchOptions& o, const std::vector<Shape>& shapes) {
   auto positive = [](int64_t v, const char* option) {
     if (v < 1) throw ConfigError(std::string("bench attention: ") + option + " must be at least 1 (got " + std::to_string(v) + ")");
   };
-  positive(o.batch, "--batch");
-  positive(o.heads, "--heads");
-  positive(o.seq, "--seq");
-  positive(o.head_dim, "--head-dim");
+  for (const Shape& s : shapes) {
+    positive(s.B, "--batch");
+    positive(s.H, "--heads");
+    positive(s.T, "--seq");
+    positive(s.D, "--head-dim");
+  }
   positive(o.steps, "--steps");
   if (o.warmup < 0) throw ConfigError("bench attention: --warmup must not be negative (got " + std::to_string(o.warmup) + ")");
+  if (!(o.warmup_ms >= 0) || !(o.min_ms >= 0)) throw ConfigError("bench attention: --warmup-ms and --min-ms must not be negative");
 }
 
 }  // namespace
@@ -98,38 +168,48 @@ double attention_forward_flops(int64_t B, int64_t H, int64_t T, int64_t D) {
 }
 
 void bench_attention(const AttentionBenchOptions& o) {
-  check_options(o);
+  const std::vector<Shape> shapes = shapes_of(o);
+  check_options(o, shapes);
   const DType dt = parse_dtype(o.precision);
-  const int64_t B = o.batch, H = o.heads, T = o.seq, D = o.head_dim;
   auto be = make_backend(choose_backend(o.backend), o.threads);
-  AttentionOperands a(*be, dt, B, T, H, D);
-  auto forward = [&] { be->attention_forward(a.out, a.lse, a.qkv, B, T, H, D); };
-  auto forward_backward = [&] {
-    forward();
-    be->attention_backward(a.dqkv, a.dout, a.qkv, a.out, a.lse, B, T, H, D);
-  };
-  for (int64_t i = 0; i < o.warmup; ++i) forward_backward();
-  const double fwd_s = seconds_per_call(*be, o.steps, forward);
-  const double fb_s = seconds_per_call(*be, o.steps, forward_backward);
-  const double fwd_flops = attention_forward_flops(B, H, T, D), bwd_flops = 2.5 * fwd_flops;
-  const double fwd_tflops = fwd_flops / fwd_s / 1e12, fb_tflops = (fwd_flops + bwd_flops) / fb_s / 1e12;
-  const double bwd_s = fb_s - fwd_s;
-  if (o.json) {
-    const json j = {{"backend", be->name()}, {"batch", B}, {"heads", H}, {"seq", T}, {"head_dim", D}, {"precision", o.precision},
-                    {"causal", true}, {"steps", o.steps}, {"warmup", o.warmup}, {"forward_s", fwd_s}, {"forward_backward_s", fb_s},
-                    {"forward_flops", fwd_flops}, {"backward_flops", bwd_flops}, {"forward_tflops", fwd_tflops},
-                    {"forward_backward_tflops", fb_tflops}, {"backward_tflops", bwd_s > 0 ? bwd_flops / bwd_s / 1e12 : 0.0},
-                    {"flops", "causal: 4 B H D T(T+1)/2 forward, 2.5x that backward (FlashAttention's convention)"}};
-    std::printf("%s\n", j.dump(2).c_str());
-    return;
+  for (const Shape& shape : shapes) {
+    const int64_t B = shape.B, H = shape.H, T = shape.T, D = shape.D;
+    AttentionOperands a(*be, dt, B, T, H, D);
+    auto forward = [&] { be->attention_forward(a.out, a.lse, a.qkv, B, T, H, D); };
+    auto forward_backward = [&] {
+      forward();
+      be->attention_backward(a.dqkv, a.dout, a.qkv, a.out, a.lse, B, T, H, D);
+    };
+    const auto w0 = Clock::now();
+    const int64_t warmup_calls = warm_up(*be, o.warmup, o.warmup_ms / 1e3, forward_backward);
+    const double warmup_s = since(w0);
+    int64_t fwd_calls = 0, fb_calls = 0;
+    const double fwd_s = seconds_per_call(*be, o.steps, o.min_ms / 1e3, forward, fwd_calls);
+    const double fb_s = seconds_per_call(*be, o.steps, o.min_ms / 1e3, forward_backward, fb_calls);
+    const double fwd_flops = attention_forward_flops(B, H, T, D), bwd_flops = 2.5 * fwd_flops;
+    const double fwd_tflops = fwd_flops / fwd_s / 1e12, fb_tflops = (fwd_flops + bwd_flops) / fb_s / 1e12;
+    const double bwd_s = fb_s - fwd_s;
+    if (o.json) {  // one line per shape
+      const json j = {{"backend", be->name()}, {"batch", B}, {"heads", H}, {"seq", T}, {"head_dim", D}, {"precision", o.precision},
+                      {"causal", true}, {"forward_calls", fwd_calls}, {"forward_backward_calls", fb_calls}, {"warmup_calls", warmup_calls},
+                      {"warmup_s", warmup_s}, {"forward_s", fwd_s}, {"forward_backward_s", fb_s},
+                      {"forward_flops", fwd_flops}, {"backward_flops", bwd_flops}, {"forward_tflops", fwd_tflops},
+                      {"forward_backward_tflops", fb_tflops}, {"backward_tflops", bwd_s > 0 ? bwd_flops / bwd_s / 1e12 : 0.0},
+                      {"flops", "causal: 4 B H D T(T+1)/2 forward, 2.5x that backward (FlashAttention's convention)"}};
+      std::printf("%s\n", j.dump().c_str());
+      std::fflush(stdout);  // a caller that stops this keeps the shapes done
+      continue;
+    }
+    std::printf("bench attention: backend %s, batch %lld x %lld heads x %lld positions x head dim %lld, %s, causal; "
+                "%lld + %lld calls after %lld warm-up (%.0f ms)\n",
+                be->name().c_str(), (long long)B, (long long)H, (long long)T, (long long)D, o.precision.c_str(), (long long)fwd_calls,
+                (long long)fb_calls, (long long)warmup_calls, warmup_s * 1e3);
+    std::printf("  forward            %12.3f ms   %9.3f TFLOP/s\n", fwd_s * 1e3, fwd_tflops);
+    std::printf("  forward+backward   %12.3f ms   %9.3f TFLOP/s\n", fb_s * 1e3, fb_tflops);
+    std::printf("  backward (the difference) %5.3f ms   %9.3f TFLOP/s\n", bwd_s * 1e3, bwd_s > 0 ? bwd_flops / bwd_s / 1e12 : 0.0);
+    std::printf("  FLOPs: causal, 4 x B x H x D x T(T+1)/2 = %.4g forward, 2.5x that backward (FlashAttention's convention)\n", fwd_flops);
+    std::fflush(stdout);
   }
-  std::printf("bench attention: backend %s, batch %lld x %lld heads x %lld positions x head dim %lld, %s, causal; %lld calls after %lld warm-up\n",
-              be->name().c_str(), (long long)B, (long long)H, (long long)T, (long long)D, o.precision.c_str(), (long long)o.steps,
-              (long long)o.warmup);
-  std::printf("  forward            %12.3f ms   %9.3f TFLOP/s\n", fwd_s * 1e3, fwd_tflops);
-  std::printf("  forward+backward   %12.3f ms   %9.3f TFLOP/s\n", fb_s * 1e3, fb_tflops);
-  std::printf("  backward (the difference) %5.3f ms   %9.3f TFLOP/s\n", bwd_s * 1e3, bwd_s > 0 ? bwd_flops / bwd_s / 1e12 : 0.0);
-  std::printf("  FLOPs: causal, 4 x B x H x D x T(T+1)/2 = %.4g forward, 2.5x that backward (FlashAttention's convention)\n", fwd_flops);
 }
 
 }  // namespace multinorm

@@ -135,6 +135,8 @@ struct ModelBench {
   int threads = 0;
   std::string backend, engine, torch_mode = "not measured";
   bool host_memory = true, split_heads = false;
+  int64_t warmup = 0, graph_replays = 0, profile_steps = 1;  // timed steps replayed from a CUDA graph; steps the per-op profile sums
+  std::string graphs_gave_up;
   double flops_token = 0, train_s = 0, fwd_s = 0, gemm_gflops = 0, ratio = 0, torch_tps = 0;
   std::vector<double> ratios;
   OpProfile profile;
@@ -182,8 +184,17 @@ void time_steps_against_gemms(ModelBench& r, Backend& be, LlamaModel& model, con
     }
     return s;
   };
-  for (int64_t i = 0; i < o.warmup; ++i) model.forward_backward(mb, 1.0f / BT);
-  model.profile().enabled = true;
+  // A device backend's steps are timed as the trainer runs them: replayed from a CUDA graph, with no
+  // per-op profiling (that waits for the GPU around every op and runs the step eagerly, launch by
+  // launch); its per-op profile is a separate untimed step below. The CPU backend's ops are
+  // synchronous, so its timed steps are profiled as they run.
+  const bool device = !be.host_memory();
+  if (device) model.set_graphs(true);
+  const int64_t warmup = device ? std::max<int64_t>(o.warmup, 2) : o.warmup;  // eager, then captured: the timed steps replay
+  r.warmup = warmup;
+  for (int64_t i = 0; i < warmup; ++i) model.forward_backward(mb, 1.0f / BT);
+  const int64_t replays_before = model.graphs().replays();
+  model.profile().enabled = !device;
   model.profile().reset();
   double train_total = 0, gemm_total = 0;
   for (int64_t i = 0; i < o.steps; ++i) {
@@ -201,6 +212,16 @@ void time_steps_against_gemms(ModelBench& r, Backend& be, LlamaModel& model, con
   r.ratio = r.ratios.size() % 2 ? r.ratios[half] : (r.ratios[half - 1] + r.ratios[half]) / 2;
   r.train_s = train_total / o.steps;
   r.gemm_gflops = gemm_flops / (gemm_total / o.steps) / 1e9;
+  r.graph_replays = model.graphs().replays() - replays_before;
+  r.graphs_gave_up = model.graphs().gave_up();
+  if (device) {  // the per-op profile: one more step, eager, each op waited for (not timed above)
+    model.profile().enabled = true;
+    model.profile().reset();
+    model.forward_backward(mb, 1.0f / BT);
+    r.profile_steps = 1;
+  } else {
+    r.profile_steps = o.steps;
+  }
   r.profile = model.profile();
   model.profile().enabled = false;
   const auto t0 = Clock::now();
@@ -258,7 +279,12 @@ void print_json(const ModelBench& r, const ModelBenchOptions& o) {
     j["kernels"].push_back({{"name", k.name}, {"launches", k.launches}, {"ms", k.ms}, {"bytes", k.bytes}, {"flops", k.flops},
                             {"predicted_ms_" + r.peak->name, k.predicted_s * 1e3}});
   if (!r.kernels.empty()) j["mfu_" + r.peak->name] = r.gflops() * 1e9 / (r.peak->bf16_tflops * 1e12);
-  for (size_t i = 0; i < r.profile.seconds.size(); ++i) j["profile_s"][op_name(static_cast<Op>(i))] = r.profile.seconds[i] / o.steps;
+  if (!r.host_memory) {
+    j["timed"] = "CUDA graphs as the trainer runs them, no per-op profiling; profile_s: one more step, eager, each op waited for";
+    j["cuda_graph_replays"] = r.graph_replays;  // of the timed steps (o.steps when every one replayed)
+    if (!r.graphs_gave_up.empty()) j["cuda_graphs_gave_up"] = r.graphs_gave_up;
+  }
+  for (size_t i = 0; i < r.profile.seconds.size(); ++i) j["profile_s"][op_name(static_cast<Op>(i))] = r.profile.seconds[i] / r.profile_steps;
   std::printf("%s\n", j.dump(2).c_str());
 }
 
@@ -279,7 +305,7 @@ void print_kernels(const ModelBench& r) {
 
 void print_text(const ModelBench& r, const ModelBenchOptions& o) {
   std::printf("bench model: %s, micro-batch %lld x %lld, %s, backend %s, %d threads, %lld steps after %lld warm-up\n", r.cfg.name.c_str(),
-              (long long)r.B, (long long)r.T, o.precision.c_str(), r.backend.c_str(), r.threads, (long long)o.steps, (long long)o.warmup);
+              (long long)r.B, (long long)r.T, o.precision.c_str(), r.backend.c_str(), r.threads, (long long)o.steps, (long long)r.warmup);
   std::printf("  %.1f MFLOP per token (6 x %lld GEMM params + 12 x L x T x C)\n", r.flops_token / 1e6, (long long)r.gemm_params);
   std::printf("  forward            %9.3f s   %10.0f tokens/s\n", r.fwd_s, r.B * r.T / r.fwd_s);
   std::printf("  backward           %9.3f s\n", r.bwd_s());
@@ -300,11 +326,14 @@ void print_text(const ModelBench& r, const ModelBenchOptions& o) {
                 r.split_heads ? " (heads split over threads: S and dP again in a query pass)" : "");
   }
   if (!r.kernels.empty()) print_kernels(r);
+  if (!r.host_memory)
+    std::printf("  train step timed replaying CUDA graphs (%lld of %lld steps replayed%s%s); the ops below: one more step, eager, each op waited for\n",
+                (long long)r.graph_replays, (long long)o.steps, r.graphs_gave_up.empty() ? "" : "; graphs gave up: ", r.graphs_gave_up.c_str());
   std::printf("  where a training step's time goes:\n");
   double total = 0;
   for (double s : r.profile.seconds) total += s;
   for (size_t i = 0; i < r.profile.seconds.size(); ++i)
-    std::printf("    %-14s %8.4f s  %5.1f%%\n", op_name(static_cast<Op>(i)), r.profile.seconds[i] / o.steps, 100.0 * r.profile.seconds[i] / total);
+    std::printf("    %-14s %8.4f s  %5.1f%%\n", op_name(static_cast<Op>(i)), r.profile.seconds[i] / r.profile_steps, 100.0 * r.profile.seconds[i] / total);
 }
 
 }  // namespace

@@ -70,14 +70,20 @@ void add_bench_command(CLI::App& app) {
   auto* attention = bench->add_subcommand("attention", "The causal attention kernels alone: forward and forward + backward, TFLOP/s");
   attention->footer(
       "FLOPs as FlashAttention counts them: 4 x B x H x D x T(T+1)/2 forward, 2.5x that backward.\n"
+      "Several shapes in one process: --shapes 64x32x256x64,16x32x1024x64 (with --json, a JSON line a shape).\n"
       "Example: multinorm bench attention --backend cuda --batch 16 --heads 32 --seq 1024 --head-dim 64");
   static AttentionBenchOptions at;
   attention->add_option("--batch", at.batch, "sequences");
   attention->add_option("--heads", at.heads, "attention heads");
   attention->add_option("--seq", at.seq, "positions per sequence (T)");
   attention->add_option("--head-dim", at.head_dim, "channels per head (D; the tensor-core kernels take 64 and 128)");
-  attention->add_option("--steps", at.steps, "timed calls of each (forward; forward + backward)");
-  attention->add_option("--warmup", at.warmup, "untimed forward + backward calls first");
+  attention->add_option("--shapes", at.shapes, "BATCHxHEADSxSEQxHEAD_DIM, comma-separated or repeated: every shape in this process "
+                                              "(instead of --batch/--heads/--seq/--head-dim)")
+      ->delimiter(',');
+  attention->add_option("--steps", at.steps, "timed calls of each (forward; forward + backward), at least");
+  attention->add_option("--warmup", at.warmup, "untimed forward + backward calls first, at least");
+  attention->add_option("--warmup-ms", at.warmup_ms, "... and at least this many milliseconds of them, per shape");
+  attention->add_option("--min-ms", at.min_ms, "each timed window at least this many milliseconds (more calls than --steps)");
   attention->add_option("--threads", at.threads, "CPU threads (0: all cores)");
   attention->add_option("--backend", at.backend, "cpu, cuda or auto");
   attention->add_option("--precision", at.precision, "bf16 or fp32")->check(CLI::IsMember({"bf16", "fp32"}));
