@@ -1,6 +1,6 @@
 // Causal attention on tensor cores (mma.sync m16n8k16, BF16 in, FP32 accumulate): FlashAttention-2's
 // algorithm, as the SIMT kernels of attention.cu, for BF16 storage and head sizes 64 and 128.
-// Forward: a block of 4 warps takes 64 queries (16 per warp) and streams 64-key tiles of K and V
+// Forward: a block of 8 warps takes 128 queries (16 per warp) and streams 64-key tiles of K and V
 // through shared memory; S = Q K^T and O += P V are warp-level mma's, the online softmax runs on the
 // accumulator fragments, and P goes from S's accumulators to the A operand of P V in registers
 // (warp_matrix.cuh). Backward, deterministic, no atomics: one kernel per 64 keys (dK, dV; streams
@@ -36,7 +36,9 @@ namespace multinorm::cuda {
 namespace {
 
 constexpr int kWarps = 4, kThreads = 32 * kWarps;
-constexpr int kBlockRows = 16 * kWarps;  // queries (forward, dQ) or keys (dK/dV) per block
+constexpr int kBlockRows = 16 * kWarps;  // queries (dQ) or keys (dK/dV) per backward block
+constexpr int kFwdWarps = 8, kFwdThreads = 32 * kFwdWarps;
+constexpr int kFwdRows = 16 * kFwdWarps;  // queries per forward block: 8 warps share each K/V tile
 
 // Rows [row0, row0 + rows) of one head's section (`base` points at row 0's first element of it;
 // rows `stride` elements apart) into a [rows][D + 8] shared tile by cp.async, 16 bytes at a time:
@@ -45,7 +47,7 @@ constexpr int kBlockRows = 16 * kWarps;  // queries (forward, dQ) or keys (dK/dV
 template <int D>
 __device__ __forceinline__ void copy_rows_async(bf16* tile, const bf16* base, int64_t stride, int64_t row0, int rows, int64_t T_) {
   constexpr int kChunks = D / 8, kLd = D + 8;
-  for (int k = threadIdx.x; k < rows * kChunks; k += kThreads) {
+  for (int k = threadIdx.x; k < rows * kChunks; k += blockDim.x) {
     const int r = k / kChunks, c = k % kChunks;
     const bool valid = row0 + r < T_;
     cp_async_16(tile + r * kLd + c * 8, base + (valid ? (row0 + r) * stride : 0) + c * 8, valid);
@@ -132,9 +134,10 @@ __device__ __forceinline__ int live_column_tiles(int64_t last_row, int64_t k0, i
 }
 
 // ---- forward ----------------------------------------------------------------------------------
-// grid (ceil(T / 64), B * H), 128 threads; shared: four [64][D + 8] regions, R0 = Q, then two K/V
-// buffers, (R1, R2) and (R0, R3): once every warp holds its Q fragments (one more barrier, at the
-// first tile), Q's region takes the second buffer's K (36.9 / 69.6 KB at D = 64 / 128).
+// grid (ceil(T / 128), B * H), 256 threads (8 warps of 16 queries: each K/V tile is loaded once for
+// 128 queries); shared: Q [128][D + 8], then the first K/V buffer [64][D + 8] x 2; once every warp
+// holds its Q fragments (one more barrier, at the first tile), Q's region is the second buffer's K
+// and V (36.9 / 69.6 KB at D = 64 / 128).
 // scale2 = log2 e / sqrt(D): S is kept in the log2 domain (m too); lse is written in natural log.
 template <int D>
 __global__ void attention_forward_mma_kernel(bf16* out, float* lse, const bf16* qkv, int64_t T_, int H, float scale2) {
@@ -142,18 +145,18 @@ __global__ void attention_forward_mma_kernel(bf16* out, float* lse, const bf16* 
   MN_DYNAMIC_SHARED(bf16, smem);
   bf16* qs = smem;
   // buffer i's K and V (selects, not arrays: a runtime index into an array of pointers spills it)
-  auto kbuf = [&](int i) { return i ? smem : smem + kBlockRows * kLd; };
-  auto vbuf = [&](int i) { return smem + (i ? 3 : 2) * kBlockRows * kLd; };
+  auto kbuf = [&](int i) { return smem + (i ? 0 : 2 * kKeys) * kLd; };
+  auto vbuf = [&](int i) { return smem + (i ? 1 : 3) * kKeys * kLd; };
   const int b = blockIdx.y / H, h = blockIdx.y % H;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int64_t C = int64_t(H) * D, stride = 3 * C;
   const bf16* q_base = qkv + int64_t(b) * T_ * stride + h * D;
-  const int64_t q0 = int64_t(gridDim.x - 1 - blockIdx.x) * kBlockRows, w0 = q0 + 16 * warp;  // the longest rows first
+  const int64_t q0 = int64_t(gridDim.x - 1 - blockIdx.x) * kFwdRows, w0 = q0 + 16 * warp;  // the longest rows first
   const int64_t rows[2] = {w0 + g, w0 + g + 8};
-  const int64_t last_q = q0 + kBlockRows - 1 < T_ - 1 ? q0 + kBlockRows - 1 : T_ - 1;
+  const int64_t last_q = q0 + kFwdRows - 1 < T_ - 1 ? q0 + kFwdRows - 1 : T_ - 1;
   const int tiles = static_cast<int>(last_q / kKeys) + 1;
 
-  copy_rows_async<D>(qs, q_base, stride, q0, kBlockRows, T_);
+  copy_rows_async<D>(qs, q_base, stride, q0, kFwdRows, T_);
   copy_rows_async<D>(kbuf(0), q_base + C, stride, 0, kKeys, T_);
   copy_rows_async<D>(vbuf(0), q_base + 2 * C, stride, 0, kKeys, T_);
   cp_async_commit();
@@ -388,7 +391,7 @@ __global__ void attention_backward_dq_mma_kernel(bf16* dqkv, const bf16* dout, c
   store_rows<D>(dqkv + int64_t(b) * T_ * stride + h * D, stride, w0, T_, dq, scale, scale);
 }
 
-size_t forward_smem(int64_t D) { return sizeof(bf16) * 4 * 64 * size_t(D + 8); }  // Q, K, V, and a V: Q's region is a K
+size_t forward_smem(int64_t D) { return sizeof(bf16) * (kFwdRows + 2 * 64) * size_t(D + 8); }  // Q (later K, V), then K, V
 
 }  // namespace
 
@@ -400,13 +403,13 @@ bool attention_mma_supported(int64_t D, std::initializer_list<const void*> point
 }
 
 void attention_forward_mma(bf16* out, float* lse, const bf16* qkv, int64_t B, int64_t T_, int64_t H, int64_t D, cudaStream_t stream) {
-  const dim3 grid(ceil_div(T_, kBlockRows), static_cast<unsigned>(B * H));
+  const dim3 grid(ceil_div(T_, kFwdRows), static_cast<unsigned>(B * H));
   const float scale2 = kLog2e / std::sqrt(static_cast<float>(D));
   if (D == 64)
-    launch("attention_forward_mma", attention_forward_mma_kernel<64>, grid, dim3(kThreads), forward_smem(64), stream, out, lse, qkv, T_,
+    launch("attention_forward_mma", attention_forward_mma_kernel<64>, grid, dim3(kFwdThreads), forward_smem(64), stream, out, lse, qkv, T_,
            static_cast<int>(H), scale2);
   else
-    launch("attention_forward_mma", attention_forward_mma_kernel<128>, grid, dim3(kThreads), forward_smem(128), stream, out, lse, qkv, T_,
+    launch("attention_forward_mma", attention_forward_mma_kernel<128>, grid, dim3(kFwdThreads), forward_smem(128), stream, out, lse, qkv, T_,
            static_cast<int>(H), scale2);
 }
 

@@ -125,14 +125,14 @@ class CostRecorder final : public Backend {
   void rope_forward(Buf qkv, const float*, int64_t B, int64_t T, int64_t H, int64_t D) override { rope(qkv, B * T, H * D, T, D); }
   void rope_backward(Buf dqkv, const float*, int64_t B, int64_t T, int64_t H, int64_t D) override { rope(dqkv, B * T, H * D, T, D); }
 
-  // Causal attention over n = T (T + 1) / 2 (query, key) pairs per (b, h). The tensor-core kernels
-  // (BF16, D 64 or 128) take 64 queries a block: Q read and O written once, and each block streams
-  // the K and V rows up to its diagonal, on average T/2 rows of 2 D: (2 + T/64) B T C s. The SIMT
+  // Causal attention over n = T (T + 1) / 2 (query, key) pairs per (b, h). The tensor-core forward
+  // (BF16, D 64 or 128) takes 128 queries a block: Q read and O written once, and each block streams
+  // the K and V rows up to its diagonal, on average T/2 rows of 2 D: (2 + T/128) B T C s. The SIMT
   // kernels take 16 queries a block: (2 + T/16) B T C s. FLOPs: S = Q K^T and O = P V, 2 n D each.
   void attention_forward(Buf out, float*, Buf qkv, int64_t B, int64_t T, int64_t H, int64_t D) override {
     if (B * T * H == 0) return;
     const double BTC = double(B) * T * H * D, pairs = double(B) * H * T * (T + 1) / 2.0, s = s_of(qkv);
-    if (mma(qkv, D)) add("attention_forward_mma", CostUnit::KernelTensorCore, 1, (2 + T / 64.0) * BTC * s + 4.0 * B * H * T, 4 * pairs * D);
+    if (mma(qkv, D)) add("attention_forward_mma", CostUnit::KernelTensorCore, 1, (2 + T / 128.0) * BTC * s + 4.0 * B * H * T, 4 * pairs * D);
     else add("attention_forward", CostUnit::KernelFp32, 1, (2 + T / 16.0) * BTC * s + 4.0 * B * H * T, 4 * pairs * D);
     (void)out;
   }
