@@ -42,6 +42,20 @@ inline int64_t fused_logits_vocab_chunk(int64_t R, int64_t V) {
   return fit < 8 ? 8 : fit;
 }
 
+// The CUDA backend's fused loss head (and the cost model's record of it): whether it takes these
+// operands (BF16 x, w and, when given, dlogits; otherwise the GEMM and cross_entropy run), and its
+// vocabulary chunks for R rows: `width` columns each, `count` of them.
+inline bool cuda_fuses_loss_head(DType x, DType w, bool has_dlogits, DType dlogits) {
+  return x == DType::BF16 && w == DType::BF16 && (!has_dlogits || dlogits == DType::BF16);
+}
+struct VocabChunks {
+  int64_t width, count;
+};
+inline VocabChunks fused_loss_head_chunks(int64_t R, int64_t V) {
+  const int64_t width = fused_logits_vocab_chunk(R, V);
+  return {width, (V + width - 1) / width};
+}
+
 // Which scratch a backend's fused kernels never write (see above).
 struct ActivationFusions {
   bool loss_head = false;        // linear_cross_entropy never stores `logits`

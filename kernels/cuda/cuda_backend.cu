@@ -307,10 +307,10 @@ class CudaBackend final : public Backend {
   ActivationFusions activation_fusions(DType act) const override { return cuda_activation_fusions(act); }
   void linear_cross_entropy(float* losses, Buf dlogits, Buf logits, Buf x, Buf w, const int32_t* targets, const uint8_t* mask, int64_t N,
                             int64_t V, int64_t C, float grad_scale) override {
-    if (x.dtype != DType::BF16 || w.dtype != DType::BF16 || (dlogits.ptr && dlogits.dtype != DType::BF16))
+    if (!cuda_fuses_loss_head(x.dtype, w.dtype, dlogits.ptr != nullptr, dlogits.dtype))
       return Backend::linear_cross_entropy(losses, dlogits, logits, x, w, targets, mask, N, V, C, grad_scale);
     if (N == 0) return;
-    const int64_t Vc = fused_logits_vocab_chunk(N, V), chunks = (V + Vc - 1) / Vc;
+    const auto [Vc, chunks] = fused_loss_head_chunks(N, V);
     const size_t stats_bytes = static_cast<size_t>(N * chunks) * sizeof(cuda::ChunkStats);
     auto* stats = static_cast<cuda::ChunkStats*>(scratch(head_scratch_, stats_bytes + N * sizeof(float), "linear_cross_entropy"));
     auto* target_logit = reinterpret_cast<float*>(reinterpret_cast<char*>(stats) + stats_bytes);

@@ -175,17 +175,16 @@ class CostRecorder final : public Backend {
   ActivationFusions activation_fusions(DType act) const override { return cuda_activation_fusions(act); }
   void linear_cross_entropy(float* losses, Buf dlogits, Buf logits, Buf x, Buf w, const int32_t* targets, const uint8_t* mask, int64_t N,
                             int64_t V, int64_t C, float grad_scale) override {
-    if (x.dtype != DType::BF16 || w.dtype != DType::BF16 || (dlogits.ptr && dlogits.dtype != DType::BF16))
+    if (!cuda_fuses_loss_head(x.dtype, w.dtype, dlogits.ptr != nullptr, dlogits.dtype))
       return Backend::linear_cross_entropy(losses, dlogits, logits, x, w, targets, mask, N, V, C, grad_scale);
-    if (N == 0) return;
-    const int64_t Vc = fused_logits_vocab_chunk(N, V), chunks = (V + Vc - 1) / Vc;
+    const VocabChunks chunks = fused_loss_head_chunks(N, V);
     const double backward = dlogits.ptr ? 1.0 : 0.0;
-    for (int64_t v0 = 0; v0 < V; v0 += Vc) {
-      const double n = static_cast<double>(std::min(Vc, V - v0));
+    for (int64_t v0 = 0; N > 0 && v0 < V; v0 += chunks.width) {
+      const double n = static_cast<double>(std::min(chunks.width, V - v0));
       add("gemm bf16 (cuBLASLt)", CostUnit::GemmTensorCore, 1, 2.0 * (N * C + n * C), 2.0 * N * n * C);
       add("cross_entropy_chunk", CostUnit::Memory, 1, backward * 2.0 * N * n + 13.0 * N, 5.0 * N * n);
     }
-    add("cross_entropy_finish", CostUnit::Memory, 1, backward * 4.0 * N * V + 8.0 * N * chunks + 13.0 * N, backward * 2.0 * N * V);
+    if (N > 0) add("cross_entropy_finish", CostUnit::Memory, 1, backward * 4.0 * N * V + 8.0 * N * chunks.count + 13.0 * N, backward * 2.0 * N * V);
   }
   // One block: the losses and the mask read, the totals read and written.
   void accumulate_loss(LossTotals*, const float*, const uint8_t*, int64_t N) override {
