@@ -31,6 +31,14 @@
 
 namespace multinorm::cuda {
 
+// What the host reads of a tensor's Newton-Schulz: written on the device, read in one copy (outside the
+// anonymous namespace: swan() below, which is not in it, captures a pointer to it).
+struct SwanProbe {
+  double residual;
+  unsigned nonfinite;  // non-finite entries of U
+  unsigned skip;       // the update's skip flag (UpdateStatistics::skip), 0 without update scalars
+};
+
 namespace {
 
 constexpr int kThreads = 256;
@@ -156,13 +164,7 @@ __global__ void swan_apply_exact_kernel(T* w, const double* Ud, int64_t total, R
     w[e] = store_weight<T>(float(to_float(w[e]) * keep - step * Ud[e]), wb, static_cast<uint64_t>(e));
 }
 
-// What the host reads of a tensor's Newton-Schulz: written on the device, read in one copy.
-struct Probe {
-  double residual;
-  unsigned nonfinite;  // non-finite entries of U
-  unsigned skip;       // the update's skip flag (UpdateStatistics::skip), 0 without update scalars
-};
-__global__ void probe_init_kernel(Probe* p, const UpdateScalars* s) {
+__global__ void probe_init_kernel(SwanProbe* p, const UpdateScalars* s) {
   p->nonfinite = 0;
   p->skip = s ? s->stats.skip : 0u;
 }
@@ -200,7 +202,7 @@ SwanResult swan(T* w, const G* g, int64_t m, int64_t n, const SwanParams& a, LtG
   double* frob2 = ss_partials + kSumSquaresBlocks;
   double* lambda = frob2 + 1;
   double* c = lambda + 1;
-  Probe* probe = reinterpret_cast<Probe*>(c + 1);
+  SwanProbe* probe = reinterpret_cast<SwanProbe*>(c + 1);
   double* resid = &probe->residual;
   unsigned* nonfinite = &probe->nonfinite;
   cudaStream_t stream = q.issue();
@@ -216,8 +218,8 @@ SwanResult swan(T* w, const G* g, int64_t m, int64_t n, const SwanParams& a, LtG
   launch("swan_normalize_rows", normalize_rows_kernel<G>, dim3(static_cast<unsigned>(m)), dim3(kThreads), 0, stream, X, g, n, a.standardize,
          std::sqrt(static_cast<float>(n)), a.eps);
   auto read_probe = [&] {
-    Probe p{};
-    q.read(&p, probe, sizeof(Probe), "swan (its residual)");
+    SwanProbe p{};
+    q.read(&p, probe, sizeof(SwanProbe), "swan (its residual)");
     stream = q.issue();
     return p;
   };
@@ -243,7 +245,7 @@ SwanResult swan(T* w, const G* g, int64_t m, int64_t n, const SwanParams& a, LtG
       residual(Tm);
       measured = true;
       if (a.ns_tolerance > 0 && (s + 1) % kCheckEvery == 0) {
-        const Probe p = read_probe();
+        const SwanProbe p = read_probe();
         if (p.skip) return skipped();
         if (p.residual < a.ns_tolerance) break;
       }
@@ -260,7 +262,7 @@ SwanResult swan(T* w, const G* g, int64_t m, int64_t n, const SwanParams& a, LtG
     if (wide) gemm.run(U, CUDA_R_32F, Z, X, CUDA_R_32F, m, n, m, false, false, false, stream);  // U = Z X
     else gemm.run(U, CUDA_R_32F, X, Z, CUDA_R_32F, m, n, n, false, false, false, stream);       // U = X Z
     launch("swan_count_nonfinite", count_nonfinite_kernel, dim3(grid_for(m * n)), dim3(kThreads), 0, stream, nonfinite, U, m * n);
-    const Probe p = read_probe();
+    const SwanProbe p = read_probe();
     if (p.skip) return skipped();
     result.residual = p.residual;
     if (std::isfinite(result.residual) && p.nonfinite == 0) {
@@ -275,7 +277,7 @@ SwanResult swan(T* w, const G* g, int64_t m, int64_t n, const SwanParams& a, LtG
   std::vector<float> hx(static_cast<size_t>(m * n));
   q.read(hx.data(), X, m * n * 4, "swan exact path (X to the host)");
   if (a.exact) {  // the Newton-Schulz path read the skip flag already
-    const Probe p = read_probe();
+    const SwanProbe p = read_probe();
     if (p.skip) return skipped();
   }
   std::vector<double> Ud(m * n), M(m * n), Ah(k * k + k), B(k * k), Zh(k * k);

@@ -27,7 +27,7 @@ json recipe_of(const json& r) {
 std::vector<std::string> shipped_configs() {
   namespace fs = std::filesystem;
   std::vector<std::string> files;
-  for (const std::string dir : {executable_dir() + "/../share/multinorm/configs/c4", std::string(MULTINORM_SOURCE_DIR) + "/configs/c4"}) {
+  for (const std::string& dir : {executable_dir() + "/../share/multinorm/configs/c4", std::string(MULTINORM_SOURCE_DIR) + "/configs/c4"}) {
     std::error_code ec;
     for (const auto& e : fs::directory_iterator(dir, ec))
       if (e.path().extension() == ".json") files.push_back(e.path().string());

@@ -136,7 +136,7 @@ namespace {
 
 // Starts one run of the sweep as a child process (its output into its directory's train.log), on
 // the GPUs of `slot` when the sweep places runs (SweepPlacement).
-pid_t start_run(const SweepPlan& plan, const SweepRun& r, const SweepPlacement& where, const std::vector<int>& slot, int threads,
+pid_t start_run(const SweepRun& r, const SweepPlacement& where, const std::vector<int>& slot, int threads,
                 const std::string& dir) {
   std::vector<std::string> args;
   if (slot.size() > 1) args = {where.mpirun, "-np", std::to_string(slot.size())};
@@ -216,7 +216,7 @@ std::vector<std::string> run_all(const SweepPlan& plan, const SweepPlacement& wh
     for (int g : slots[slot]) on += (on.empty() ? " on GPU " : ",") + std::to_string(g);
     if (slots[slot].size() > 1) on += " (" + where.mpirun + " -np " + std::to_string(slots[slot].size()) + ")";
     if (!quiet) std::fprintf(stderr, "sweep: starting %s%s\n", r.name.c_str(), on.c_str());
-    running[start_run(plan, r, where, slots[slot], threads, dir)] = {r.name, slot};
+    running[start_run(r, where, slots[slot], threads, dir)] = {r.name, slot};
   }
   while (!running.empty()) reap();
   return failed;
