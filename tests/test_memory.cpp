@@ -65,15 +65,20 @@ TEST(Memory, ActivationPlanSizes) {
   // The head is chunked: the logits buffer does not grow with the micro-batch past kHeadChunkRows.
   EXPECT_EQ(plan_activations(m, 64, 256, DType::BF16).find("logits").elements, kHeadChunkRows * V);
   EXPECT_EQ(plan_activations(m, B, T, DType::F32).bytes() > p.bytes(), true);
-  // A backend that fuses the loss head and SwiGLU's backward: logits keeps kFusedLogitsRows rows and
-  // d_swiglu goes; with FP32 activations logits is d_logits too and keeps its rows.
+  // A backend that fuses the loss head and SwiGLU's backward: logits keeps kFusedLogitsRows rows, or
+  // an 8-column chunk of every row when that is more (the CUDA head's narrowest chunk; V = 100 is
+  // under R / 8 = 128), and d_swiglu goes; with FP32 activations logits is d_logits too and keeps its
+  // rows.
   const ActivationFusions both{true, true};
   const ActivationPlan big = plan_activations(m, 64, 256, DType::BF16), fused = plan_activations(m, 64, 256, DType::BF16, both);
-  EXPECT_EQ(fused.find("logits").elements, kFusedLogitsRows * V);
+  EXPECT_EQ(fused.find("logits").elements, 8 * kHeadChunkRows);
   EXPECT_FALSE(fused.has("d_swiglu"));
   EXPECT_TRUE(big.has("d_swiglu"));
-  EXPECT_EQ(big.bytes() - fused.bytes(), al(4 * kHeadChunkRows * V) - al(4 * kFusedLogitsRows * V) + al(2 * 64 * 256 * F));
+  EXPECT_EQ(big.bytes() - fused.bytes(), al(4 * kHeadChunkRows * V) - al(4 * 8 * kHeadChunkRows) + al(2 * 64 * 256 * F));
   EXPECT_EQ(plan_activations(m, B, T, DType::F32, both).find("logits").elements, BT * V);
+  ModelConfig wide = m;  // past R / 8: kFusedLogitsRows rows
+  wide.vocab_size = 1000;
+  EXPECT_EQ(plan_activations(wide, 64, 256, DType::BF16, both).find("logits").elements, kFusedLogitsRows * 1000);
 }
 
 // The CPU backend's scratch after a training step and an optimizer update (the packed GEMM's buffers

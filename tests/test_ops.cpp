@@ -228,12 +228,13 @@ TEST_P(Ops, CrossEntropyWithMaskAndScale) {
 // scaled and rounded again. Shapes: nothing a multiple of 32 (x packed, the last strip short), then
 // whole tiles (x read in place), then one row; more rows than the fused logits buffer holds, so the
 // CUDA head takes the vocabulary in chunks (150 x 130: chunks of 48, 48, 34, the scalar paths;
-// 160 x 96: three of 32, 16-byte packs); masked rows; with and without the gradient.
+// 160 x 96: three of 32, 16-byte packs; 300 x 20: a vocabulary under R / 8, chunks of the smallest
+// width, 8); masked rows; with and without the gradient.
 TEST_P(Ops, LossHeadIsTheGemmThenCrossEntropy) {
   struct Case {
     int64_t N, V, C;
   };
-  for (const Case c : {Case{45, 100, 40}, Case{64, 96, 64}, Case{1, 33, 32}, Case{150, 130, 40}, Case{160, 96, 32}}) {
+  for (const Case c : {Case{45, 100, 40}, Case{64, 96, 64}, Case{1, 33, 32}, Case{150, 130, 40}, Case{160, 96, 32}, Case{300, 20, 16}}) {
     const int64_t N = c.N, V = c.V, C = c.C;
     const float scale = 0.29f;
     const Vec x = random_vec(N * C, 17, 2.0), w = random_vec(V * C, 18, 0.5);

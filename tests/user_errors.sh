@@ -75,7 +75,7 @@ expect "defaults in --help" 0 "--seq-len INT=256" -- "$bin" data tokenize --help
 expect "no sentinel defaults in --help" 0 "--max-updates INT +stop after" -- "$bin" train --help
 # Every example of every --help: the files it names exist (configs) or are what the docs make.
 for sub in "train" "eval" "sweep" "compare" "generate" "info" "config" "devices" "doctor" "checkpoint" "checkpoint verify" \
-  "data" "data train-tokenizer" "data tokenize" "data inspect" "data verify" "export" "bench model" "bench optim" "bench data"; do
+  "data" "data train-tokenizer" "data tokenize" "data inspect" "data verify" "export" "bench model" "bench optim" "bench data" "bench attention"; do
   ex=$("$bin" $sub --help | sed -n 's/^Example: //p')
   [ -n "$ex" ] || fail "$sub --help has no example"
   for f in $(grep -oE "configs/[A-Za-z0-9_/.-]+\.json" <<<"$ex"); do

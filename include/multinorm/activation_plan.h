@@ -32,13 +32,19 @@ namespace multinorm {
 constexpr int64_t kHeadChunkRows = 1024;
 // Rows of the FP32 logits buffer when the backend fuses the loss head (only host logits use it).
 constexpr int64_t kFusedLogitsRows = 64;
+// The fused plan's FP32 logits buffer for R rows of V logits: kFusedLogitsRows rows, and at least
+// an 8-column chunk of every row (a vocabulary under R / 8).
+inline int64_t fused_logits_elements(int64_t R, int64_t V) {
+  const int64_t rows = R < kFusedLogitsRows ? R : kFusedLogitsRows;
+  return rows * V > 8 * R ? rows * V : 8 * R;
+}
 
 // The columns of one vocabulary chunk of a fused loss head that computes R rows' FP32 logits a chunk
-// at a time into the fused plan's logits buffer (min(R, kFusedLogitsRows) x V floats as [R, Vc]):
-// all of V when R fits the buffer's rows, else the most that fit, a multiple of 8 (16-byte packs).
+// at a time into that buffer (as [R, Vc]): all of V when R fits the buffer's rows, else the most that
+// fit, a multiple of 8 (16-byte packs), at least 8.
 inline int64_t fused_logits_vocab_chunk(int64_t R, int64_t V) {
   if (R <= kFusedLogitsRows) return V;
-  const int64_t fit = kFusedLogitsRows * V / R / 8 * 8;
+  const int64_t fit = fused_logits_elements(R, V) / R / 8 * 8;
   return fit < 8 ? 8 : fit;
 }
 

@@ -96,7 +96,7 @@ template <class T, class G, class S>
 __global__ void sgd_kernel(T* w, const G* g, S* buf, int64_t n, RuleScalars r, float momentum, WriteBack wb, const UpdateScalars* s, int slot) {
   if (!take_update_scalars(s, slot, r, wb)) return;
   const int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x, stride = int64_t(gridDim.x) * blockDim.x;
-  const bool packed = packable_arrays(w, g, buf ? buf : reinterpret_cast<S*>(w), buf ? buf : reinterpret_cast<S*>(w));
+  const bool packed = aligned16(w) && aligned16(g) && (!buf || aligned16(buf));
   const int64_t tail = packed ? n / kRun * kRun : 0;
   for (int64_t k = t; k < tail / kRun; k += stride) sgd_run<kRun>(w, g, buf, k * kRun, r.lr, r.keep, momentum, wb);
   for (int64_t i = tail + t; i < n; i += stride) sgd_run<1>(w, g, buf, i, r.lr, r.keep, momentum, wb);

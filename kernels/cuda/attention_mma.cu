@@ -39,6 +39,7 @@ constexpr int kWarps = 4, kThreads = 32 * kWarps;
 constexpr int kBlockRows = 16 * kWarps;  // queries (dQ) or keys (dK/dV) per backward block
 constexpr int kFwdWarps = 8, kFwdThreads = 32 * kFwdWarps;
 constexpr int kFwdRows = 16 * kFwdWarps;  // queries per forward block: 8 warps share each K/V tile
+static_assert(kFwdRows == 2 * 64, "the forward's Q region is the second K/V buffer (two 64-key tiles)");
 
 // Rows [row0, row0 + rows) of one head's section (`base` points at row 0's first element of it;
 // rows `stride` elements apart) into a [rows][D + 8] shared tile by cp.async, 16 bytes at a time:

@@ -123,17 +123,16 @@ __global__ void clip_gradients_kernel(T* x, int64_t n, const UpdateScalars* s, b
 }
 
 unsigned grid_for(int64_t n) { return static_cast<unsigned>(std::min<int64_t>(ceil_div(n, 256), 4096)); }
-bool aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
 
 template <class D, class S>
 void convert(D* dst, const S* src, int64_t n, cudaStream_t stream) {
-  if (n > 0) launch("convert", convert_kernel<D, S>, dim3(grid_for(n)), dim3(256), 0, stream, dst, src, n, aligned(dst) && aligned(src));
+  if (n > 0) launch("convert", convert_kernel<D, S>, dim3(grid_for(n)), dim3(256), 0, stream, dst, src, n, aligned16(dst) && aligned16(src));
 }
 template <class T>
 void scale(T* x, int64_t n, float factor, cudaStream_t stream) {
-  if (n > 0) launch("scale", scale_kernel<T>, dim3(grid_for(n)), dim3(256), 0, stream, x, n, factor, aligned(x));
+  if (n > 0) launch("scale", scale_kernel<T>, dim3(grid_for(n)), dim3(256), 0, stream, x, n, factor, aligned16(x));
 }
 template <class T>
 void sum_squares(double* result, double* partials, const T* x, int64_t n, cudaStream_t stream) {
@@ -154,7 +153,7 @@ void update_statistics(UpdateScalars* s, const LossTotals* loss, const double* s
 }
 template <class T>
 void clip_gradients(T* x, int64_t n, const UpdateScalars* s, cudaStream_t stream) {
-  if (n > 0) launch("clip_gradients", clip_gradients_kernel<T>, dim3(grid_for(n)), dim3(256), 0, stream, x, n, s, aligned(x));
+  if (n > 0) launch("clip_gradients", clip_gradients_kernel<T>, dim3(grid_for(n)), dim3(256), 0, stream, x, n, s, aligned16(x));
 }
 
 template void convert<float, float>(float*, const float*, int64_t, cudaStream_t);

@@ -109,11 +109,12 @@ __device__ __forceinline__ void warp_merge(float& m, float& s) {
 __device__ __forceinline__ void write_exp(bf16* d, const float* x, int64_t Vc, float m, bool packed, int lane) {
   if (packed) {
     for (int64_t p = lane; p < Vc / 8; p += 32) {
-      const Pack<float> a = reinterpret_cast<const Pack<float>*>(x)[2 * p], b = reinterpret_cast<const Pack<float>*>(x)[2 * p + 1];
-      Pack<bf16> o;
+      float v[8];
+      load_values<float, 8>(x, 8 * p, v);
+      bf16 o[8];
 #pragma unroll
-      for (int k = 0; k < 8; ++k) o.v[k] = from_float<bf16>(m == -INFINITY ? 0.0f : __expf((k < 4 ? a.v[k] : b.v[k - 4]) - m));
-      reinterpret_cast<Pack<bf16>*>(d)[p] = o;
+      for (int k = 0; k < 8; ++k) o[k] = from_float<bf16>(m == -INFINITY ? 0.0f : __expf(v[k] - m));
+      store_packs<bf16, 8>(d, 8 * p, o);
     }
   } else {
     for (int64_t v = lane; v < Vc; v += 32) d[v] = from_float<bf16>(m == -INFINITY ? 0.0f : __expf(x[v] - m));
@@ -130,9 +131,10 @@ __global__ void cross_entropy_chunk_kernel(ChunkStats* stats, float* target_logi
   float m = -INFINITY, s = 0.0f;
   if (Vc % 4 == 0) {  // the tile's rows start on 16 bytes
     for (int64_t p = lane; p < Vc / 4; p += 32) {
-      const Pack<float> v = reinterpret_cast<const Pack<float>*>(x)[p];
+      float v[4];
+      load_values<float, 4>(x, 4 * p, v);
 #pragma unroll
-      for (int k = 0; k < 4; ++k) add_logit(m, s, v.v[k]);
+      for (int k = 0; k < 4; ++k) add_logit(m, s, v[k]);
     }
   } else {
     for (int64_t v = lane; v < Vc; v += 32) add_logit(m, s, x[v]);
@@ -172,10 +174,12 @@ __global__ void cross_entropy_finish_kernel(float* losses, bf16* dlogits, const 
   if (Vc % 8 == 0 && packable<bf16>(d, V)) {  // a pack never straddles two chunks
     for (int64_t p = threadIdx.x; p < V / 8; p += blockDim.x) {
       const float f = __expf(st[(8 * p) / Vc].max - lse) * grad_scale;
-      Pack<bf16> e = reinterpret_cast<const Pack<bf16>*>(d)[p];
+      float e[8];
+      load_values<bf16, 8>(d, 8 * p, e);
+      bf16 o[8];
 #pragma unroll
-      for (int k = 0; k < 8; ++k) e.v[k] = from_float<bf16>(8 * p + k == t ? target_grad : to_float(e.v[k]) * f);
-      reinterpret_cast<Pack<bf16>*>(d)[p] = e;
+      for (int k = 0; k < 8; ++k) o[k] = from_float<bf16>(8 * p + k == t ? target_grad : e[k] * f);
+      store_packs<bf16, 8>(d, 8 * p, o);
     }
   } else {
     for (int64_t v = threadIdx.x; v < V; v += blockDim.x)

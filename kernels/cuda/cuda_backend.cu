@@ -307,8 +307,13 @@ class CudaBackend final : public Backend {
   ActivationFusions activation_fusions(DType act) const override { return cuda_activation_fusions(act); }
   void linear_cross_entropy(float* losses, Buf dlogits, Buf logits, Buf x, Buf w, const int32_t* targets, const uint8_t* mask, int64_t N,
                             int64_t V, int64_t C, float grad_scale) override {
-    if (!cuda_fuses_loss_head(x.dtype, w.dtype, dlogits.ptr != nullptr, dlogits.dtype))
+    if (!cuda_fuses_loss_head(x.dtype, w.dtype, dlogits.ptr != nullptr, dlogits.dtype)) {
+      // The unfused head needs all N rows of logits, which a plan made for BF16 activations (fused:
+      // cuda_activation_fusions) does not hold.
+      if (cuda_activation_fusions(x.dtype).loss_head)
+        throw Error("linear_cross_entropy: BF16 activations with FP32 weights or dlogits: the fused loss head's plan holds no full logits");
       return Backend::linear_cross_entropy(losses, dlogits, logits, x, w, targets, mask, N, V, C, grad_scale);
+    }
     if (N == 0) return;
     const auto [Vc, chunks] = fused_loss_head_chunks(N, V);
     const size_t stats_bytes = static_cast<size_t>(N * chunks) * sizeof(cuda::ChunkStats);

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "../common/host_device.h"
 #include "../common/rounding.h"
 #include "cuda_compat.h"
 #include "multinorm/update_scalars.h"
@@ -59,6 +60,8 @@ struct alignas(16) Pack {
   static constexpr int kSize = 16 / sizeof(T);
   T v[kSize];
 };
+// Whether p may take a 16-byte pack path (launchers and kernels alike).
+MN_HOST_DEVICE bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 // Whether rows of `width` elements starting at p can be read as packs (base aligned, width a
 // multiple of the pack).
 template <class T>
@@ -79,23 +82,6 @@ __device__ __forceinline__ void load_values(const X* x, int64_t j, float (&out)[
       const Pack<X> pk = *reinterpret_cast<const Pack<X>*>(x + j + q);
 #pragma unroll
       for (int p = 0; p < S; ++p) out[q + p] = to_float(pk.v[p]);
-    }
-  }
-}
-
-// P FP32 values to x + j: 16-byte packs (P a multiple of 4) or one element (P = 1).
-template <int P>
-__device__ __forceinline__ void store_values(float* x, int64_t j, const float (&in)[P]) {
-  if constexpr (P == 1) {
-    x[j] = in[0];
-  } else {
-    static_assert(P % 4 == 0, "whole packs");
-#pragma unroll
-    for (int q = 0; q < P; q += 4) {
-      Pack<float> pk;
-#pragma unroll
-      for (int p = 0; p < 4; ++p) pk.v[p] = in[q + p];
-      *reinterpret_cast<Pack<float>*>(x + j + q) = pk;
     }
   }
 }
@@ -122,10 +108,6 @@ __device__ __forceinline__ void store_packs(X* x, int64_t j, const X (&in)[P]) {
 template <class F>
 __device__ __forceinline__ F warp_sum(F v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-__device__ __forceinline__ float warp_max(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
 // Sum over the block (blockDim.x a multiple of 32, at most 1024), float or double; every thread gets

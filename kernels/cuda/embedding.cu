@@ -9,8 +9,9 @@
 //             run that starts and ends in the chunk to dwte at once, and leaves the pieces of a run
 //             that crosses the chunk's edges (a head: the run began earlier; a tail: it goes on) in
 //             scratch; a second kernel adds each crossing run's tail and the following chunks'
-//             heads in chunk order and adds the sum once. A run of R positions costs a thread 32
-//             steps plus R / 32 (R before: padding or a frequent token made one thread the tail).
+//             heads in chunk order and adds the sum once. A run of R positions costs a thread at
+//             most 32 + R / 32 steps, so padding or a frequent token no longer leaves one thread
+//             summing its whole run while the others wait.
 //             sort: n = BT rounded up to a power of two, 8 n bytes, log2(n)(log2(n)+1)/2 stages, of
 //             which those with strides >= 2048 are one global launch each (llama_60m's 16384 tokens:
 //             6 global stage launches + 4 shared-memory ones); sum: BT * C * sizeof(T) read +
@@ -41,8 +42,8 @@ __global__ void embedding_forward_kernel(T* out, const int32_t* tokens, const T*
 }
 
 constexpr int kSortChunk = static_cast<int>(cuda_scratch::kEmbeddingSortChunk);  // keys a block sorts in shared memory
-constexpr int64_t kRunsPerBlock = cuda_scratch::kEmbeddingRunChunk;  // sorted keys a backward block sums
-static_assert(kRunsPerBlock == op_math::kEmbeddingSumChunk, "the CPU backend cuts the runs at the same places");
+constexpr int64_t kSumChunk = cuda_scratch::kEmbeddingRunChunk;  // sorted keys a backward block sums (a chunk)
+static_assert(kSumChunk == op_math::kEmbeddingSumChunk, "the CPU backend cuts the runs at the same places");
 
 __device__ __forceinline__ int32_t key_token(uint64_t k) { return static_cast<int32_t>(k >> 32); }
 __device__ __forceinline__ int64_t key_position(uint64_t k) { return static_cast<int64_t>(k & 0xffffffffu); }
@@ -101,7 +102,7 @@ template <class T, class G>
 __global__ void embedding_backward_kernel(G* dwte, float* head, float* tail, const T* dout, const uint64_t* keys, int64_t BT, int64_t C) {
   const int64_t c = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
   if (c >= C) return;
-  const int64_t q = blockIdx.x, first = q * kRunsPerBlock, end = first + kRunsPerBlock < BT ? first + kRunsPerBlock : BT;
+  const int64_t q = blockIdx.x, first = q * kSumChunk, end = first + kSumChunk < BT ? first + kSumChunk : BT;
   for (int64_t s = first; s < end;) {
     const int32_t token = key_token(keys[s]);
     float sum = 0.0f;
@@ -126,14 +127,14 @@ __global__ void embedding_backward_kernel(G* dwte, float* head, float* tail, con
 template <class G>
 __global__ void embedding_backward_runs_kernel(G* dwte, const float* head, const float* tail, const uint64_t* keys, int64_t BT, int64_t C) {
   const int64_t c = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
-  const int64_t q = blockIdx.x, end = (q + 1) * kRunsPerBlock;
+  const int64_t q = blockIdx.x, end = (q + 1) * kSumChunk;
   if (c >= C || end >= BT) return;
   const int32_t token = key_token(keys[end - 1]);
   if (key_token(keys[end]) != token) return;  // no run crosses this chunk's end
-  const int64_t first = q * kRunsPerBlock;
+  const int64_t first = q * kSumChunk;
   if (q > 0 && key_token(keys[first - 1]) == token && key_token(keys[first]) == token) return;  // all of the chunk continues an earlier run
   float sum = tail[q * C + c];
-  for (int64_t p = q + 1; p * kRunsPerBlock < BT && key_token(keys[p * kRunsPerBlock]) == token; ++p) sum += head[p * C + c];
+  for (int64_t p = q + 1; p * kSumChunk < BT && key_token(keys[p * kSumChunk]) == token; ++p) sum += head[p * C + c];
   G* row = dwte + int64_t(token) * C;
   row[c] = from_float<G>(to_float(row[c]) + sum);
 }

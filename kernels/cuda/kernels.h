@@ -15,9 +15,10 @@
 namespace multinorm::cuda {
 
 // The floats of a per-column (per-channel) partial that one block keeps in dynamic shared memory:
-// an A100's 163 KB opt-in (the smallest target; an H100 allows 227 KB) less 128 bytes of static
-// reduction scratch. launch() opts in above 48 KB. SinkGD's rows pass and RMSNorm's backward.
-constexpr int64_t kSharedOptInFloats = (163 * 1024 - 128) / 4;
+// an A100's 163 KB opt-in (the smallest target; an H100 allows 227 KB) less the largest static
+// scratch of its users (SinkGD's rows pass: 256 bytes; RMSNorm's backward rows: none). launch() opts
+// in above 48 KB.
+constexpr int64_t kSharedOptInFloats = (163 * 1024 - 256) / 4;
 
 // ---- casts and reductions (convert.cu) --------------------------------------------------------------
 template <class D, class S>

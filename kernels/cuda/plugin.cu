@@ -41,7 +41,10 @@ extern "C" int multinorm_cuda_device_count(char* err, size_t err_len) {
 extern "C" int multinorm_cuda_device_query(int device, multinorm_cuda_device_info* info, char* err, size_t err_len) {
   std::memset(info, 0, sizeof(*info));
 #if MN_EMULATED
-  (void)err, (void)err_len;
+  if (device < 0 || device >= cuda_emu::visible_devices()) {
+    if (err && err_len) std::snprintf(err, err_len, "no emulated CUDA device %d (%d visible)", device, cuda_emu::visible_devices());
+    return -1;
+  }
   std::snprintf(info->name, sizeof(info->name), "CUDA emulation on the CPU (test instrument), device %d",
                 cuda_emu::physical_device(device));
   info->cc_major = 9;

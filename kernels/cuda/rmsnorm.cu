@@ -84,7 +84,7 @@ __device__ void rmsnorm_dx_row(float* dx, const float* d, const T* x, const T* w
       const float v = op_math::rmsnorm_dx(dv[k], wv[k], xv[k] * r, r, mean);
       out[k] = accumulate ? out[k] + v : v;
     }
-    store_values<P>(dx, c, out);
+    store_packs<float, P>(dx, c, out);
   }
 }
 
@@ -95,7 +95,7 @@ __device__ void rmsnorm_backward_rows(float* dx, float* dw_local, const float* d
                                       int64_t end, int64_t C, bool accumulate_dx) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const float zeros[P] = {};
-  for (int64_t c = int64_t(P) * threadIdx.x; c < C; c += int64_t(P) * blockDim.x) store_values<P>(dw_local, c, zeros);
+  for (int64_t c = int64_t(P) * threadIdx.x; c < C; c += int64_t(P) * blockDim.x) store_packs<float, P>(dw_local, c, zeros);
   for (int64_t g = begin; g < end; g += kBackwardWarps) {
     const int64_t i = g + warp;
     if (i < end) rmsnorm_dx_row<T, P>(dx + i * C, dout + i * C, x + i * C, w, rstd[i], C, accumulate_dx, lane);
@@ -110,7 +110,7 @@ __device__ void rmsnorm_backward_rows(float* dx, float* dw_local, const float* d
 #pragma unroll
         for (int k = 0; k < P; ++k) acc[k] += dv[k] * (xv[k] * rr);
       }
-      store_values<P>(dw_local, c, acc);
+      store_packs<float, P>(dw_local, c, acc);
     }
   }
 }
@@ -157,8 +157,6 @@ void rmsnorm_forward(T* out, float* rstd, const T* x, const T* w, int64_t N, int
     launch("rmsnorm_forward", rmsnorm_forward_kernel<T>, dim3(ceil_div(N, kForwardWarps)), dim3(32 * kForwardWarps), 0, stream, out, rstd, x, w,
            N, C, eps);
 }
-
-static bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 int64_t rmsnorm_backward_scratch(int64_t N, int64_t C) { return cuda_scratch::rmsnorm_backward_floats(N, C); }
 

@@ -41,12 +41,7 @@ __global__ void rope_packed_kernel(T* qkv, const float* cos_sin, int64_t items, 
     const float* cs = cos_sin + ((bt % T_) * half + i) * 2;
     Pack<T> a = *reinterpret_cast<const Pack<T>*>(x + i), b = *reinterpret_cast<const Pack<T>*>(x + i + half);
     float c[2 * P];
-#pragma unroll
-    for (int q = 0; q < 2 * P; q += 4) {
-      const Pack<float> v = *reinterpret_cast<const Pack<float>*>(cs + q);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) c[q + e] = v.v[e];
-    }
+    load_values<float, 2 * P>(cs, 0, c);
 #pragma unroll
     for (int p = 0; p < P; ++p) {
       float ao, bo;
@@ -65,7 +60,7 @@ void rope(T* qkv, const float* cos_sin, int64_t B, int64_t T_, int64_t H, int64_
   const int64_t pairs = B * T_ * 2 * H * (D / 2);
   if (pairs == 0) return;
   constexpr int P = 16 / sizeof(T);
-  if ((D / 2) % P == 0 && reinterpret_cast<uintptr_t>(qkv) % 16 == 0 && reinterpret_cast<uintptr_t>(cos_sin) % 16 == 0) {
+  if ((D / 2) % P == 0 && aligned16(qkv) && aligned16(cos_sin)) {
     const int64_t items = pairs / P;
     launch("rope", rope_packed_kernel<T>, dim3(static_cast<unsigned>(std::min<int64_t>(ceil_div(items, 256), 65535))), dim3(256), 0, stream, qkv,
            cos_sin, items, T_, static_cast<int>(H), static_cast<int>(D), inverse ? -1.0f : 1.0f);

@@ -104,7 +104,6 @@ dim3 rows_grid(int64_t N, int64_t F) {
   const int64_t spans = ceil_div(F, 256);
   return dim3(static_cast<unsigned>(spans), static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(N, std::min<int64_t>(65535, 8192 / spans + 1)))));
 }
-bool aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
 
@@ -112,7 +111,7 @@ template <class T>
 void swiglu_forward(T* out, const T* gate_up, int64_t N, int64_t F, cudaStream_t stream) {
   constexpr int P = Pack<T>::kSize;
   if (N * F == 0) return;
-  if (F % P == 0 && aligned(out) && aligned(gate_up))
+  if (F % P == 0 && aligned16(out) && aligned16(gate_up))
     launch("swiglu_forward", swiglu_forward_kernel<T>, dim3(grid_for(N * F / P)), dim3(256), 0, stream, out, gate_up, N, F);
   else
     launch("swiglu_forward", swiglu_forward_rows_kernel<T>, rows_grid(N, F), dim3(256), 0, stream, out, gate_up, N, F);
@@ -122,7 +121,7 @@ template <class T>
 void swiglu_backward(T* dgate_up, T* out, const T* dout, const T* gate_up, int64_t N, int64_t F, cudaStream_t stream) {
   constexpr int P = Pack<T>::kSize;
   if (N * F == 0) return;
-  if (F % P == 0 && aligned(dgate_up) && aligned(dout) && aligned(gate_up) && (!out || aligned(out)))
+  if (F % P == 0 && aligned16(dgate_up) && aligned16(dout) && aligned16(gate_up) && (!out || aligned16(out)))
     launch("swiglu_backward", swiglu_backward_kernel<T>, dim3(grid_for(N * F / P)), dim3(256), 0, stream, dgate_up, out, dout, gate_up, N, F);
   else
     launch("swiglu_backward", swiglu_backward_rows_kernel<T>, rows_grid(N, F), dim3(256), 0, stream, dgate_up, out, dout, gate_up, N, F);

@@ -20,11 +20,12 @@ std::string config_reference_markdown() {
          "naming the file and the key.\n\n"
          "**Relative paths.** Data paths (`data.train`, `data.validation`, `data.tokenizer`, `output_dir`,\n"
          "`model.init_from`) resolve against the working directory. `model.config` written in a config file\n"
-         "resolves against that file's folder (so `configs/c4/*.json` say `../models/llama_60m.json`); given\n"
-         "with `--set` on the command line, against the working directory, as every command-line path. A\n"
-         "name without `/` or `.json` (`llama_1b`) is a shipped model config (`configs/models/llama_1b.json`,\n"
-         "or the bundle's `share/multinorm/configs/models/`): `--set model.config=llama_1b`, `multinorm info\n"
-         "-c llama_1b`. In a sweep file, `model.config` values resolve against the sweep file's folder.\n\n"
+         "resolves against that file's folder (`../models/my_model.json`); given with `--set` on the command\n"
+         "line, against the working directory, as every command-line path. A name without `/` or `.json`\n"
+         "(`llama_1b`) is a shipped model config (`configs/models/llama_1b.json`, or the bundle's\n"
+         "`share/multinorm/configs/models/`): `configs/c4/*.json` say `\"config\": \"llama_60m\"`, and\n"
+         "`--set model.config=llama_1b`, `multinorm info -c llama_1b` work the same. In a sweep file,\n"
+         "`model.config` values resolve against the sweep file's folder.\n\n"
          "## Run config\n" +
          run_schema().markdown() +
          "\n## Model config (`configs/models/*.json`, Hugging Face LlamaConfig names)\n" + model_schema().markdown();

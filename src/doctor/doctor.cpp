@@ -43,6 +43,16 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// The cost model's GPU (kernel_costs.h) for the name the driver reports: the SXM parts it has peaks
+// for; a PCIe or NVL H100/H800 has other peaks, so no prediction.
+const char* roofline_gpu(const std::string& name) {
+  auto has = [&](const char* s) { return name.find(s) != std::string::npos; };
+  if (has("H200")) return "h200";
+  if ((has("H100") || has("H800")) && !has("PCIe") && !has("NVL")) return "h100";
+  if (has("A100") || has("A800")) return "a100";
+  return "";
+}
+
 
 // The run config of the timed step: the paper's recipe (SinkGD on the matrices, Adam elsewhere,
 // BF16), this micro-batch, one update per micro-batch.
@@ -149,10 +159,7 @@ json timed_step(Backend& gpu, const ModelConfig& cfg, const DoctorOptions& o, co
   if (peak > 0) j["peak_tflops"] = peak, j["mfu"] = tflops / peak;
   else j["mfu_note"] = "no BF16 peak known for '" + name + "': MFU not computed";
   // The cost model's roofline of the same step on this GPU, kernel by kernel.
-  const DevicePeak* roof = find_device_peak(name.find("H200") != std::string::npos   ? "h200"
-                                          : name.find("H100") != std::string::npos ? "h100"
-                                          : name.find("A100") != std::string::npos ? "a100"
-                                                                                   : "");
+  const DevicePeak* roof = find_device_peak(roofline_gpu(name));
   std::map<std::string, KernelCost> costs;  // the profiled step: a micro-batch and an update
   if (roof) {
     const StepCosts c = record_step_costs(run, DType::BF16, B, T);

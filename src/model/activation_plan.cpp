@@ -69,7 +69,7 @@ ActivationPlan plan_activations(const ModelConfig& m, int64_t B, int64_t T, DTyp
   saved("final.rstd", BT, f32);
   const int64_t R = std::min(BT, kHeadChunkRows);
   // With FP32 activations d_logits is the logits buffer itself: it keeps every row.
-  saved("logits", (fused.loss_head && act != f32 ? std::min(R, kFusedLogitsRows) : R) * V, f32);
+  saved("logits", fused.loss_head && act != f32 ? fused_logits_elements(R, V) : R * V, f32);
   if (act != f32) saved("d_logits", R * V, act);
   saved("losses", BT, f32);
   scratch("d_resid", BT * C, f32);

@@ -139,8 +139,8 @@ int64_t cuda_backend_scratch_bytes(const ModelConfig& m, int64_t B, int64_t T, O
   }
   optimizer = std::max(optimizer, std::max(sinkgd_largest, std::min(sinkgd_all, cs::kSinkgdManyFloats)) * 4);
   // The fused loss head's statistics (BF16): a (max, sum) per row and vocabulary chunk, a target logit per row.
-  const int64_t R = std::min(BT, kHeadChunkRows), Vc = fused_logits_vocab_chunk(R, m.vocab_size);
-  const int64_t head = R * ((m.vocab_size + Vc - 1) / Vc) * 8 + R * 4;
+  const int64_t R = std::min(BT, kHeadChunkRows);
+  const int64_t head = R * fused_loss_head_chunks(R, m.vocab_size).count * 8 + R * 4;
   return cs::kGemmWorkspaceBytes + cs::rmsnorm_backward_floats(BT, C) * 4 + cs::attention_backward_bytes(B, H, T) +
          cs::embedding_backward_bytes(BT, C) + cs::sum_squares_many_bytes(tensors) + optimizer + head + cs::kDescriptorCacheBytes;
 }

@@ -98,11 +98,14 @@ const std::vector<int>& visible_ids() {
   }();
   return ids;
 }
-int g_current_device = 0;
-int g_test_device_count = 0;
+thread_local int g_current_device = 0;  // per host thread, as the CUDA runtime keeps it
+std::atomic<int> g_test_device_count{0};
 }  // namespace
-int cuda_emu::visible_devices() { return g_test_device_count > 0 ? g_test_device_count : static_cast<int>(visible_ids().size()); }
-int cuda_emu::physical_device(int device) { return g_test_device_count > 0 ? device : visible_ids().at(device); }
+int cuda_emu::visible_devices() {
+  const int n = g_test_device_count.load();
+  return n > 0 ? n : static_cast<int>(visible_ids().size());
+}
+int cuda_emu::physical_device(int device) { return g_test_device_count.load() > 0 ? device : visible_ids().at(device); }
 void cuda_emu::set_device_count_for_test(int n) {
   g_test_device_count = n;
   g_current_device = 0;
