@@ -17,6 +17,7 @@
 
 #include "../kernels/cuda/cuda_compat.h"
 #include "../kernels/cuda/ring_spans.h"
+#include "../kernels/cuda/emulation/device_memory.h"
 #include "emulated_device.h"
 #include "multinorm/error.h"
 
@@ -51,6 +52,29 @@ constexpr bool kRacecheck = true;
 constexpr bool kRacecheck = false;
 #endif
 
+
+// ---- the emulated address space (device_memory.h): what a kernel may reach ----------------------------
+// out[i] = 2 in[i]: every pointer an argument.
+__global__ void doubled(float* out, const float* in, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = 2.0f * in[i];
+}
+// A descriptor table in device memory, as the multi-tensor kernels read theirs: each item's pointer
+// is not an argument, so only the accesses through it can be checked.
+struct ScaleItem {
+  float* x;
+  int64_t n;
+};
+__global__ void scale_items(const ScaleItem* items, int count) {
+  const ScaleItem item = items[blockIdx.x % count];
+  for (int64_t i = threadIdx.x; i < item.n; i += blockDim.x) item.x[i] *= 3.0f;
+}
+// A thread's own stack (a local array indexed at run time) is reachable, as a GPU's local memory is.
+__global__ void local_array(float* out) {
+  float scratch[32];
+  for (int k = 0; k < 32; ++k) scratch[(k * 7) % 32] = float(k + static_cast<int>(threadIdx.x));
+  out[threadIdx.x] = scratch[threadIdx.x];
+}
 
 // Warp shuffle tree, then one warp over the warp sums (the standard two-level block reduction).
 __global__ void block_reduce(const float* x, float* out, int n) {
@@ -334,6 +358,90 @@ TEST(CudaEmulation, DeviceMemoryIsGuardedAndPoisoned) {
   EXPECT_DEATH(launch("write_past_the_end", write_past_the_end, dim3(9), dim3(128), 0, nullptr, x.p, 1024),
                "kernel write_past_the_end faulted \\(signal 11, address 0x[0-9a-f]+\\) in block \\(8,0,0\\) thread \\(0,0,0\\)");
   EXPECT_EQ(error_of([&] { launch("write_past_the_end", write_past_the_end, dim3(8), dim3(128), 0, nullptr, x.p, 1023); }), "");
+}
+
+// What the GPU found that the emulator let through (a test handed the CUDA backend a host array where
+// the seam says backend memory, and the kernel wrote to the host's stack): a host pointer is refused
+// as a kernel argument, as a copy's device side, and where a kernel reaches it through a descriptor;
+// each error names the kernel (or call), the argument or the thread, and the address.
+TEST(CudaEmulation, AHostStackPointerAsAKernelArgumentFailsTheLaunch) {
+  DeviceArray<float> in(64, 1.0f), out(64);
+  EXPECT_EQ(error_of([&] { launch("doubled", doubled, dim3(1), dim3(64), 0, nullptr, out.p, in.p, 64); }), "");
+  EXPECT_EQ(out.get(), std::vector<float>(64, 2.0f));
+  float on_stack[64] = {};
+  const std::string e = error_of([&] { launch("doubled", doubled, dim3(1), dim3(64), 0, nullptr, on_stack, in.p, 64); });
+  EXPECT_NE(e.find("CUDA kernel doubled"), std::string::npos) << e;
+  EXPECT_NE(e.find("argument 0 (float*) is 0x"), std::string::npos) << e;
+  EXPECT_NE(e.find("host memory (not a device allocation, not pinned)"), std::string::npos) << e;
+  EXPECT_EQ(on_stack[0], 0.0f) << "refused before any thread ran";
+  // The same for a read-only argument, and for a pointer into a freed allocation.
+  std::vector<float> heap(64, 1.0f);
+  const std::string r = error_of([&] { launch("doubled", doubled, dim3(1), dim3(64), 0, nullptr, out.p, heap.data(), 64); });
+  EXPECT_NE(r.find("argument 1 (float const*) is 0x"), std::string::npos) << r;
+  float* freed = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&freed), 256), cudaSuccess);
+  cudaFree(freed);
+  const std::string f = error_of([&] { launch("doubled", doubled, dim3(1), dim3(64), 0, nullptr, freed, in.p, 64); });
+  EXPECT_NE(f.find("argument 0 (float*)"), std::string::npos) << f;
+  EXPECT_NE(f.find("in no live allocation"), std::string::npos) << f;
+  // Null, one past an allocation's end (an empty tensor's pointer) and pinned host memory are fine.
+  EXPECT_EQ(error_of([&] { launch("doubled", doubled, dim3(1), dim3(64), 0, nullptr, out.p + 64, in.p + 64, 0); }), "");
+  float* pinned = nullptr;
+  ASSERT_EQ(cudaMallocHost(reinterpret_cast<void**>(&pinned), 64 * sizeof(float)), cudaSuccess);
+  EXPECT_EQ(error_of([&] { launch("doubled", doubled, dim3(1), dim3(64), 0, nullptr, pinned, in.p, 64); }), "");
+  EXPECT_EQ(pinned[63], 2.0f);
+  cudaFreeHost(pinned);
+}
+
+TEST(CudaEmulation, AHostPointerInsideADescriptorFailsTheLaunchWhereAThreadReachesIt) {
+  if (!kRacecheck) GTEST_SKIP() << "built without racecheck's instrumentation (a sanitizer build)";
+  DeviceArray<float> a(100, 1.0f);
+  std::vector<float> host(50, 1.0f);
+  std::vector<ScaleItem> items = {{a.p, 100}, {a.p, 100}};
+  DeviceArray<ScaleItem> table(items);
+  EXPECT_EQ(error_of([&] { launch("scale_items", scale_items, dim3(2), dim3(64), 0, nullptr, table.p, 2); }), "");
+  EXPECT_EQ(a.get()[99], 9.0f);
+  items[1] = {host.data(), 50};  // the planted bug: a host array in the table
+  DeviceArray<ScaleItem> planted(items);
+  const std::string e = error_of([&] { launch("scale_items", scale_items, dim3(2), dim3(64), 0, nullptr, planted.p, 2); });
+  EXPECT_NE(e.find("CUDA kernel scale_items"), std::string::npos) << e;
+  EXPECT_NE(e.find("block (1,0,0) thread ("), std::string::npos) << e;
+  EXPECT_NE(e.find("4-byte load at 0x"), std::string::npos) << e;
+  EXPECT_NE(e.find("host memory (not a device allocation, not pinned)"), std::string::npos) << e;
+  EXPECT_NE(e.find("cudaErrorIllegalAddress"), std::string::npos) << e;
+  // A thread's own local array is on its stack: reachable.
+  DeviceArray<float> out(32);
+  EXPECT_EQ(error_of([&] { launch("local_array", local_array, dim3(1), dim3(32), 0, nullptr, out.p); }), "");
+  const std::vector<float> local = out.get();
+  for (int t = 0; t < 32; ++t) EXPECT_EQ(local[t], float((t * 23) % 32 + t)) << t;  // slot t holds k + t with 7 k = t mod 32: k = 23 t
+}
+
+TEST(CudaEmulation, AHostPointerAsACopysDeviceSideIsAnErrorNamingIt) {
+  DeviceArray<float> dev(4, 0.0f);
+  std::vector<float> host(4, 1.0f), other(4);
+  EXPECT_EQ(cudaMemcpy(dev.p, host.data(), 16, cudaMemcpyHostToDevice), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(other.data(), host.data(), 16, cudaMemcpyHostToDevice), cudaErrorInvalidValue);
+  std::string e = cudaGetErrorString(cudaGetLastError());
+  EXPECT_NE(e.find("HostToDevice of 16 bytes: the destination should be device memory"), std::string::npos) << e;
+  EXPECT_NE(e.find("host memory (not a device allocation, not pinned)"), std::string::npos) << e;
+  EXPECT_EQ(cudaMemcpy(other.data(), host.data(), 16, cudaMemcpyDeviceToHost), cudaErrorInvalidValue);
+  e = cudaGetErrorString(cudaGetLastError());
+  EXPECT_NE(e.find("DeviceToHost of 16 bytes: the source should be device memory"), std::string::npos) << e;
+  // A device side that runs past its allocation (rounded up to 256 bytes, as cudaMalloc's) is not
+  // device memory holding all the bytes.
+  EXPECT_EQ(cudaMemcpy(dev.p + 62, host.data(), 16, cudaMemcpyHostToDevice), cudaErrorInvalidValue);
+  e = cudaGetErrorString(cudaGetLastError());
+  EXPECT_NE(e.find("device allocation 0x"), std::string::npos) << e;
+  EXPECT_EQ(cudaMemsetAsync(host.data(), 0, 16, nullptr), cudaErrorInvalidValue);
+  e = cudaGetErrorString(cudaGetLastError());
+  EXPECT_NE(e.find("cudaMemsetAsync of 16 bytes: the destination 0x"), std::string::npos) << e;
+  // Device and host addresses come from separate ranges: no host allocation lands in the device's.
+  const char* lo = nullptr;
+  size_t bytes = 0;
+  cuda_emu::device::range(&lo, &bytes);
+  for (const void* h : {static_cast<const void*>(host.data()), static_cast<const void*>(&bytes), static_cast<const void*>(&lo)})
+    EXPECT_FALSE(static_cast<const char*>(h) >= lo && static_cast<const char*>(h) < lo + bytes);
+  EXPECT_TRUE(reinterpret_cast<const char*>(dev.p) >= lo && reinterpret_cast<const char*>(dev.p) < lo + bytes);
 }
 
 TEST(CudaEmulation, OrdersRunFibersAndBlocksAsNamed) {

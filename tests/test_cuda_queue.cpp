@@ -387,5 +387,22 @@ TEST(CudaBackend, HostPointersAreRejectedWhereDeviceMemoryIsExpected) {
     FAIL() << "a host-to-host copy through to_device was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("to_device"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("the destination should be device memory"), std::string::npos) << e.what();
   }
+  // What crashed on a GPU: a host array as the `out` of sum_squares_many (the seam says backend
+  // memory). The kernel that would write it is refused, named with the argument.
+  auto* x = static_cast<float*>(be->allocate(16));
+  const Buf xb{x, DType::F32};
+  const int64_t n = 4;
+  double on_stack[1] = {0};
+  try {
+    be->sum_squares_many(&xb, &n, 1, on_stack);
+    be->queue().wait_all();
+    FAIL() << "a host array as sum_squares_many's output was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("CUDA kernel sum_squares_many_final"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("argument 0 (double*) is 0x"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(on_stack[0], 0.0) << "nothing was written to the host";
+  be->release(x);
 }

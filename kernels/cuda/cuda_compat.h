@@ -26,6 +26,7 @@
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <typeinfo>
 #include <utility>
 
 namespace multinorm::cuda {
@@ -52,6 +53,18 @@ extern bool g_on;
 void begin(const char* name, cudaStream_t stream);
 void end(cudaStream_t stream);
 }  // namespace profiler
+#if !defined(__CUDACC__)
+// The emulated launch's check of its pointer arguments (cuda_emulation.h).
+template <class Tuple, size_t... I>
+void check_pointer_arguments(const Tuple& params, std::index_sequence<I...>) {
+  auto one = [](int index, const auto& v) {
+    using V = std::decay_t<decltype(v)>;
+    if constexpr (std::is_pointer_v<V> && std::is_object_v<std::remove_pointer_t<V>>) ::cuda_emu::check_pointer_argument(index, typeid(V).name(), static_cast<const void*>(v));
+  };
+  (one(static_cast<int>(I), std::get<I>(params)), ...);
+  (void)one;  // a kernel without parameters
+}
+#endif
 // Launches kernel<<<grid, block, shared_bytes, stream>>>(args...) and checks the launch. `name`
 // is what an error message calls the kernel. Arguments are converted once to the kernel's
 // parameter types (as the CUDA runtime does) and every thread gets its own copy.
@@ -66,13 +79,22 @@ void launch(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, 
   kernel<<<grid, block, shared_bytes, stream>>>(std::forward<Args>(args)...);
   check_after_launch(name, grid, block, shared_bytes, stream);
 #else
-  // The emulation runs launches synchronously, in issue order; a capturing stream records them.
-  const std::tuple<std::decay_t<Params>...> params(static_cast<std::decay_t<Params>>(std::forward<Args>(args))...);
+  // The emulation runs launches synchronously, in issue order; a capturing stream records them. Every
+  // pointer argument must be reachable by a kernel when the launch runs (a replayed graph's too), and
+  // every thread checks the reach of its accesses once it has copied its arguments (racecheck.h).
+  using ParamTuple = std::tuple<std::decay_t<Params>...>;
+  const ParamTuple params(static_cast<std::decay_t<Params>>(std::forward<Args>(args))...);
   auto run = [=] {
     try {
+      check_pointer_arguments(params, std::index_sequence_for<Params...>{});
       ::cuda_emu::launch(name, reinterpret_cast<const void*>(kernel), grid, block, shared_bytes, [&] {
-        auto copy = params;
-        std::apply(kernel, copy);
+        // The arguments and the kernel's address onto this thread's stack, read from the launch's
+        // (host) frame before racecheck starts checking this thread's reach: the copy escapes first.
+        ParamTuple copy = params;
+        auto* const fn = kernel;
+        ::cuda_emu::kernel_entry(&copy);
+        std::apply(fn, copy);
+        ::cuda_emu::kernel_exit();
       });
     } catch (const std::exception& ex) {
       throw_launch_error(name, grid, block, shared_bytes, ex.what());

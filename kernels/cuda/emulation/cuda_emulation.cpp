@@ -7,6 +7,7 @@
 #include "device_memory.h"
 #include "launch_limits.h"
 #include "racecheck.h"
+#include "symbols.h"
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -24,6 +25,7 @@
 #include <memory>
 #include <mutex>
 #include <random>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -114,6 +116,7 @@ struct Fiber {
   uint3 idx{};
   int linear = 0, lane = 0, warp = 0;
   State state = State::Ready;
+  racecheck::ThreadView view;  // its stack, and whether it runs the kernel's code yet (racecheck's reach)
   // warp collective mailbox
   WarpOp op = WarpOp::Sync;
   unsigned mask = 0;
@@ -210,7 +213,7 @@ void fiber_entry(ctx::transfer_t t);
 
 void switch_to_fiber(Fiber& f) {
   t_fiber = &f;
-  racecheck::enter_thread(f.linear);
+  racecheck::enter_thread(f.linear, &f.view);
 #if CUDA_EMU_ASAN
   void* fake = nullptr;
   __sanitizer_start_switch_fiber(&fake, f.stack.base, f.stack.bytes);
@@ -391,7 +394,10 @@ bool resolve_warps(Block& b, std::vector<Fiber>& fibers, int n) {
           case WarpOp::ReduceAdd: o.result = sum & 0xffffffffull; break;
           case WarpOp::ReduceMin: o.result = mn; break;
           case WarpOp::ReduceMax: o.result = mx; break;
-          case WarpOp::Exchange: o.result = reinterpret_cast<uintptr_t>(b.exchange[w0 / 32].data()); break;
+          case WarpOp::Exchange:
+            o.result = reinterpret_cast<uintptr_t>(b.exchange[w0 / 32].data());
+            o.view.state_lo[2] = reinterpret_cast<const char*>(b.exchange[w0 / 32].data()), o.view.state_bytes[2] = b.exchange[w0 / 32].size();
+            break;
           case WarpOp::Sync: break;
         }
       }
@@ -442,6 +448,10 @@ void run_block(Block& b, const std::function<void()>& body, size_t shared_bytes,
         f.idx = make_uint3(x, y, z);
         f.linear = i, f.lane = i % 32, f.warp = i / 32;
         f.stack = res.stacks[i];
+        f.view.stack_lo = static_cast<const char*>(f.stack.base);
+        f.view.stack_bytes = f.stack.bytes;
+        f.view.state_lo[0] = reinterpret_cast<const char*>(&f), f.view.state_bytes[0] = sizeof(Fiber);
+        f.view.state_lo[1] = reinterpret_cast<const char*>(&b), f.view.state_bytes[1] = sizeof(Block);
         f.body = &body;
         char* top = static_cast<char*>(f.stack.base) + f.stack.bytes;
         f.fc = ctx::make_fcontext(top, f.stack.bytes - page, fiber_entry);
@@ -573,8 +583,33 @@ std::mutex g_launch_mutex;  // one emulated launch at a time (a single in-order 
 
 // ---- what kernels call ------------------------------------------------------------------------------
 const uint3& thread_idx() { return t_fiber->idx; }
+
+void check_pointer_argument(int index, const char* type_name, const void* p) {
+  if (is_kernel_reachable(p)) return;
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%p", p);
+  fail("argument " + std::to_string(index) + " (" + symbols::demangle(type_name) + ") is " + buf + ", " + device::describe(p) +
+       ": a kernel reaches only device allocations and pinned host memory (on a GPU it faults with cudaErrorIllegalAddress where "
+       "it dereferences this pointer)");
+}
+
+void kernel_entry(const void*) {
+  if (t_fiber) t_fiber->view.in_kernel = true;
+}
+void kernel_exit() {
+  if (t_fiber) t_fiber->view.in_kernel = false;
+}
+
+
 void async_copy(void* shared_dst, const void* global_src, int src_bytes) {
   if (!t_fiber) throw std::runtime_error("cp.async outside a kernel");
+  if (src_bytes > 0 && !device::contains(global_src, static_cast<size_t>(src_bytes)) &&
+      !device::is_pinned(global_src, static_cast<size_t>(src_bytes))) {
+    char buf[40];
+    std::snprintf(buf, sizeof buf, "%p", global_src);
+    throw std::runtime_error(std::string("cp.async: the source ") + buf + " is " + device::describe(global_src) +
+                             ", not global memory holding all " + std::to_string(src_bytes) + " bytes (a GPU faults: cudaErrorIllegalAddress)");
+  }
   if (reinterpret_cast<uintptr_t>(shared_dst) % 16 || reinterpret_cast<uintptr_t>(global_src) % 16)
     throw std::runtime_error("cp.async: a 16-byte copy at an address not 16-byte aligned (a GPU stops the kernel)");
   if (!is_shared_address(shared_dst, 16)) throw std::runtime_error("cp.async: the destination is not shared memory (a GPU stops the kernel)");
@@ -743,6 +778,20 @@ std::string compare_pages(const std::map<char*, std::vector<char>>& first, const
       if (std::string d = differs(page, before); !d.empty()) return d;
   return "";
 }
+// MULTINORM_EMU_LAUNCH_LOG=file: each kernel name this process launches, once, appended to the file
+// (which kernels a workload reaches: tests/gpu_check.sh checks the sanitizer's targets reach all).
+void log_launch(const char* name) {
+  static std::mutex mu;
+  static std::set<std::string> logged;
+  const char* path = std::getenv("MULTINORM_EMU_LAUNCH_LOG");
+  if (!path || !*path) return;
+  std::lock_guard<std::mutex> lock(mu);
+  if (!logged.insert(name).second) return;
+  if (FILE* f = std::fopen(path, "a")) {
+    std::fprintf(f, "%s\n", name);
+    std::fclose(f);
+  }
+}
 void restore_pages(const device::Journal& j) {
   for (const auto& [page, before] : j.pages) std::memcpy(page, before.data(), before.size());
 }
@@ -755,6 +804,7 @@ void launch(const char* name, const void* fn, dim3 grid, dim3 block, size_t shar
          ", " + std::to_string(shared_bytes) + " B dynamic shared): " + why);
   };
   if (std::string why = limits::check_launch(fn, grid, block, shared_bytes); !why.empty()) bad(why);
+  log_launch(name);
 
   const Config cfg = read_config();
   std::lock_guard<std::mutex> lock(g_launch_mutex);

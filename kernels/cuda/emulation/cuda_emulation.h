@@ -25,6 +25,7 @@
 //                          which `multinorm doctor` must catch and name; tests only)
 //   MULTINORM_EMU_RACECHECK 0 turns off the race, initialisation and alignment checks (racecheck.h)
 //   MULTINORM_EMU_STACK_KB fiber stack size (default 256)
+//   MULTINORM_EMU_LAUNCH_LOG a file: the name of each kernel launched, once per process, appended
 #pragma once
 #ifdef __CUDACC__
 #error "cuda_emulation.h is the g++ side of kernels/cuda/cuda_compat.h; nvcc uses the real CUDA headers"
@@ -82,6 +83,15 @@ bool is_shared_address(const void* p, size_t bytes);
 // invalid launch or a strict-mode error inside it. Synchronous (so stream order is kept trivially).
 // `fn` is the kernel's address: its ptxas figures and cudaFuncSetAttribute limits are found by it.
 void launch(const char* name, const void* fn, dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>& body);
+// A pointer argument of a launch (argument `index`, of C++ type `type_name` as typeid names it) must
+// be null or reachable by a kernel: inside a live device allocation (one past its end included) or
+// pinned host memory. Else throws std::runtime_error naming the argument, its address and what it is
+// (device_memory.h's describe): on a GPU the kernel faults where it dereferences it.
+void check_pointer_argument(int index, const char* type_name, const void* p);
+// body() calls these around the kernel's own code, once its arguments are copied onto the thread's
+// stack (`arguments`, their copy): racecheck checks the reach of every access in between (racecheck.h).
+void kernel_entry(const void* arguments);
+void kernel_exit();
 
 // ---- stream capture (CUDA graphs) ----------------------------------------------------------------
 // While a stream captures (cudaStreamBeginCapture .. cudaStreamEndCapture), the work issued to it

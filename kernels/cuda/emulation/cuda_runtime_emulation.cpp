@@ -1,7 +1,8 @@
 // The part of the CUDA runtime API the CUDA backend calls, for the emulated build: "device" memory is
-// host memory, but every allocation is tracked so copies are checked for their direction (a host
-// pointer used where device memory is expected is an error here, as it would be on a GPU), and
-// streams are in-order by construction (launches run synchronously).
+// host memory in an address range of its own (device_memory.h), every allocation tracked, so copies
+// and memsets are checked for their direction (a host pointer used where device memory is expected is
+// an error here, as it would be on a GPU, and cudaGetErrorString names the pointer and what it is),
+// and streams are in-order by construction (launches run synchronously).
 #include <sys/sysinfo.h>
 
 #include <algorithm>
@@ -23,31 +24,40 @@
 namespace {
 
 thread_local cudaError_t t_last_error = cudaSuccess;
+// What the last refused copy or memset of this thread got wrong (cudaGetErrorString of
+// cudaErrorInvalidValue returns it): the call, its pointers and what each is.
+thread_local std::string t_invalid_value_detail;
 
 bool is_device(const void* p, size_t bytes) { return cuda_emu::device::contains(p, bytes); }
+
 
 cudaError_t set(cudaError_t e) {
   if (e != cudaSuccess) t_last_error = e;
   return e;
 }
 
-// Stream capture: the streams capturing now and what they recorded; pinned host allocations (the
-// only host memory a captured copy may touch: a pageable copy is refused, as CUDA refuses it).
+cudaError_t invalid_pointer(std::string detail) {
+  t_invalid_value_detail = "invalid argument (emulation: " + detail + ")";
+  return set(cudaErrorInvalidValue);
+}
+std::string pointer_text(const char* role, const void* p) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%p", p);
+  return std::string(role) + " " + buf + " is " + cuda_emu::device::describe(p);
+}
+
+// Stream capture: the streams capturing now and what they recorded. Pinned host allocations
+// (device_memory.h) are the only host memory a captured copy may touch: a pageable copy is refused,
+// as CUDA refuses it.
 struct Capture {
   std::vector<std::function<void()>> work;
   std::string invalidated_by;  // the first call refused during the capture
 };
 std::mutex g_capture_mu;
 std::map<cudaStream_t, Capture> g_captures;
-std::map<const char*, size_t, std::greater<const char*>> g_pinned;  // start -> bytes
 std::atomic<int64_t> g_graph_launches{0};
 
-bool pinned(const void* p, size_t bytes) {
-  std::lock_guard<std::mutex> lock(g_capture_mu);
-  const char* c = static_cast<const char*>(p);
-  auto it = g_pinned.lower_bound(c);  // the last start at or below p
-  return it != g_pinned.end() && c + bytes <= it->first + it->second;
-}
+bool pinned(const void* p, size_t bytes) { return cuda_emu::device::is_pinned(p, bytes); }
 // A call that may not happen while any stream captures (global capture mode: allocations, host
 // waits, synchronous copies): the captures are invalidated and the call fails, as on a GPU.
 bool refused_during_capture(const char* call) {
@@ -175,31 +185,38 @@ cudaError_t cudaMallocHost(void** p, size_t bytes) {
   if (refused_during_capture("cudaMallocHost")) return cudaErrorStreamCaptureUnsupported;
   *p = std::malloc(bytes ? bytes : 1);
   if (!*p) return set(cudaErrorMemoryAllocation);
-  std::lock_guard<std::mutex> lock(g_capture_mu);
-  g_pinned[static_cast<const char*>(*p)] = bytes ? bytes : 1;
+  cuda_emu::device::add_pinned(*p, bytes ? bytes : 1);
   return cudaSuccess;
 }
 cudaError_t cudaFreeHost(void* p) {
   if (!p) return cudaSuccess;
   if (refused_during_capture("cudaFreeHost")) return cudaErrorStreamCaptureUnsupported;
-  {
-    std::lock_guard<std::mutex> lock(g_capture_mu);
-    g_pinned.erase(static_cast<const char*>(p));
-  }
+  cuda_emu::device::remove_pinned(p);
   std::free(p);
   return cudaSuccess;
 }
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream) {
   if (bytes == 0) return cudaSuccess;
   const bool dst_dev = is_device(dst, bytes), src_dev = is_device(src, bytes);
-  bool ok = true;
+  // Each side must be what the direction says, over all `bytes`: a device side inside one live
+  // allocation, a host side outside every one.
+  const char* names[] = {"HostToHost", "HostToDevice", "DeviceToHost", "DeviceToDevice", "Default"};
+  bool want_dst = false, want_src = false;
   switch (kind) {
-    case cudaMemcpyHostToDevice: ok = dst_dev && !src_dev; break;
-    case cudaMemcpyDeviceToHost: ok = !dst_dev && src_dev; break;
-    case cudaMemcpyDeviceToDevice: ok = dst_dev && src_dev; break;
-    default: ok = false;  // the backend always says which way a copy goes
+    case cudaMemcpyHostToDevice: want_dst = true; break;
+    case cudaMemcpyDeviceToHost: want_src = true; break;
+    case cudaMemcpyDeviceToDevice: want_dst = want_src = true; break;
+    default:  // the backend always says which way a copy goes
+      return invalid_pointer(std::string("cudaMemcpyAsync with kind ") + names[std::min<int>(kind, 4)] + ": the backend names the direction");
   }
-  if (!ok) return set(cudaErrorInvalidValue);
+  if (dst_dev != want_dst || src_dev != want_src) {
+    const bool dst_bad = dst_dev != want_dst;
+    const void* bad = dst_bad ? dst : src;
+    return invalid_pointer(std::string("cudaMemcpyAsync ") + names[kind] + " of " + std::to_string(bytes) + " bytes: the " +
+                           (dst_bad ? "destination" : "source") + " should be " +
+                           ((dst_bad ? want_dst : want_src) ? "device memory holding all the bytes" : "host memory") + ", but " +
+                           pointer_text(dst_bad ? "the destination" : "the source", bad));
+  }
   if (capturing(stream)) {
     const void* host = kind == cudaMemcpyHostToDevice ? src : kind == cudaMemcpyDeviceToHost ? dst : nullptr;
     if (host && !pinned(host, bytes)) {  // a pageable copy is staged by the host at once: not capturable
@@ -217,7 +234,9 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
   return cudaMemcpyAsync(dst, src, bytes, kind, nullptr);
 }
 cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t stream) {
-  if (bytes && !is_device(p, bytes)) return set(cudaErrorInvalidValue);
+  if (bytes && !is_device(p, bytes))
+    return invalid_pointer("cudaMemsetAsync of " + std::to_string(bytes) + " bytes: " + pointer_text("the destination", p) +
+                           ", not device memory holding all the bytes");
   if (cuda_emu::record_if_capturing(stream, [=] { std::memset(p, value, bytes); })) return cudaSuccess;
   std::memset(p, value, bytes);
   return cudaSuccess;
@@ -350,7 +369,9 @@ const char* cudaGetErrorName(cudaError_t e) {
 const char* cudaGetErrorString(cudaError_t e) {
   switch (e) {
     case cudaSuccess: return "no error";
-    case cudaErrorInvalidValue: return "invalid argument (emulation: a pointer is not in emulated device memory, or a copy goes the wrong way)";
+    case cudaErrorInvalidValue:
+      return t_invalid_value_detail.empty() ? "invalid argument (emulation: a pointer is not in emulated device memory, or a copy goes the wrong way)"
+                                            : t_invalid_value_detail.c_str();
     case cudaErrorMemoryAllocation: return "out of memory";
     case cudaErrorInvalidDevice: return "invalid device ordinal";
     case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";

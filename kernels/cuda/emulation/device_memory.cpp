@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -92,12 +93,31 @@ class Arena {
 
   bool contains(const void* p, size_t bytes) {
     std::lock_guard<std::mutex> lock(mu_);
-    const char* c = static_cast<const char*>(p);
-    auto it = live_.upper_bound(const_cast<char*>(c));
-    if (it == live_.begin()) return false;
-    --it;
-    return c >= it->first && c + bytes <= it->first + it->second.bytes;
+    return find(static_cast<const char*>(p), bytes) != live_.end();
   }
+  // The live allocation holding [c, c + bytes), or end().
+  std::map<char*, Allocation>::iterator find(const char* c, size_t bytes) {  // mu_ held
+    auto it = live_.upper_bound(const_cast<char*>(c));
+    if (it == live_.begin()) return live_.end();
+    --it;
+    return c >= it->first && c + bytes <= it->first + it->second.bytes ? it : live_.end();
+  }
+  // "" when p is outside the reserved range; else what it is there.
+  std::string describe(const void* p) {
+    const char* c = static_cast<const char*>(p);
+    if (c < base_ || c >= base_ + reserved_pages_ * kPage) return "";
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = find(c, 0);
+    char buf[160];
+    if (it == live_.end())
+      std::snprintf(buf, sizeof buf, "in the emulated device's address range but in no live allocation (freed, or a guard page)");
+    else
+      std::snprintf(buf, sizeof buf, "device allocation %p of %zu bytes, byte %zu", static_cast<void*>(it->first), it->second.bytes,
+                    static_cast<size_t>(c - it->first));
+    return buf;
+  }
+  const char* base() const { return base_; }
+  size_t reserved_bytes() const { return reserved_pages_ * kPage; }
 
   std::vector<std::pair<char*, size_t>> allocations() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -181,6 +201,17 @@ Arena& arena() {
   return *a;
 }
 
+// Pinned host allocations: start -> bytes (greatest start first, so lower_bound finds the last start
+// at or below an address).
+struct Pinned {
+  std::mutex mu;
+  std::map<const char*, size_t, std::greater<const char*>> ranges;
+};
+Pinned& pinned() {
+  static Pinned* p = new Pinned;  // never destroyed, as the arena
+  return *p;
+}
+
 }  // namespace
 
 void* allocate(size_t bytes) { return arena().allocate(bytes); }
@@ -191,10 +222,37 @@ size_t capacity() { return arena().capacity(); }
 void journal_begin() { arena().journal_begin(); }
 Journal journal_end() { return arena().journal_end(); }
 void note_write(const void* p, size_t bytes) { arena().note_write(p, bytes); }
+void range(const char** begin, size_t* bytes) {
+  *begin = arena().base();
+  *bytes = arena().reserved_bytes();
+}
+
+void add_pinned(const void* p, size_t bytes) {
+  std::lock_guard<std::mutex> lock(pinned().mu);
+  pinned().ranges[static_cast<const char*>(p)] = bytes;
+}
+void remove_pinned(const void* p) {
+  std::lock_guard<std::mutex> lock(pinned().mu);
+  pinned().ranges.erase(static_cast<const char*>(p));
+}
+bool is_pinned(const void* p, size_t bytes) {
+  std::lock_guard<std::mutex> lock(pinned().mu);
+  const char* c = static_cast<const char*>(p);
+  auto it = pinned().ranges.lower_bound(c);
+  return it != pinned().ranges.end() && c + bytes <= it->first + it->second;
+}
+
+std::string describe(const void* p) {
+  if (!p) return "a null pointer";
+  if (std::string d = arena().describe(p); !d.empty()) return d;
+  if (is_pinned(p, 0)) return "pinned host memory";
+  return "host memory (not a device allocation, not pinned)";
+}
 
 }  // namespace device
 
 bool is_device_memory(const void* p, size_t bytes) { return device::contains(p, bytes); }
+bool is_kernel_reachable(const void* p) { return !p || device::contains(p, 0) || device::is_pinned(p, 0); }
 
 DeviceImage save_device_memory() {
   DeviceImage image;

@@ -47,6 +47,7 @@ struct Cell {
 
 struct Worker {
   int tid = -1;  // the CUDA thread running now; -1 while the scheduler runs
+  const ThreadView* view = nullptr;  // its stack, and whether it is in the kernel's code
   uint3 block_idx{};
   uint64_t serial = 0;
   uint32_t gen = 1;
@@ -70,6 +71,8 @@ std::atomic<bool> g_active{false};  // a launch with the checks or the write jou
 std::atomic<bool> g_checks{false};  // ... with the checks on
 bool g_instrumented = false;        // an instrumented translation unit called __tsan_init
 const char* g_kernel = "";          // the running launch's kernel, for the fault report
+const char* g_device_lo = nullptr;  // the emulated device's address range (device_memory.h)
+size_t g_device_bytes = 0;
 std::atomic<uint64_t> g_serial{0};
 thread_local Worker t_worker_state;
 thread_local Worker* t_worker = nullptr;
@@ -148,8 +151,30 @@ void shadow(Worker& w, std::vector<Cell>& cells, bool is_static, size_t offset, 
   }
 }
 
-// The checks of one access: alignment, then the shadow of shared memory (out of line: the hooks'
-// fast path below stays small).
+inline bool in_device_range(uintptr_t a) { return a - reinterpret_cast<uintptr_t>(g_device_lo) < g_device_bytes; }
+// The thread's stack, its fiber, its block or its warp's last exchange: what a kernel's accesses
+// outside shared and device memory are, but for a bug.
+inline bool in_own_state(const Worker& w, uintptr_t a) {
+  const ThreadView& v = *w.view;
+  return a - reinterpret_cast<uintptr_t>(v.stack_lo) < v.stack_bytes || a - reinterpret_cast<uintptr_t>(v.state_lo[0]) < v.state_bytes[0] ||
+         a - reinterpret_cast<uintptr_t>(v.state_lo[1]) < v.state_bytes[1] || a - reinterpret_cast<uintptr_t>(v.state_lo[2]) < v.state_bytes[2];
+}
+
+// An access of the kernel's code outside shared memory and the device's range: its own stack, what the
+// emulation hands it (threadIdx, a warp exchange: ThreadView) and pinned host memory are reachable;
+// any other address is host memory a GPU cannot reach.
+void check_reach(Worker& w, const void* p, size_t size, bool write, const char* what) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  if (!w.error.empty() || in_own_state(w, a) || device::is_pinned(p, size)) return;
+  record_error(w, std::to_string(size) + "-byte " + what + (write ? "store" : "load") + " at " + hex_address(p) + ": " +
+                      device::describe(p) +
+                      ". A kernel reaches only device allocations, pinned host memory and its own stack: on a GPU this access "
+                      "faults (cudaErrorIllegalAddress). A host pointer passed where device memory is expected, directly or "
+                      "inside a descriptor the kernel reads?");
+}
+
+// The checks of one access: alignment, then the shadow of shared memory, or the reach of any other
+// address (out of line: the hooks' fast path below stays small).
 __attribute__((noinline)) void check_access(Worker* w, const void* p, size_t size, bool write, size_t align) {
   const uintptr_t a = reinterpret_cast<uintptr_t>(p);
   if (align > 1 && (a & (align - 1)) && w->error.empty())
@@ -160,8 +185,10 @@ __attribute__((noinline)) void check_access(Worker* w, const void* p, size_t siz
     shadow(*w, w->static_cells, true, a - reinterpret_cast<uintptr_t>(w->static_lo), size, write);
   else if (a - reinterpret_cast<uintptr_t>(w->dynamic_lo) < w->dynamic_bytes)
     shadow(*w, w->dynamic_cells, false, a - reinterpret_cast<uintptr_t>(w->dynamic_lo), size, write);
-  else if (write)
-    device::note_write(p, size);
+  else if (in_device_range(a)) {
+    if (write) device::note_write(p, size);
+  } else if (w->view && w->view->in_kernel)
+    check_reach(*w, p, size, write, "");
 }
 
 inline void on_access(const void* p, size_t size, bool write, size_t align) {
@@ -171,18 +198,25 @@ inline void on_access(const void* p, size_t size, bool write, size_t align) {
   const uintptr_t a = reinterpret_cast<uintptr_t>(p);
   if (g_checks.load(std::memory_order_relaxed) &&
       ((a & (align - 1)) || a - reinterpret_cast<uintptr_t>(w->static_lo) < w->static_bytes ||
-       a - reinterpret_cast<uintptr_t>(w->dynamic_lo) < w->dynamic_bytes)) {
+       a - reinterpret_cast<uintptr_t>(w->dynamic_lo) < w->dynamic_bytes ||
+       (!in_device_range(a) && w->view && w->view->in_kernel && !in_own_state(*w, a)))) {
     check_access(w, p, size, write, align);
     return;
   }
   if (write) device::note_write(p, size);  // global memory: only the write journal's business
 }
 
-// An atomic's store, for the write journal (atomics are not shadowed: they do not race).
-inline void on_atomic_write(const volatile void* p, size_t size) {
+// An atomic (not shadowed: atomics do not race): its reach, and its store for the write journal.
+inline void on_atomic(const volatile void* v, size_t size, bool write) {
   if (!g_active.load(std::memory_order_relaxed)) return;
   Worker* w = t_worker;
-  if (w && w->tid >= 0) device::note_write(const_cast<const void*>(p), size);
+  if (!w || w->tid < 0) return;
+  const void* p = const_cast<const void*>(v);
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  const bool shared = a - reinterpret_cast<uintptr_t>(w->static_lo) < w->static_bytes || a - reinterpret_cast<uintptr_t>(w->dynamic_lo) < w->dynamic_bytes;
+  if (g_checks.load(std::memory_order_relaxed) && !shared && !in_device_range(a) && w->view && w->view->in_kernel)
+    check_reach(*w, p, size, write, "atomic ");
+  if (write) device::note_write(p, size);
 }
 
 void reset_clocks(Worker& w) {
@@ -251,6 +285,7 @@ bool checks_enabled() {
 
 void begin_launch(const char* kernel, bool journal) {
   g_kernel = kernel;
+  if (!g_device_lo) device::range(&g_device_lo, &g_device_bytes);
   install_fault_reporter();
   const bool checks = checks_enabled();
   g_checks.store(checks, std::memory_order_relaxed);
@@ -310,8 +345,14 @@ void async_copy_landed(const void* p, size_t size) {
   check_access(&w, p, size, true, 16);
 }
 
-void enter_thread(int linear) { t_worker_state.tid = linear; }
-void leave_thread() { t_worker_state.tid = -1; }
+void enter_thread(int linear, const ThreadView* view) {
+  t_worker_state.tid = linear;
+  t_worker_state.view = view;
+}
+void leave_thread() {
+  t_worker_state.tid = -1;
+  t_worker_state.view = nullptr;
+}
 
 void barrier_completed() {
   Worker& w = t_worker_state;
@@ -387,9 +428,12 @@ MN_HOOK void __tsan_write_range(void* p, unsigned long size) { on_access(p, size
 
 // Atomics: performed (sequentially consistent whatever order is asked), never shadowed: an atomic
 // does not race with an atomic.
-#define MN_AW cuda_emu::racecheck::on_atomic_write(a, sizeof(*a))
+#define MN_AW cuda_emu::racecheck::on_atomic(a, sizeof(*a), true)
 #define MN_ATOMIC_HOOKS(N, T)                                                                                        \
-  MN_HOOK T __tsan_atomic##N##_load(const volatile T* a, int) { return __atomic_load_n(a, __ATOMIC_SEQ_CST); }      \
+  MN_HOOK T __tsan_atomic##N##_load(const volatile T* a, int) {                                                      \
+    cuda_emu::racecheck::on_atomic(a, sizeof(*a), false);                                                            \
+    return __atomic_load_n(a, __ATOMIC_SEQ_CST);                                                                     \
+  }                                                                                                                  \
   MN_HOOK void __tsan_atomic##N##_store(volatile T* a, T v, int) { MN_AW; __atomic_store_n(a, v, __ATOMIC_SEQ_CST); } \
   MN_HOOK T __tsan_atomic##N##_exchange(volatile T* a, T v, int) { MN_AW; return __atomic_exchange_n(a, v, __ATOMIC_SEQ_CST); } \
   MN_HOOK T __tsan_atomic##N##_fetch_add(volatile T* a, T v, int) { MN_AW; return __atomic_fetch_add(a, v, __ATOMIC_SEQ_CST); } \

@@ -11,7 +11,12 @@
 //   - uninitialised shared memory: a read of a shared byte no thread of the block has written;
 //   - cp.async: a read or write of shared bytes a cp.async is still copying into (it lands only at a
 //     cp.async.wait_group that lets it, cuda_emulation.h), and a copy issued over bytes another
-//     thread read since the last barrier.
+//     thread read since the last barrier;
+//   - reach: a load, store or atomic outside shared memory must be device memory (a live allocation of
+//     device_memory.h), pinned host memory, or the thread's own stack (its local arrays): any other host
+//     address (a pointer to the host's stack or heap reached through an argument or a descriptor)
+//     faults on a GPU with cudaErrorIllegalAddress. Checked from the moment the thread enters the
+//     kernel's code (kernel_entry: before it, the emulation copies the arguments from host memory).
 // The first error of a block is kept and reported by the scheduler with the kernel, block and thread.
 //
 // MULTINORM_EMU_RACECHECK=0 turns the checks off (the hooks then return at once). The sanitizer
@@ -41,7 +46,18 @@ void mark_instrumented();
 // A block starts on this worker: its shape, its dynamic shared memory.
 void begin_block(uint3 block_idx, dim3 block, void* dynamic_shared, size_t dynamic_bytes);
 // The CUDA thread (linear index in the block) the worker is about to run, and back to the scheduler.
-void enter_thread(int linear);
+// `view` (owned by the scheduler's fiber) says where its stack is and whether it is in the kernel's
+// code yet.
+struct ThreadView {
+  const char* stack_lo = nullptr;
+  size_t stack_bytes = 0;
+  // The emulation's state the thread's code reads on every threadIdx / blockDim (its fiber, its
+  // block) and after a warp-matrix instruction (its warp's last exchange): reachable, checked inline.
+  const char* state_lo[3] = {nullptr, nullptr, nullptr};
+  size_t state_bytes[3] = {0, 0, 0};
+  bool in_kernel = false;
+};
+void enter_thread(int linear, const ThreadView* view);
 void leave_thread();
 // cp.async: the running thread issued a copy into shared memory [p, p + size) (checked as a write;
 // then a read or write of those bytes is an error until it lands), and it landed.
