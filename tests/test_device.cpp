@@ -1,4 +1,5 @@
-// Backend selection on a machine without a GPU: the binary runs and falls back to the CPU.
+// Backend selection: on a machine without a GPU the binary runs and falls back to the CPU (on a GPU
+// node those tests skip, saying so: there is nothing to fall back from).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -15,20 +16,32 @@
 
 using namespace multinorm;
 
+namespace {
+// "" without a usable GPU; else why a test of the no-GPU behaviour cannot run here.
+std::string usable_gpu() {
+  const CudaProbe& p = probe_cuda();
+  if (p.device_count == 0) return "";
+  return "a usable GPU is present (" + std::to_string(p.device_count) + " device(s)" +
+         (p.devices.empty() ? std::string() : std::string(", ") + p.devices[0].name) + "): this test is of a machine without one";
+}
+}  // namespace
+
 TEST(Device, CpuOnRequest) {
   const BackendChoice c = choose_backend("cpu");
   EXPECT_EQ(c.kind, BackendKind::Cpu);
 }
 
 TEST(Device, AutoFallsBackToCpuAndSaysWhy) {
+  if (const std::string why = usable_gpu(); !why.empty()) GTEST_SKIP() << why;
   const BackendChoice c = choose_backend("auto");
   EXPECT_EQ(c.kind, BackendKind::Cpu);
   EXPECT_NE(c.reason.find("cpu (auto: "), std::string::npos) << c.reason;
 }
 
 TEST(Device, CudaWithoutAUsableGpuIsAnError) {
-  EXPECT_THROW(choose_backend("cuda"), Error);
   EXPECT_THROW(choose_backend("tpu"), ConfigError);
+  if (const std::string why = usable_gpu(); !why.empty()) GTEST_SKIP() << why;
+  EXPECT_THROW(choose_backend("cuda"), Error);
 }
 
 #ifdef MULTINORM_EXPECT_CUDA_PLUGIN
@@ -107,4 +120,12 @@ TEST(CudaLibraries, SearchTheToolkitAndPythonEnvironments) {
   EXPECT_NE(m.find("libcublasLt.so.13 not found"), std::string::npos) << m;
   EXPECT_NE(m.find("/usr/local/cuda/lib64/libcublasLt.so.12"), std::string::npos) << m;
   EXPECT_NE(m.find("built against another CUDA"), std::string::npos) << m;
+}
+
+// A test that kills the binary, for scripts/gpu_check/run_gtests.py (gpu_check's test step): after a
+// crash it must record the test and run the ones after it in a new process. tests/gpu_check.sh sets
+// MULTINORM_TEST_PLANT_CRASH=1; otherwise this skips.
+TEST(Planted, CrashWhenAsked) {
+  if (!std::getenv("MULTINORM_TEST_PLANT_CRASH")) GTEST_SKIP() << "a planted crash, for tests/gpu_check.sh (MULTINORM_TEST_PLANT_CRASH=1)";
+  std::abort();
 }
