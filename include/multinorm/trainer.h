@@ -32,7 +32,9 @@ struct TrainResult {
   int64_t updates = 0, skipped = 0;
   double last_loss = 0;
   EvalResult eval;
-  double seconds = 0, tokens_per_s = 0;
+  // seconds: the whole run (set-up, evaluation, checkpoints); update_seconds: its updates alone (the
+  // sum of their step_s), which tokens_per_s is over.
+  double seconds = 0, update_seconds = 0, tokens_per_s = 0;
   std::string run_dir, last_checkpoint;
   int stopped_by = 0;  // the signal that stopped the run after its last update (stop_signals.h); 0: none
 };

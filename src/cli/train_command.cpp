@@ -53,8 +53,10 @@ void add_train_command(CLI::App& app) {
       std::printf("nothing to train: %s is already at its last update (schedule.total_steps or --max-updates)\n",
                   r.run_dir.c_str());
     else
-      std::printf("trained %lld updates in %.1f s (%.0f tokens/s); last loss %.4f%s\n", (long long)r.updates, r.seconds,
-                r.tokens_per_s, r.last_loss, r.skipped ? (" (" + std::to_string(r.skipped) + " skipped)").c_str() : "");
+      std::printf("trained %lld updates in %.1f s of updates (%.0f tokens/s), %.1f s in all with set-up, evaluation and "
+                  "checkpoints; last loss %.4f%s\n",
+                  (long long)r.updates, r.update_seconds, r.tokens_per_s, r.seconds, r.last_loss,
+                  r.skipped ? (" (" + std::to_string(r.skipped) + " skipped)").c_str() : "");
     if (r.eval.batches)
       std::printf("validation: loss %.4f, perplexity %.2f (%lld tokens)\n", r.eval.loss, r.eval.perplexity(),
                   (long long)r.eval.tokens);

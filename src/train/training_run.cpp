@@ -321,6 +321,7 @@ void TrainingRun::record(const QueuedUpdate& u, const StepStats& st) {
   tokens_this_run_ += r.raw_tokens;
   r.tokens_seen = state_.tokens_seen;
   r.step_s = since(t_last_end_);
+  result_.update_seconds += r.step_s;
   r.forward_s = u.forward_s, r.backward_s = u.backward_s, r.compute_s = u.compute_s, r.optimizer_s = u.opt_s;
   r.data_wait_s = u.data_s, r.comm_wait_s = u.comm_wait_s, r.comm_exposed_s = u.comm_exposed_s;
   const QueueCounters now = backend_->queue().counters();
@@ -408,10 +409,10 @@ TrainResult TrainingRun::finish() {
   result_.last_checkpoint = checkpointer_->last_good();
   result_.skipped = state_.skipped;
   result_.seconds = since(t_start_);
-  result_.tokens_per_s = tokens_this_run_ / std::max(since(t_loop_), 1e-9);
+  result_.tokens_per_s = tokens_this_run_ / std::max(result_.update_seconds, 1e-9);  // training, not evaluation or checkpoints
   if (state_.step == run_.schedule.total_steps && comm_.root()) {  // complete: sweeps skip it from now on
     json res = {{"diverged", false}, {"rollbacks", state_.rollbacks}, {"updates", state_.step}, {"tokens", state_.tokens_seen},
-                {"skipped_updates", state_.skipped}, {"tokens_per_s", result_.tokens_per_s}, {"wall_s", result_.seconds},
+                {"skipped_updates", state_.skipped}, {"tokens_per_s", result_.tokens_per_s}, {"update_s", result_.update_seconds}, {"wall_s", result_.seconds},
                 {"final_train_loss", result_.last_loss}, {"optimizer", choice_name(run_.optimizer.name)},
                 {"optimizer_state_bytes", optimizer_->state_bytes()}, {"matrix_state_bytes", optimizer_->matrix_state_bytes()},
                 {"backend", backend_->name()}, {"backend_choice", choice_.reason}, {"ranks", world_},
