@@ -89,11 +89,15 @@ TEST(Memory, ActivationPlanSizes) {
 TEST(Memory, CudaBackendScratchPlanIsWhatItAllocates) {
   const CudaProbe* p = multinorm::testing::test_cuda_plugin();
   if (!p) GTEST_SKIP() << "no CUDA plugin";
-  for (const char* opt : {"sinkgd", "swan", "adam"}) {
+  // Adam also with an MLP width of 41 (rows of 82 bytes in BF16, as llama_1b's 5461: its GEMMs staged
+  // through 128-byte rows) and in FP32 (the loss head unfused).
+  for (const std::string opt : {"sinkgd", "swan", "adam", "adam F41", "adam F41 fp32"}) {
     json j = json::parse(R"({"model": {"config": {"vocab_size": 50, "hidden_size": 16, "intermediate_size": 40,
       "num_hidden_layers": 2, "num_attention_heads": 2, "max_position_embeddings": 16}},
       "batch": {"global_batch": 3, "micro_batch": 3, "seq_len": 7}, "backend": "cuda"})");
-    j["optimizer"]["name"] = opt;
+    j["optimizer"]["name"] = opt.substr(0, opt.find(' '));
+    if (opt.find("F41") != std::string::npos) j["model"]["config"]["intermediate_size"] = 41;
+    if (opt.find("fp32") != std::string::npos) j["precision"]["params"] = "fp32";
     const RunConfig run = run_config_from_json(j, "test");
     auto be = make_cuda_backend(*p);
     LlamaModel model(*be, run.model, run.precision.params, 3, 7);

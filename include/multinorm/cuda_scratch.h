@@ -8,6 +8,40 @@
 namespace multinorm::cuda_scratch {
 
 constexpr int64_t kGemmWorkspaceBytes = 32ll << 20;  // cuBLASLt's recommendation for Hopper (gemm.h)
+
+// GEMM operands cuBLASLt runs slowly: its fast kernels want every operand's rows and base on 16
+// bytes. A row of llama_1b's MLP width (5461 BF16 = 10,922 bytes) is not: on an H100 such GEMMs ran
+// at 133-143 TFLOP/s against 725-793 with 5504 (2026-11-27). Such an operand is staged: copied
+// (`copy_rows`) into scratch with its rows padded to 128 bytes, the GEMM run there, an output copied
+// back. One plan for the backend, the cost model and the memory estimate.
+constexpr int64_t kGemmStagedRowBytes = 128;
+inline bool gemm_operand_staged(int64_t cols, int64_t element_bytes, uintptr_t address) {
+  return (cols * element_bytes) % 16 != 0 || address % 16 != 0;
+}
+inline int64_t gemm_staged_ld(int64_t cols, int64_t element_bytes) {
+  const int64_t per_row = kGemmStagedRowBytes / element_bytes;
+  return (cols + per_row - 1) / per_row * per_row;
+}
+// What one GEMM stages, operand by operand: a [rows, cols] as stored (rows x cols of op(a)^T when
+// transposed), b likewise, out [M, N]; ld is the staged row width (cols when not staged).
+struct GemmOperand {
+  int64_t rows = 0, cols = 0, ld = 0;
+  bool staged = false;
+  int64_t staged_bytes(int64_t element_bytes) const { return staged ? rows * ld * element_bytes : 0; }
+};
+struct GemmStaging {
+  GemmOperand a, b, out;
+};
+inline GemmStaging gemm_staging(int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, int64_t in_bytes, int64_t out_bytes,
+                                uintptr_t a_address, uintptr_t b_address, uintptr_t out_address) {
+  auto operand = [](int64_t rows, int64_t cols, int64_t bytes, uintptr_t address) {
+    GemmOperand o{rows, cols, cols, gemm_operand_staged(cols, bytes, address)};
+    if (o.staged) o.ld = gemm_staged_ld(cols, bytes);
+    return o;
+  };
+  return {operand(trans_a ? K : M, trans_a ? M : K, in_bytes, a_address), operand(trans_b ? N : K, trans_b ? K : N, in_bytes, b_address),
+          operand(M, N, out_bytes, out_address)};
+}
 constexpr int64_t kRmsnormBackwardBlocks = 256;      // fixed: the same reduction tree on every GPU
 constexpr int64_t kSinkgdChunks = 128;               // SinkGD's row chunks per pass
 constexpr int64_t kSumSquaresBlocks = 256;           // the FP64 sum of squares' fixed grid

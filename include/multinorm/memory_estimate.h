@@ -41,10 +41,11 @@ int64_t cpu_backend_scratch_bytes(const ModelConfig& m, int64_t micro_batch, int
 
 // The CUDA backend's device scratch after a training step (include/multinorm/cuda_scratch.h: cuBLASLt's
 // workspace, RMSNorm's block partials, attention's row sums, the embedding buckets, the sum of
-// squares, the matrix optimizer's buffers for the largest matrix). Exact against the backend's
-// workspace_bytes (tests/test_memory.cpp, on the emulated build).
-int64_t cuda_backend_scratch_bytes(const ModelConfig& m, int64_t micro_batch, int64_t seq_len, OptimizerKind matrix_optimizer,
-                                   const std::vector<std::string>& matrix_params);
+// squares, the matrix optimizer's buffers for the largest matrix, the GEMM operands staged through
+// 128-byte rows). Exact against the backend's workspace_bytes (tests/test_memory.cpp, on the
+// emulated build). act: the weights' and activations' dtype; grad: the gradients'.
+int64_t cuda_backend_scratch_bytes(const ModelConfig& m, int64_t micro_batch, int64_t seq_len, DType act, DType grad,
+                                   OptimizerKind matrix_optimizer, const std::vector<std::string>& matrix_params);
 
 struct TrainingMemory {
   bool cuda = false;  // device memory of the CUDA backend (else host memory of the CPU backend)

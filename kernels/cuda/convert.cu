@@ -11,8 +11,13 @@
 //                   loss from its totals: the norm, clip factor, loss and skip flag written to the
 //                   update's scalars
 //   clip_gradients<T>: reads the factor; when it is not 1, reads and writes n*sizeof(T) bytes
+//   copy_rows:     rows x cols elements between row strides (a GEMM operand to or from its staged
+//                  copy with 128-byte rows: cuda_scratch::gemm_staging): reads and writes
+//                  rows*cols*element bytes, 0 FLOPs
 // convert, scale and clip take runs of 8 elements a thread (16-byte packs of BF16, two of FP32) where
 // the arrays are 16-byte aligned, the last n mod 8 one by one: the same bits either way.
+#include <algorithm>
+
 #include "../common/optim_math.h"
 #include "device_utils.cuh"
 #include "kernels.h"
@@ -62,6 +67,14 @@ __device__ void scale_elements(T* x, int64_t n, float factor, bool packed) {
 template <class T>
 __global__ void scale_kernel(T* x, int64_t n, float factor, bool packed) {
   scale_elements(x, n, factor, packed);
+}
+
+// dst[r, c] = src[r, c] for c < cols, rows dst_ld and src_ld elements apart; W is the element's bits.
+template <class W>
+__global__ void copy_rows_kernel(W* dst, int64_t dst_ld, const W* src, int64_t src_ld, int64_t rows, int64_t cols) {
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
+    for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < cols; c += int64_t(gridDim.x) * blockDim.x)
+      dst[r * dst_ld + c] = src[r * src_ld + c];
 }
 
 constexpr int kReduceThreads = 256;
@@ -129,6 +142,16 @@ unsigned grid_for(int64_t n) { return static_cast<unsigned>(std::min<int64_t>(ce
 template <class D, class S>
 void convert(D* dst, const S* src, int64_t n, cudaStream_t stream) {
   if (n > 0) launch("convert", convert_kernel<D, S>, dim3(grid_for(n)), dim3(256), 0, stream, dst, src, n, aligned16(dst) && aligned16(src));
+}
+void copy_rows(void* dst, int64_t dst_ld, const void* src, int64_t src_ld, int64_t rows, int64_t cols, int element_bytes, cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0) return;
+  const dim3 grid(ceil_div(cols, 256), static_cast<unsigned>(std::min<int64_t>(rows, 65535)));
+  if (element_bytes == 2)
+    launch("copy_rows", copy_rows_kernel<uint16_t>, grid, dim3(256), 0, stream, static_cast<uint16_t*>(dst), dst_ld,
+           static_cast<const uint16_t*>(src), src_ld, rows, cols);
+  else
+    launch("copy_rows", copy_rows_kernel<uint32_t>, grid, dim3(256), 0, stream, static_cast<uint32_t*>(dst), dst_ld,
+           static_cast<const uint32_t*>(src), src_ld, rows, cols);
 }
 template <class T>
 void scale(T* x, int64_t n, float factor, cudaStream_t stream) {

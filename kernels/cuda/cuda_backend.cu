@@ -140,11 +140,13 @@ class CudaBackend final : public Backend {
     q_ = std::make_unique<CudaQueue>();
     gemm_ = std::make_unique<LtGemm>();
     for (auto* s : {&rms_scratch_, &attn_scratch_, &bucket_scratch_, &reduce_scratch_, &opt_scratch_, &head_scratch_}) *s = std::make_unique<Scratch>(*q_);
+    for (auto& s : gemm_stage_) s = std::make_unique<Scratch>(*q_);
     descriptors_ = std::make_unique<DescriptorCache>(*q_);
   }
   ~CudaBackend() override {
     descriptors_.reset();
     for (auto* s : {&rms_scratch_, &attn_scratch_, &bucket_scratch_, &reduce_scratch_, &opt_scratch_, &head_scratch_}) s->reset();
+    for (auto& s : gemm_stage_) s.reset();
     gemm_.reset();
     q_.reset();  // waits for the stream
   }
@@ -165,7 +167,8 @@ class CudaBackend final : public Backend {
 
   int64_t workspace_bytes() const override {
     return static_cast<int64_t>(gemm_->workspace_bytes() + rms_scratch_->bytes() + attn_scratch_->bytes() + reduce_scratch_->bytes() +
-                                bucket_scratch_->bytes() + opt_scratch_->bytes() + head_scratch_->bytes() + descriptors_->bytes());
+                                bucket_scratch_->bytes() + opt_scratch_->bytes() + head_scratch_->bytes() + descriptors_->bytes() +
+                                gemm_stage_[0]->bytes() + gemm_stage_[1]->bytes() + gemm_stage_[2]->bytes());
   }
 
   // ---- memory -----------------------------------------------------------------------------------
@@ -206,10 +209,31 @@ class CudaBackend final : public Backend {
   }
 
   // ---- GEMM ---------------------------------------------------------------------------------------
+  // An operand whose rows or base are not 16-byte aligned (an MLP width of 5461) is staged through
+  // scratch with 128-byte rows, where cuBLASLt runs its fast kernels (cuda_scratch::gemm_staging):
+  // a and b copied in, out copied in when accumulating and back after.
   void matmul(Buf out, Buf a, Buf b, int64_t M, int64_t N, int64_t K, bool ta, bool tb, bool acc) override {
     if (a.dtype != b.dtype) throw Error("matmul: operands must share a dtype");
     if (a.dtype == DType::F32 && out.dtype != DType::F32) throw Error("matmul: fp32 operands need an fp32 output");
-    gemm_->run(out.ptr, lt_type(out.dtype), a.ptr, b.ptr, lt_type(a.dtype), M, N, K, ta, tb, acc, q_->issue());
+    const int64_t si = dtype_bytes(a.dtype), so = dtype_bytes(out.dtype);
+    const cuda_scratch::GemmStaging st =
+        cuda_scratch::gemm_staging(M, N, K, ta, tb, si, so, reinterpret_cast<uintptr_t>(a.ptr), reinterpret_cast<uintptr_t>(b.ptr),
+                                   reinterpret_cast<uintptr_t>(out.ptr));
+    if (M == 0 || N == 0 || K == 0 || !(st.a.staged || st.b.staged || st.out.staged)) {
+      gemm_->run(out.ptr, lt_type(out.dtype), a.ptr, b.ptr, lt_type(a.dtype), M, N, K, ta, tb, acc, q_->issue());
+      return;
+    }
+    auto stage = [&](const cuda_scratch::GemmOperand& o, std::unique_ptr<Scratch>& s, const void* p, int64_t bytes, bool copy_in) -> void* {
+      if (!o.staged) return const_cast<void*>(p);
+      void* staged = scratch(s, static_cast<size_t>(o.staged_bytes(bytes)), "a GEMM operand's 128-byte rows");
+      if (copy_in) cuda::copy_rows(staged, o.ld, p, o.cols, o.rows, o.cols, static_cast<int>(bytes), q_->issue());
+      return staged;
+    };
+    void* sa = stage(st.a, gemm_stage_[0], a.ptr, si, true);
+    void* sb = stage(st.b, gemm_stage_[1], b.ptr, si, true);
+    void* so_ptr = stage(st.out, gemm_stage_[2], out.ptr, so, acc);
+    gemm_->run(so_ptr, st.out.ld, lt_type(out.dtype), sa, st.a.ld, sb, st.b.ld, lt_type(a.dtype), M, N, K, ta, tb, acc, q_->issue());
+    if (st.out.staged) cuda::copy_rows(out.ptr, N, so_ptr, st.out.ld, M, N, static_cast<int>(so), q_->issue());
   }
 
   // ---- model ops ------------------------------------------------------------------------------------
@@ -492,6 +516,7 @@ class CudaBackend final : public Backend {
   int device_;
   std::unique_ptr<CudaQueue> q_;
   std::unique_ptr<LtGemm> gemm_;
+  std::unique_ptr<Scratch> gemm_stage_[3];  // a GEMM's staged a, b and out (cuda_scratch::gemm_staging)
   std::unique_ptr<Scratch> rms_scratch_, attn_scratch_, bucket_scratch_, reduce_scratch_, opt_scratch_, head_scratch_;
   std::unique_ptr<DescriptorCache> descriptors_;
   std::vector<AdamManyItem> many_items_;

@@ -38,10 +38,11 @@ LtGemm::~LtGemm() {
 LtGemm::Plan& LtGemm::plan(const Key& key) {
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second;
-  const auto [M, N, K, ta, tb, in, out, align_out, align_a, align_b] = key;
+  const auto [M, N, K, ta, tb, in, out, align_out, align_a, align_b, ld_out, ld_a, ld_b] = key;
   const std::string what = "matmul M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K) + (ta ? " a^T" : "") +
                            (tb ? " b^T" : "") + " (" + (in == CUDA_R_16BF ? "bf16" : "fp32") + " -> " + (out == CUDA_R_16BF ? "bf16" : "fp32") +
-                           ", operands aligned to " + std::to_string(align_out) + "/" + std::to_string(align_a) + "/" + std::to_string(align_b) + " B)";
+                           ", operands aligned to " + std::to_string(align_out) + "/" + std::to_string(align_a) + "/" + std::to_string(align_b) +
+                           " B, row strides " + std::to_string(ld_out) + "/" + std::to_string(ld_a) + "/" + std::to_string(ld_b) + ")";
   Plan p;
   MN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), what);
   // Column-major roles: first operand is b (stored row-major [K,N] or, transposed, [N,K]).
@@ -49,11 +50,11 @@ LtGemm::Plan& LtGemm::plan(const Key& key) {
   MN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof(op_first)), what);
   MN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof(op_second)), what);
   const auto in_t = static_cast<cudaDataType>(in), out_t = static_cast<cudaDataType>(out);
-  // b row-major [K,N] = column-major N x K (ld N); transposed b row-major [N,K] = column-major K x N (ld K)
-  MN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, in_t, tb ? K : N, tb ? N : K, tb ? K : N), what);
-  // a row-major [M,K] = column-major K x M (ld K); transposed a row-major [K,M] = column-major M x K (ld M)
-  MN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, in_t, ta ? M : K, ta ? K : M, ta ? M : K), what);
-  MN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, out_t, N, M, N), what);
+  // b row-major [K,N] = column-major N x K (rows of N); transposed b row-major [N,K] = column-major K x N
+  MN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, in_t, tb ? K : N, tb ? N : K, ld_b), what);
+  // a row-major [M,K] = column-major K x M (rows of K); transposed a row-major [K,M] = column-major M x K
+  MN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, in_t, ta ? M : K, ta ? K : M, ld_a), what);
+  MN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, out_t, N, M, ld_out), what);
   cublasLtMatmulPreference_t pref;
   MN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref), what);
   const uint64_t ws = kWorkspaceBytes;
@@ -74,16 +75,17 @@ LtGemm::Plan& LtGemm::plan(const Key& key) {
   return plans_.emplace(key, p).first->second;
 }
 
-void LtGemm::run(void* out, cudaDataType out_type, const void* a, const void* b, cudaDataType in_type, int64_t M, int64_t N, int64_t K, bool ta,
-                 bool tb, bool accumulate, cudaStream_t stream) {
+void LtGemm::run(void* out, int64_t ld_out, cudaDataType out_type, const void* a, int64_t ld_a, const void* b, int64_t ld_b, cudaDataType in_type,
+                 int64_t M, int64_t N, int64_t K, bool ta, bool tb, bool accumulate, cudaStream_t stream) {
   if (M == 0 || N == 0) return;
-  if (K == 0) {  // an empty sum: out = 0, or unchanged when accumulating
+  if (K == 0) {  // an empty sum: out = 0, or unchanged when accumulating (the backend passes ld_out = N here)
     if (!accumulate) {
-      MN_CUDA_CHECK(cudaMemsetAsync(out, 0, M * N * (out_type == CUDA_R_16BF ? 2 : 4), stream), "matmul with K = 0");
+      MN_CUDA_CHECK(cudaMemsetAsync(out, 0, M * ld_out * (out_type == CUDA_R_16BF ? 2 : 4), stream), "matmul with K = 0");
     }
     return;
   }
-  const Plan& p = plan(Key{M, N, K, ta, tb, static_cast<int>(in_type), static_cast<int>(out_type), alignment_of(out), alignment_of(a), alignment_of(b)});
+  const Plan& p = plan(Key{M, N, K, ta, tb, static_cast<int>(in_type), static_cast<int>(out_type), alignment_of(out), alignment_of(a), alignment_of(b),
+                           ld_out, ld_a, ld_b});
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   const bool timed = profiler::g_on;
   if (timed) profiler::begin(in_type == CUDA_R_16BF ? "gemm bf16 (cuBLASLt)" : "gemm fp32 (cuBLASLt)", stream);

@@ -22,10 +22,16 @@ class LtGemm {
 
   // Row-major out[M,N] = op(a)[M,K] op(b)[K,N] (+ out when accumulate); a transposed operand is
   // stored [K,M] (a) or [N,K] (b). Inputs share `in_type`; `out_type` may differ (BF16 x BF16 ->
-  // FP32 is the mixed-precision path). Leading dimensions are the row widths: any width works
-  // (5461 included): cuBLASLt picks an algorithm for the alignment it is given.
+  // FP32 is the mixed-precision path). ld_*: each operand's row stride in elements, at least its
+  // row width: any stride works, but cuBLASLt is fast only where rows and bases are 16-byte aligned
+  // (the backend stages the others: cuda_scratch::gemm_staging).
+  void run(void* out, int64_t ld_out, cudaDataType out_type, const void* a, int64_t ld_a, const void* b, int64_t ld_b, cudaDataType in_type,
+           int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, bool accumulate, cudaStream_t stream);
+  // Dense rows (each stride its row width).
   void run(void* out, cudaDataType out_type, const void* a, const void* b, cudaDataType in_type, int64_t M, int64_t N, int64_t K, bool trans_a,
-           bool trans_b, bool accumulate, cudaStream_t stream);
+           bool trans_b, bool accumulate, cudaStream_t stream) {
+    run(out, N, out_type, a, trans_a ? M : K, b, trans_b ? K : N, in_type, M, N, K, trans_a, trans_b, accumulate, stream);
+  }
 
   static constexpr size_t kWorkspaceBytes = cuda_scratch::kGemmWorkspaceBytes;
   size_t workspace_bytes() const { return kWorkspaceBytes; }
@@ -36,10 +42,10 @@ class LtGemm {
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulAlgo_t algo{};
   };
-  // Shape, transposes, types and the operands' alignments (out, a, b): cuBLASLt's algorithm is
-  // chosen for the alignments it is told and may rely on them, so a less aligned pointer gets a plan
-  // of its own.
-  using Key = std::tuple<int64_t, int64_t, int64_t, bool, bool, int, int, uint32_t, uint32_t, uint32_t>;
+  // Shape, transposes, types, the operands' alignments (out, a, b) and row strides (out, a, b):
+  // cuBLASLt's algorithm is chosen for the alignments it is told and may rely on them, so a less
+  // aligned pointer gets a plan of its own.
+  using Key = std::tuple<int64_t, int64_t, int64_t, bool, bool, int, int, uint32_t, uint32_t, uint32_t, int64_t, int64_t, int64_t>;
   Plan& plan(const Key& key);
 
   cublasLtHandle_t handle_ = nullptr;

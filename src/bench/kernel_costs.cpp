@@ -71,16 +71,38 @@ class CostRecorder final : public Backend {
     if (n > 0) add("convert", CostUnit::Memory, 1, n * (s_of(dst) + s_of(src)), 0);
   }
 
-  void matmul(Buf out, Buf a, Buf, int64_t M, int64_t N, int64_t K, bool, bool, bool accumulate) override {
+  // An operand with rows or a base off 16 bytes is staged through 128-byte rows first (and an output
+  // back after): a copy_rows launch each, reading and writing the operand once
+  // (cuda_scratch::gemm_staging; the GEMM itself then runs at the aligned rate).
+  void matmul(Buf out, Buf a, Buf b, int64_t M, int64_t N, int64_t K, bool ta, bool tb, bool accumulate) override {
     if (M == 0 || N == 0) return;
     if (K == 0) {
       if (!accumulate) zero(out, M * N);
       return;
     }
+    const auto st = staging(out, a, b, M, N, K, ta, tb);
+    record_staging(st, s_of(a), s_of(out), accumulate, true);
     const bool bf16 = a.dtype == DType::BF16;
     const double bytes = double(M * K + K * N) * s_of(a) + double(M * N) * s_of(out) * (accumulate ? 2 : 1);
     add(bf16 ? "gemm bf16 (cuBLASLt)" : "gemm fp32 (cuBLASLt)", bf16 ? CostUnit::GemmTensorCore : CostUnit::GemmFp32, 1, bytes,
         2.0 * M * N * K);
+    record_staging(st, s_of(a), s_of(out), accumulate, false);
+  }
+  static cuda_scratch::GemmStaging staging(Buf out, Buf a, Buf b, int64_t M, int64_t N, int64_t K, bool ta, bool tb) {
+    return cuda_scratch::gemm_staging(M, N, K, ta, tb, dtype_bytes(a.dtype), dtype_bytes(out.dtype), reinterpret_cast<uintptr_t>(a.ptr),
+                                      reinterpret_cast<uintptr_t>(b.ptr), reinterpret_cast<uintptr_t>(out.ptr));
+  }
+  // The copies a staged GEMM adds, each operand read and written once: before it, a and b in (and out
+  // when accumulating); after it, out back.
+  void record_staging(const cuda_scratch::GemmStaging& st, double s_in, double s_out, bool accumulate, bool before) {
+    auto copy = [&](const cuda_scratch::GemmOperand& o, double s) { add("copy_rows", CostUnit::Memory, 1, 2.0 * o.rows * o.cols * s, 0); };
+    if (before) {
+      if (st.a.staged) copy(st.a, s_in);
+      if (st.b.staged) copy(st.b, s_in);
+      if (st.out.staged && accumulate) copy(st.out, s_out);
+    } else if (st.out.staged) {
+      copy(st.out, s_out);
+    }
   }
 
   // ---- model ops ------------------------------------------------------------------------------
@@ -181,7 +203,10 @@ class CostRecorder final : public Backend {
     const double backward = dlogits.ptr ? 1.0 : 0.0;
     for (int64_t v0 = 0; N > 0 && v0 < V; v0 += chunks.width) {
       const double n = static_cast<double>(std::min(chunks.width, V - v0));
+      const auto st = staging(logits, x, Buf{static_cast<char*>(w.ptr) + v0 * C * 2, DType::BF16}, N, std::min(chunks.width, V - v0), C, false, true);
+      record_staging(st, 2, 4, false, true);
       add("gemm bf16 (cuBLASLt)", CostUnit::GemmTensorCore, 1, 2.0 * (N * C + n * C), 2.0 * N * n * C);
+      record_staging(st, 2, 4, false, false);
       add("cross_entropy_chunk", CostUnit::Memory, 1, backward * 2.0 * N * n + 13.0 * N, 5.0 * N * n);
     }
     if (N > 0) add("cross_entropy_finish", CostUnit::Memory, 1, backward * 4.0 * N * V + 8.0 * N * chunks.count + 13.0 * N, backward * 2.0 * N * V);

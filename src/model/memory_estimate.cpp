@@ -117,10 +117,56 @@ int64_t cpu_backend_scratch_bytes(const ModelConfig& m, int64_t B, int64_t T, DT
   return floats * 4 + packed_elements * 2;
 }
 
-int64_t cuda_backend_scratch_bytes(const ModelConfig& m, int64_t B, int64_t T, OptimizerKind matrix_optimizer,
+namespace {
+// One GEMM of a training step on the CUDA backend: out[M,N] = op(a) op(b), elements of `in` bytes
+// in a and b, `out` bytes in out.
+struct GemmCall {
+  int64_t M, N, K;
+  bool ta, tb;
+  int64_t in, out;
+};
+// The CUDA backend's GEMMs of one training step, as llama_model.cpp issues them (its matmul_swiglu
+// and matmul_swiglu_backward: the Backend defaults, a GEMM then the SwiGLU kernel; the loss head in
+// the backend's vocabulary chunks where it fuses it): what the GEMM staging scratch is sized by.
+// Bases are taken as 16-byte aligned, as the model's buffers are where hidden_size x element bytes is
+// a multiple of 16. Exact against the backend (tests/test_memory.cpp, with a misaligned MLP width).
+std::vector<GemmCall> cuda_training_gemm_calls(const ModelConfig& m, int64_t BT, DType act, DType grad) {
+  const int64_t C = m.hidden_size, F = m.intermediate_size, V = m.vocab_size;
+  const int64_t a = dtype_bytes(act), g = dtype_bytes(grad);
+  std::vector<GemmCall> calls = {
+      {BT, 3 * C, C, false, true, a, a}, {BT, C, C, false, true, a, a}, {BT, 2 * F, C, false, true, a, a}, {BT, C, F, false, true, a, a},  // forward
+      {BT, F, C, false, false, a, a},     {C, F, BT, true, false, a, g},                                                                 // down backward
+      {2 * F, C, BT, true, false, a, g},  {BT, C, 2 * F, false, false, a, 4},                                                            // gate/up backward
+      {C, C, BT, true, false, a, g},      {BT, C, C, false, false, a, a},                                                                // o backward
+      {3 * C, C, BT, true, false, a, g},  {BT, C, 3 * C, false, false, a, 4},                                                            // qkv backward
+  };
+  for (int64_t r0 = 0; r0 < BT; r0 += kHeadChunkRows) {
+    const int64_t R = std::min(kHeadChunkRows, BT - r0);
+    if (cuda_fuses_loss_head(act, act, true, act)) {
+      const VocabChunks chunks = fused_loss_head_chunks(R, V);
+      for (int64_t v0 = 0; v0 < V; v0 += chunks.width) calls.push_back({R, std::min(chunks.width, V - v0), C, false, true, a, 4});
+    } else {
+      calls.push_back({R, V, C, false, true, a, 4});
+    }
+    calls.push_back({R, C, V, false, false, a, 4});  // d_lnf = dlogits Wlm
+    calls.push_back({V, C, R, true, false, a, g});   // dWlm += dlogits^T lnf
+  }
+  return calls;
+}
+}  // namespace
+
+int64_t cuda_backend_scratch_bytes(const ModelConfig& m, int64_t B, int64_t T, DType act, DType grad, OptimizerKind matrix_optimizer,
                                    const std::vector<std::string>& matrix_params) {
   namespace cs = cuda_scratch;  // the sizes the backend allocates by (include/multinorm/cuda_scratch.h)
   const int64_t C = m.hidden_size, H = m.num_attention_heads, BT = B * T;
+  // GEMM operands staged through 128-byte rows: one buffer per role (a, b, out), the largest need.
+  int64_t staging[3] = {0, 0, 0};
+  for (const GemmCall& c : cuda_training_gemm_calls(m, BT, act, grad)) {
+    const cs::GemmStaging st = cs::gemm_staging(c.M, c.N, c.K, c.ta, c.tb, c.in, c.out, 0, 0, 0);
+    staging[0] = std::max(staging[0], st.a.staged_bytes(c.in));
+    staging[1] = std::max(staging[1], st.b.staged_bytes(c.in));
+    staging[2] = std::max(staging[2], st.out.staged_bytes(c.out));
+  }
   int64_t optimizer = 0;  // one buffer, grown to the largest need
   // SinkGD's launches hold the scratch of all their tensors (sinkgd_many_launch_end): at most the
   // cap or all of the matrices' together, or one tensor that alone needs more. An upper bound for
@@ -138,11 +184,13 @@ int64_t cuda_backend_scratch_bytes(const ModelConfig& m, int64_t B, int64_t T, O
     }
   }
   optimizer = std::max(optimizer, std::max(sinkgd_largest, std::min(sinkgd_all, cs::kSinkgdManyFloats)) * 4);
-  // The fused loss head's statistics (BF16): a (max, sum) per row and vocabulary chunk, a target logit per row.
+  // The fused loss head's statistics (BF16; FP32 runs the GEMM and cross_entropy): a (max, sum) per
+  // row and vocabulary chunk, a target logit per row.
   const int64_t R = std::min(BT, kHeadChunkRows);
-  const int64_t head = R * fused_loss_head_chunks(R, m.vocab_size).count * 8 + R * 4;
+  const int64_t head = cuda_fuses_loss_head(act, act, true, act) ? R * fused_loss_head_chunks(R, m.vocab_size).count * 8 + R * 4 : 0;
   return cs::kGemmWorkspaceBytes + cs::rmsnorm_backward_floats(BT, C) * 4 + cs::attention_backward_bytes(B, H, T) +
-         cs::embedding_backward_bytes(BT, C) + cs::sum_squares_many_bytes(tensors) + optimizer + head + cs::kDescriptorCacheBytes;
+         cs::embedding_backward_bytes(BT, C) + cs::sum_squares_many_bytes(tensors) + optimizer + head + cs::kDescriptorCacheBytes +
+         staging[0] + staging[1] + staging[2];
 }
 
 ActivationPlan training_activation_plan(const RunConfig& run, bool cuda) {
@@ -162,8 +210,8 @@ TrainingMemory training_memory(const RunConfig& run, bool cuda) {
   t.states = om.state_bytes;
   t.activations = training_activation_plan(run, cuda).bytes();
   t.cuda = cuda;
-  t.backend_scratch = cuda ? cuda_backend_scratch_bytes(run.model, run.batch.micro_batch, run.batch.seq_len, run.optimizer.name,
-                                                        run.optimizer.matrix_params)
+  t.backend_scratch = cuda ? cuda_backend_scratch_bytes(run.model, run.batch.micro_batch, run.batch.seq_len, run.precision.params,
+                                                        run.precision.grads, run.optimizer.name, run.optimizer.matrix_params)
                            : cpu_backend_scratch_bytes(run.model, run.batch.micro_batch, run.batch.seq_len, run.precision.params,
                                                        run.precision.grads, run.optimizer.name, run.optimizer.matrix_params,
                                                        run.optimizer.swan.whitening == SwanWhitening::Eigh,
