@@ -42,6 +42,30 @@ void fill_gradients(Backend& be, LlamaModel& model) {
   be.queue().wait_all();
   be.release(staging);
 }
+
+// Memory bandwidth: a copy of 256 MiB (read + write counted) in the backend's memory: host memcpy on
+// threads for the CPU, a device-to-device copy kernel (convert fp32 -> fp32) otherwise.
+class BandwidthCopy {
+ public:
+  static constexpr int64_t kBytes = int64_t{256} << 20;
+  explicit BandwidthCopy(Backend& be) : be_(be) {
+    if (be_.host_memory()) host_a_.assign(kBytes, 1), host_b_.assign(kBytes, 0);
+    else a_ = Buf{be_.allocate(kBytes), DType::F32}, b_ = Buf{be_.allocate(kBytes), DType::F32};
+  }
+  ~BandwidthCopy() {
+    if (!be_.host_memory()) be_.release(a_.ptr), be_.release(b_.ptr);
+  }
+  void run() {
+    if (!be_.host_memory()) return be_.convert(b_, a_, kBytes / 4);
+#pragma omp parallel for schedule(static)
+    for (int64_t c = 0; c < 64; ++c) std::memcpy(host_b_.data() + c * (kBytes / 64), host_a_.data() + c * (kBytes / 64), kBytes / 64);
+  }
+
+ private:
+  Backend& be_;
+  std::vector<char> host_a_, host_b_;
+  Buf a_{}, b_{};
+};
 }  // namespace
 
 void bench_optim(const OptimBenchOptions& o) {
@@ -60,26 +84,7 @@ void bench_optim(const OptimBenchOptions& o) {
   for (const auto& t : model.tensors())
     if (t.group() == TensorGroup::Attention || t.group() == TensorGroup::Mlp) matrix_elems += t.numel();
 
-  // Memory bandwidth: copy 256 MiB (read + write counted) in the backend's memory: host memcpy on
-  // threads for the CPU, a device-to-device copy kernel (convert fp32 -> fp32) otherwise.
-  const int64_t copy_bytes = int64_t{256} << 20;
-  std::vector<char> host_a, host_b;
-  Buf dev_a{}, dev_b{};
-  if (be->host_memory()) {
-    host_a.assign(copy_bytes, 1), host_b.assign(copy_bytes, 0);
-  } else {
-    dev_a = Buf{be->allocate(copy_bytes), DType::F32}, dev_b = Buf{be->allocate(copy_bytes), DType::F32};
-  }
-  auto copy = [&] {
-    if (be->host_memory()) {
-#pragma omp parallel for schedule(static)
-      for (int64_t c = 0; c < 64; ++c)
-        std::memcpy(host_b.data() + c * (copy_bytes / 64), host_a.data() + c * (copy_bytes / 64), copy_bytes / 64);
-    } else {
-      be->convert(dev_b, dev_a, copy_bytes / 4);
-    }
-  };
-
+  BandwidthCopy copy(*be);
   struct Row {
     OptimizerKind kind;
     std::string name;
@@ -148,7 +153,7 @@ void bench_optim(const OptimBenchOptions& o) {
   };
   double copy_s = 1e30;
   for (int round = 0; round < o.steps; ++round) {
-    copy_s = std::min(copy_s, timed(*be, copy));
+    copy_s = std::min(copy_s, timed(*be, [&] { copy.run(); }));
     for (auto& r : rows)
       if (r.kind != OptimizerKind::Swan) time_rule(r);
   }
@@ -158,8 +163,7 @@ void bench_optim(const OptimBenchOptions& o) {
   print_row(rows[2]);
   for (auto& r : rows)
     for (void* p : r.states) be->release(p);
-  if (!be->host_memory()) be->release(dev_a.ptr), be->release(dev_b.ptr);
-  const double copy_gbs = 2.0 * copy_bytes / copy_s / 1e9;
+  const double copy_gbs = 2.0 * BandwidthCopy::kBytes / copy_s / 1e9;
   const int L = static_cast<int>(base.optimizer.sinkgd.iterations);
   // Bytes each kernel must move per matrix element: Adam reads g, m, v, w and writes m, v, w;
   // SinkGD reads g L + 1 times and reads and writes w.

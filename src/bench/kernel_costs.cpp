@@ -363,6 +363,19 @@ class CostRecorder final : public Backend {
 
 std::unique_ptr<Backend> make_cost_recorder() { return std::make_unique<CostRecorder>(); }
 
+std::string staged_gemm_widths(const ModelConfig& m, DType dtype) {
+  const int64_t s = dtype_bytes(dtype);
+  std::string out;
+  const std::pair<const char*, int64_t> widths[] = {{"hidden_size", m.hidden_size},
+                                                    {"3 x hidden_size", 3 * m.hidden_size},
+                                                    {"intermediate_size", m.intermediate_size},
+                                                    {"2 x intermediate_size", 2 * m.intermediate_size},
+                                                    {"vocab_size", m.vocab_size}};
+  for (const auto& [name, w] : widths)
+    if (cuda_scratch::gemm_operand_staged(w, s, 0)) out += (out.empty() ? "" : ", ") + std::string(name) + " " + std::to_string(w);
+  return out;
+}
+
 double model_flops_per_token(const LlamaModel& model, int64_t T, int64_t* gemm_params_out) {
   const ModelConfig& cfg = model.config();
   int64_t gemm_params = 0;

@@ -84,7 +84,23 @@ std::string largest_fitting(const DoctorOptions& o, size_t free_bytes) {
 // and the update replayed from CUDA graphs, each update's statistics read after the next update's
 // micro-batch is queued. Then one more step profiled: per-kernel device times beside the cost
 // model's roofline for this GPU (kernel_costs.h) when it is an A100 or H100.
-json timed_step(Backend& gpu, const ModelConfig& cfg, const DoctorOptions& o, const json& device) {
+// TFLOP/s of one BF16 GEMM [n, n] x [n, n] on `be`: the best of three after a warm-up.
+double square_gemm_tflops(Backend& be, int64_t n) {
+  Buf a{be.allocate(n * n * 2), DType::BF16}, b{be.allocate(n * n * 2), DType::BF16}, c{be.allocate(n * n * 2), DType::BF16};
+  be.matmul(c, a, b, n, n, n, false, true, false);
+  double best = 1e30;
+  for (int r = 0; r < 3; ++r) {
+    be.queue().wait_all();
+    const auto t0 = Clock::now();
+    be.matmul(c, a, b, n, n, n, false, true, false);
+    be.queue().wait_all();
+    best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  for (const Buf& x : {a, b, c}) be.release(x.ptr);
+  return 2.0 * n * n * n / best / 1e12;
+}
+
+json timed_step(Backend& gpu, const ModelConfig& cfg, const DoctorOptions& o, const json& device, bool emulated) {
   const int64_t B = o.batch, T = std::min(o.seq, cfg.max_position_embeddings), BT = B * T;
   const RunConfig run = step_run(cfg, B, T);
   LlamaModel model(gpu, cfg, DType::BF16, B, T);
@@ -145,6 +161,10 @@ json timed_step(Backend& gpu, const ModelConfig& cfg, const DoctorOptions& o, co
   const std::vector<KernelTime> kernels = gpu.take_profile();
   gpu.set_profiling(false);
 
+  // The device's own best BF16 GEMM (8192^3; 128^3 on the emulation), against which the model's
+  // GEMMs of the profiled step are measured: below 70% of it says a shape runs a slow kernel.
+  const int64_t gn = emulated ? 128 : 8192;
+  const double reference_tflops = square_gemm_tflops(gpu, gn);
   const double flops = model_flops_per_token(model, T) * BT;
   const std::string name = device.value("name", std::string());
   const double peak = bf16_dense_peak_tflops(name), tflops = flops / seconds / 1e12;
@@ -161,8 +181,9 @@ json timed_step(Backend& gpu, const ModelConfig& cfg, const DoctorOptions& o, co
   // The cost model's roofline of the same step on this GPU, kernel by kernel.
   const DevicePeak* roof = find_device_peak(roofline_gpu(name));
   std::map<std::string, KernelCost> costs;  // the profiled step: a micro-batch and an update
+  const StepCosts all_costs = record_step_costs(run, DType::BF16, B, T);
   if (roof) {
-    const StepCosts c = record_step_costs(run, DType::BF16, B, T);
+    const StepCosts& c = all_costs;
     for (const std::vector<KernelCost>* part : {&c.micro_batch, &c.update})
       for (const KernelCost& k : *part) {
         KernelCost& sum = costs.emplace(k.name, KernelCost{k.name, k.unit, 0, 0, 0}).first->second;
@@ -170,6 +191,24 @@ json timed_step(Backend& gpu, const ModelConfig& cfg, const DoctorOptions& o, co
       }
     j["predicted_on"] = roof->name;
   }
+  // The model's GEMMs: their FLOPs from the cost recorder, their time from the profile.
+  double gemm_flops = 0, gemm_ms = 0;
+  for (const std::vector<KernelCost>* part : {&all_costs.micro_batch, &all_costs.update})
+    for (const KernelCost& k : *part)
+      if (k.name.rfind("gemm ", 0) == 0) gemm_flops += k.flops;
+  for (const KernelTime& k : kernels)
+    if (k.name.rfind("gemm ", 0) == 0) gemm_ms += k.ms;
+  const double gemm_tflops = gemm_ms > 0 ? gemm_flops / (gemm_ms * 1e-3) / 1e12 : 0;
+  j["gemm_reference"] = {{"shape", gn}, {"tflops", reference_tflops}};
+  j["model_gemm_tflops"] = gemm_tflops;
+  j["model_gemm_fraction"] = reference_tflops > 0 ? gemm_tflops / reference_tflops : 0.0;
+  const std::string staged = staged_gemm_widths(cfg, DType::BF16);
+  if (!staged.empty()) j["staged_gemm_widths"] = staged;
+  if (!emulated && reference_tflops > 0 && gemm_tflops < 0.7 * reference_tflops)
+    j["warnings"].push_back("the model's GEMMs ran at " + std::to_string(static_cast<int>(gemm_tflops)) + " TFLOP/s, " +
+                            std::to_string(static_cast<int>(100 * gemm_tflops / reference_tflops)) + "% of this GPU's " +
+                            std::to_string(gn) + "^3 GEMM (" + std::to_string(static_cast<int>(reference_tflops)) +
+                            " TFLOP/s): some shape runs a slow cuBLASLt kernel" + (staged.empty() ? "" : " (staged widths: " + staged + ")"));
   json table = json::array();
   for (const KernelTime& k : kernels) {
     json row = {{"name", k.name}, {"launches", k.launches}, {"ms", k.ms}, {"share", kernel_ms > 0 ? k.ms / kernel_ms : 0.0}};
@@ -196,6 +235,12 @@ void print_step(const json& s, bool emulated) {
               static_cast<long long>(s["host_drains_per_step_eager"].get<int64_t>()), s["graph_speedup"].get<double>(),
               static_cast<long long>(s["host_waits_per_step"].get<int64_t>()), static_cast<long long>(s["host_drains_per_step"].get<int64_t>()));
   std::printf("  %lld kernel launches a step (one micro-batch and its update)\n", static_cast<long long>(s["launches_per_step"].get<int64_t>()));
+  std::printf("  the model's GEMMs: %.1f TFLOP/s, %.0f%% of this device's %lld^3 BF16 GEMM (%.1f TFLOP/s)\n", s["model_gemm_tflops"].get<double>(),
+              100 * s["model_gemm_fraction"].get<double>(), static_cast<long long>(s["gemm_reference"]["shape"].get<int64_t>()),
+              s["gemm_reference"]["tflops"].get<double>());
+  if (s.contains("staged_gemm_widths"))
+    std::printf("  GEMM rows off 16 bytes, staged through 128-byte rows (copy_rows): %s\n", s["staged_gemm_widths"].get<std::string>().c_str());
+  for (const auto& w : s.value("warnings", json::array())) std::printf("  warning: %s\n", w.get<std::string>().c_str());
   if (emulated) std::printf("  (the emulated plugin: these are the CPU emulation's times, not a GPU's)\n");
   const bool predicted = s.contains("predicted_on");
   std::printf("  %-36s %8s %10s %6s%s\n", "kernel (slowest first)", "launches", "ms", "share",
@@ -296,7 +341,7 @@ int run_doctor(const DoctorOptions& o) {
     }
     if (o.bench) {
       try {
-        json s = timed_step(*gpu, cfg, o, device0);
+        json s = timed_step(*gpu, cfg, o, device0, probe.emulated);
         print_step(s, probe.emulated);
         steps.push_back(s);
       } catch (const Error& e) {
