@@ -12,6 +12,7 @@
 #include "multinorm/activation_plan.h"
 #include "multinorm/backend.h"
 #include "multinorm/graph_cache.h"
+#include "multinorm/linear.h"
 #include "multinorm/model_config.h"
 #include "multinorm/model_spec.h"
 
@@ -55,16 +56,10 @@ class GradientListener {
 };
 
 // The GEMMs of one training step (forward and backward of one micro-batch of BT rows), as
-// LlamaModel issues them: out[M,N] (+)= op(a)[M,K] op(b)[K,N], `count` times per step. The bench
-// measures the GEMM engine on them and the CPU memory estimate sizes the AMX packing buffers from them.
-// row_strips: a fused epilogue takes the output's rows where the backend fuses it (SwiGLU, the loss
-// head: packed_matmul_row_strips on the CPU).
-struct GemmShape {
-  int64_t M, N, K;
-  bool trans_a, trans_b;
-  int count;
-  bool row_strips = false;
-};
+// LlamaModel's projections (linear.h) issue them: out[M,N] (+)= op(a)[M,K] op(b)[K,N], `count` times
+// per step. The bench measures the GEMM engine on them and the CPU memory estimate sizes the AMX
+// packing buffers from them. row_strips: a fused epilogue takes the output's rows where the backend
+// fuses it (SwiGLU, the loss head: packed_matmul_row_strips on the CPU).
 std::vector<GemmShape> training_step_gemms(const ModelConfig& m, int64_t BT);
 
 class LlamaModel {
@@ -142,8 +137,11 @@ class LlamaModel {
   double last_backward_seconds() const { return last_backward_s_; }
 
  private:
-  struct LayerWeights {
-    Buf qkv, o, gate_up, down, input_norm, post_norm;  // qkv = [q; k; v] rows, gate_up = [gate; up]
+  // A layer's projections (qkv = [q; k; v] rows, gate_up = [gate; up]) and its norms' weights and
+  // gradients.
+  struct Layer {
+    Linear qkv, o, gate_up, down;
+    Buf input_norm, post_norm, d_input_norm, d_post_norm;
   };
   struct LayerActs {
     Buf input, ln1, qkv, attn_out, mid, ln2, gate_up;
@@ -179,9 +177,10 @@ class LlamaModel {
   int64_t grad_version_ = 0;
   GraphCache graphs_{be_.queue()};
   void forward_backward_ops(int64_t B, int64_t T, float grad_scale);
-  std::vector<LayerWeights> w_, dw_;
+  std::vector<Layer> layers_;
   std::vector<LayerActs> a_;
-  Buf wte_, dwte_, wnorm_, dwnorm_, wlm_, dwlm_;
+  Buf wte_, dwte_, wnorm_, dwnorm_;
+  Linear lm_head_;  // [V, C]: the embedding's rows when tied
   void* kv_cache_ = nullptr;  // [layers][k | v][max_seq, C]
   int64_t decode_pos_ = 0;
   OpProfile profile_;

@@ -1,8 +1,9 @@
 // LLaMA forward and backward, written out layer by layer (no autograd).
 //
 // Shapes: B sequences, T positions, BT = B*T rows; C = hidden, F = intermediate, H heads of D = C/H,
-// V = vocab. Weights in Hugging Face layout [out, in]; a linear y = x W^T is matmul(trans_b). The
-// arena keeps q, k, v (and gate, up) adjacent, so each group is one [3C, C] (or [2F, C]) GEMM.
+// V = vocab. Weights in Hugging Face layout [out, in]; every projection y = x W^T is a Linear
+// (linear.h: its forward, input-gradient and weight-gradient GEMMs). The arena keeps q, k, v (and
+// gate, up) adjacent, so each group is one [3C, C] (or [2F, C]) projection.
 //
 // Block l (pre-norm):   ln1 = rmsnorm(x)               qkv = ln1 Wqkv^T, RoPE on q and k
 //                       attn = causal_softmax_attention(qkv)
@@ -92,22 +93,20 @@ LlamaModel::LlamaModel(Backend& backend, const ModelConfig& config, DType dtype,
   be_.to_device(rope_, cs.data(), cs.size() * 4);
 
   auto view = [&](const std::string& name, bool grad) { const auto& t = tensor(name); return grad ? this->grad(t) : param(t); };
-  for (bool g : {false, true}) {
-    auto& dst = g ? dw_ : w_;
-    for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l) {
-      const std::string p = "model.layers." + std::to_string(l) + ".";
-      dst.push_back({view(p + "self_attn.q_proj.weight", g), view(p + "self_attn.o_proj.weight", g),
-                     view(p + "mlp.gate_proj.weight", g), view(p + "mlp.down_proj.weight", g),
-                     view(p + "input_layernorm.weight", g), view(p + "post_attention_layernorm.weight", g)});
-    }
+  auto linear = [&](const std::string& name, int64_t in, int64_t out) { return Linear{view(name, false), view(name, true), in, out}; };
+  const int64_t C = cfg_.hidden_size, F = cfg_.intermediate_size;
+  for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    layers_.push_back({linear(p + "self_attn.q_proj.weight", C, 3 * C), linear(p + "self_attn.o_proj.weight", C, C),
+                       linear(p + "mlp.gate_proj.weight", C, 2 * F), linear(p + "mlp.down_proj.weight", F, C),
+                       view(p + "input_layernorm.weight", false), view(p + "post_attention_layernorm.weight", false),
+                       view(p + "input_layernorm.weight", true), view(p + "post_attention_layernorm.weight", true)});
   }
   wte_ = view("model.embed_tokens.weight", false);
   dwte_ = view("model.embed_tokens.weight", true);
   wnorm_ = view("model.norm.weight", false);
   dwnorm_ = view("model.norm.weight", true);
-  const std::string lm = cfg_.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
-  wlm_ = view(lm, false);
-  dwlm_ = view(lm, true);
+  lm_head_ = linear(cfg_.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight", C, cfg_.vocab_size);
   for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l) {
     const std::string p = "layers." + std::to_string(l) + ".";
     a_.push_back({act(p + "input"), act(p + "ln1"), act(p + "qkv"), act(p + "attn_out"), act(p + "mid"), act(p + "ln2"),
@@ -234,8 +233,7 @@ void LlamaModel::upload(const MicroBatch& mb, bool need_targets) {
 // ---------------------------------------------------------------------------------------------
 
 void LlamaModel::forward_layers(int64_t B, int64_t T) {
-  const int64_t BT = B * T, C = cfg_.hidden_size, F = cfg_.intermediate_size, H = cfg_.num_attention_heads,
-                D = cfg_.head_dim();
+  const int64_t BT = B * T, C = cfg_.hidden_size, H = cfg_.num_attention_heads, D = cfg_.head_dim();
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
   Buf swiglu = act("swiglu");
   {
@@ -244,18 +242,18 @@ void LlamaModel::forward_layers(int64_t B, int64_t T) {
   }
   for (size_t l = 0; l < a_.size(); ++l) {
     const LayerActs& A = a_[l];
-    const LayerWeights& W = w_[l];
+    const Layer& L = layers_[l];
     Buf out = l + 1 < a_.size() ? a_[l + 1].input : act("final.input");
-    { auto t = time(Op::RmsNorm);   be_.rmsnorm_forward(A.ln1, A.ln1_rstd, A.input, W.input_norm, BT, C, eps); }
-    { auto t = time(Op::Matmul);    be_.matmul(A.qkv, A.ln1, W.qkv, BT, 3 * C, C, false, true, false); }  // [BT,3C]
+    { auto t = time(Op::RmsNorm);   be_.rmsnorm_forward(A.ln1, A.ln1_rstd, A.input, L.input_norm, BT, C, eps); }
+    { auto t = time(Op::Matmul);    L.qkv.forward(be_, A.qkv, A.ln1, BT, false); }  // [BT,3C]
     { auto t = time(Op::Rope);      be_.rope_forward(A.qkv, rope_, B, T, H, D); }
     { auto t = time(Op::Attention); be_.attention_forward(A.attn_out, A.lse, A.qkv, B, T, H, D); }  // [BT,C]
     { auto t = time(Op::Copy);      be_.convert(A.mid, A.input, BT * C); }
-    { auto t = time(Op::Matmul);    be_.matmul(A.mid, A.attn_out, W.o, BT, C, C, false, true, true); }  // mid = x + attn Wo^T
-    { auto t = time(Op::RmsNorm);   be_.rmsnorm_forward(A.ln2, A.ln2_rstd, A.mid, W.post_norm, BT, C, eps); }
-    { auto t = time(Op::MatmulSwiGLU); be_.matmul_swiglu(swiglu, A.gate_up, A.ln2, W.gate_up, BT, F, C); }  // gate_up [BT,2F], s [BT,F]
+    { auto t = time(Op::Matmul);    L.o.forward(be_, A.mid, A.attn_out, BT, true); }  // mid = x + attn Wo^T
+    { auto t = time(Op::RmsNorm);   be_.rmsnorm_forward(A.ln2, A.ln2_rstd, A.mid, L.post_norm, BT, C, eps); }
+    { auto t = time(Op::MatmulSwiGLU); L.gate_up.forward_swiglu(be_, swiglu, A.gate_up, A.ln2, BT); }  // gate_up [BT,2F], s [BT,F]
     { auto t = time(Op::Copy);      be_.convert(out, A.mid, BT * C); }
-    { auto t = time(Op::Matmul);    be_.matmul(out, swiglu, W.down, BT, C, F, false, true, true); }  // out = mid + s Wdown^T
+    { auto t = time(Op::Matmul);    L.down.forward(be_, out, swiglu, BT, true); }  // out = mid + s Wdown^T
   }
   auto t = time(Op::RmsNorm);
   be_.rmsnorm_forward(act("final.ln"), act_f32("final.rstd"), act("final.input"), wnorm_, BT, C, eps);
@@ -273,7 +271,7 @@ void LlamaModel::head(int64_t BT, bool backward, float grad_scale, float* host_l
     const int64_t rows = plan_.find("logits").elements / V;
     for (int64_t r0 = 0; r0 < BT; r0 += rows) {
       const int64_t R = std::min(rows, BT - r0);
-      { auto t = time(Op::Matmul); be_.matmul(logits, lnf.at(r0 * C), wlm_, R, V, C, false, true, false); }  // [R,V] f32
+      { auto t = time(Op::Matmul); lm_head_.forward(be_, logits, lnf.at(r0 * C), R, false); }  // [R,V] f32
       be_.to_host(host_logits + r0 * V, logits.ptr, R * V * 4);
     }
     return;
@@ -282,13 +280,13 @@ void LlamaModel::head(int64_t BT, bool backward, float grad_scale, float* host_l
     const int64_t R = std::min(kHeadChunkRows, BT - r0);
     {  // logits = lnf Wlm^T [R,V] f32 and the loss (fused on the CPU's AMX path: logits never stored)
       auto t = time(Op::LossHead);
-      be_.linear_cross_entropy(losses + r0, backward ? dlogits : Buf{nullptr, dlogits.dtype}, logits, lnf.at(r0 * C),
-                               wlm_, targets_ + r0, mask_ + r0, R, V, C, grad_scale);
+      lm_head_.forward_cross_entropy(be_, losses + r0, backward ? dlogits : Buf{nullptr, dlogits.dtype}, logits, lnf.at(r0 * C),
+                                     targets_ + r0, mask_ + r0, R, grad_scale);
     }
     if (backward) {
       auto t = time(Op::Matmul);
-      be_.matmul(Buf{d_lnf + r0 * C, DType::F32}, dlogits, wlm_, R, C, V, false, false, false);  // d_lnf = dlogits Wlm
-      be_.matmul(dwlm_, dlogits, lnf.at(r0 * C), V, C, R, true, false, true);  // dWlm += dlogits^T lnf
+      lm_head_.backward_input(be_, Buf{d_lnf + r0 * C, DType::F32}, dlogits, R);  // d_lnf = dlogits Wlm
+      lm_head_.backward_weight(be_, dlogits, lnf.at(r0 * C), R);                  // dWlm += dlogits^T lnf
     }
   }
 }
@@ -374,8 +372,7 @@ std::vector<std::pair<int64_t, int64_t>> LlamaModel::gradient_ready_order() cons
 }
 
 void LlamaModel::backward_layers(int64_t B, int64_t T) {
-  const int64_t BT = B * T, C = cfg_.hidden_size, F = cfg_.intermediate_size, H = cfg_.num_attention_heads,
-                D = cfg_.head_dim();
+  const int64_t BT = B * T, C = cfg_.hidden_size, H = cfg_.num_attention_heads, D = cfg_.head_dim();
   float* d_resid = act_f32("d_resid");  // dL/d(residual stream), FP32
   float* d_x = act_f32("d_x");          // FP32 output of the dX GEMMs
   Buf d_ln = act("d_ln"), d_attn_out = act("d_attn_out"), d_qkv = act("d_qkv"), swiglu = act("swiglu"),
@@ -400,30 +397,26 @@ void LlamaModel::backward_layers(int64_t B, int64_t T) {
   report();  // the head: lm_head's gradient came from head(), the final norm's from just above
   for (size_t l = a_.size(); l-- > 0;) {
     const LayerActs& A = a_[l];
-    const LayerWeights& W = w_[l];
-    const LayerWeights& dW = dw_[l];
+    const Layer& L = layers_[l];
     // MLP branch: out = mid + swiglu(ln2 Wgu^T) Wdown^T
     { auto t = time(Op::Copy);    be_.convert(d_ln, d_resid_buf, BT * C); }  // d_out in the GEMM dtype
     // d_s[BT,F] = d_out Wdown, then d_gate_up and s = swiglu(gate_up), recomputed (not stored), in one pass
-    {
-      auto t = time(Op::MatmulSwiGLU);
-      be_.matmul_swiglu_backward(d_gate_up, swiglu, d_swiglu, d_ln, W.down, A.gate_up, BT, F, C);
-    }
-    { auto t = time(Op::Matmul);  be_.matmul(dW.down, d_ln, swiglu, C, F, BT, true, false, true); }  // dWdown[C,F] += d_out^T s
+    { auto t = time(Op::MatmulSwiGLU); L.down.backward_input_swiglu(be_, d_gate_up, swiglu, d_swiglu, d_ln, A.gate_up, BT); }
+    { auto t = time(Op::Matmul);  L.down.backward_weight(be_, d_ln, swiglu, BT); }  // dWdown[C,F] += d_out^T s
     progress();
     {
       auto t = time(Op::Matmul);
-      be_.matmul(dW.gate_up, d_gate_up, A.ln2, 2 * F, C, BT, true, false, true);              // dWgu += d_gu^T ln2
-      be_.matmul(Buf{d_x, DType::F32}, d_gate_up, W.gate_up, BT, C, 2 * F, false, false, false);  // d_ln2 = d_gu Wgu
+      L.gate_up.backward_weight(be_, d_gate_up, A.ln2, BT);                 // dWgu += d_gu^T ln2
+      L.gate_up.backward_input(be_, Buf{d_x, DType::F32}, d_gate_up, BT);  // d_ln2 = d_gu Wgu
     }
-    { auto t = time(Op::RmsNorm); be_.rmsnorm_backward(d_resid, dW.post_norm, d_x, A.mid, W.post_norm, A.ln2_rstd, BT, C, true); }
+    { auto t = time(Op::RmsNorm); be_.rmsnorm_backward(d_resid, L.d_post_norm, d_x, A.mid, L.post_norm, A.ln2_rstd, BT, C, true); }
     progress();
     // Attention branch: mid = x + attention(RoPE(ln1 Wqkv^T)) Wo^T
     { auto t = time(Op::Copy);    be_.convert(d_ln, d_resid_buf, BT * C); }
     {
       auto t = time(Op::Matmul);
-      be_.matmul(dW.o, d_ln, A.attn_out, C, C, BT, true, false, true);     // dWo += d_mid^T attn
-      be_.matmul(d_attn_out, d_ln, W.o, BT, C, C, false, false, false);    // d_attn = d_mid Wo
+      L.o.backward_weight(be_, d_ln, A.attn_out, BT);     // dWo += d_mid^T attn
+      L.o.backward_input(be_, d_attn_out, d_ln, BT);      // d_attn = d_mid Wo
     }
     { auto t = time(Op::Attention); be_.attention_backward(d_qkv, d_attn_out, A.qkv, A.attn_out, A.lse, B, T, H, D); }
     progress();
@@ -431,10 +424,10 @@ void LlamaModel::backward_layers(int64_t B, int64_t T) {
     progress();
     {
       auto t = time(Op::Matmul);
-      be_.matmul(dW.qkv, d_qkv, A.ln1, 3 * C, C, BT, true, false, true);                   // dWqkv += d_qkv^T ln1
-      be_.matmul(Buf{d_x, DType::F32}, d_qkv, W.qkv, BT, C, 3 * C, false, false, false);  // d_ln1 = d_qkv Wqkv
+      L.qkv.backward_weight(be_, d_qkv, A.ln1, BT);                 // dWqkv += d_qkv^T ln1
+      L.qkv.backward_input(be_, Buf{d_x, DType::F32}, d_qkv, BT);  // d_ln1 = d_qkv Wqkv
     }
-    { auto t = time(Op::RmsNorm); be_.rmsnorm_backward(d_resid, dW.input_norm, d_x, A.input, W.input_norm, A.ln1_rstd, BT, C, true); }
+    { auto t = time(Op::RmsNorm); be_.rmsnorm_backward(d_resid, L.d_input_norm, d_x, A.input, L.input_norm, A.ln1_rstd, BT, C, true); }
     report();  // layer l
   }
   { auto t = time(Op::Copy);      be_.convert(d_ln, d_resid_buf, BT * C); }
@@ -470,24 +463,24 @@ void LlamaModel::decode_step(int32_t token, float* host_logits) {
   const Buf cache{kv_cache_, dtype_};
   for (size_t l = 0; l < a_.size(); ++l) {
     const LayerActs& A = a_[l];
-    const LayerWeights& W = w_[l];
+    const Layer& L = layers_[l];
     const Buf out = l + 1 < a_.size() ? a_[l + 1].input : act("final.input");
     const Buf k_cache = cache.at((2 * l) * max_seq_ * C), v_cache = cache.at((2 * l + 1) * max_seq_ * C);
-    be_.rmsnorm_forward(A.ln1, A.ln1_rstd, A.input, W.input_norm, 1, C, eps);
-    be_.matmul(A.qkv, A.ln1, W.qkv, 1, 3 * C, C, false, true, false);  // [1,3C]
-    be_.rope_forward(A.qkv, rope_ + p * D, 1, 1, H, D);               // the table's row for position p
+    be_.rmsnorm_forward(A.ln1, A.ln1_rstd, A.input, L.input_norm, 1, C, eps);
+    L.qkv.forward(be_, A.qkv, A.ln1, 1, false);          // [1,3C]
+    be_.rope_forward(A.qkv, rope_ + p * D, 1, 1, H, D);  // the table's row for position p
     be_.attention_decode(A.attn_out, A.qkv, k_cache, v_cache, p, H, D);
     be_.convert(A.mid, A.input, C);
-    be_.matmul(A.mid, A.attn_out, W.o, 1, C, C, false, true, true);
-    be_.rmsnorm_forward(A.ln2, A.ln2_rstd, A.mid, W.post_norm, 1, C, eps);
-    be_.matmul(A.gate_up, A.ln2, W.gate_up, 1, 2 * F, C, false, true, false);
+    L.o.forward(be_, A.mid, A.attn_out, 1, true);
+    be_.rmsnorm_forward(A.ln2, A.ln2_rstd, A.mid, L.post_norm, 1, C, eps);
+    L.gate_up.forward(be_, A.gate_up, A.ln2, 1, false);
     be_.swiglu_forward(swiglu, A.gate_up, 1, F);
     be_.convert(out, A.mid, C);
-    be_.matmul(out, swiglu, W.down, 1, C, F, false, true, true);
+    L.down.forward(be_, out, swiglu, 1, true);
   }
   be_.rmsnorm_forward(act("final.ln"), act_f32("final.rstd"), act("final.input"), wnorm_, 1, C, eps);
   const Buf logits = act("logits");
-  be_.matmul(logits, act("final.ln"), wlm_, 1, V, C, false, true, false);  // [1,V] f32
+  lm_head_.forward(be_, logits, act("final.ln"), 1, false);  // [1,V] f32
   be_.to_host(host_logits, logits.ptr, V * 4);
   ++decode_pos_;
 }
@@ -495,21 +488,16 @@ void LlamaModel::decode_step(int32_t token, float* host_logits) {
 std::vector<GemmShape> training_step_gemms(const ModelConfig& m, int64_t BT) {
   const int64_t C = m.hidden_size, F = m.intermediate_size, V = m.vocab_size;
   const int l = static_cast<int>(m.num_hidden_layers);
-  std::vector<GemmShape> g = {
-      {BT, 3 * C, C, false, true, l}, {BT, C, C, false, true, l}, {BT, 2 * F, C, false, true, l, true},
-      {BT, C, F, false, true, l},                                                      // forward
-      {C, F, BT, true, false, l}, {BT, F, C, false, false, l, true},                   // down backward
-      {2 * F, C, BT, true, false, l}, {BT, C, 2 * F, false, false, l},                 // gate/up backward
-      {C, C, BT, true, false, l}, {BT, C, C, false, false, l},                         // o backward
-      {3 * C, C, BT, true, false, l}, {BT, C, 3 * C, false, false, l},                 // qkv backward
-  };
+  std::vector<GemmShape> g;
+  auto add = [&](const std::array<GemmShape, 3>& three) { g.insert(g.end(), three.begin(), three.end()); };
+  add(Linear::gemms(C, 3 * C, BT, l));                    // qkv
+  add(Linear::gemms(C, C, BT, l));                        // o
+  add(Linear::gemms(C, 2 * F, BT, l, true));              // gate/up, SwiGLU after its forward
+  add(Linear::gemms(F, C, BT, l, false, true));           // down, SwiGLU's backward after its input gradient
   // The loss head, in chunks of kHeadChunkRows rows (the last one shorter when BT is not a multiple).
   const int64_t R = std::min(BT, kHeadChunkRows), full = BT / R, rest = BT - full * R;
   for (const auto& [rows, n] : {std::pair<int64_t, int64_t>{R, full}, {rest, rest > 0 ? 1 : 0}})
-    if (n > 0)
-      for (const GemmShape s : {GemmShape{rows, V, C, false, true, 0, true}, GemmShape{rows, C, V, false, false, 0},
-                                GemmShape{V, C, rows, true, false, 0}})
-        g.push_back({s.M, s.N, s.K, s.trans_a, s.trans_b, static_cast<int>(n), s.row_strips});
+    if (n > 0) add(Linear::gemms(C, V, rows, static_cast<int>(n), true));
   return g;
 }
 

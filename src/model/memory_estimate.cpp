@@ -125,31 +125,32 @@ struct GemmCall {
   bool ta, tb;
   int64_t in, out;
 };
-// The CUDA backend's GEMMs of one training step, as llama_model.cpp issues them (its matmul_swiglu
-// and matmul_swiglu_backward: the Backend defaults, a GEMM then the SwiGLU kernel; the loss head in
-// the backend's vocabulary chunks where it fuses it): what the GEMM staging scratch is sized by.
-// Bases are taken as 16-byte aligned, as the model's buffers are where hidden_size x element bytes is
-// a multiple of 16. Exact against the backend (tests/test_memory.cpp, with a misaligned MLP width).
+// The CUDA backend's GEMMs of one training step: the model's projections' (Linear::gemms: forward,
+// input gradient, weight gradient) with their outputs' element sizes (an activation, an FP32 input
+// gradient, the gradient arena's), the loss head's forward in the backend's vocabulary chunks where
+// it fuses it: what the GEMM staging scratch is sized by. Bases are taken as 16-byte aligned, as the
+// model's buffers are where hidden_size x element bytes is a multiple of 16. Exact against the
+// backend (tests/test_memory.cpp, with a misaligned MLP width).
 std::vector<GemmCall> cuda_training_gemm_calls(const ModelConfig& m, int64_t BT, DType act, DType grad) {
   const int64_t C = m.hidden_size, F = m.intermediate_size, V = m.vocab_size;
   const int64_t a = dtype_bytes(act), g = dtype_bytes(grad);
-  std::vector<GemmCall> calls = {
-      {BT, 3 * C, C, false, true, a, a}, {BT, C, C, false, true, a, a}, {BT, 2 * F, C, false, true, a, a}, {BT, C, F, false, true, a, a},  // forward
-      {BT, F, C, false, false, a, a},     {C, F, BT, true, false, a, g},                                                                 // down backward
-      {2 * F, C, BT, true, false, a, g},  {BT, C, 2 * F, false, false, a, 4},                                                            // gate/up backward
-      {C, C, BT, true, false, a, g},      {BT, C, C, false, false, a, a},                                                                // o backward
-      {3 * C, C, BT, true, false, a, g},  {BT, C, 3 * C, false, false, a, 4},                                                            // qkv backward
+  std::vector<GemmCall> calls;
+  auto add = [&](const GemmShape& s, int64_t out) { calls.push_back({s.M, s.N, s.K, s.trans_a, s.trans_b, a, out}); };
+  auto linear = [&](int64_t in, int64_t out, int64_t N, int64_t input_gradient) {
+    const auto three = Linear::gemms(in, out, N, 1);
+    add(three[0], a), add(three[1], input_gradient), add(three[2], g);
   };
+  linear(C, 3 * C, BT, 4), linear(C, C, BT, a), linear(C, 2 * F, BT, 4), linear(F, C, BT, a);  // qkv, o, gate/up, down
   for (int64_t r0 = 0; r0 < BT; r0 += kHeadChunkRows) {
     const int64_t R = std::min(kHeadChunkRows, BT - r0);
+    const auto head = Linear::gemms(C, V, R, 1);
     if (cuda_fuses_loss_head(act, act, true, act)) {
       const VocabChunks chunks = fused_loss_head_chunks(R, V);
-      for (int64_t v0 = 0; v0 < V; v0 += chunks.width) calls.push_back({R, std::min(chunks.width, V - v0), C, false, true, a, 4});
+      for (int64_t v0 = 0; v0 < V; v0 += chunks.width) add({R, std::min(chunks.width, V - v0), C, false, true, 1}, 4);
     } else {
-      calls.push_back({R, V, C, false, true, a, 4});
+      add(head[0], 4);
     }
-    calls.push_back({R, C, V, false, false, a, 4});  // d_lnf = dlogits Wlm
-    calls.push_back({V, C, R, true, false, a, g});   // dWlm += dlogits^T lnf
+    add(head[1], 4), add(head[2], g);  // d_lnf (FP32), dWlm
   }
   return calls;
 }
