@@ -5,8 +5,11 @@
 #   lib/libmultinorm_cuda.so and every shared library these need except glibc's and CUDA's
 #   openmpi/   Open MPI's launcher, daemon, components and help files (bin/mpirun sets OPAL_PREFIX)
 #   share/multinorm/{configs,docs,README.md}, BUNDLE.txt (what is inside, what the node must provide)
-#   scripts/gpu_check.sh and scripts/gpu_check/, bench/*.py: the first call on a lent GPU node, and the
-#     PyTorch baselines it runs (docs/performance.md#first-gpu-run-scriptsgpu_checksh)
+#   scripts/gpu_check.sh and scripts/gpu_check/, bench/*.py: a GPU node's verdicts and figures in one
+#     call, and the PyTorch baselines it runs (docs/performance.md#a-gpu-node-in-one-call-scriptsgpu_checksh)
+#   share/multinorm/smoke/: gpu_check's training smoke data, shards of the default corpus (train shard
+#     0, validation shard 0) and its tokenizer, packed only when their SHA-256 are those
+#     scripts/gpu_check/smoke_reference.json (the CPU backend's perplexities on them) names
 # Every ELF file finds its libraries through RUNPATH ($ORIGIN/../lib). Not bundled: the CUDA driver,
 # cuBLASLt and NCCL (hundreds of MB; every GPU node has them): the binary finds them at run time in
 # LD_LIBRARY_PATH, the CUDA toolkit (/usr/local/cuda*/lib64, $CUDA_HOME) or a Python environment's
@@ -16,6 +19,9 @@
 #   MULTINORM_BUNDLE_FROM=build bash ...    pack an existing build (its -march is the build's)
 #   MULTINORM_BUNDLE_OUT=dir                where the tarball goes (default dist/)
 #   MULTINORM_BUNDLE_XZ=-1                  xz level (default -6)
+#   MULTINORM_SMOKE_DATA=dir                the smoke's data (default data/default: scripts/quickstart.sh's)
+#   MULTINORM_SMOKE_REFERENCE=file          its reference (default scripts/gpu_check/smoke_reference.json)
+#   MULTINORM_BUNDLE_SMOKE=off              no smoke data (gpu_check then skips its training section)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root_dir=$(pwd)
@@ -26,6 +32,35 @@ build=${MULTINORM_BUNDLE_FROM:-}
 for tool in patchelf ldd readelf xz; do
   command -v $tool >/dev/null || { echo "bundle: $tool is missing (bash scripts/install-deps.sh installs it)" >&2; exit 1; }
 done
+
+# The training smoke's data, checked before anything is built: the files the reference names, with
+# its hashes (a corpus built elsewhere, or a newer tokenizer, would make the comparison meaningless).
+smoke_data=${MULTINORM_SMOKE_DATA:-$root_dir/data/default}
+smoke_reference=${MULTINORM_SMOKE_REFERENCE:-$root_dir/scripts/gpu_check/smoke_reference.json}
+if [ "${MULTINORM_BUNDLE_SMOKE:-on}" != off ]; then
+  python3 - "$smoke_data" "$smoke_reference" <<'PY' || exit 1
+import hashlib, json, os, sys
+data, ref_path = sys.argv[1:]
+fix = ("make it with bash scripts/quickstart.sh (data/default), remeasure the reference with bash "
+       "scripts/gpu_check/smoke_reference.sh (about 25 minutes on 2 cores), or bundle without the smoke: MULTINORM_BUNDLE_SMOKE=off")
+try:
+    ref = json.load(open(ref_path))
+    files = ref["files"]
+except (OSError, ValueError, KeyError) as e:
+    sys.exit(f"bundle: the smoke's reference {ref_path}: {e}")
+for name, want in sorted(files.items()):
+    p = os.path.join(data, name)
+    if not os.path.isfile(p):
+        sys.exit(f"bundle: the training smoke's data: {p} is missing; {fix}")
+    h = hashlib.sha256()
+    with open(p, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    if h.hexdigest() != want:
+        sys.exit(f"bundle: the training smoke's data: {p} is not the file {ref_path} was measured on "
+                 f"(SHA-256 {h.hexdigest()[:16]}..., expected {want[:16]}...); {fix}")
+PY
+fi
 
 if [ -z "$build" ]; then
   build=build-bundle
@@ -48,8 +83,15 @@ cp -r docs README.md "$stage/share/multinorm/"  # the docs errors and help name
 # The first GPU call (scripts/gpu_check.sh) and what it runs, at the paths they have in the source tree.
 mkdir -p "$stage/scripts/gpu_check" "$stage/bench"
 cp scripts/gpu_check.sh "$stage/scripts/"
-cp scripts/gpu_check/*.py "$stage/scripts/gpu_check/"
+cp scripts/gpu_check/*.py scripts/gpu_check/training_smoke.sh "$stage/scripts/gpu_check/"
 cp bench/*.py "$stage/bench/"
+if [ "${MULTINORM_BUNDLE_SMOKE:-on}" != off ]; then
+  cp "$smoke_reference" "$stage/scripts/gpu_check/smoke_reference.json"
+  for smoke_file in $(python3 -c 'import json, sys; print(" ".join(sorted(json.load(open(sys.argv[1]))["files"])))' "$smoke_reference"); do
+    mkdir -p "$(dirname "$stage/share/multinorm/smoke/$smoke_file")"
+    cp "$smoke_data/$smoke_file" "$stage/share/multinorm/smoke/$smoke_file"
+  done
+fi
 
 # What the node provides: glibc (the loader's own libraries) and CUDA (driver, runtime, cuBLAS, NCCL).
 provided='^(linux-vdso|ld-linux|libc|libm|libdl|libpthread|librt|libresolv|libutil|libanl|libcuda|libcudart|libcublas|libcublasLt|libnccl|libnvidia-)[.-]'

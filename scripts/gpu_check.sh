@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The first call on a lent GPU node: every figure we need, in one call of at most 8 minutes on one
-# H100, into one JSON and one Markdown report (docs/performance.md#first-gpu-run-scriptsgpu_checksh).
+# H100, into one JSON and one Markdown report (docs/performance.md#a-gpu-node-in-one-call-scriptsgpu_checksh).
 #
 #   bash scripts/gpu_check.sh OUT_DIR                 on a GPU node (the bundle unpacked, or a build tree)
 #   bash scripts/gpu_check.sh --dry OUT_DIR           here: the emulated plugin, PyTorch on the CPU, tiny
@@ -9,7 +9,7 @@
 #   --work DIR      the work files (the exported model, ~240 MB at llama_60m; configs) there, kept;
 #                   default: a temporary folder, removed at the end
 #   --no-pack       leave logs/, raw/ and steps.tsv in OUT_DIR instead of packing them
-#
+#   --sanitizer-filters   print the gtest filters of the sanitizer's kernels and attention targets
 # Writes OUT_DIR/gpu_check.json and OUT_DIR/gpu_check.md (always, whatever fails) and
 # OUT_DIR/gpu_check_logs.tar.gz (each step's output in logs/, the raw figures in raw/, steps.tsv):
 # those three files and nothing else, for a return channel of a few files of 16 MiB. Exits 0 when no
@@ -19,29 +19,42 @@
 # `multinorm devices` sees no GPU or the CUDA emulation. SIGTERM or ^C stops the running step and
 # writes the reports of what ran. logs/ and raw/ are the script's: a folder used before loses them.
 #
-# Sections and their steps, in the order they run (most wanted first), with each step's time limit in
-# seconds and, in brackets, what one H100 is expected to take (estimates: no GPU has run this yet):
-#   environment   environment 20 [5]: versions, `multinorm devices`, nvidia-smi, PyTorch, the tools
-#   doctor        doctor_llama_60m 90 [45]: every check at llama_60m's shapes, a timed step (per-kernel
+# Sections and their steps, in the order they run (most wanted first: the correctness verdicts, then
+# the figures), with each step's time limit in seconds and, in brackets, what one H100 is expected to
+# take (estimates from the run of 2026-11-27, where one was measured):
+#   environment   environment 20 [6]: versions, `multinorm devices`, nvidia-smi, PyTorch, the tools
+#   doctor        doctor_llama_60m 90 [35]: every check at llama_60m's shapes, a timed step (per-kernel
 #                 measured and predicted time, host waits and drains), NCCL when >1 GPU is visible
-#   step_vs_torch step_ours_llama_60m 30 [10], step_torch_llama_60m 30 [10], step_ours_llama_1b 45 [20],
-#                 step_torch_llama_1b 45 [15]: micro-batch 32 x 256, BF16, PyTorch eager with SDPA; ours
+#   tests         tests_cuda 90 [35]: the CUDA tests of multinorm_tests on the GPU, through
+#                 gpu_check/run_gtests.py: a test that crashes the binary is recorded and the tests
+#                 after it run in a new process, so one crash hides nothing
+#   training      training_smoke 150 [80]: configs/quickstart.json on the GPU (the bundled shards of
+#                 the default corpus), SinkGD and SWAN, each trained twice: the last checkpoints
+#                 byte-identical, the validation perplexity within 2% of the CPU backend's
+#                 (gpu_check/smoke_reference.json, measured on the same shards)
+#   sanitizer     memcheck and racecheck, each on three targets: training (a tiny model's updates and
+#                 timed step through `doctor`, the trainer's path with graphs), kernels (every kernel
+#                 family's CudaVsCpu tests but attention's) and attention (the tensor-core and SIMT
+#                 attention tests): memcheck_* 30, 60, 25 [3, 15, 1], racecheck_* 45, 90, 30 [10, 40, 4];
+#                 racecheck skips the libraries' kernels (cuBLASLt, NCCL: --kernel-name-exclude), whose
+#                 instrumented shared memory is what kept a run on the 2-layer model unfinished for
+#                 150 s; the kernels and attention targets launch every kernel of ours between
+#                 them (tests/gpu_check.sh checks that on the emulation). A run cut by its limit is a
+#                 failure, not a pass.
+#   step_vs_torch step_ours_llama_60m 30 [2], step_torch_llama_60m 30 [7], step_ours_llama_1b 45 [15],
+#                 step_torch_llama_1b 45 [10]: micro-batch 32 x 256, BF16, PyTorch eager with SDPA; ours
 #                 timed replaying CUDA graphs (as the trainer runs), profiled in separate steps
-#   attention     attention_ours 30 [8], attention_sdpa 30 [12]: T 256, 1024, 2048 x D 64, 128, all in
+#   attention     attention_ours 30 [3], attention_sdpa 30 [16]: T 256, 1024, 2048 x D 64, 128, all in
 #                 one process each; SDPA as PyTorch picks it, FlashAttention-2 and cuDNN forced
-#   hf_logits     hf_export 20 [5], hf_compare 30 [12]: llama_60m exported, loaded by transformers
-#   tests         tests_cuda 60 [35]: the CUDA tests of multinorm_tests on the GPU
-#   doctor        doctor_llama_1b 60 [40]: the op checks and a timed step at llama_1b's shapes
-#   sanitizer     memcheck_training 30, memcheck_attention 25, racecheck_training 35,
-#                 racecheck_attention 30 [80 together]: compute-sanitizer on a tiny model's updates
-#                 and timed step, and on the attention tests
-#   step_vs_torch step_compile_llama_60m 60 [35], step_compile_llama_1b 90 [45]: PyTorch under
+#   hf_logits     hf_export 20 [3], hf_compare 30 [14]: llama_60m exported, loaded by transformers
+#   doctor        doctor_llama_1b 60 [33]: the op checks and a timed step at llama_1b's shapes
+#   step_vs_torch step_compile_llama_60m 60 [25], step_compile_llama_1b 90 [23]: PyTorch under
 #                 torch.compile, each transformer block compiled on its own (the compile time does not
 #                 grow with depth; last: it mostly compiles; a failure or timeout is recorded in the
 #                 comparison's row and does not fail the section)
-# Expected about 390 s in all. The limits add up to 760 s; the deadline GPU_CHECK_BUDGET_S (default
-# 440 s) caps them: a step is cut to what is left, one that would start with under 5 s left is
-# skipped, so the call ends by about 450 s (7.5 minutes) with its reports written.
+# Expected about 420 s in all. The limits add up to 1,100 s; the deadline GPU_CHECK_BUDGET_S (default
+# 450 s) caps them: a step is cut to what is left, one that would start with under 5 s left is
+# skipped, so the call ends by about 460 s (under 8 minutes) with its reports written.
 #
 # Environment: GPU_CHECK_PYTHON (the python3 with PyTorch; default: the first python3 on PATH, then
 # /usr/bin/python3, that imports torch), GPU_CHECK_PEAK_TFLOPS (the BF16 dense peak for MFU where the
@@ -58,8 +71,8 @@
 # build/libmultinorm_cuda.so, configs/), found from this script's directory.
 set -uo pipefail
 
-usage() { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; }
-dry=${GPU_CHECK_DRY:-0} only="" out="" work="" pack=1
+usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; }
+dry=${GPU_CHECK_DRY:-0} only="" out="" work="" pack=1 print_filters=0
 while [ $# -gt 0 ]; do
   case $1 in
     --dry) dry=1 ;;
@@ -68,12 +81,26 @@ while [ $# -gt 0 ]; do
     --work) work=${2:-}; [ -n "$work" ] || { echo "gpu_check.sh: --work needs a folder" >&2; exit 2; }; shift ;;
     --work=*) work=${1#--work=} ;;
     --no-pack) pack=0 ;;
+    --sanitizer-filters) print_filters=1 ;;
     -h | --help) usage; exit 0 ;;
     -*) echo "gpu_check.sh: unknown option $1" >&2; usage >&2; exit 2 ;;
     *) [ -z "$out" ] || { echo "gpu_check.sh: one output folder, not '$out' and '$1'" >&2; exit 2; }; out=$1 ;;
   esac
   shift
 done
+# The sanitizer's gtest filters on a node. kernels: every kernel family's CudaVsCpu test (one
+# emulation mode: on a GPU the modes are the same run) but attention's and the GEMMs' (cuBLASLt's own
+# kernels), and the update statistics; attention: the tensor-core shapes with several query blocks at
+# B x H = 8 (T = 1024 is left to tests_cuda: racecheck's shared-memory tracking would take most of its
+# limit there), and the SIMT kernels (FP32). The two launch every kernel of ours between them
+# (tests/gpu_check.sh: the emulation's launch log); the training target adds the trainer's path.
+node_kernels_filter='Emulation/CudaVsCpu.*/forward_workers2:CudaBackend.UpdateStatisticsAndClippingWhereTheGradientsAre-*Matmul*:*AttentionForwardBackward*:*ModelForwardBackward*:*OneTrainingUpdatePerOptimizer*:*HostWaits*'
+node_attention_filter='Shapes/TensorCoreAttention.*/B2_*:Backends/Ops.AttentionForwardBackward/cuda:Backends/OpsBf16.Attention/cuda:Emulation/CudaVsCpu.AttentionForwardBackward/forward_workers2'
+if [ "$print_filters" = 1 ]; then
+  printf 'kernels %s\nattention %s\n' "$node_kernels_filter" "$node_attention_filter"
+  exit 0
+fi
+
 [ -n "$out" ] || { echo "gpu_check.sh: the output folder is missing" >&2; usage >&2; exit 2; }
 [ "$dry" = 1 ] || dry=0
 mkdir -p "$out/logs" "$out/raw" || { echo "gpu_check.sh: cannot create $out" >&2; exit 2; }
@@ -91,7 +118,7 @@ case $work/ in "$out"/*) echo "gpu_check.sh: --work must not be inside the repor
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(dirname "$here")
 started=$(date +%s)
-budget_s=${GPU_CHECK_BUDGET_S:-440}
+budget_s=${GPU_CHECK_BUDGET_S:-450}
 deadline=$((started + budget_s))
 : >"$out/steps.tsv"
 # A folder used before: its reports and figures go (logs/ and raw/ are this script's own).
@@ -197,9 +224,14 @@ if [ "$dry" = 1 ]; then
   step_batch=1 step_seq=16 step_steps=1 step_warmup=0 torch_device=cpu
   attention_seqs="32 64" attention_tokens=64 attention_width=128 attention_steps=1 attention_warmup=0
   logits_tokens=16
-  tests_filter='Backends/Ops.RmsNormForwardBackward/cuda:Backends/OpsBf16.Attention/cuda:CudaBackend.LateCopiesArriveAtTheirFence'
+  # (Planted.CrashWhenAsked skips unless tests/gpu_check.sh plants its crash)
+  tests_filter='Planted.CrashWhenAsked:Backends/Ops.RmsNormForwardBackward/cuda:Backends/OpsBf16.Attention/cuda:CudaBackend.LateCopiesArriveAtTheirFence'
   san_training=(--batch 1 --seq 16 --only checkpoint --no-bench)
+  san_kernels_filter='Emulation/CudaVsCpu.RopeForwardBackward/forward_workers2'
   san_attention_filter='Backends/OpsBf16.Attention/cuda'
+  # the smoke: the tests' generated corpus and tokenizer, the tiny model, 6 updates; the CPU reference
+  # trained here
+  smoke_optimizers=(sinkgd swan) smoke_reference=cpu
 else
   model_60m=$configs/models/llama_60m.json model_1b=$configs/models/llama_1b.json
   doctor_shape=(--steps 3 --warmup 1)
@@ -211,9 +243,9 @@ else
   # docs/gpu-nodes.md's filter, and the tensor-core attention's shapes (named without "cuda")
   tests_filter='*cuda*:*Cuda*:LargeShapes*:*TensorCoreAttention*'
   san_training=(--batch 2 --seq 64 --only update --steps 1 --warmup 0)
-  # (the tensor-core shapes with several query blocks at B x H = 8; T = 1024 is left to tests_cuda:
-  # racecheck's shared-memory tracking would take most of its limit there)
-  san_attention_filter='Shapes/TensorCoreAttention.*/B2_*:Backends/Ops.AttentionForwardBackward/cuda:Backends/OpsBf16.Attention/cuda'
+  san_kernels_filter=$node_kernels_filter
+  san_attention_filter=$node_attention_filter
+  smoke_optimizers=(sinkgd swan) smoke_reference=$here/gpu_check/smoke_reference.json
 fi
 
 # ---- the reports -------------------------------------------------------------------------------------
@@ -399,6 +431,61 @@ esac
 run_step doctor_llama_60m doctor 90 "$mn" doctor --model "$model_60m" "${doctor_shape[@]}" "${doctor_60m_only[@]}" \
   --report "$out/raw/doctor_llama_60m.json"
 
+# The CUDA tests, a crash recorded and the tests after it run in a new process (run_gtests.py).
+if [ -n "$report_py" ]; then
+  run_step tests_cuda tests 90 "$report_py" "$here/gpu_check/run_gtests.py" --out "$out/raw/gtest_runs.json" \
+    --env MULTINORM_TEST_CUDA_PLUGIN="$plugin" -- "$tests_bin" --gtest_filter="$tests_filter"
+else
+  run_step tests_cuda tests 90 env MULTINORM_TEST_CUDA_PLUGIN="$plugin" "$tests_bin" --gtest_filter="$tests_filter" \
+    --gtest_output=json:"$out/raw/gtest.json"
+fi
+
+# The training smoke: the quickstart (dry: the tests' tiny corpus and model) trained twice per
+# optimizer on the GPU, against the CPU backend's perplexity.
+smoke_sets=() smoke_config=""
+if [ "$dry" = 1 ]; then
+  if [ -f "$root/tests/fixtures/tiny_shards.sh" ] && selected training_smoke training; then
+    smoke_dir=$work/smoke_data
+    mkdir -p "$smoke_dir"
+    (cd "$smoke_dir" && source "$root/tests/fixtures/tiny_shards.sh" && make_tiny_shards "$mn") >"$out/logs/smoke_data.log" 2>&1
+    smoke_config=$smoke_dir/run.json
+    smoke_sets=(--set data.train="$smoke_dir/shards/c4-train.*.tok" --set data.validation="$smoke_dir/shards/c4-validation.*.tok"
+                --set data.tokenizer="$smoke_dir/tok.model" --set optimizer.swan.ns_steps=10 --quiet)
+  fi
+elif [ -d "$root/share/multinorm/smoke" ]; then
+  smoke_dir=$root/share/multinorm/smoke
+  smoke_config=$configs/quickstart.json
+  smoke_sets=(--set data.train="$smoke_dir/tokens/c4-train.*.tok" --set data.validation="$smoke_dir/tokens/c4-validation.*.tok"
+              --set data.tokenizer="$smoke_dir/tokenizer.model" --quiet)
+fi
+if [ -n "$smoke_config" ] && [ -f "$smoke_config" ]; then
+  run_step training_smoke training 150 bash "$here/gpu_check/training_smoke.sh" "$mn" "$smoke_config" "$smoke_reference" \
+    "$work/smoke" "$out/raw/training_smoke.json" "${smoke_optimizers[@]}" -- "${smoke_sets[@]}"
+else
+  skip_step training_smoke training "no smoke data: the bundle's share/multinorm/smoke (scripts/bundle.sh packs it from data/default)"
+fi
+
+# compute-sanitizer: a tiny model's updates and timed step (graphs, the trainer's path), every kernel
+# family's tests, the attention tests. --error-exitcode marks a finding apart from the program's own
+# failure; racecheck leaves the libraries' kernels out (cuBLASLt's and NCCL's: their shared memory
+# is theirs to check, and instrumenting it is what never finished).
+library_kernels='regex=nvjet|xmma|cutlass|gemm|gemv|splitK|cublas|nccl'
+for tool in memcheck racecheck; do
+  case $tool in memcheck) limits=(30 60 25) exclude=() ;; *) limits=(45 90 30) exclude=(--kernel-name-exclude "$library_kernels") ;; esac
+  if [ -z "$sanitizer" ]; then
+    why="compute-sanitizer not found (PATH, \$CUDA_HOME/bin, /usr/local/cuda*/bin)"
+    for target in training kernels attention; do skip_step "${tool}_$target" sanitizer "$why"; done
+    continue
+  fi
+  san=("$sanitizer" --tool "$tool" --error-exitcode 86 --print-limit 20 --target-processes all "${exclude[@]}")
+  run_step "${tool}_training" sanitizer ${limits[0]} "${san[@]}" "$mn" doctor --model "$tiny" "${san_training[@]}" \
+    --report "$out/raw/${tool}_training_doctor.json"
+  run_step "${tool}_kernels" sanitizer ${limits[1]} env MULTINORM_TEST_CUDA_PLUGIN="$plugin" "${san[@]}" "$tests_bin" \
+    --gtest_filter="$san_kernels_filter"
+  run_step "${tool}_attention" sanitizer ${limits[2]} env MULTINORM_TEST_CUDA_PLUGIN="$plugin" "${san[@]}" "$tests_bin" \
+    --gtest_filter="$san_attention_filter"
+done
+
 # Our step, then PyTorch's eager one, on the same GPU, model and micro-batch (torch.compile at the end).
 torch_step() {  # ID MODEL_CONFIG MODES LIMIT
   if [ -z "$py" ]; then skip_step "$1" step_vs_torch "$torch_missing"; return; fi
@@ -445,28 +532,8 @@ else
   skip_step hf_compare hf_logits "$torch_missing"
 fi
 
-run_step tests_cuda tests 60 env MULTINORM_TEST_CUDA_PLUGIN="$plugin" "$tests_bin" --gtest_filter="$tests_filter" \
-  --gtest_output=json:"$out/raw/gtest.json"
-
 run_step doctor_llama_1b doctor 60 "$mn" doctor --model "$model_1b" "${doctor_shape[@]}" "${doctor_1b_only[@]}" \
   --report "$out/raw/doctor_llama_1b.json"
-
-# compute-sanitizer: a tiny model's training updates and timed step (graphs, the trainer's path), and
-# the attention tests. --error-exitcode marks a finding apart from the program's own failure.
-for tool in memcheck racecheck; do
-  case $tool in memcheck) l_train=30 l_att=25 ;; *) l_train=35 l_att=30 ;; esac
-  if [ -z "$sanitizer" ]; then
-    why="compute-sanitizer not found (PATH, \$CUDA_HOME/bin, /usr/local/cuda*/bin)"
-    skip_step "${tool}_training" sanitizer "$why"
-    skip_step "${tool}_attention" sanitizer "$why"
-    continue
-  fi
-  san=("$sanitizer" --tool "$tool" --error-exitcode 86 --print-limit 20 --target-processes all)
-  run_step "${tool}_training" sanitizer $l_train "${san[@]}" "$mn" doctor --model "$tiny" "${san_training[@]}" \
-    --report "$out/raw/${tool}_training_doctor.json"
-  run_step "${tool}_attention" sanitizer $l_att env MULTINORM_TEST_CUDA_PLUGIN="$plugin" "${san[@]}" "$tests_bin" \
-    --gtest_filter="$san_attention_filter"
-done
 
 # The small model first: its figure comes back even when llama_1b's compile runs out of time.
 torch_step step_compile_llama_60m "$model_60m" bf16_sdpa_compile 60

@@ -2,12 +2,31 @@
 # The relocatable bundle (scripts/bundle.sh) from this build, unpacked into an empty directory: every
 # library its files need resolves inside it (or is glibc's, or CUDA's, which the node provides), the
 # binary runs from there (--version, info, a 2-update CPU training run, doctor on the emulated plugin),
-# and the bundled Open MPI launches two ranks.
+# the bundled Open MPI launches two ranks, and gpu_check's smoke data and scripts are inside (a smoke
+# file other than the one its reference names is refused).
 # usage: bundle.sh <source dir> <build dir> <emulated plugin>
 set -uo pipefail
 src=$1 build=$2 plugin=$3
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
+
+# gpu_check's smoke data: here the tests' tiny shards, with a reference naming their hashes.
+mkdir -p "$tmp/smoke_src" && (cd "$tmp/smoke_src" && source "$src/tests/fixtures/tiny_shards.sh" && make_tiny_shards "$build/multinorm" &&
+  mv shards tokens && mv tok.model tokenizer.model) || fail "the smoke's tiny shards"
+python3 - "$tmp/smoke_src" "$tmp/smoke_reference.json" <<'PY' || fail "the smoke's reference"
+import hashlib, json, sys
+d, out = sys.argv[1:]
+names = ["tokens/c4-train.00000-of-00002.tok", "tokens/c4-validation.00000-of-00001.tok", "tokenizer.model"]
+files = {n: hashlib.sha256(open(f"{d}/{n}", "rb").read()).hexdigest() for n in names}
+json.dump({"files": files, "sinkgd": {"val_ppl": 300.0}, "swan": {"val_ppl": 300.0}}, open(out, "w"))
+PY
+export MULTINORM_SMOKE_DATA=$tmp/smoke_src MULTINORM_SMOKE_REFERENCE=$tmp/smoke_reference.json
+# A smoke file that is not the one the reference was measured on is refused, named, before anything is built.
+cp -r "$tmp/smoke_src" "$tmp/smoke_bad" && printf 'x' >> "$tmp/smoke_bad/tokenizer.model"
+out=$(MULTINORM_SMOKE_DATA=$tmp/smoke_bad MULTINORM_BUNDLE_FROM=$build MULTINORM_BUNDLE_OUT=$tmp/bad bash "$src/scripts/bundle.sh" 2>&1) &&
+  fail "a smoke file with other bytes was bundled"
+grep -q "smoke_bad/tokenizer.model is not the file .* was measured on" <<<"$out" || fail "the refused smoke file was not named: $out"
+[ ! -e "$tmp/bad" ] || fail "a refused bundle left $tmp/bad"
 
 MULTINORM_BUNDLE_FROM=$build MULTINORM_BUNDLE_OUT=$tmp/dist MULTINORM_BUNDLE_XZ=-0 bash "$src/scripts/bundle.sh" || fail "bundle.sh"
 tarball=$(ls "$tmp"/dist/multinorm-*-linux-x86_64.tar.xz) || fail "no tarball"
@@ -54,6 +73,11 @@ glibc_check '^lib/(libstdc\+\+\.so\.6|libgcc_s\.so\.1|libevent_core-2\.1\.so\.7)
 # The check fires: with libstdc++ left out of the allowed files, it names libstdc++ and arc4random.
 out=$(glibc_check '^lib/(libgcc_s\.so\.1|libevent_core-2\.1\.so\.7)$') && fail "the glibc check passed with libstdc++ not allowed"
 grep -q "lib/libstdc++.so.6 needs GLIBC_2.36 (arc4random" <<<"$out" || fail "the planted glibc failure was not named: $(tail -1 <<<"$out")"
+
+for f in share/multinorm/smoke/tokens/c4-train.00000-of-00002.tok share/multinorm/smoke/tokens/c4-validation.00000-of-00001.tok \
+  share/multinorm/smoke/tokenizer.model scripts/gpu_check/smoke_reference.json scripts/gpu_check/training_smoke.sh scripts/gpu_check/run_gtests.py; do
+  [ -s "$root/$f" ] || fail "the bundle lacks $f"
+done
 
 cd "$tmp"
 out=$("$root/bin/multinorm" --version) && grep -q "^multinorm " <<<"$out" || fail "--version"

@@ -11,15 +11,20 @@
 #      while both reports are written and the script exits 1; its temporary work folder is removed;
 #   3. sanitizer verdicts: errors (memcheck's and racecheck's summaries) and racecheck warnings fail
 #      their run; a tool that refuses the device at start is a skip, said so, while a run that fails
-#      after the program printed "not supported" is a failure; a timeout is inconclusive, and a
-#      SIGKILL before the limit is not called a timeout;
+#      after the program printed "not supported" is a failure; a timeout fails its run (no verdict
+#      is no pass), and a SIGKILL before the limit is not called a timeout;
 #   4. a step that would start past the budget is skipped, and that is no failure;
 #   5. stopped from outside (SIGTERM), it stops the running step and still writes both reports;
 #   6. a bench that exits 0 without its figures (no JSON, a key missing) fails its section, "no
 #      figure", and the report script does not crash;
 #   7. not dry, on a machine whose plugin is the CUDA emulation: the python's nvidia/*/lib folders
 #      lead LD_LIBRARY_PATH, MULTINORM_CUDA_PLUGIN is the plugin found, and it stops after the
-#      environment step, saying why, with both reports.
+#      environment step, saying why, with both reports;
+#   8. a test that crashes the binary (Planted.CrashWhenAsked) is recorded as crashed and fails the
+#      tests section, and the tests after it still run, in a new process;
+#   9. the sanitizer's kernels and attention targets on a node (their gtest filters) launch every
+#      kernel of ours between them, by the emulation's launch log against the launches in
+#      kernels/cuda/*.cu, and their tests pass here.
 # usage: gpu_check.sh <source dir> <multinorm> <multinorm_tests> <emulated plugin>
 set -uo pipefail
 src=$1
@@ -42,7 +47,7 @@ while [ $# -gt 0 ]; do
   case $1 in
     --version) echo "stand-in compute-sanitizer (tests/gpu_check.sh)"; exit 0 ;;
     --tool) tool=$2; shift 2 ;;
-    --error-exitcode | --print-limit | --target-processes) shift 2 ;;
+    --error-exitcode | --print-limit | --target-processes | --kernel-name-exclude) shift 2 ;;
     *) break ;;
   esac
 done
@@ -86,10 +91,10 @@ md = open(d + "/gpu_check.md").read()
 s = r["sections"]
 pos = lambda x: isinstance(x, (int, float)) and math.isfinite(x) and x > 0
 assert r["ok"] is True and r["gpu_check"]["dry"] is True and r["gpu_check"]["layout"] == "build", r["gpu_check"]
-expected = {"environment": "ok", "doctor": "ok", "step_vs_torch": "ok", "attention": "ok", "hf_logits": "skipped",
-            "tests": "ok", "sanitizer": "ok", "nccl": "skipped"}
+expected = {"environment": "ok", "doctor": "ok", "tests": "ok", "training": "ok", "sanitizer": "ok", "step_vs_torch": "ok", "attention": "ok",
+            "hf_logits": "skipped", "nccl": "skipped"}
 assert {k: v["status"] for k, v in s.items()} == expected, {k: (v["status"], v.get("reason")) for k, v in s.items()}
-assert len(r["steps"]) == 18 and all(x["status"] == "ok" for x in r["steps"]), [(x["id"], x["status"], x["reason"]) for x in r["steps"]]
+assert len(r["steps"]) == 21 and all(x["status"] == "ok" for x in r["steps"]), [(x["id"], x["status"], x["reason"]) for x in r["steps"]]
 assert all(x["seconds"] <= x["limit_s"] for x in r["steps"]), "a step ran past its limit"
 assert s["environment"]["python"]["offline"] == {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}, s["environment"]["python"]
 
@@ -132,9 +137,15 @@ assert h["reason"] == "transformers not installed", h
 assert h["tokens"] == 16 and h["fallback"]["relative_error"] <= 1e-4 and h["fallback"]["max_abs_error"] < 1e-3, h
 
 t = s["tests"]
-assert (t["tests"], t["passed"], t["failed"], t["failing"]) == (3, 3, 0, []), t
+assert (t["tests"], t["passed"], t["failed"], t["skipped"], t["failing"], t["complete"]) == (4, 3, 0, 1, [], True), t
+# the smoke: the tiny model trained twice per optimizer on the emulated GPU, byte-identical, and the
+# perplexity of the CPU backend's run here within 2% (measured: 0.0% and 0.0% apart)
+tr = s["training"]
+assert [x["optimizer"] for x in tr["runs"]] == ["sinkgd", "swan"], tr
+for x in tr["runs"]:
+    assert x["identical"] and x["differing"] == [] and x["updates"] == 6 and pos(x["val_ppl"]) and x["relative"] <= 0.02, x
 runs = s["sanitizer"]["runs"]
-assert len(runs) == 4 and all(x["status"] == "ok" and x["errors"] == 0 and x["warnings"] == 0 for x in runs), runs
+assert len(runs) == 6 and all(x["status"] == "ok" and x["errors"] == 0 and x["warnings"] == 0 for x in runs), runs
 assert s["nccl"]["reason"] == "1 GPU visible", s["nccl"]
 
 assert md.startswith("# gpu_check: ok"), md[:200]
@@ -163,7 +174,7 @@ s = r["sections"]
 assert r["ok"] is False and s["doctor"]["status"] == "failed", s["doctor"]
 assert "rmsnorm_forward_backward" in s["doctor"]["reason"], s["doctor"]["reason"]
 assert [c["name"] for c in s["doctor"]["models"][0]["failing"]] == ["rmsnorm_forward_backward"] * 2, s["doctor"]["models"][0]["failing"]  # FP32 and BF16
-for name in ("step_vs_torch", "attention", "tests", "sanitizer"):
+for name in ("step_vs_torch", "attention", "tests", "training", "sanitizer"):
     assert s[name]["status"] == "skipped" and "not selected" in s[name]["reason"], (name, s[name])
 assert open(d + "/gpu_check.md").read().startswith("# gpu_check: FAILED")
 PY
@@ -179,7 +190,7 @@ import json, sys
 s = json.load(open(sys.argv[1]))["sections"]["sanitizer"]
 got = {(x["tool"], x["target"]): (x["status"], x.get("errors"), x["reason"]) for x in s["runs"]}
 assert s["status"] == "failed", s
-for target in ("training", "attention"):
+for target in ("training", "kernels", "attention"):
     assert got[("memcheck", target)][:2] == ("failed", 2), got
     assert got[("racecheck", target)][0] == "skipped" and "refused: Error: Device not supported" in got[("racecheck", target)][2], got
 PY
@@ -193,11 +204,12 @@ PATH="$tmp/bin:$PATH" STUB_WARNINGS_TOOL=racecheck STUB_KILL_TOOL=memcheck \
   bash "$src/scripts/gpu_check.sh" --dry --only sanitizer "$tmp/san3" > "$tmp/san3.txt" 2>&1
 rc=$?
 [ $rc -eq 1 ] || { tail -20 "$tmp/san3.txt"; fail "racecheck warnings: exit $rc, expected 1"; }
-# a run that times out is inconclusive (the budget cuts the first run's limit; the others are skipped)
+# a run that times out fails: no verdict is no pass (the budget cuts the first run's limit; the others
+# are skipped)
 PATH="$tmp/bin:$PATH" STUB_HANG_TOOL=memcheck GPU_CHECK_BUDGET_S=8 \
   bash "$src/scripts/gpu_check.sh" --dry --only sanitizer "$tmp/san4" > "$tmp/san4.txt" 2>&1
 rc=$?
-[ $rc -eq 0 ] || { tail -20 "$tmp/san4.txt"; fail "a sanitizer timeout: exit $rc, expected 0 (inconclusive is no failure)"; }
+[ $rc -eq 1 ] || { tail -20 "$tmp/san4.txt"; fail "a sanitizer timeout: exit $rc, expected 1"; }
 /usr/bin/python3 - "$tmp" <<'PY' || fail "the sanitizer runs' reports"
 import json, sys
 t = sys.argv[1]
@@ -205,25 +217,25 @@ def runs(name):
     s = json.load(open(f"{t}/{name}/gpu_check.json"))["sections"]["sanitizer"]
     return s, {(x["tool"], x["target"]): x for x in s["runs"]}
 s, got = runs("san2")
-for target in ("training", "attention"):
+for target in ("training", "kernels", "attention"):
     x = got[("racecheck", target)]
     assert (x["status"], x["errors"], x["warnings"]) == ("failed", 2, 0) and "2 racecheck error(s)" in x["reason"], x
     x = got[("memcheck", target)]
     assert x["status"] == "failed" and x["errors"] is None and x["reason"] == "exit status 1", x
 s, got = runs("san3")
-for target in ("training", "attention"):
+for target in ("training", "kernels", "attention"):
     x = got[("racecheck", target)]
     assert (x["status"], x["errors"], x["warnings"]) == ("failed", 0, 1) and "1 racecheck warning(s)" in x["reason"], x
     x = got[("memcheck", target)]
     assert x["status"] == "failed" and x["reason"].startswith("killed by SIGKILL (exit status 137)"), x
 s, got = runs("san4")
-assert s["status"] == "inconclusive", s
+assert s["status"] == "failed", s
 x = got[("memcheck", "training")]
-assert x["status"] == "inconclusive" and x["reason"].startswith("timed out after"), x
+assert x["status"] == "failed" and x["reason"].startswith("timed out after") and x["reason"].endswith("no verdict"), x
 assert all(got[k]["status"] == "skipped" and "out of time" in got[k]["reason"] for k in got if k != ("memcheck", "training")), got
 PY
 echo "gpu_check: sanitizer errors and racecheck warnings fail their run; a refused device is skipped, with the tool's words;"
-echo "  a program's own failure is a failure, a timeout inconclusive, an early SIGKILL no timeout"
+echo "  a program's own failure is a failure, a timeout a failure, an early SIGKILL no timeout"
 
 # 4. Out of time: a step that would start with under 5 s of the budget left is skipped, not failed.
 GPU_CHECK_BUDGET_S=2 bash "$src/scripts/gpu_check.sh" --dry --only tests "$tmp/late" > "$tmp/late.txt" 2>&1
@@ -287,7 +299,7 @@ s = r["sections"]
 assert r["ok"] is False and "CUDA emulation" in r["gpu_check"]["stopped"], r["gpu_check"]
 assert s["environment"]["status"] == "failed" and "stopped: multinorm devices reports the CUDA emulation" in s["environment"]["reason"], s["environment"]
 assert [x["id"] for x in r["steps"]] == ["environment"], r["steps"]
-for name in ("doctor", "step_vs_torch", "attention", "tests", "sanitizer"):
+for name in ("doctor", "step_vs_torch", "attention", "tests", "training", "sanitizer"):
     assert s[name]["status"] == "skipped" and "stopped early" in s[name]["reason"], (name, s[name])
 libs = [os.path.realpath(t + "/site/nvidia/" + d + "/lib") for d in ("cublas", "nccl")]
 assert meta["nvidia_lib_dirs"].split(":")[:2] == libs and meta["ld_library_path"].startswith(":".join(libs)), meta
@@ -295,4 +307,31 @@ assert meta["plugin"] == plugin and f"CUDA plugin: {plugin}" in open(t + "/real_
 assert open(t + "/real/gpu_check.md").read().startswith("# gpu_check: FAILED")
 PY
 echo "gpu_check: not dry on the emulation, it stops after the environment step, saying why"
+
+# 8. A test that crashes the binary: recorded, the section failed, and the tests after it ran.
+MULTINORM_TEST_PLANT_CRASH=1 bash "$src/scripts/gpu_check.sh" --dry --only tests "$tmp/crash" > "$tmp/crash.txt" 2>&1
+rc=$?
+[ $rc -eq 1 ] || { tail -20 "$tmp/crash.txt"; fail "a planted crash: exit $rc, expected 1"; }
+/usr/bin/python3 - "$tmp/crash/gpu_check.json" <<'PY' || fail "the planted crash's report"
+import json, sys
+t = json.load(open(sys.argv[1]))["sections"]["tests"]
+assert t["status"] == "failed" and t["crashed"] == ["Planted.CrashWhenAsked"] and "crashed the binary" in t["reason"], t
+assert (t["tests"], t["passed"], t["failed"], t["complete"]) == (4, 3, 1, True) and "2 processes" in t["counted_from"], t
+PY
+echo "gpu_check: a test that crashes the binary is recorded, and the tests after it run"
+
+# 9. The sanitizer's kernels and attention targets on a node launch every kernel of ours between
+# them (the emulation's launch log; racecheck off: these tests run under it elsewhere in the suite).
+filters=$(bash "$src/scripts/gpu_check.sh" --sanitizer-filters) || fail "--sanitizer-filters"
+launched=$tmp/launched.txt
+for target in kernels attention; do
+  f=$(sed -n "s/^$target //p" <<<"$filters")
+  [ -n "$f" ] || fail "no $target filter in: $filters"
+  MULTINORM_EMU_RACECHECK=0 MULTINORM_EMU_LAUNCH_LOG=$launched MULTINORM_TEST_CUDA_PLUGIN=$MULTINORM_CUDA_PLUGIN "$GPU_CHECK_TESTS" \
+    --gtest_filter="$f" > "$tmp/census_$target.txt" 2>&1 || { tail -30 "$tmp/census_$target.txt"; fail "the sanitizer's $target tests on the emulation"; }
+done
+grep -ho 'launch("[a-z_0-9]*"' "$src"/kernels/cuda/*.cu | sed 's/launch("//; s/"//' | sort -u > "$tmp/all_kernels.txt"
+missing=$(sort -u "$launched" | comm -23 "$tmp/all_kernels.txt" -)
+[ -z "$missing" ] || fail "kernels no sanitizer target launches: $(echo $missing)"
+echo "gpu_check: the sanitizer's targets launch all $(wc -l < "$tmp/all_kernels.txt") kernels"
 echo "gpu_check: passed"

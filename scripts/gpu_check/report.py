@@ -3,11 +3,12 @@ OUT/logs/*.log and OUT/raw/*. Standard library only (it runs under any python3).
 
     python3 scripts/gpu_check/report.py OUT
 
-Sections: environment, doctor, step_vs_torch, attention, hf_logits, tests, sanitizer, nccl. Each has a
-status: failed when one of its steps failed or its figures say so (a failed check, test or sanitizer
-finding, logits beyond their bound) or a step that exited 0 left no figure ("no figure"), skipped
-when none of its steps ran (with why), inconclusive (the sanitizer) when a run timed out without a
-finding, else ok. A section whose figures this script cannot read is failed, with why, not a crash.
+Sections: environment, doctor, tests, training, sanitizer, step_vs_torch, attention, hf_logits, nccl.
+Each has a status: failed when one of its steps failed or its figures say so (a failed or crashed
+test, runs that differ or a perplexity off the CPU's, a sanitizer finding, a sanitizer run cut by its
+time limit (no verdict is no pass), logits beyond their bound) or a step that exited 0 left no figure
+("no figure"), skipped when none of its steps ran (with why), else ok. A section whose figures this
+script cannot read is failed, with why, not a crash.
 Exits 1 when a section failed, or when the check stopped early (no GPU, the CUDA emulation).
 """
 import json
@@ -347,7 +348,20 @@ def hf_logits(r):
 
 
 def gtest_results(r):
-    """(tests, passed, failed, skipped, failing names) from gtest's JSON, else from its log."""
+    """(tests, passed, failed, skipped, failing names, crashed names, source) from run_gtests.py's
+    JSON, else gtest's own JSON, else its log."""
+    g = load_json(r.raw_path("gtest_runs.json"))
+    if g:
+        by = {}
+        for t in g.get("tests", []):
+            by.setdefault(t.get("result"), []).append(t.get("name", "?"))
+        failing, crashed = by.get("failed", []), by.get("crashed", [])
+        rounds = len(g.get("rounds", []))
+        source = "run_gtests.py" + (f" ({rounds} processes: a crash, then the tests after it)" if rounds > 1 else "")
+        if not g.get("complete"):
+            source += "; incomplete: " + (f"{len(g.get('crashes', []))} crashes" if g.get("crashes") else "cut before the last test")
+        return (len(g.get("tests", [])), len(by.get("passed", [])), len(failing) + len(crashed), len(by.get("skipped", [])),
+                failing + crashed, crashed, source, g.get("complete", False))
     g = load_json(r.raw_path("gtest.json"))
     if g:
         names, skipped, tests = [], 0, 0
@@ -358,14 +372,14 @@ def gtest_results(r):
                     names.append(f"{suite.get('name', '?')}.{t.get('name', '?')}")
                 elif t.get("result") == "SKIPPED":
                     skipped += 1
-        return tests, tests - len(names) - skipped, len(names), skipped, names, "gtest JSON"
+        return tests, tests - len(names) - skipped, len(names), skipped, names, [], "gtest JSON", True
     log = tail(os.path.join(r.out, "logs", "tests_cuda.log"), 10 ** 7)
     if not log:
         return None
     ok = len(re.findall(r"^\[       OK \] ", log, re.M))
     failing = sorted(set(re.findall(r"^\[  FAILED  \] (\S+)(?: \(|,|$)", log, re.M)))
     skipped = len(re.findall(r"^\[  SKIPPED \] \S+ \(", log, re.M))
-    return ok + len(failing) + skipped, ok, len(failing), skipped, failing, "the log (no gtest JSON: the binary stopped early)"
+    return ok + len(failing) + skipped, ok, len(failing), skipped, failing, [], "the log (no gtest JSON: the binary stopped early)", False
 
 
 def tests(r):
@@ -373,12 +387,31 @@ def tests(r):
     out = {}
     data_failed = None
     if got:
-        total, passed, failed, skipped, names, source = got
-        out = {"tests": total, "passed": passed, "failed": failed, "skipped": skipped, "failing": names, "counted_from": source}
+        total, passed, failed, skipped, names, crashed, source, complete = got
+        out = {"tests": total, "passed": passed, "failed": failed, "skipped": skipped, "failing": names, "crashed": crashed,
+               "counted_from": source, "complete": complete}
         if failed:
-            data_failed = f"{failed} failed: " + ", ".join(names[:10])
+            data_failed = f"{failed} failed" + (f" ({len(crashed)} crashed the binary)" if crashed else "") + ": " + ", ".join(names[:10])
     status, reason = r.section_status(["tests_cuda"], data_failed, figures={"tests_cuda": got is not None and got[0] > 0})
     return dict({"status": status, "reason": reason}, **out)
+
+
+def training(r):
+    """The training smoke (gpu_check/training_smoke.sh): per optimizer, the two runs byte-identical and
+    the validation perplexity within its bound of the CPU backend's."""
+    d = load_json(r.raw_path("training_smoke.json"))
+    bad = []
+    for x in (d or {}).get("runs", []):
+        if not x.get("identical"):
+            bad.append(f"{x['optimizer']}: the two runs differ ({', '.join(x.get('differing') or [])})")
+        rel = x.get("relative")
+        if rel is None:
+            bad.append(f"{x['optimizer']}: no validation perplexity to compare")
+        elif rel > d.get("bound", 0.02):
+            bad.append(f"{x['optimizer']}: validation perplexity {x['val_ppl']:.2f}, the CPU's {x['reference_ppl']:.2f} "
+                       f"({100 * rel:.2f}% apart, bound {100 * d.get('bound', 0.02):.0f}%)")
+    status, reason = r.section_status(["training_smoke"], "; ".join(bad) or None, figures={"training_smoke": bool(d and d.get("runs"))})
+    return dict({"status": status, "reason": reason}, **({"bound": d.get("bound"), "runs": d.get("runs", [])} if d else {}))
 
 
 # How compute-sanitizer says it cannot run here (a device or driver it does not support, no permission).
@@ -409,10 +442,13 @@ def sanitizer_summary(log):
     return (int(m[-1]), 0) if m else (None, None)
 
 
+SANITIZER_TARGETS = ("training", "kernels", "attention")
+
+
 def sanitizer(r):
-    runs, failed, inconclusive = [], [], []
+    runs, failed = [], []
     for tool in ("memcheck", "racecheck"):
-        for target in ("training", "attention"):
+        for target in SANITIZER_TARGETS:
             s = r.by_id.get(f"{tool}_{target}")
             if not s:
                 continue
@@ -429,20 +465,16 @@ def sanitizer(r):
                         f", {run['warnings']} warning(s)" if run["warnings"] else "")
                 elif run["warnings"]:  # racecheck's possible hazards: a finding to look at, not a pass
                     run["status"], run["reason"] = "failed", f"{run['warnings']} {tool} warning(s) (hazards reported as warnings)"
-                elif timed_out:  # no verdict: neither a finding nor a pass
-                    run["status"], run["reason"] = "inconclusive", s["reason"] + ", no summary: no verdict"
+                elif timed_out:  # no verdict is no pass
+                    run["status"], run["reason"] = "failed", s["reason"] + " before the tool's summary: no verdict"
                 elif s["status"] == "ok" and run["errors"] is None:
                     run["status"], run["reason"] = "failed", "no figure: the tool printed no summary"
                 if run["status"] == "failed":
                     failed.append(f"{tool} {target}: {run['reason']}")
-                elif run["status"] == "inconclusive":
-                    inconclusive.append(f"{tool} {target}: {run['reason']}")
             runs.append(run)
     statuses = {x["status"] for x in runs}
     if failed:
-        status, reason = "failed", "; ".join(failed + inconclusive)
-    elif inconclusive:
-        status, reason = "inconclusive", "; ".join(inconclusive)
+        status, reason = "failed", "; ".join(failed)
     elif statuses <= {"skipped"}:
         status, reason = "skipped", "; ".join(sorted({x["reason"] for x in runs})) or "no run"
         if not runs and r.meta.get("stopped"):
@@ -463,9 +495,10 @@ def build(out):
 
     got = guarded("doctor", doctor, r)
     doc, nccl = got if isinstance(got, tuple) else (got, None)
-    sections = {"environment": guarded("environment", environment, r), "doctor": doc, "step_vs_torch": guarded("step_vs_torch", step_vs_torch, r),
-                "attention": guarded("attention", attention, r), "hf_logits": guarded("hf_logits", hf_logits, r),
-                "tests": guarded("tests", tests, r), "sanitizer": guarded("sanitizer", sanitizer, r), "nccl": guarded("nccl", nccl_section, nccl)}
+    sections = {"environment": guarded("environment", environment, r), "doctor": doc, "tests": guarded("tests", tests, r),
+                "training": guarded("training", training, r), "sanitizer": guarded("sanitizer", sanitizer, r),
+                "step_vs_torch": guarded("step_vs_torch", step_vs_torch, r), "attention": guarded("attention", attention, r),
+                "hf_logits": guarded("hf_logits", hf_logits, r), "nccl": guarded("nccl", nccl_section, nccl)}
     finished = r.meta.get("finished", time.time())
     report = {"gpu_check": {"dry": r.meta.get("dry"), "layout": r.meta.get("layout"), "host": r.meta.get("host"),
                             "multinorm": r.meta.get("version"),
@@ -542,7 +575,16 @@ def markdown(rep):
                        f"max abs error {d['max_abs_error']:.3e} of logits up to {d['max_abs_logit']:.3g}, argmax agreement {pct(d['argmax_agreement'])}."]
     t = s["tests"]
     md += ["", "## CUDA tests", "", f"status {t.get('status')}: {t.get('passed', '—')} passed, {t.get('failed', '—')} failed, "
-                                     f"{t.get('skipped', '—')} skipped of {t.get('tests', '—')}{'; failing: ' + ', '.join(t['failing']) if t.get('failing') else ''}."]
+                                     f"{t.get('skipped', '—')} skipped of {t.get('tests', '—')}{'; failing: ' + ', '.join(t['failing']) if t.get('failing') else ''}"
+                                     f"{'; crashed the binary: ' + ', '.join(t['crashed']) if t.get('crashed') else ''} "
+                                     f"(counted from {t.get('counted_from', '—')})."]
+    tr = s["training"]
+    md += ["", "## Training smoke (the quickstart on the GPU, twice per optimizer)", "",
+           f"status {tr.get('status')}{': ' + tr['reason'] if tr.get('reason') else ''}.", ""]
+    md += table(["optimizer", "updates", "two runs", "validation perplexity", "CPU backend's", "apart", "seconds a run", "tokens/s"],
+                [[x.get("optimizer"), fmt(x.get("updates")), "byte-identical" if x.get("identical") else "differ: " + ", ".join(x.get("differing") or []),
+                  fmt(x.get("val_ppl"), 5), fmt(x.get("reference_ppl"), 5), pct(x.get("relative")), fmt(x.get("seconds")), fmt(x.get("tokens_per_s"))]
+                 for x in tr.get("runs", [])])
     md += ["", "## compute-sanitizer", "", f"status {s['sanitizer'].get('status')}{': ' + s['sanitizer']['reason'] if s['sanitizer'].get('reason') else ''}.", ""]
     md += table(["tool", "target", "status", "errors", "warnings", "why"],
                 [[x["tool"], x["target"], x["status"], fmt(x.get("errors")), fmt(x.get("warnings")), x["reason"]] for x in s["sanitizer"].get("runs", [])])
