@@ -115,6 +115,49 @@ TEST_P(CudaVsCpu, GemmOperandsOffSixteenBytesAreStagedThroughAlignedRows) {
   }
 }
 
+// The CUDA plan pads the MLP's activations (gate_up, swiglu and their gradients) to 128-byte rows
+// where their width is off 16 bytes (ActivationLayout::pad_mlp_rows), so their GEMMs and SwiGLU take
+// them as they are: at F = 41 only the down projection's weight (rows of F) is staged, once in each
+// of its three GEMMs and its gradient back; the CPU's plan stays dense; both give the same training
+// step (ModelForwardBackwardMatchesTheCpuBackend compares them at F = 86).
+TEST_P(CudaVsCpu, PaddedMlpRowsLeaveOnlyTheDownWeightStaged) {
+  ModelConfig cfg;
+  cfg.name = "padded_mlp";
+  cfg.vocab_size = 64;
+  cfg.hidden_size = 32;
+  cfg.intermediate_size = 41;  // 82-byte BF16 rows
+  cfg.num_hidden_layers = 2;
+  cfg.num_attention_heads = 2;
+  cfg.max_position_embeddings = 16;
+  const int64_t B = 2, T = 8;
+  const ActivationPlan gpu_plan = plan_activations(cfg, B, T, DType::BF16, cuda->activation_layout(DType::BF16));
+  const ActivationPlan cpu_plan = plan_activations(cfg, B, T, DType::BF16, cpu->activation_layout(DType::BF16));
+  for (const char* name : {"layers.0.gate_up", "swiglu", "d_swiglu", "d_gate_up"}) {
+    const int64_t width = std::string(name).find("gate_up") != std::string::npos ? 82 : 41;
+    EXPECT_EQ(gpu_plan.find(name).ld, width == 82 ? 128 : 64) << name;  // 128-byte rows: 64 BF16 elements
+    EXPECT_EQ(gpu_plan.find(name).elements, B * T * gpu_plan.find(name).ld) << name;
+    if (cpu_plan.has(name)) {  // (the CPU may fuse d_swiglu away)
+      EXPECT_EQ(cpu_plan.find(name).ld, 0) << name;
+    }
+  }
+  EXPECT_EQ(gpu_plan.find("layers.0.ln2").ld, 0);
+  std::vector<int32_t> tokens = random_ids(B * T, 64, 4), targets = random_ids(B * T, 64, 5);
+  LlamaModel mc(*cpu, cfg, DType::BF16, B, T), mg(*cuda, cfg, DType::BF16, B, T);
+  mc.init_random(7);
+  mg.params_from_host(mc.params_to_host());
+  cuda->set_profiling(true);
+  cuda->take_profile();
+  const LossSum lg = mg.forward_backward({tokens.data(), targets.data(), nullptr, B, T}, 1.0f / (B * T));
+  int64_t copies = 0;
+  for (const KernelTime& k : cuda->take_profile())
+    if (k.name == "copy_rows") copies += k.launches;
+  cuda->set_profiling(false);
+  // per layer: W_down in the forward and the input gradient, dW_down in and back
+  EXPECT_EQ(copies, 4 * cfg.num_hidden_layers);
+  const LossSum lc = mc.forward_backward({tokens.data(), targets.data(), nullptr, B, T}, 1.0f / (B * T));
+  EXPECT_NEAR(lg.mean(), lc.mean(), 2e-3 * lc.mean());  // BF16 activations: the model test's bound
+}
+
 TEST_P(CudaVsCpu, EmbeddingForwardBackward) {
   // BT 37: one shared-memory sort chunk; BT 5000: the device sort's global stages (8192 keys in
   // chunks of 2048), 5000 draws of 300 ids: runs of ~17 positions, many crossing the backward

@@ -69,7 +69,7 @@ TEST(Memory, ActivationPlanSizes) {
   // an 8-column chunk of every row when that is more (the CUDA head's narrowest chunk; V = 100 is
   // under R / 8 = 128), and d_swiglu goes; with FP32 activations logits is d_logits too and keeps its
   // rows.
-  const ActivationFusions both{true, true};
+  const ActivationLayout both{true, true};
   const ActivationPlan big = plan_activations(m, 64, 256, DType::BF16), fused = plan_activations(m, 64, 256, DType::BF16, both);
   EXPECT_EQ(fused.find("logits").elements, 8 * kHeadChunkRows);
   EXPECT_FALSE(fused.has("d_swiglu"));

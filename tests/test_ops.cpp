@@ -316,7 +316,7 @@ TEST_P(Ops, MatmulSwiGLUIsTheGemmThenSwiGLU) {
     be->matmul_swiglu_backward(DGU0.buf(), Buf{nullptr, bf}, DS0.buf(), DY.buf(), WD.buf(), GU.buf(), N, F, C);
     EXPECT_EQ(DGU0.get(), DGU.get()) << where;
     // Where the backend fuses it, ds is never written, and the activation plan leaves it out.
-    if (be->activation_fusions(bf).swiglu_backward) {
+    if (be->activation_layout(bf).swiglu_backward) {
       be->matmul_swiglu_backward(DGU0.buf(), Buf{nullptr, bf}, Buf{nullptr, bf}, DY.buf(), WD.buf(), GU.buf(), N, F, C);
       EXPECT_EQ(DGU0.get(), DGU.get()) << where;
     }
@@ -433,7 +433,7 @@ TEST(FastMath, ExpMatchesLibmToAFewUlps) {
 TEST(OpsCpu, UnfusedSwiGLUBackwardWithoutDsIsAnError) {
   auto be = make_cpu_backend(2);
   const DType f32 = DType::F32;
-  EXPECT_FALSE(be->activation_fusions(f32).swiglu_backward);
+  EXPECT_FALSE(be->activation_layout(f32).swiglu_backward);
   const int64_t N = 4, F = 8, C = 8;
   DeviceBuffer DGU(*be, N * 2 * F, f32), DY(*be, random_vec(N * C, 31), f32), WD(*be, random_vec(C * F, 32), f32),
       GU(*be, random_vec(N * 2 * F, 33), f32), DS(*be, N * F, f32);

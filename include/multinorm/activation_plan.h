@@ -12,9 +12,11 @@
 //                         losses [BT] f32
 //   backward scratch:     d_resid [BT,C] f32  d_x [BT,C] f32  d_ln [BT,C]  d_attn_out [BT,C]
 //                         d_qkv [BT,3C]  swiglu [BT,F]  d_swiglu [BT,F]  d_gate_up [BT,2F]
-// "act" buffers are stored in the parameter dtype (bf16 or fp32).
+// "act" buffers are stored in the parameter dtype (bf16 or fp32). gate_up, swiglu, d_swiglu and
+// d_gate_up have rows padded to 128 bytes where the backend asks (ActivationLayout::pad_mlp_rows)
+// and their width is off 16 bytes.
 //
-// A backend whose fused kernels never touch a buffer says so (Backend::activation_fusions) and the
+// A backend whose fused kernels never touch a buffer says so (Backend::activation_layout) and the
 // plan leaves it out: with the loss head fused, logits keeps min(R, kFusedLogitsRows) rows, for the
 // logits a caller asks for (generation, tests), which the model computes that many rows at a time; with
 // SwiGLU's backward fused, there is no d_swiglu. (llama_60m at 8 x 256 in BF16: 117 + 5.4 MiB less.)
@@ -62,20 +64,25 @@ inline VocabChunks fused_loss_head_chunks(int64_t R, int64_t V) {
   return {width, (V + width - 1) / width};
 }
 
-// Which scratch a backend's fused kernels never write (see above).
-struct ActivationFusions {
+// What a backend wants of the plan: the scratch its fused kernels never write (see above), and
+// whether the MLP's activations (gate_up, swiglu and their gradients) get rows padded where their
+// width is off 16 bytes (cuda_scratch::gemm_staged_ld: 128-byte rows), so its GEMMs take them as
+// they are instead of staging them (an MLP width of 5461).
+struct ActivationLayout {
   bool loss_head = false;        // linear_cross_entropy never stores `logits`
   bool swiglu_backward = false;  // matmul_swiglu_backward never stores `ds`
+  bool pad_mlp_rows = false;
 };
 // The CUDA backend's (the memory estimate asks it without loading the plugin): the loss head fused
-// in BF16 (kernels/cuda/cross_entropy.cu), SwiGLU's backward not.
-inline ActivationFusions cuda_activation_fusions(DType act) { return {act == DType::BF16, false}; }
+// in BF16 (kernels/cuda/cross_entropy.cu), SwiGLU's backward not, the MLP's rows padded.
+inline ActivationLayout cuda_activation_layout(DType act) { return {act == DType::BF16, false, true}; }
 
 struct BufferSpec {
   std::string name;
   int64_t elements;
   DType dtype;
-  bool saved;  // kept from forward to backward (else backward scratch)
+  bool saved;      // kept from forward to backward (else backward scratch)
+  int64_t ld = 0;  // a matrix with padded rows: its row stride in elements (Buf::ld); 0: dense
   int64_t bytes() const { return elements * dtype_bytes(dtype); }
 };
 
@@ -91,6 +98,6 @@ struct ActivationPlan {
 };
 
 ActivationPlan plan_activations(const ModelConfig& m, int64_t micro_batch, int64_t seq_len, DType act_dtype,
-                                const ActivationFusions& fused = {});
+                                const ActivationLayout& fused = {});
 
 }  // namespace multinorm

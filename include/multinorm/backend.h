@@ -31,10 +31,16 @@ namespace multinorm {
 struct Buf {
   void* ptr = nullptr;
   DType dtype = DType::F32;
+  // A matrix whose rows are padded: its row stride in elements (0: rows are dense, as the op's width
+  // says). Only the CUDA backend's plan pads (the MLP's activations: ActivationLayout), and only the
+  // ops that take them honour it (matmul, swiglu and their fused forms); every other op refuses one.
+  int64_t ld = 0;
   Buf at(int64_t elements) const {
-    return {static_cast<char*>(ptr) + elements * dtype_bytes(dtype), dtype};
+    return {static_cast<char*>(ptr) + elements * dtype_bytes(dtype), dtype, ld};
   }
   float* f32() const { return static_cast<float*>(ptr); }
+  // The row stride of a matrix of `cols` columns.
+  int64_t stride(int64_t cols) const { return ld ? ld : cols; }
 };
 
 // Arguments of the per-tensor optimizer ops. Every update computes u in FP32 and writes
@@ -117,7 +123,7 @@ class Backend {
   virtual int64_t workspace_bytes() const = 0;
   // The activation scratch this backend's fused kernels never write for activations of dtype `act`
   // (matmul_swiglu_backward's ds, linear_cross_entropy's logits): the model's plan leaves it out.
-  virtual ActivationFusions activation_fusions(DType act) const {
+  virtual ActivationLayout activation_layout(DType act) const {
     (void)act;
     return {};
   }
@@ -266,8 +272,8 @@ class Backend {
 
 // The CPU backend with `threads` OpenMP threads (0: all cores).
 std::unique_ptr<Backend> make_cpu_backend(int threads = 0);
-// The CPU backend's activation_fusions on this machine (the memory estimate asks it without a backend).
-ActivationFusions cpu_activation_fusions(DType act);
+// The CPU backend's activation_layout on this machine (the memory estimate asks it without a backend).
+ActivationLayout cpu_activation_layout(DType act);
 // What runs the CPU backend's BF16 GEMMs here: "AMX tiles", "AVX512_BF16 VDPBF16PS" (the packed GEMM) or "oneDNN".
 std::string cpu_bf16_gemm_engine();
 

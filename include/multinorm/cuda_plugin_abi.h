@@ -7,7 +7,7 @@
 #pragma once
 #include <stddef.h>
 
-#define MULTINORM_CUDA_PLUGIN_ABI 10
+#define MULTINORM_CUDA_PLUGIN_ABI 11
 
 #ifdef __cplusplus
 extern "C" {

@@ -23,24 +23,28 @@ inline int64_t gemm_staged_ld(int64_t cols, int64_t element_bytes) {
   return (cols + per_row - 1) / per_row * per_row;
 }
 // What one GEMM stages, operand by operand: a [rows, cols] as stored (rows x cols of op(a)^T when
-// transposed), b likewise, out [M, N]; ld is the staged row width (cols when not staged).
+// transposed), b likewise, out [M, N]. stride: its row stride as stored (cols, or a padded plan's
+// wider one: Buf::ld); ld: the row stride the GEMM sees (the staged copy's when staged).
 struct GemmOperand {
-  int64_t rows = 0, cols = 0, ld = 0;
+  int64_t rows = 0, cols = 0, stride = 0, ld = 0;
   bool staged = false;
   int64_t staged_bytes(int64_t element_bytes) const { return staged ? rows * ld * element_bytes : 0; }
 };
 struct GemmStaging {
   GemmOperand a, b, out;
 };
+// *_stride: the operands' stored row strides (0: dense).
 inline GemmStaging gemm_staging(int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, int64_t in_bytes, int64_t out_bytes,
-                                uintptr_t a_address, uintptr_t b_address, uintptr_t out_address) {
-  auto operand = [](int64_t rows, int64_t cols, int64_t bytes, uintptr_t address) {
-    GemmOperand o{rows, cols, cols, gemm_operand_staged(cols, bytes, address)};
+                                uintptr_t a_address, uintptr_t b_address, uintptr_t out_address, int64_t a_stride = 0, int64_t b_stride = 0,
+                                int64_t out_stride = 0) {
+  auto operand = [](int64_t rows, int64_t cols, int64_t stride, int64_t bytes, uintptr_t address) {
+    stride = stride ? stride : cols;
+    GemmOperand o{rows, cols, stride, stride, gemm_operand_staged(stride, bytes, address)};
     if (o.staged) o.ld = gemm_staged_ld(cols, bytes);
     return o;
   };
-  return {operand(trans_a ? K : M, trans_a ? M : K, in_bytes, a_address), operand(trans_b ? N : K, trans_b ? K : N, in_bytes, b_address),
-          operand(M, N, out_bytes, out_address)};
+  return {operand(trans_a ? K : M, trans_a ? M : K, a_stride, in_bytes, a_address),
+          operand(trans_b ? N : K, trans_b ? K : N, b_stride, in_bytes, b_address), operand(M, N, out_stride, out_bytes, out_address)};
 }
 constexpr int64_t kRmsnormBackwardBlocks = 256;      // fixed: the same reduction tree on every GPU
 constexpr int64_t kSinkgdChunks = 128;               // SinkGD's row chunks per pass

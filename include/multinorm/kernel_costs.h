@@ -49,8 +49,9 @@ struct StepCosts {
   int64_t gemm_params = 0;
 };
 StepCosts record_step_costs(const RunConfig& run, DType dtype, int64_t B, int64_t T);
-// The model's GEMM row widths that the CUDA backend stages through 128-byte rows (rows off 16 bytes
-// in `dtype`: cuda_scratch::gemm_staging), as "intermediate_size 5461 (and 2 x 10922)"; "" when none.
+// The model's GEMM row widths off 16 bytes in `dtype` (cuda_scratch::gemm_operand_staged), as
+// "intermediate_size 5461, 2 x intermediate_size 10922"; "" when none. On the CUDA backend the MLP's
+// activations of those widths are padded in the plan and the weights staged (copy_rows).
 std::string staged_gemm_widths(const ModelConfig& m, DType dtype);
 
 // The fractions of peak the roofline assumes: stated, not measured (docs/cuda.md gives the sources).

@@ -52,7 +52,7 @@ class CpuBackend final : public Backend {
   bool host_memory() const override { return true; }
   WorkQueue& queue() override { return queue_; }
   int64_t workspace_bytes() const override { return ws_.bytes() + gemm_.scratch_bytes(); }  // + the packed GEMM's operands
-  ActivationFusions activation_fusions(DType act) const override { return cpu_activation_fusions(act); }
+  ActivationLayout activation_layout(DType act) const override { return cpu_activation_layout(act); }
 
   void* allocate(int64_t bytes) override {
     const size_t size = (static_cast<size_t>(bytes) + 63) / 64 * 64;
@@ -72,6 +72,7 @@ class CpuBackend final : public Backend {
   }
 
   void matmul(Buf out, Buf a, Buf b, int64_t M, int64_t N, int64_t K, bool ta, bool tb, bool acc) override {
+    dense({out, a, b}, "matmul");
     gemm_.run(out, a, b, M, N, K, ta, tb, acc);
   }
 
@@ -134,6 +135,7 @@ class CpuBackend final : public Backend {
     });
   }
   void swiglu_forward(Buf out, Buf gate_up, int64_t N, int64_t F) override {
+    dense({out, gate_up}, "swiglu_forward");
     same_dtype({out, gate_up}, "swiglu_forward");
     with_type(out.dtype, [&](auto* t) {
       using T = std::remove_pointer_t<decltype(t)>;
@@ -141,6 +143,7 @@ class CpuBackend final : public Backend {
     });
   }
   void swiglu_backward(Buf dgate_up, Buf out, Buf dout, Buf gate_up, int64_t N, int64_t F) override {
+    dense({dgate_up, out, dout, gate_up}, "swiglu_backward");
     same_dtype({dgate_up, dout, gate_up}, "swiglu_backward");
     if (out.ptr) same_dtype({out, gate_up}, "swiglu_backward");
     with_type(dgate_up.dtype, [&](auto* t) {
@@ -159,6 +162,7 @@ class CpuBackend final : public Backend {
     cpu::accumulate_loss(totals, losses, mask, N);
   }
   void matmul_swiglu(Buf out, Buf gate_up, Buf x, Buf w, int64_t N, int64_t F, int64_t C) override {
+    dense({out, gate_up, x, w}, "matmul_swiglu");
     if (cpu::fuses_gemm_epilogues(all_bf16({out, gate_up, x, w}))) {
       cpu::matmul_swiglu_packed(as<bf16>(out), as<bf16>(gate_up), as<bf16>(x), as<bf16>(w), N, F, C, gemm_.packed_scratch(),
                                 ws_);
@@ -168,12 +172,13 @@ class CpuBackend final : public Backend {
   }
   void matmul_swiglu_backward(Buf dgate_up, Buf out, Buf ds, Buf dy, Buf w_down, Buf gate_up, int64_t N, int64_t F,
                               int64_t C) override {
+    dense({dgate_up, out, ds, dy, w_down, gate_up}, "matmul_swiglu_backward");
     if (cpu::fuses_gemm_epilogues(all_bf16({dgate_up, ds, dy, w_down, gate_up}) && (!out.ptr || out.dtype == DType::BF16))) {
       cpu::matmul_swiglu_backward_packed(as<bf16>(dgate_up), out.ptr ? as<bf16>(out) : nullptr, as<bf16>(dy),
                                          as<bf16>(w_down), as<bf16>(gate_up), N, F, C, gemm_.packed_scratch(), ws_);
       return;
     }
-    // The plan omits ds where the fused path runs (activation_fusions); here it must exist.
+    // The plan omits ds where the fused path runs (activation_layout); here it must exist.
     if (!ds.ptr) throw Error("cpu backend: matmul_swiglu_backward's unfused path needs the ds scratch, which the caller did not plan");
     Backend::matmul_swiglu_backward(dgate_up, out, ds, dy, w_down, gate_up, N, F, C);
   }
@@ -272,6 +277,12 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  // The CPU's plan never pads rows (cpu_activation_layout): a padded buffer here is a caller's bug.
+  static void dense(std::initializer_list<Buf> bufs, const char* op) {
+    for (const Buf& b : bufs)
+      if (b.ld) throw Error(std::string(op) + ": a buffer with padded rows (Buf::ld " + std::to_string(b.ld) + "): the CPU backend takes dense rows");
+  }
+
   // The update's scalars (host memory here) into an op's arguments: its slot's learning rate and the
   // write step; false when the update is skipped. The kernels derive keep (and Adam's scalars, taken
   // from the slot above) from them as the slot's were formed (optim_math::rule_scalars).
@@ -297,7 +308,7 @@ std::unique_ptr<Backend> make_cpu_backend(int threads) { return std::make_unique
 
 // The packed BF16 GEMM's epilogues (matmul_swiglu_backward, linear_cross_entropy below) run whenever
 // the activations are BF16 and the GEMM is usable.
-ActivationFusions cpu_activation_fusions(DType act) {
+ActivationLayout cpu_activation_layout(DType act) {
   const bool fused = cpu::fuses_gemm_epilogues(act == DType::BF16);
   return {fused, fused};
 }

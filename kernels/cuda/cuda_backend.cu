@@ -209,31 +209,29 @@ class CudaBackend final : public Backend {
   }
 
   // ---- GEMM ---------------------------------------------------------------------------------------
-  // An operand whose rows or base are not 16-byte aligned (an MLP width of 5461) is staged through
-  // scratch with 128-byte rows, where cuBLASLt runs its fast kernels (cuda_scratch::gemm_staging):
-  // a and b copied in, out copied in when accumulating and back after.
+  // An operand whose rows or base are not 16-byte aligned (an MLP width of 5461, where the plan does
+  // not pad it) is staged through scratch with 128-byte rows, where cuBLASLt runs its fast kernels
+  // (cuda_scratch::gemm_staging): a and b copied in, out copied in when accumulating and back after.
+  // A padded operand (Buf::ld) is taken as it is.
   void matmul(Buf out, Buf a, Buf b, int64_t M, int64_t N, int64_t K, bool ta, bool tb, bool acc) override {
     if (a.dtype != b.dtype) throw Error("matmul: operands must share a dtype");
     if (a.dtype == DType::F32 && out.dtype != DType::F32) throw Error("matmul: fp32 operands need an fp32 output");
     const int64_t si = dtype_bytes(a.dtype), so = dtype_bytes(out.dtype);
     const cuda_scratch::GemmStaging st =
         cuda_scratch::gemm_staging(M, N, K, ta, tb, si, so, reinterpret_cast<uintptr_t>(a.ptr), reinterpret_cast<uintptr_t>(b.ptr),
-                                   reinterpret_cast<uintptr_t>(out.ptr));
-    if (M == 0 || N == 0 || K == 0 || !(st.a.staged || st.b.staged || st.out.staged)) {
-      gemm_->run(out.ptr, lt_type(out.dtype), a.ptr, b.ptr, lt_type(a.dtype), M, N, K, ta, tb, acc, q_->issue());
-      return;
-    }
+                                   reinterpret_cast<uintptr_t>(out.ptr), a.ld, b.ld, out.ld);
+    const bool staged = M > 0 && N > 0 && K > 0 && (st.a.staged || st.b.staged || st.out.staged);
     auto stage = [&](const cuda_scratch::GemmOperand& o, std::unique_ptr<Scratch>& s, const void* p, int64_t bytes, bool copy_in) -> void* {
-      if (!o.staged) return const_cast<void*>(p);
-      void* staged = scratch(s, static_cast<size_t>(o.staged_bytes(bytes)), "a GEMM operand's 128-byte rows");
-      if (copy_in) cuda::copy_rows(staged, o.ld, p, o.cols, o.rows, o.cols, static_cast<int>(bytes), q_->issue());
-      return staged;
+      if (!staged || !o.staged) return const_cast<void*>(p);
+      void* copy = scratch(s, static_cast<size_t>(o.staged_bytes(bytes)), "a GEMM operand's 128-byte rows");
+      if (copy_in) cuda::copy_rows(copy, o.ld, p, o.stride, o.rows, o.cols, static_cast<int>(bytes), q_->issue());
+      return copy;
     };
     void* sa = stage(st.a, gemm_stage_[0], a.ptr, si, true);
     void* sb = stage(st.b, gemm_stage_[1], b.ptr, si, true);
-    void* so_ptr = stage(st.out, gemm_stage_[2], out.ptr, so, acc);
-    gemm_->run(so_ptr, st.out.ld, lt_type(out.dtype), sa, st.a.ld, sb, st.b.ld, lt_type(a.dtype), M, N, K, ta, tb, acc, q_->issue());
-    if (st.out.staged) cuda::copy_rows(out.ptr, N, so_ptr, st.out.ld, M, N, static_cast<int>(so), q_->issue());
+    void* sout = stage(st.out, gemm_stage_[2], out.ptr, so, acc);
+    gemm_->run(sout, st.out.ld, lt_type(out.dtype), sa, st.a.ld, sb, st.b.ld, lt_type(a.dtype), M, N, K, ta, tb, acc, q_->issue());
+    if (staged && st.out.staged) cuda::copy_rows(out.ptr, st.out.stride, sout, st.out.ld, M, N, static_cast<int>(so), q_->issue());
   }
 
   // ---- model ops ------------------------------------------------------------------------------------
@@ -304,7 +302,7 @@ class CudaBackend final : public Backend {
     same_dtype({out, gate_up}, "swiglu_forward");
     with_type(out.dtype, [&](auto* t) {
       using T = std::remove_pointer_t<decltype(t)>;
-      cuda::swiglu_forward(as<T>(out), as<T>(gate_up), N, F, q_->issue());
+      cuda::swiglu_forward(as<T>(out), as<T>(gate_up), N, F, {gate_up.stride(2 * F), out.stride(F), F, 2 * F}, q_->issue());
     });
   }
   void swiglu_backward(Buf dgate_up, Buf out, Buf dout, Buf gate_up, int64_t N, int64_t F) override {
@@ -312,7 +310,8 @@ class CudaBackend final : public Backend {
     if (out.ptr) same_dtype({out, gate_up}, "swiglu_backward");
     with_type(dgate_up.dtype, [&](auto* t) {
       using T = std::remove_pointer_t<decltype(t)>;
-      cuda::swiglu_backward(as<T>(dgate_up), out.ptr ? as<T>(out) : nullptr, as<T>(dout), as<T>(gate_up), N, F, q_->issue());
+      cuda::swiglu_backward(as<T>(dgate_up), out.ptr ? as<T>(out) : nullptr, as<T>(dout), as<T>(gate_up), N, F,
+                            {gate_up.stride(2 * F), out.stride(F), dout.stride(F), dgate_up.stride(2 * F)}, q_->issue());
     });
   }
   void cross_entropy(float* losses, Buf dlogits, const float* logits, const int32_t* targets, const uint8_t* mask, int64_t N, int64_t V,
@@ -328,13 +327,13 @@ class CudaBackend final : public Backend {
   // BF16: the loss head fused (cross_entropy.cu): the FP32 logits a vocabulary chunk at a time into
   // the plan's small logits buffer (it stays in L2), each chunk's softmax statistics and exp(x - max)
   // into dlogits, then the loss and dlogits finished per row. FP32: the GEMM, then cross_entropy.
-  ActivationFusions activation_fusions(DType act) const override { return cuda_activation_fusions(act); }
+  ActivationLayout activation_layout(DType act) const override { return cuda_activation_layout(act); }
   void linear_cross_entropy(float* losses, Buf dlogits, Buf logits, Buf x, Buf w, const int32_t* targets, const uint8_t* mask, int64_t N,
                             int64_t V, int64_t C, float grad_scale) override {
     if (!cuda_fuses_loss_head(x.dtype, w.dtype, dlogits.ptr != nullptr, dlogits.dtype)) {
       // The unfused head needs all N rows of logits, which a plan made for BF16 activations (fused:
-      // cuda_activation_fusions) does not hold.
-      if (cuda_activation_fusions(x.dtype).loss_head)
+      // cuda_activation_layout) does not hold.
+      if (cuda_activation_layout(x.dtype).loss_head)
         throw Error("linear_cross_entropy: BF16 activations with FP32 weights or dlogits: the fused loss head's plan holds no full logits");
       return Backend::linear_cross_entropy(losses, dlogits, logits, x, w, targets, mask, N, V, C, grad_scale);
     }

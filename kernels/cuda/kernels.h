@@ -68,10 +68,14 @@ template <class T>
 void rope(T* qkv, const float* cos_sin, int64_t B, int64_t T_, int64_t H, int64_t D, bool inverse, cudaStream_t stream);
 
 // ---- swiglu.cu -------------------------------------------------------------------------------------
+// Row strides in elements of SwiGLU's arrays (2F and F where dense; the CUDA plan pads rows off 16 bytes).
+struct SwigluStrides {
+  int64_t gate_up, out, dout, dgate_up;
+};
 template <class T>
-void swiglu_forward(T* out, const T* gate_up, int64_t N, int64_t F, cudaStream_t stream);
+void swiglu_forward(T* out, const T* gate_up, int64_t N, int64_t F, const SwigluStrides& ld, cudaStream_t stream);
 template <class T>
-void swiglu_backward(T* dgate_up, T* out, const T* dout, const T* gate_up, int64_t N, int64_t F, cudaStream_t stream);
+void swiglu_backward(T* dgate_up, T* out, const T* dout, const T* gate_up, int64_t N, int64_t F, const SwigluStrides& ld, cudaStream_t stream);
 
 // ---- cross_entropy.cu --------------------------------------------------------------------------------
 template <class T>

@@ -1,6 +1,8 @@
-// SwiGLU on gate_up[N, 2F] = [gate | up] (formulas: kernels/common/op_math.h). Elementwise, one
-// 16-byte pack per thread when F allows it; else (llama_1b's F = 5461: rows start off 16 bytes, each
-// array at another offset) a (F/256, rows) grid, a thread per element of a row, with no division.
+// SwiGLU on gate_up[N, 2F] = [gate | up] (formulas: kernels/common/op_math.h). Each array has a row
+// stride of its own (SwigluStrides: the CUDA plan pads the MLP's rows to 128 bytes where their width
+// is off 16 bytes, for the GEMMs). Elementwise, one 16-byte pack per thread when F and every stride
+// allow it; else (llama_1b's F = 5461: the up half starts off 16 bytes in any row) a (F/256, rows)
+// grid, a thread per element of a row, with no division.
 //   forward:  reads 2 N F, writes N F elements of T; ~6 N F FLOPs (sigmoid as one exp)
 //   backward: reads 3 N F, writes 2 N F elements of T; ~12 N F FLOPs; with `out` (the forward's
 //             output, recomputed for the weight gradient) N F more written and ~2 N F FLOPs, which
@@ -17,10 +19,10 @@ __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + __expf
 
 // Element (n, f) for f in [f0, f0 + width): width = a pack (aligned, F a multiple) or 1.
 template <class T, int W>
-__device__ __forceinline__ void swiglu_forward_span(T* out, const T* gate_up, int64_t n, int64_t f0, int64_t F) {
-  const T* g = gate_up + n * 2 * F + f0;
+__device__ __forceinline__ void swiglu_forward_span(T* out, const T* gate_up, int64_t n, int64_t f0, int64_t F, const SwigluStrides& ld) {
+  const T* g = gate_up + n * ld.gate_up + f0;
   const T* u = g + F;
-  T* o = out + n * F + f0;
+  T* o = out + n * ld.out + f0;
   if constexpr (W > 1) {
     const Pack<T> gv = *reinterpret_cast<const Pack<T>*>(g), uv = *reinterpret_cast<const Pack<T>*>(u);
     Pack<T> ov;
@@ -38,13 +40,14 @@ __device__ __forceinline__ void swiglu_forward_span(T* out, const T* gate_up, in
 
 // Element (n, f) for f in [f0, f0 + width) of the backward pass; with `out`, the forward too.
 template <class T, int W>
-__device__ __forceinline__ void swiglu_backward_span(T* dgate_up, T* out, const T* dout, const T* gate_up, int64_t n, int64_t f0, int64_t F) {
-  const T* g = gate_up + n * 2 * F + f0;
+__device__ __forceinline__ void swiglu_backward_span(T* dgate_up, T* out, const T* dout, const T* gate_up, int64_t n, int64_t f0, int64_t F,
+                                                     const SwigluStrides& ld) {
+  const T* g = gate_up + n * ld.gate_up + f0;
   const T* u = g + F;
-  const T* d = dout + n * F + f0;
-  T* dg = dgate_up + n * 2 * F + f0;
+  const T* d = dout + n * ld.dout + f0;
+  T* dg = dgate_up + n * ld.dgate_up + f0;
   T* du = dg + F;
-  T* o = out ? out + n * F + f0 : nullptr;
+  T* o = out ? out + n * ld.out + f0 : nullptr;
   if constexpr (W > 1) {
     const Pack<T> gv = *reinterpret_cast<const Pack<T>*>(g), uv = *reinterpret_cast<const Pack<T>*>(u), dv = *reinterpret_cast<const Pack<T>*>(d);
     Pack<T> dgv, duv, ov;
@@ -70,32 +73,38 @@ __device__ __forceinline__ void swiglu_backward_span(T* dgate_up, T* out, const 
 
 // 16-byte packs: a flat grid-stride over the N F / P packs.
 template <class T>
-__global__ void swiglu_forward_kernel(T* out, const T* gate_up, int64_t N, int64_t F) {
+__global__ void swiglu_forward_kernel(T* out, const T* gate_up, int64_t N, int64_t F, SwigluStrides ld) {
   constexpr int W = Pack<T>::kSize;
   const int64_t spans_per_row = F / W, total = N * spans_per_row;
   for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < total; k += int64_t(gridDim.x) * blockDim.x)
-    swiglu_forward_span<T, W>(out, gate_up, k / spans_per_row, (k % spans_per_row) * W, F);
+    swiglu_forward_span<T, W>(out, gate_up, k / spans_per_row, (k % spans_per_row) * W, F, ld);
 }
 template <class T>
-__global__ void swiglu_backward_kernel(T* dgate_up, T* out, const T* dout, const T* gate_up, int64_t N, int64_t F) {
+__global__ void swiglu_backward_kernel(T* dgate_up, T* out, const T* dout, const T* gate_up, int64_t N, int64_t F, SwigluStrides ld) {
   constexpr int W = Pack<T>::kSize;
   const int64_t spans_per_row = F / W, total = N * spans_per_row;
   for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < total; k += int64_t(gridDim.x) * blockDim.x)
-    swiglu_backward_span<T, W>(dgate_up, out, dout, gate_up, k / spans_per_row, (k % spans_per_row) * W, F);
+    swiglu_backward_span<T, W>(dgate_up, out, dout, gate_up, k / spans_per_row, (k % spans_per_row) * W, F, ld);
 }
 
 // Any width: blockIdx.x a 256-wide column span, rows strided over blockIdx.y (coalesced, no division).
 template <class T>
-__global__ void swiglu_forward_rows_kernel(T* out, const T* gate_up, int64_t N, int64_t F) {
+__global__ void swiglu_forward_rows_kernel(T* out, const T* gate_up, int64_t N, int64_t F, SwigluStrides ld) {
   const int64_t f = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (f >= F) return;
-  for (int64_t n = blockIdx.y; n < N; n += gridDim.y) swiglu_forward_span<T, 1>(out, gate_up, n, f, F);
+  for (int64_t n = blockIdx.y; n < N; n += gridDim.y) swiglu_forward_span<T, 1>(out, gate_up, n, f, F, ld);
 }
 template <class T>
-__global__ void swiglu_backward_rows_kernel(T* dgate_up, T* out, const T* dout, const T* gate_up, int64_t N, int64_t F) {
+__global__ void swiglu_backward_rows_kernel(T* dgate_up, T* out, const T* dout, const T* gate_up, int64_t N, int64_t F, SwigluStrides ld) {
   const int64_t f = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (f >= F) return;
-  for (int64_t n = blockIdx.y; n < N; n += gridDim.y) swiglu_backward_span<T, 1>(dgate_up, out, dout, gate_up, n, f, F);
+  for (int64_t n = blockIdx.y; n < N; n += gridDim.y) swiglu_backward_span<T, 1>(dgate_up, out, dout, gate_up, n, f, F, ld);
+}
+// The packed path: F and every stride a whole number of packs (each row of each array 16-byte aligned).
+template <class T>
+bool packable(int64_t F, const SwigluStrides& ld) {
+  constexpr int64_t P = Pack<T>::kSize;
+  return F % P == 0 && ld.gate_up % P == 0 && ld.out % P == 0 && ld.dout % P == 0 && ld.dgate_up % P == 0;
 }
 
 unsigned grid_for(int64_t work) { return static_cast<unsigned>(std::min<int64_t>(ceil_div(work, 256), 8192)); }
@@ -108,28 +117,28 @@ dim3 rows_grid(int64_t N, int64_t F) {
 }  // namespace
 
 template <class T>
-void swiglu_forward(T* out, const T* gate_up, int64_t N, int64_t F, cudaStream_t stream) {
+void swiglu_forward(T* out, const T* gate_up, int64_t N, int64_t F, const SwigluStrides& ld, cudaStream_t stream) {
   constexpr int P = Pack<T>::kSize;
   if (N * F == 0) return;
-  if (F % P == 0 && aligned16(out) && aligned16(gate_up))
-    launch("swiglu_forward", swiglu_forward_kernel<T>, dim3(grid_for(N * F / P)), dim3(256), 0, stream, out, gate_up, N, F);
+  if (packable<T>(F, ld) && aligned16(out) && aligned16(gate_up))
+    launch("swiglu_forward", swiglu_forward_kernel<T>, dim3(grid_for(N * F / P)), dim3(256), 0, stream, out, gate_up, N, F, ld);
   else
-    launch("swiglu_forward", swiglu_forward_rows_kernel<T>, rows_grid(N, F), dim3(256), 0, stream, out, gate_up, N, F);
+    launch("swiglu_forward", swiglu_forward_rows_kernel<T>, rows_grid(N, F), dim3(256), 0, stream, out, gate_up, N, F, ld);
 }
 
 template <class T>
-void swiglu_backward(T* dgate_up, T* out, const T* dout, const T* gate_up, int64_t N, int64_t F, cudaStream_t stream) {
+void swiglu_backward(T* dgate_up, T* out, const T* dout, const T* gate_up, int64_t N, int64_t F, const SwigluStrides& ld, cudaStream_t stream) {
   constexpr int P = Pack<T>::kSize;
   if (N * F == 0) return;
-  if (F % P == 0 && aligned16(dgate_up) && aligned16(dout) && aligned16(gate_up) && (!out || aligned16(out)))
-    launch("swiglu_backward", swiglu_backward_kernel<T>, dim3(grid_for(N * F / P)), dim3(256), 0, stream, dgate_up, out, dout, gate_up, N, F);
+  if (packable<T>(F, ld) && aligned16(dgate_up) && aligned16(dout) && aligned16(gate_up) && (!out || aligned16(out)))
+    launch("swiglu_backward", swiglu_backward_kernel<T>, dim3(grid_for(N * F / P)), dim3(256), 0, stream, dgate_up, out, dout, gate_up, N, F, ld);
   else
-    launch("swiglu_backward", swiglu_backward_rows_kernel<T>, rows_grid(N, F), dim3(256), 0, stream, dgate_up, out, dout, gate_up, N, F);
+    launch("swiglu_backward", swiglu_backward_rows_kernel<T>, rows_grid(N, F), dim3(256), 0, stream, dgate_up, out, dout, gate_up, N, F, ld);
 }
 
-template void swiglu_forward<float>(float*, const float*, int64_t, int64_t, cudaStream_t);
-template void swiglu_forward<bf16>(bf16*, const bf16*, int64_t, int64_t, cudaStream_t);
-template void swiglu_backward<float>(float*, float*, const float*, const float*, int64_t, int64_t, cudaStream_t);
-template void swiglu_backward<bf16>(bf16*, bf16*, const bf16*, const bf16*, int64_t, int64_t, cudaStream_t);
+template void swiglu_forward<float>(float*, const float*, int64_t, int64_t, const SwigluStrides&, cudaStream_t);
+template void swiglu_forward<bf16>(bf16*, const bf16*, int64_t, int64_t, const SwigluStrides&, cudaStream_t);
+template void swiglu_backward<float>(float*, float*, const float*, const float*, int64_t, int64_t, const SwigluStrides&, cudaStream_t);
+template void swiglu_backward<bf16>(bf16*, bf16*, const bf16*, const bf16*, int64_t, int64_t, const SwigluStrides&, cudaStream_t);
 
 }  // namespace multinorm::cuda

@@ -90,7 +90,7 @@ class CostRecorder final : public Backend {
   }
   static cuda_scratch::GemmStaging staging(Buf out, Buf a, Buf b, int64_t M, int64_t N, int64_t K, bool ta, bool tb) {
     return cuda_scratch::gemm_staging(M, N, K, ta, tb, dtype_bytes(a.dtype), dtype_bytes(out.dtype), reinterpret_cast<uintptr_t>(a.ptr),
-                                      reinterpret_cast<uintptr_t>(b.ptr), reinterpret_cast<uintptr_t>(out.ptr));
+                                      reinterpret_cast<uintptr_t>(b.ptr), reinterpret_cast<uintptr_t>(out.ptr), a.ld, b.ld, out.ld);
   }
   // The copies a staged GEMM adds, each operand read and written once: before it, a and b in (and out
   // when accumulating); after it, out back.
@@ -194,7 +194,7 @@ class CostRecorder final : public Backend {
   // writes it and the chunk kernel that reads it, the next chunk's GEMM overwriting the same lines:
   // neither is counted. The chunk kernel writes exp(x - max) as BF16; the finish kernel reads and
   // writes dlogits once (6 bytes a logit to DRAM, against the unfused 14).
-  ActivationFusions activation_fusions(DType act) const override { return cuda_activation_fusions(act); }
+  ActivationLayout activation_layout(DType act) const override { return cuda_activation_layout(act); }
   void linear_cross_entropy(float* losses, Buf dlogits, Buf logits, Buf x, Buf w, const int32_t* targets, const uint8_t* mask, int64_t N,
                             int64_t V, int64_t C, float grad_scale) override {
     if (!cuda_fuses_loss_head(x.dtype, w.dtype, dlogits.ptr != nullptr, dlogits.dtype))

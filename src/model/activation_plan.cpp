@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "multinorm/cuda_scratch.h"
 #include "multinorm/error.h"
 
 namespace multinorm {
@@ -43,7 +44,7 @@ int64_t ActivationPlan::saved_bytes() const {
 }
 int64_t ActivationPlan::scratch_bytes() const { return bytes() - saved_bytes(); }
 
-ActivationPlan plan_activations(const ModelConfig& m, int64_t B, int64_t T, DType act, const ActivationFusions& fused) {
+ActivationPlan plan_activations(const ModelConfig& m, int64_t B, int64_t T, DType act, const ActivationLayout& fused) {
   const int64_t BT = B * T, C = m.hidden_size, F = m.intermediate_size, H = m.num_attention_heads, V = m.vocab_size;
   const DType f32 = DType::F32;
   ActivationPlan p;
@@ -51,6 +52,12 @@ ActivationPlan plan_activations(const ModelConfig& m, int64_t B, int64_t T, DTyp
   p.seq_len = T;
   auto saved = [&](std::string name, int64_t n, DType t) { p.buffers.push_back({std::move(name), n, t, true}); };
   auto scratch = [&](std::string name, int64_t n, DType t) { p.buffers.push_back({std::move(name), n, t, false}); };
+  // An MLP activation [BT, cols]: rows padded where the backend asks and the width is off 16 bytes.
+  auto mlp = [&](std::string name, int64_t cols, bool keep) {
+    const int64_t s = dtype_bytes(act);
+    const int64_t ld = fused.pad_mlp_rows && cuda_scratch::gemm_operand_staged(cols, s, 0) ? cuda_scratch::gemm_staged_ld(cols, s) : 0;
+    p.buffers.push_back({std::move(name), BT * (ld ? ld : cols), act, keep, ld});
+  };
   for (int64_t l = 0; l < m.num_hidden_layers; ++l) {
     const std::string pre = "layers." + std::to_string(l) + ".";
     saved(pre + "input", BT * C, act);
@@ -62,7 +69,7 @@ ActivationPlan plan_activations(const ModelConfig& m, int64_t B, int64_t T, DTyp
     saved(pre + "mid", BT * C, act);
     saved(pre + "ln2", BT * C, act);
     saved(pre + "ln2_rstd", BT, f32);
-    saved(pre + "gate_up", BT * 2 * F, act);
+    mlp(pre + "gate_up", 2 * F, true);
   }
   saved("final.input", BT * C, act);
   saved("final.ln", BT * C, act);
@@ -77,9 +84,9 @@ ActivationPlan plan_activations(const ModelConfig& m, int64_t B, int64_t T, DTyp
   scratch("d_ln", BT * C, act);
   scratch("d_attn_out", BT * C, act);
   scratch("d_qkv", BT * 3 * C, act);
-  scratch("swiglu", BT * F, act);
-  if (!fused.swiglu_backward) scratch("d_swiglu", BT * F, act);
-  scratch("d_gate_up", BT * 2 * F, act);
+  mlp("swiglu", F, false);
+  if (!fused.swiglu_backward) mlp("d_swiglu", F, false);
+  mlp("d_gate_up", 2 * F, false);
   return p;
 }
 

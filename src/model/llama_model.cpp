@@ -69,7 +69,7 @@ LlamaModel::LlamaModel(Backend& backend, const ModelConfig& config, DType dtype,
                 std::to_string(cfg_.max_position_embeddings));
   specs_ = llama_parameters(cfg_);
   nparams_ = count_parameters(specs_);
-  plan_ = plan_activations(cfg_, max_batch, max_seq, dtype, be_.activation_fusions(dtype));
+  plan_ = plan_activations(cfg_, max_batch, max_seq, dtype, be_.activation_layout(dtype));
   params_ = be_.allocate(nparams_ * dtype_bytes(dtype));
   grads_ = be_.allocate(nparams_ * dtype_bytes(grad_dtype_));
   acts_ = be_.allocate(plan_.bytes());
@@ -129,7 +129,7 @@ const TensorSpec& LlamaModel::tensor(const std::string& name) const {
 
 Buf LlamaModel::act(const std::string& name) const {
   const BufferSpec& b = plan_.find(name);
-  return {static_cast<char*>(acts_) + plan_.offset_bytes(name), b.dtype};
+  return {static_cast<char*>(acts_) + plan_.offset_bytes(name), b.dtype, b.ld};
 }
 
 // ---------------------------------------------------------------------------------------------

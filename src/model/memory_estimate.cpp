@@ -124,6 +124,7 @@ struct GemmCall {
   int64_t M, N, K;
   bool ta, tb;
   int64_t in, out;
+  bool a_mlp = false, b_mlp = false, out_mlp = false;  // an MLP activation: rows padded where the plan pads them
 };
 // The CUDA backend's GEMMs of one training step: the model's projections' (Linear::gemms: forward,
 // input gradient, weight gradient) with their outputs' element sizes (an activation, an FP32 input
@@ -135,12 +136,18 @@ std::vector<GemmCall> cuda_training_gemm_calls(const ModelConfig& m, int64_t BT,
   const int64_t C = m.hidden_size, F = m.intermediate_size, V = m.vocab_size;
   const int64_t a = dtype_bytes(act), g = dtype_bytes(grad);
   std::vector<GemmCall> calls;
-  auto add = [&](const GemmShape& s, int64_t out) { calls.push_back({s.M, s.N, s.K, s.trans_a, s.trans_b, a, out}); };
-  auto linear = [&](int64_t in, int64_t out, int64_t N, int64_t input_gradient) {
-    const auto three = Linear::gemms(in, out, N, 1);
-    add(three[0], a), add(three[1], input_gradient), add(three[2], g);
+  auto add = [&](const GemmShape& s, int64_t out, bool a_mlp = false, bool b_mlp = false, bool out_mlp = false) {
+    calls.push_back({s.M, s.N, s.K, s.trans_a, s.trans_b, a, out, a_mlp, b_mlp, out_mlp});
   };
-  linear(C, 3 * C, BT, 4), linear(C, C, BT, a), linear(C, 2 * F, BT, 4), linear(F, C, BT, a);  // qkv, o, gate/up, down
+  // A projection: its input x, its output y and the output's gradient dy an MLP activation or not.
+  auto linear = [&](int64_t in, int64_t out, int64_t N, int64_t input_gradient, bool x_mlp, bool y_mlp) {
+    const auto three = Linear::gemms(in, out, N, 1);
+    add(three[0], a, x_mlp, false, y_mlp);          // y = x W^T
+    add(three[1], input_gradient, y_mlp, false, x_mlp);  // dx = dy W
+    add(three[2], g, y_mlp, x_mlp, false);          // dW += dy^T x
+  };
+  linear(C, 3 * C, BT, 4, false, false), linear(C, C, BT, a, false, false);  // qkv, o
+  linear(C, 2 * F, BT, 4, false, true), linear(F, C, BT, a, true, false);    // gate/up, down
   for (int64_t r0 = 0; r0 < BT; r0 += kHeadChunkRows) {
     const int64_t R = std::min(kHeadChunkRows, BT - r0);
     const auto head = Linear::gemms(C, V, R, 1);
@@ -162,8 +169,14 @@ int64_t cuda_backend_scratch_bytes(const ModelConfig& m, int64_t B, int64_t T, D
   const int64_t C = m.hidden_size, H = m.num_attention_heads, BT = B * T;
   // GEMM operands staged through 128-byte rows: one buffer per role (a, b, out), the largest need.
   int64_t staging[3] = {0, 0, 0};
+  const ActivationLayout layout = cuda_activation_layout(act);
+  auto stride = [&](bool mlp, bool trans, int64_t rows_if_trans, int64_t cols, int64_t bytes) {
+    const int64_t w = trans ? rows_if_trans : cols;  // the stored row width
+    return mlp && layout.pad_mlp_rows && cs::gemm_operand_staged(w, bytes, 0) ? cs::gemm_staged_ld(w, bytes) : 0;
+  };
   for (const GemmCall& c : cuda_training_gemm_calls(m, BT, act, grad)) {
-    const cs::GemmStaging st = cs::gemm_staging(c.M, c.N, c.K, c.ta, c.tb, c.in, c.out, 0, 0, 0);
+    const cs::GemmStaging st = cs::gemm_staging(c.M, c.N, c.K, c.ta, c.tb, c.in, c.out, 0, 0, 0, stride(c.a_mlp, c.ta, c.M, c.K, c.in),
+                                                stride(c.b_mlp, c.tb, c.K, c.N, c.in), stride(c.out_mlp, false, 0, c.N, c.out));
     staging[0] = std::max(staging[0], st.a.staged_bytes(c.in));
     staging[1] = std::max(staging[1], st.b.staged_bytes(c.in));
     staging[2] = std::max(staging[2], st.out.staged_bytes(c.out));
@@ -197,7 +210,7 @@ int64_t cuda_backend_scratch_bytes(const ModelConfig& m, int64_t B, int64_t T, D
 ActivationPlan training_activation_plan(const RunConfig& run, bool cuda) {
   const DType act = run.precision.params;
   return plan_activations(run.model, run.batch.micro_batch, run.batch.seq_len, act,
-                          cuda ? cuda_activation_fusions(act) : cpu_activation_fusions(act));
+                          cuda ? cuda_activation_layout(act) : cpu_activation_layout(act));
 }
 
 TrainingMemory training_memory(const RunConfig& run, bool cuda) {
