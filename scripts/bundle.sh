@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A relocatable build for GPU nodes that lack this machine's packages (oneDNN, SentencePiece, LAPACK,
 # Open MPI, ...): dist/multinorm-<version>-linux-x86_64.tar.xz with
-#   bin/multinorm, bin/multinorm_tests, bin/mpirun (the bundled Open MPI's launcher)
+#   bin/multinorm, bin/multinorm_tests, bin/mpirun (the bundled Open MPI's launcher, through
+#     scripts/mpirun_graceful.sh: a scheduler's SIGTERM stops the ranks with their checkpoint)
 #   lib/libmultinorm_cuda.so and every shared library these need except glibc's and CUDA's
 #   openmpi/   Open MPI's launcher, daemon, components and help files (bin/mpirun sets OPAL_PREFIX)
 #   share/multinorm/{configs,docs,README.md}, BUNDLE.txt (what is inside, what the node must provide)
@@ -82,7 +83,7 @@ cp -r configs "$stage/share/multinorm/configs"
 cp -r docs README.md "$stage/share/multinorm/"  # the docs errors and help name
 # The first GPU call (scripts/gpu_check.sh) and what it runs, at the paths they have in the source tree.
 mkdir -p "$stage/scripts/gpu_check" "$stage/bench"
-cp scripts/gpu_check.sh "$stage/scripts/"
+cp scripts/gpu_check.sh scripts/mpirun_graceful.sh "$stage/scripts/"
 cp scripts/gpu_check/*.py scripts/gpu_check/training_smoke.sh "$stage/scripts/gpu_check/"
 cp bench/*.py "$stage/bench/"
 if [ "${MULTINORM_BUNDLE_SMOKE:-on}" != off ]; then
@@ -117,12 +118,13 @@ if readelf -d "$build/multinorm" | grep -q 'libmpi\.so' && command -v ompi_info 
   # (compression, Slurm resource manager) are not: it runs without them, tested.)
   cat >"$stage/bin/mpirun" <<'SH'
 #!/usr/bin/env bash
-# The bundled Open MPI's mpirun, relocated: Open MPI finds its components and help files under
-# OPAL_PREFIX. To use the cluster's own MPI instead, see BUNDLE.txt.
+# The bundled Open MPI's mpirun, relocated (Open MPI finds its components and help files under
+# OPAL_PREFIX), through scripts/mpirun_graceful.sh: SIGTERM to it, or to every process of the job,
+# stops the ranks after their update with a checkpoint (exit 75). The cluster's own MPI: BUNDLE.txt.
 here=$(cd "$(dirname "$0")/.." && pwd)
 export OPAL_PREFIX="$here/openmpi"
 export PATH="$here/bin:$here/openmpi/bin:$PATH"
-exec "$here/openmpi/bin/orterun" "$@"
+MULTINORM_MPIRUN="$here/openmpi/bin/orterun" exec bash "$here/scripts/mpirun_graceful.sh" "$@"
 SH
   chmod +x "$stage/bin/mpirun"
 fi
@@ -167,7 +169,8 @@ commit=$(git -C "$root_dir" rev-parse --short HEAD 2>/dev/null || echo unknown)
   echo "Every figure at once:  bash scripts/gpu_check.sh OUT_DIR   (8 minutes at most; JSON and Markdown reports)"
   echo "Data parallel (bundled Open MPI, one node): bin/mpirun -np 8 bin/multinorm train -c CONFIG"
   echo "With the cluster's own Open MPI 4.x: put its lib directory first in LD_LIBRARY_PATH (it then"
-  echo "  wins over the bundled copy) and launch with its mpirun or srun. Another MPI (MPICH, Intel MPI)"
+  echo "  wins over the bundled copy) and launch with scripts/mpirun_graceful.sh (MULTINORM_MPIRUN=its"
+  echo "  mpirun) or srun. Another MPI (MPICH, Intel MPI)"
   echo "  is not ABI-compatible: build from source against it."
   echo
   echo "Bundled libraries:"

@@ -96,6 +96,11 @@ mpirun_bin=${MULTINORM_TEST_MPIRUN:-$root/bin/mpirun}  # (another mpirun here pr
 LD_DEBUG=files LD_DEBUG_OUTPUT=$tmp/ld "$mpirun_bin" -np 2 --oversubscribe --allow-run-as-root -x OMP_NUM_THREADS=1 -x LD_DEBUG -x LD_DEBUG_OUTPUT \
   "$root/bin/multinorm" train -c run.json --set output_dir=runs/two --quiet > mpi.txt 2>&1 || { cat mpi.txt; fail "mpirun -np 2 from the bundle"; }
 [ -d runs/two/checkpoints/step_00000002 ] || { cat mpi.txt; fail "no checkpoint from the 2-rank run"; }
+# bin/mpirun is the graceful launcher (scripts/mpirun_graceful.sh): the ranks' status, not mpirun's.
+rc=0; "$root/bin/mpirun" -np 2 --oversubscribe --allow-run-as-root "$root/bin/multinorm" train -c run.json --set batch.micro_batch=3 > refused.txt 2>&1 || rc=$?
+[ "$rc" -eq 2 ] && grep -q "not a multiple of batch.micro_batch" refused.txt || { cat refused.txt; fail "bin/mpirun: a refused config exited $rc, expected 2"; }
+grace=$("$root/bin/mpirun" -np 1 --allow-run-as-root bash -c 'echo "$OMPI_MCA_odls_base_sigkill_timeout ${MULTINORM_STATUS_FILE:+status}"')
+[ "$grace" = "60 status" ] || fail "bin/mpirun does not give the ranks scripts/mpirun_graceful.sh's grace and status file: '$grace'"
 # (PMIx's optional plugins, pmix_mca_*, are the node's when it has them: scripts/bundle.sh)
 loaded=$(cat "$tmp"/ld.* | grep -oE 'file=/[^ ]*(libmpi|libopen-(pal|rte)|libpmix|mca_)[^ ]*' | grep -v '/pmix_mca_' | sort -u)
 [ "$(grep -c mca_ <<<"$loaded")" -gt 10 ] || fail "the ranks' loader logs show no Open MPI components: $loaded"
@@ -106,7 +111,7 @@ MULTINORM_CUDA_PLUGIN=$plugin "$root/bin/multinorm" doctor --model llama_tiny --
   { tail -20 doctor.txt; fail "doctor from the bundle"; }
 # The first GPU call ships with what it runs, and finds the bundle's binaries from there (its
 # environment section only; tests/gpu_check.sh runs the rest).
-for f in scripts/gpu_check.sh scripts/gpu_check/report.py scripts/gpu_check/hf_logits.py bench/torch_llama.py bench/attention_sdpa.py; do
+for f in scripts/gpu_check.sh scripts/mpirun_graceful.sh scripts/gpu_check/report.py scripts/gpu_check/hf_logits.py bench/torch_llama.py bench/attention_sdpa.py; do
   test -f "$root/$f" || fail "the bundle lacks $f"
 done
 MULTINORM_CUDA_PLUGIN=$plugin bash "$root/scripts/gpu_check.sh" --dry --only environment "$tmp/gpu_check" > gpu_check.txt 2>&1 ||

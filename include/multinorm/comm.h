@@ -40,6 +40,10 @@ class Comm {
   // For a signal handler (no allocation): this rank ("0 of 2"; "" without MPI) and its activity.
   static const char* rank_text_for_handler();
   static const char* activity_for_handler();
+  // This rank's work is done and it exits with STATUS: when the launcher terminates it from here on
+  // (mpirun ends a job once one rank exits non-zero, as every rank does after a stop), it exits with
+  // STATUS without reporting a failure.
+  static void exiting_with(int status);
   // In place, element-wise sums (or maxima) over the ranks.
   void allreduce_sum(float* x, int64_t n);
   void allreduce_sum(double* x, int64_t n);

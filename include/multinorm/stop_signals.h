@@ -4,8 +4,9 @@
 // SIGUSR1 only sets a flag, which the trainer reads at the next update's boundary (with several
 // ranks, the flags are summed in the update's first collective, so every rank stops after the same
 // update): it finishes the update in flight, writes a checkpoint and exits with status 75
-// (EX_TEMPFAIL: a job script requeues on it). A second signal ends the process at once, as the
-// handler in place before would have (the default action, or the MPI ranks' own report).
+// (EX_TEMPFAIL: a job script requeues on it). A second SIGINT (Ctrl-C twice) ends the process at
+// once, as the handler in place before would have; a second SIGTERM or SIGUSR1 changes nothing (a
+// scheduler may deliver its stop twice: to every process of the job, and again through mpirun).
 #pragma once
 
 namespace multinorm {

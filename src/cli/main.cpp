@@ -11,12 +11,30 @@
 #include "multinorm/comm.h"
 #include "multinorm/divergence.h"
 #include "multinorm/error.h"
+#include "multinorm/fault_points.h"
 #include "multinorm/stop_signals.h"
 #include "multinorm/trainer.h"
+
+// Under scripts/mpirun_graceful.sh (MULTINORM_STATUS_FILE set) every rank exits 0 and leaves its
+// status in that file: the launcher tells mpirun to give its ranks a grace before it kills them, and
+// mpirun would wait out that grace after any non-zero exit. The launcher exits with the first
+// non-zero status in the file.
+static bool status_to_file() {
+  const char* path = std::getenv("MULTINORM_STATUS_FILE");
+  return path && *path;
+}
+static int exit_status(int status) {
+  if (!status_to_file()) return status;
+  std::FILE* f = std::fopen(std::getenv("MULTINORM_STATUS_FILE"), "a");
+  if (!f) return status;  // the file cannot be written: the status as it is
+  std::fprintf(f, "%d\n", status);
+  return std::fclose(f) == 0 ? 0 : status;
+}
 
 // An error on one rank of a data-parallel run ends them all: the others would wait in a collective.
 static int stop_all_ranks(int code) {
   if (multinorm::Comm::several_ranks()) {
+    exit_status(code);
     std::fflush(stderr);
     multinorm::Comm::world().abort_all(code);
   }
@@ -39,7 +57,7 @@ static void drop_callbacks(CLI::App& app) {
   }
 }
 
-int main(int argc, char** argv) {
+static int run(int argc, char** argv) {
   CLI::App app{"multinorm " MULTINORM_VERSION
                ": LLaMA pretraining with stateless multi-normalized optimizers (SinkGD, SWAN) and Adam"};
   app.set_version_flag("--version", "multinorm " MULTINORM_VERSION);
@@ -70,7 +88,18 @@ int main(int argc, char** argv) {
     const int code = app.exit(e);  // prints the help, the version or what is wrong with the command line
     return code == 0 ? 0 : 2;      // a usage error: status 2, as Unix tools have it
   } catch (const multinorm::StoppedBySignal& e) {  // every rank stops after the same update: no abort
-    if (multinorm::Comm::world().root()) std::fprintf(stderr, "multinorm: %s\n", e.what());
+    multinorm::Comm& world = multinorm::Comm::world();
+    if (world.root()) std::fprintf(stderr, "multinorm: %s\n", e.what());
+    std::fflush(stderr);
+    // Every rank is here with its checkpoint written; the first to exit 75 makes mpirun end the
+    // others, which then exit 75 too (Comm::exiting_with).
+    try {
+      world.barrier();
+    } catch (const std::exception& b) {  // a rank gone after the checkpoint's own barrier: its files are whole
+      std::fprintf(stderr, "multinorm: %s\n", b.what());
+    }
+    multinorm::Comm::exiting_with(status_to_file() ? 0 : multinorm::kStoppedBySignalStatus);
+    multinorm::fault_point("stopped-exit");
     return multinorm::kStoppedBySignalStatus;
   } catch (const multinorm::DivergenceError& e) {  // a run stopped by the divergence monitor: status 3
     std::fprintf(stderr, "multinorm: diverged: %s\n", e.what());
@@ -84,3 +113,5 @@ int main(int argc, char** argv) {
   }
   return 0;
 }
+
+int main(int argc, char** argv) { return exit_status(run(argc, argv)); }

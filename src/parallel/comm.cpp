@@ -33,10 +33,15 @@ bool launched_by_mpi() { return !launcher_world().variable.empty() || std::geten
 // What the rank is doing, in a fixed buffer the termination handler can write without allocating.
 char g_activity[160] = "starting";
 char g_rank_text[32] = "";
+// Once this rank has done its work and chosen its exit status (Comm::exiting_with), -1 until then.
+volatile sig_atomic_t g_exit_status = -1;
 
 // The launcher (mpirun, srun) terminates the surviving ranks when one fails or dies: each says
 // which rank it is and where it was, so the log shows every rank's last update.
 void on_terminate(int sig) {
+  // Done already: the launcher ends the job because a rank that finished first exited non-zero (75
+  // after a stop): this rank's own status, and nothing to report.
+  if (g_exit_status >= 0) ::_exit(g_exit_status);
   char line[320];
   const int n = std::snprintf(line, sizeof(line),
                               "multinorm: rank %s: terminated by signal %d during %s (the launcher ended the run: another "
@@ -196,6 +201,8 @@ Comm& Comm::world() {
 }
 
 bool Comm::several_ranks() { return g_several_ranks; }
+
+void Comm::exiting_with(int status) { g_exit_status = status; }
 
 void Comm::set_activity(const std::string& what) {
   std::snprintf(g_activity, sizeof(g_activity), "%s", what.c_str());

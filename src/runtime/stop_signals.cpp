@@ -1,6 +1,6 @@
 // Stop signals for the trainer (include/multinorm/stop_signals.h). The handler sets a sig_atomic_t
-// and writes one line; on a second signal it restores the previous action and raises the signal
-// again: async-signal-safe.
+// and writes one line; on a second SIGINT it restores the previous action and raises the signal
+// again; a later SIGTERM or SIGUSR1 changes nothing: async-signal-safe.
 #include "multinorm/stop_signals.h"
 
 #include <signal.h>
@@ -27,20 +27,23 @@ void say_received(int sig) {
   if (*Comm::rank_text_for_handler()) add("rank "), add(Comm::rank_text_for_handler()), add(": ");
   add(StopSignals::name(sig));
   add(" received during "), add(Comm::activity_for_handler());
-  add(": stopping after the update in flight, with a checkpoint (a second signal ends at once)\n");
+  add(": stopping after the update in flight, with a checkpoint (a second SIGINT ends at once)\n");
   const ssize_t w = ::write(STDERR_FILENO, line, n);
   (void)w;
 }
 
+// A job scheduler may send the same stop twice by two ways (SLURM signals every process of a job,
+// and mpirun forwards it again): only a second SIGINT, a person's Ctrl-C twice, ends the process at
+// once; the scheduler's SIGKILL after its grace period is its hard stop.
 void on_stop(int sig) {
   if (g_received == 0) {
     g_received = sig;
     say_received(sig);
     return;
   }
-  for (int i = 0; i < 3; ++i)  // a second signal: what would have happened without us
-    if (kSignals[i] == sig) ::sigaction(sig, &g_previous[i], nullptr);
-  ::raise(sig);
+  if (sig != SIGINT) return;
+  ::sigaction(SIGINT, &g_previous[1], nullptr);  // what Ctrl-C would have done without us
+  ::raise(SIGINT);
 }
 }  // namespace
 
