@@ -15,11 +15,12 @@ packages=(
   zlib1g-dev
   liblapack-dev               # dsyevd: SWAN's exact FP64 whitening path
   libboost-context-dev        # fibers of the emulated CUDA build (kernels run on the CPU in tests)
+  libprotobuf-dev protobuf-compiler  # TensorBoard event files (src/train/tensorboard_event.proto)
   patchelf                    # scripts/bundle.sh: RUNPATH $ORIGIN/../lib in the relocatable bundle
   universal-ctags             # scripts/function_lengths.sh (a test): every function's length
 )
 if [ -z "${MULTINORM_DEPS_MINIMAL:-}" ]; then
-  packages+=(python3 python3-torch python3-numpy python3-matplotlib python3-sentencepiece)
+  packages+=(python3 python3-torch python3-numpy python3-matplotlib python3-sentencepiece python3-protobuf)
 fi
 
 missing=()

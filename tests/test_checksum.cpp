@@ -25,6 +25,17 @@ uint32_t crc32c_bitwise(const uint8_t* p, size_t n) {
 }
 }  // namespace
 
+// TFRecord's mask (TensorBoard event files) over published CRC-32C values: RFC 3720's 32 zero
+// bytes (0x8a9136aa), the empty string (0, so the mask's constant), and a masked value another
+// TFRecord implementation's tests record for "1234567890asdfghjkl".
+TEST(Checksum, MaskedCrc32cIsTfRecords) {
+  const std::vector<uint8_t> zeros(32, 0);
+  EXPECT_EQ(crc32c(0, zeros.data(), zeros.size()), 0x8a9136aau);
+  EXPECT_EQ(masked_crc32c(zeros.data(), zeros.size()), 0x0fd7fffau);  // rotr(0x8a9136aa, 15) + 0xa282ead8
+  EXPECT_EQ(masked_crc32c("", 0), 0xa282ead8u);
+  EXPECT_EQ(masked_crc32c("1234567890asdfghjkl", 19), 4134599430u);
+}
+
 TEST(Checksum, Crc32cIsTheCastagnoliCrc) {
   const std::string check = "123456789";
   EXPECT_EQ(crc32c(0, check.data(), check.size()), 0xe3069283u);  // the catalogued check value

@@ -17,6 +17,10 @@ namespace multinorm {
 uint32_t crc32c(uint32_t crc, const void* data, size_t bytes);
 // The CRC-32C of a whole file, read in chunks; Error naming the file when it cannot be read.
 uint32_t crc32c_file(const std::string& path, uint64_t* bytes = nullptr);
+// TFRecord's masked CRC-32C of [data, data + bytes) (TensorBoard's event files):
+// ((crc >> 15) | (crc << 17)) + 0xa282ead8, so a CRC stored inside checksummed data does not
+// interact with the outer one.
+uint32_t masked_crc32c(const void* data, size_t bytes);
 // "crc32c:1a2b3c4d", the form manifests record.
 std::string crc32c_name(uint32_t crc);
 

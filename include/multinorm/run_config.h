@@ -116,6 +116,7 @@ struct RunConfig {
   int64_t seed = 0;
   std::string output_dir;
   int64_t log_every = 1;
+  bool log_tensorboard = true;  // TensorBoard event files beside metrics.jsonl
 
   json resolved;  // the fully resolved config (model inlined); written into the run directory
 };

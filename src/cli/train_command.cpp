@@ -60,7 +60,8 @@ void add_train_command(CLI::App& app) {
     if (r.eval.batches)
       std::printf("validation: loss %.4f, perplexity %.2f (%lld tokens)\n", r.eval.loss, r.eval.perplexity(),
                   (long long)r.eval.tokens);
-    std::printf("run directory: %s (metrics.jsonl, checkpoints/)\n", r.run_dir.c_str());
+    std::printf("run directory: %s (metrics.jsonl%s, checkpoints/)\n", r.run_dir.c_str(),
+                run.log_tensorboard ? ", TensorBoard event files" : "");
   });
 
   auto* ev = app.add_subcommand("eval", "Validation loss and perplexity of a checkpoint");

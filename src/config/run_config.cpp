@@ -116,6 +116,7 @@ const Schema& run_schema() {
       integer("seed", 0, "seed of the init, the data order and stochastic rounding", 0, kMaxInt),
       string("output_dir", "", "run directory; empty: runs/<name>"),
       integer("log.every", 1, "print a log line every N updates (metrics.jsonl gets every update)", 1, kMaxInt),
+      boolean("log.tensorboard", true, "write TensorBoard event files beside metrics.jsonl (tensorboard --logdir runs/; wandb sync --sync-tensorboard)"),
       string("paper.table", "", "configs/c4: where in the paper this recipe's figure is (\"Table 1\")"),
       string("paper.row", "", "configs/c4: the paper's name of the row (Adam, SWAN, SWAN†, SinkGD)"),
       number("paper.perplexity", 0.0, "configs/c4: the paper's C4 validation perplexity for this recipe; `compare` prints it beside a run that matches the recipe (0: none)", 0),
@@ -235,6 +236,7 @@ RunConfig run_config_from_json(const json& doc_in, const std::string& source, co
   c.output_dir = r["output_dir"].get<std::string>();
   if (c.output_dir.empty()) c.output_dir = "runs/" + c.name;
   c.log_every = r["log"]["every"].get<int64_t>();
+  c.log_tensorboard = r["log"]["tensorboard"].get<bool>();
 
   // Cross-key checks.
   auto bad = [&](const std::string& key, const std::string& why) { throw ConfigError(source + ": " + key + ": " + why); };

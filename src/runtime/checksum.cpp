@@ -152,6 +152,11 @@ uint32_t crc32c_file(const std::string& path, uint64_t* bytes) {
   return crc;
 }
 
+uint32_t masked_crc32c(const void* data, size_t bytes) {
+  const uint32_t crc = crc32c(0, data, bytes);
+  return ((crc >> 15) | (crc << 17)) + 0xa282ead8u;
+}
+
 std::string crc32c_name(uint32_t crc) {
   char buf[24];
   std::snprintf(buf, sizeof buf, "crc32c:%08x", crc);

@@ -19,10 +19,11 @@ std::string format_eta(double s) {
 }
 }  // namespace
 
-RunLog::RunLog(const std::string& run_dir, bool root, bool quiet, int64_t log_every, int64_t last_update)
+RunLog::RunLog(const std::string& run_dir, bool root, bool quiet, int64_t log_every, int64_t last_update, bool tensorboard)
     : path_(run_dir + "/metrics.jsonl"), root_(root), talk_(root && !quiet), tty_(talk_ && ::isatty(STDERR_FILENO)),
       log_every_(log_every), last_(last_update) {
   if (root_) metrics_.open(path_, std::ios::app);
+  if (root_ && tensorboard) events_ = std::make_unique<EventFile>(run_dir);
 }
 
 RunLog::~RunLog() { end(); }
@@ -63,6 +64,9 @@ void RunLog::update(int64_t k, const UpdateRecord& r) {
     m["swan_exact_fallbacks"] = st.swan.fallbacks;
   }
   write(m, "update " + std::to_string(k));
+  if (events_)
+    events_->scalars(k, {{"train/loss", st.loss}, {"train/lr_matrix", st.lr_matrix}, {"train/lr_fallback", st.lr_fallback},
+                         {"train/grad_norm", st.grad_norm}, {"train/tokens_per_s", r.raw_tokens / r.step_s}});
   fault_point("metrics-written");
   if (!talk_) return;
   if (tty_) {
@@ -84,6 +88,7 @@ void RunLog::evaluation(int64_t k, const EvalResult& e, double seconds) {
   write(json{{"type", "eval"}, {"step", k}, {"val_loss", e.loss}, {"val_ppl", e.perplexity()}, {"val_loss_galore", e.galore_loss},
              {"val_tokens", e.tokens}, {"seconds", seconds}},
         "the evaluation of update " + std::to_string(k));
+  if (events_) events_->scalars(k, {{"eval/loss", e.loss}, {"eval/perplexity", e.perplexity()}});
   say("eval @ %lld: loss %.4f, perplexity %.2f over %lld tokens (GaLore's divisor: %.2f)\n", (long long)k, e.loss, e.perplexity(),
       (long long)e.tokens, e.galore_perplexity());
 }
@@ -102,6 +107,7 @@ void RunLog::rewind_to(int64_t step) {
   in.close();
   write_text_file_atomic(path_, kept);
   metrics_.open(path_, std::ios::app);
+  if (events_) events_->restart_at(step + 1);
 }
 
 }  // namespace multinorm

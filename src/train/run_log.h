@@ -1,16 +1,19 @@
 // The run log: what a training run tells its user and its files. metrics.jsonl (one JSON line per
 // update, evaluation and divergence trip, flushed and checked at once: a full disk is an error naming
 // the update), the progress line on a terminal (rewritten in place), and text lines on stderr
-// otherwise. Rank 0 writes; on the other ranks every call does nothing.
+// otherwise; TensorBoard event files of the same scalars (event_file.h) unless log.tensorboard is
+// off. Rank 0 writes; on the other ranks every call does nothing.
 #pragma once
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <string>
 
 #include "multinorm/schema.h"
 #include "multinorm/optimizer.h"
 #include "multinorm/trainer.h"
+#include "event_file.h"
 
 namespace multinorm {
 
@@ -27,8 +30,9 @@ struct UpdateRecord {
 
 class RunLog {
  public:
-  // `last_update`: the run's last update (progress); `log_every`: a text line every N updates.
-  RunLog(const std::string& run_dir, bool root, bool quiet, int64_t log_every, int64_t last_update);
+  // `last_update`: the run's last update (progress); `log_every`: a text line every N updates;
+  // `tensorboard`: event files too.
+  RunLog(const std::string& run_dir, bool root, bool quiet, int64_t log_every, int64_t last_update, bool tensorboard);
   ~RunLog();
 
   // A line of text on stderr (rank 0, not quiet), after the progress line when one is up.
@@ -54,6 +58,7 @@ class RunLog {
   int64_t log_every_, last_;
   bool progress_up_ = false;
   std::ofstream metrics_;
+  std::unique_ptr<EventFile> events_;
 };
 
 }  // namespace multinorm

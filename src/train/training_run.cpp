@@ -39,7 +39,7 @@ TrainingRun::TrainingRun(const RunConfig& run, const TrainOptions& opt)
   open_data();
   take_run_directory();
   build_model_and_optimizer();
-  log_ = std::make_unique<RunLog>(run_.output_dir, comm_.root(), opt_.quiet, run_.log_every, last_);
+  log_ = std::make_unique<RunLog>(run_.output_dir, comm_.root(), opt_.quiet, run_.log_every, last_, run_.log_tensorboard);
   resume();
   start_loader();
   describe();
