@@ -6,7 +6,9 @@
 #     no run directory created;
 #   - relative paths: model.config in a file resolves against the file's folder, given with --set
 #     against the working directory; a shipped model's name works wherever a model config does;
-#   - usage errors exit 2; --help shows defaults; every help example names a file that exists;
+#   - usage errors exit 2; --help shows defaults (integers, inside their ranges; none on flags); every
+#     help example names files that exist, parses, and its run config splits over its ranks;
+#   - info --ranks refuses a batch that does not split over the ranks, as train does;
 #   - a model vocabulary rounded up past the tokenizer's is accepted, a smaller one refused;
 #   - backend cuda without a GPU refuses to start, naming the escape.
 # usage: user_errors.sh <multinorm binary> <source dir>
@@ -82,10 +84,33 @@ for sub in "train" "eval" "sweep" "compare" "generate" "info" "config" "devices"
     [ -f "$src/$f" ] || fail "$sub --help: the example names $f, which does not exist"
   done
   grep -qE "shard_[0-9]+\.bin|\*\.bin|t5-spiece" <<<"$ex" && fail "$sub --help: an example names files the tool never makes: $ex"
+  # A launcher in front (mpirun, scripts/mpirun_graceful.sh): the script exists, and N ranks.
+  ranks=1
+  if [[ $ex =~ ^(bash\ ([^ ]+)\ |mpirun\ )-np\ ([0-9]+)\ (multinorm .*)$ ]]; then
+    [ -z "${BASH_REMATCH[2]}" ] || [ -f "$src/${BASH_REMATCH[2]}" ] || fail "$sub --help: the example's ${BASH_REMATCH[2]} does not exist"
+    ranks=${BASH_REMATCH[3]} ex=${BASH_REMATCH[4]}
+  fi
   # It parses: MULTINORM_PARSE_ONLY=1 checks the command line without running it.
-  [[ $ex == mpirun* ]] || (cd "$src" && eval "MULTINORM_PARSE_ONLY=1 \"\$bin\" ${ex#multinorm }" > /dev/null 2>&1) ||
+  (cd "$src" && eval "MULTINORM_PARSE_ONLY=1 \"\$bin\" ${ex#multinorm }" > /dev/null 2>&1) ||
     fail "$sub --help: the example does not parse: $ex"
+  # A run config on N ranks: the batch splits as `train` will require (`info --ranks` checks it).
+  if [[ $ex =~ ^multinorm\ (train|info)\ .*--config\ ([^ ]+) ]]; then
+    [[ $ex =~ --ranks\ ([0-9]+) ]] && ranks=${BASH_REMATCH[1]}
+    out=$(cd "$src" && "$bin" info --config "$(sed -E 's/.*--config ([^ ]+).*/\1/' <<<"$ex")" --ranks "$ranks" 2>&1) ||
+      fail "$sub --help: the example's config does not train on $ranks rank(s): $out"
+  fi
 done
+passes=$((passes + 1))
+# info --ranks checks the batch arithmetic as train will, and says the micro-batch that would fit.
+expect "info --ranks: a batch that does not split" 2 \
+  "batch.global_batch 512 is not a multiple of batch.micro_batch x ranks = 256 x 8 \(on 8 ranks: --set batch.micro_batch=64\)" -- \
+  "$bin" info -c "$src/configs/c4/llama_60m_sinkgd.json" --ranks 8
+expect "info --ranks: one that does" 0 "data parallel over 8 ranks" -- \
+  "$bin" info -c "$src/configs/c4/llama_60m_sinkgd.json" --ranks 8 --set batch.micro_batch=64
+# Help as integers, defaults inside their ranges, flags without a default.
+"$bin" config --reference | grep -q "e+1" && fail "config --reference renders an integer bound in exponent form"
+"$bin" train --help | grep -- "--max-consecutive-skips" | grep -q "=0" && fail "train --help: --max-consecutive-skips shows a default outside its range"
+"$bin" data tokenize --help | grep -q "{false}" && fail "data tokenize --help: a flag shows {false}"
 passes=$((passes + 1))
 
 # ---- vocabulary: rounded up is fine, smaller is not ----
@@ -116,6 +141,6 @@ expect "backend cuda without a GPU" 2 "backend cuda requested, but it cannot be 
 # `devices` on a machine without an NVIDIA driver (the nvcc-built plugin beside the binary, no driver
 # loaded) says so, instead of the runtime's "driver version is insufficient".
 if [ -f "$(dirname "$bin")/libmultinorm_cuda.so" ] && [ ! -e /proc/driver/nvidia/version ]; then
-  expect "devices without a driver" 0 "GPUs: none \(no NVIDIA driver \(libcuda.so.1 not found" -- env -u MULTINORM_CUDA_PLUGIN "$bin" devices
+  expect "devices without a driver" 0 "GPUs: none \(no NVIDIA driver on this machine: libcuda.so.1 not found\)$" -- env -u MULTINORM_CUDA_PLUGIN "$bin" devices
 fi
 echo "user_errors: $passes passed, 0 failed"

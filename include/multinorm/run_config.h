@@ -128,6 +128,10 @@ RunConfig load_run_config(const std::string& path, const std::vector<std::string
 RunConfig run_config_from_json(const json& doc, const std::string& source,
                                const std::vector<std::string>& overrides = {});
 
+// The rule that needs the rank count: the global batch splits into micro-batches on every rank
+// (ConfigError naming the config and the numbers). `train` checks it at start, `info --ranks` too.
+void check_batch_over_ranks(const RunConfig& run, int64_t ranks);
+
 // True when the file at `path` is a model config (has "hidden_size") rather than a run config.
 bool is_model_config(const json& doc);
 

@@ -38,9 +38,11 @@ void add_data_command(CLI::App& app) {
   tk->add_option("--file-workers", k.file_workers, "files tokenized at once, sharing the threads (0: one per 2 cores)");
   tk->add_flag("--overwrite", k.overwrite,
                "rebuild existing shards made from another input, tokenizer, layout or seq_len (default: refuse)");
-  tk->add_flag("!--no-word-cache", k.word_cache,
+  static bool no_word_cache = false;  // a plain flag: CLI11 renders a negated one as "{false}"
+  tk->add_flag("--no-word-cache", no_word_cache,
                "encode every document whole with SentencePiece (the word cache gives the same ids, faster)");
   tk->callback([] {
+    k.word_cache = !no_word_cache;
     const TokenizeStats s = tokenize_files(k);
     if (s.files == 0) {
       std::printf("all %lld shard(s) already complete in %s: nothing to do\n", (long long)s.skipped_files,

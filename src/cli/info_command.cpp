@@ -57,6 +57,7 @@ void run_info(const InfoOptions& o) {
   }
   if (o.micro_batch > 0) run.batch.micro_batch = o.micro_batch;
   if (o.seq_len > 0) run.batch.seq_len = o.seq_len;
+  if (is_run) check_batch_over_ranks(run, o.ranks);  // what `train` would refuse on that many ranks
 
   const ModelConfig& m = run.model;
   const auto specs = llama_parameters(m);

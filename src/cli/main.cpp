@@ -42,10 +42,10 @@ static int stop_all_ranks(int code) {
 }
 
 // Sentinel defaults ("-1": taken from the run config; "[]": none) hidden from --help, where the
-// option's description says what it defaults to.
+// option's description says what it defaults to; and flags' (`--no-word-cache{false}` says nothing).
 static void hide_sentinel_defaults(CLI::App& app) {
   for (CLI::Option* o : app.get_options())
-    if (o->get_default_str() == "-1" || o->get_default_str() == "[]") o->default_str("");
+    if (o->get_default_str() == "-1" || o->get_default_str() == "[]" || o->get_expected_max() == 0) o->default_str("");
   for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) hide_sentinel_defaults(*sub);
 }
 

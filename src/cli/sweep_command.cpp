@@ -12,7 +12,7 @@ namespace multinorm {
 
 void add_sweep_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("sweep", "Run a grid or list of runs over a base config, with a summary");
-  cmd->footer("Example: multinorm sweep configs/sweeps/paper_table1.json --gpus 0-7 --gpus-per-run 8");
+  cmd->footer("Example: multinorm sweep configs/sweeps/paper_table1.json --gpus 0-7");
   static std::string path;
   static bool quiet = false;
   cmd->add_option("sweep", path, "sweep file (JSON)")->required();

@@ -17,7 +17,7 @@ namespace multinorm {
 
 void add_train_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("train", "Pretrain a LLaMA from a run config");
-  cmd->footer("Example: mpirun -np 8 multinorm train --config configs/c4/llama_60m_sinkgd.json");
+  cmd->footer("Example: bash scripts/mpirun_graceful.sh -np 8 multinorm train --config configs/c4/llama_1b_sinkgd.json --resume");
   static std::string path;
   static std::vector<std::string> overrides;
   static TrainOptions o;
@@ -31,7 +31,7 @@ void add_train_command(CLI::App& app) {
                 "printing the differences");
   // Aliases of config keys (one skip mechanism: divergence.action skip), kept for older scripts.
   static bool skip_nonfinite = false;
-  static int64_t max_skips = 0;
+  static int64_t max_skips = -1;  // -1: the config's (hidden from --help, as every such sentinel)
   cmd->add_flag("--skip-nonfinite", skip_nonfinite, "an alias of --set divergence.action=skip (skip and count non-finite or spiking updates)");
   cmd->add_option("--max-consecutive-skips", max_skips, "an alias of --set divergence.max_consecutive_skips=N")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
@@ -39,7 +39,7 @@ void add_train_command(CLI::App& app) {
   cmd->add_flag("--quiet", o.quiet, "no progress output");
   cmd->callback([] {
     if (skip_nonfinite) overrides.push_back("divergence.action=skip");
-    if (max_skips > 0) overrides.push_back("divergence.max_consecutive_skips=" + std::to_string(max_skips));
+    if (max_skips >= 1) overrides.push_back("divergence.max_consecutive_skips=" + std::to_string(max_skips));
     if ((skip_nonfinite || max_skips > 0) && Comm::world().root())
       std::fprintf(stderr, "note: --skip-nonfinite and --max-consecutive-skips are aliases of divergence.action=skip and "
                            "divergence.max_consecutive_skips (docs/training.md)\n");

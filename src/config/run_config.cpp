@@ -2,6 +2,7 @@
 // and the cross-key checks that a single key's type and range cannot express.
 #include "multinorm/run_config.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "multinorm/error.h"
@@ -123,6 +124,18 @@ const Schema& run_schema() {
       string("paper.setup", "", "configs/c4: the GPUs and batch split the paper ran this recipe on (micro-batch x accumulation x GPUs)"),
   });
   return schema;
+}
+
+void check_batch_over_ranks(const RunConfig& run, int64_t ranks) {
+  if (run.batch.global_batch % (run.batch.micro_batch * ranks) == 0) return;
+  int64_t fits = 0;  // the largest micro-batch that would split it (a divisor of global_batch / ranks)
+  if (run.batch.global_batch % ranks == 0)
+    for (int64_t m = std::min(run.batch.micro_batch, run.batch.global_batch / ranks); m >= 1 && fits == 0; --m)
+      if ((run.batch.global_batch / ranks) % m == 0) fits = m;
+  throw ConfigError(run.source + ": batch.global_batch " + std::to_string(run.batch.global_batch) +
+                    " is not a multiple of batch.micro_batch x ranks = " + std::to_string(run.batch.micro_batch) + " x " +
+                    std::to_string(ranks) +
+                    (fits ? " (on " + std::to_string(ranks) + " ranks: --set batch.micro_batch=" + std::to_string(fits) + ")" : ""));
 }
 
 bool is_model_config(const json& doc) { return doc.is_object() && doc.contains("hidden_size"); }

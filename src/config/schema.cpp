@@ -43,6 +43,7 @@ std::string join_choices(const std::vector<std::string>& c) {
 }
 
 std::string format_bound(double v) {
+  if (v == std::floor(v) && std::fabs(v) <= 9.007199254740992e15) return std::to_string(static_cast<int64_t>(v));  // 2^53, not 9.007e+15
   std::ostringstream s;
   s.precision(15);
   s << v;

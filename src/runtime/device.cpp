@@ -66,10 +66,9 @@ CudaProbe load_plugin(const std::string& path, void* handle) {
   if (n < 0) {
     probe.device_error = err;
     if (const char* c = std::strstr(err, "code ")) probe.device_error_code = std::atoi(c + 5);
-    // The runtime reports a missing driver as an old one ("driver version is insufficient"): say which.
-    if (!probe.driver_loaded)
-      probe.device_error = "no NVIDIA driver (libcuda.so.1 not found: a machine or container without GPUs; the runtime says " +
-                           probe.device_error + ")";
+    // The runtime reports a missing driver as an old one ("driver version is insufficient"): one
+    // cause, the real one.
+    if (!probe.driver_loaded) probe.device_error = "no NVIDIA driver on this machine: libcuda.so.1 not found";
     return probe;
   }
   for (int d = 0; d < n; ++d) {
@@ -153,7 +152,7 @@ BackendChoice choose_backend(BackendRequest requested) {
   const CudaProbe& p = probe_cuda();
   std::string why;
   if (!p.plugin_loaded) why = "CUDA plugin not loaded: " + p.load_error;
-  else if (p.device_count == 0) why = "no GPU: " + (p.device_error.empty() ? std::string("0 devices") : p.device_error);
+  else if (p.device_count == 0) why = p.device_error.empty() ? std::string("no GPU: 0 devices") : p.device_error;
   if (requested == BackendRequest::Cuda) {
     if (!why.empty())
       throw Error("backend cuda requested, but it cannot be used: " + why + " (`multinorm devices` shows what is found; " +

@@ -50,10 +50,7 @@ TrainingRun::~TrainingRun() = default;
 // The cross-key rules that need the rank count.
 void TrainingRun::check_config() const {
   if (run_.data.train.empty()) throw ConfigError(run_.source + ": data.train: no training shards configured");
-  if (run_.batch.global_batch % (run_.batch.micro_batch * world_) != 0)
-    throw ConfigError(run_.source + ": batch.global_batch " + std::to_string(run_.batch.global_batch) +
-                      " is not a multiple of batch.micro_batch x ranks = " + std::to_string(run_.batch.micro_batch) + " x " +
-                      std::to_string(world_));
+  check_batch_over_ranks(run_, world_);
   if (run_.eval.micro_batch > run_.batch.micro_batch)
     throw ConfigError(run_.source + ": eval.micro_batch " + std::to_string(run_.eval.micro_batch) + " exceeds batch.micro_batch " +
                       std::to_string(run_.batch.micro_batch));
