@@ -6,6 +6,7 @@
 #   lib/libmultinorm_cuda.so and every shared library these need except glibc's and CUDA's
 #   openmpi/   Open MPI's launcher, daemon, components and help files (bin/mpirun sets OPAL_PREFIX)
 #   share/multinorm/{configs,docs,README.md}, BUNDLE.txt (what is inside, what the node must provide)
+#   scripts/slurm/*.sbatch: SLURM jobs (one run, a sweep) that requeue themselves after a stop
 #   scripts/gpu_check.sh and scripts/gpu_check/, bench/*.py: a GPU node's verdicts and figures in one
 #     call, and the PyTorch baselines it runs (docs/performance.md#a-gpu-node-in-one-call-scriptsgpu_checksh)
 #   share/multinorm/smoke/: gpu_check's training smoke data, shards of the default corpus (train shard
@@ -84,6 +85,7 @@ cp -r docs README.md "$stage/share/multinorm/"  # the docs errors and help name
 # The first GPU call (scripts/gpu_check.sh) and what it runs, at the paths they have in the source tree.
 mkdir -p "$stage/scripts/gpu_check" "$stage/bench"
 cp scripts/gpu_check.sh scripts/mpirun_graceful.sh "$stage/scripts/"
+mkdir -p "$stage/scripts/slurm" && cp scripts/slurm/*.sbatch "$stage/scripts/slurm/"
 cp scripts/gpu_check/*.py scripts/gpu_check/training_smoke.sh "$stage/scripts/gpu_check/"
 cp bench/*.py "$stage/bench/"
 if [ "${MULTINORM_BUNDLE_SMOKE:-on}" != off ]; then

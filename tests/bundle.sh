@@ -111,7 +111,7 @@ MULTINORM_CUDA_PLUGIN=$plugin "$root/bin/multinorm" doctor --model llama_tiny --
   { tail -20 doctor.txt; fail "doctor from the bundle"; }
 # The first GPU call ships with what it runs, and finds the bundle's binaries from there (its
 # environment section only; tests/gpu_check.sh runs the rest).
-for f in scripts/gpu_check.sh scripts/mpirun_graceful.sh scripts/gpu_check/report.py scripts/gpu_check/hf_logits.py bench/torch_llama.py bench/attention_sdpa.py; do
+for f in scripts/gpu_check.sh scripts/mpirun_graceful.sh scripts/slurm/train.sbatch scripts/slurm/sweep.sbatch scripts/gpu_check/report.py scripts/gpu_check/hf_logits.py bench/torch_llama.py bench/attention_sdpa.py; do
   test -f "$root/$f" || fail "the bundle lacks $f"
 done
 MULTINORM_CUDA_PLUGIN=$plugin bash "$root/scripts/gpu_check.sh" --dry --only environment "$tmp/gpu_check" > gpu_check.txt 2>&1 ||

@@ -1,5 +1,6 @@
 #include "multinorm/sweep.h"
 
+#include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -12,12 +13,15 @@
 #include <functional>
 #include <map>
 
+#include "multinorm/comm.h"
 #include "multinorm/compare.h"
 #include "multinorm/device.h"
 #include "multinorm/error.h"
 #include "multinorm/json_file.h"
 #include "multinorm/model_config.h"
 #include "multinorm/run_config.h"
+#include "multinorm/stop_signals.h"
+#include "multinorm/trainer.h"
 
 namespace multinorm {
 
@@ -173,42 +177,62 @@ std::vector<std::vector<int>> slots_of(const SweepPlan& plan, const SweepPlaceme
   std::vector<std::vector<int>> slots;
   for (size_t i = 0; i < where.gpus.size(); i += n) slots.emplace_back(where.gpus.begin() + i, where.gpus.begin() + i + n);
   for (const SweepRun& r : plan.runs) {  // every run's global batch must split over a slot's ranks
-    const RunConfig c = load_run_config(r.config, r.overrides);
-    if (c.batch.global_batch % (c.batch.micro_batch * static_cast<int64_t>(n)) != 0)
-      throw ConfigError("sweep: run " + r.name + ": batch.global_batch " + std::to_string(c.batch.global_batch) +
-                        " is not a multiple of batch.micro_batch x --gpus-per-run = " + std::to_string(c.batch.micro_batch) + " x " +
-                        std::to_string(n));
+    try {
+      check_batch_over_ranks(load_run_config(r.config, r.overrides), static_cast<int64_t>(n));
+    } catch (const ConfigError& e) {
+      throw ConfigError("sweep: run " + r.name + " with --gpus-per-run " + std::to_string(n) + ": " + e.what());
+    }
   }
   return slots;
 }
 
-// Every run not finished yet, one per slot at a time; the names of those that failed.
+// Every run not finished yet, one per slot at a time; the names of those that failed. A stop signal
+// (SIGTERM, SIGINT, SIGUSR1) to the sweep is passed to every running run as SIGUSR1 (mpirun forwards
+// that one to its ranks), no run starts after it, and once the runs have stopped with their
+// checkpoints (status 75) the sweep ends as a stopped run does: StoppedBySignal, exit 75.
 std::vector<std::string> run_all(const SweepPlan& plan, const SweepPlacement& where, bool quiet) {
+  StopSignals stop;
+  Comm::set_activity("the sweep");
   const std::vector<std::vector<int>> slots = slots_of(plan, where);
   const long cores = ::sysconf(_SC_NPROCESSORS_ONLN);
   const int threads = slots.size() > 1 ? static_cast<int>(std::max<long>(1, cores / static_cast<long>(slots.size()))) : 0;
   std::vector<size_t> free_slots;
   for (size_t i = slots.size(); i-- > 0;) free_slots.push_back(i);
   std::map<pid_t, std::pair<std::string, size_t>> running;  // pid -> run, slot
-  std::vector<std::string> failed;
+  std::vector<std::string> failed, stopped;
+  bool passed_on = false;
+  // One run's end (polled, so that a stop signal is passed on at once).
   auto reap = [&] {
     int status = 0;
-    const pid_t pid = ::waitpid(-1, &status, 0);
-    if (pid <= 0) return;
+    pid_t pid = 0;
+    while ((pid = ::waitpid(-1, &status, WNOHANG)) == 0) {
+      if (StopSignals::received() && !passed_on) {
+        for (const auto& [child, run] : running) ::kill(child, SIGUSR1);
+        passed_on = true;
+      }
+      ::usleep(50000);
+    }
+    if (pid < 0) return;
     const auto [name, slot] = running[pid];
     running.erase(pid);
     free_slots.push_back(slot);
     const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-    if (!ok) failed.push_back(name);
-    if (!quiet) std::fprintf(stderr, "sweep: %s %s\n", name.c_str(), ok ? "finished" : "FAILED (see its train.log)");
+    const bool paused = WIFEXITED(status) && WEXITSTATUS(status) == kStoppedBySignalStatus;
+    if (paused) stopped.push_back(name);
+    else if (!ok) failed.push_back(name);
+    if (!quiet)
+      std::fprintf(stderr, "sweep: %s %s\n", name.c_str(),
+                   ok ? "finished" : paused ? "stopped with its checkpoint" : "FAILED (see its train.log)");
   };
   for (const auto& r : plan.runs) {
+    if (StopSignals::received()) break;  // no run starts after a stop
     const std::string dir = plan.output_dir + "/" + r.name;
     if (finished(dir)) {
       if (!quiet) std::fprintf(stderr, "sweep: %s already finished, skipped\n", r.name.c_str());
       continue;
     }
     while (free_slots.empty()) reap();
+    if (StopSignals::received()) break;
     const size_t slot = free_slots.back();
     free_slots.pop_back();
     ::mkdir(dir.c_str(), 0755);
@@ -219,6 +243,11 @@ std::vector<std::string> run_all(const SweepPlan& plan, const SweepPlacement& wh
     running[start_run(r, where, slots[slot], threads, dir)] = {r.name, slot};
   }
   while (!running.empty()) reap();
+  if (StopSignals::received())
+    throw StoppedBySignal("sweep stopped by " + std::string(StopSignals::name(StopSignals::received())) + ": " +
+                          std::to_string(stopped.size()) + " run(s) stopped with their checkpoints" +
+                          (failed.empty() ? "" : ", " + std::to_string(failed.size()) + " failed") +
+                          "; run the sweep again to go on (each run resumes)");
   return failed;
 }
 
