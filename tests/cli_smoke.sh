@@ -30,8 +30,8 @@ check "info run config, backend falls back" 0 "backend auto -> cpu \(auto: " -- 
 check "info --json" 0 "\"total\": 58073600" -- "$bin" info --json --config "$models/llama_60m.json"
 # Per-rank memory with the optimizer sharded by tensor over 8 ranks: Adam's 0.216 GiB of states on
 # llama_60m (58M x 2 states x 2 bytes) falls to the largest share, the embedding's 0.061 GiB.
-check "info --ranks: sharded states" 0 "optimizer states, sharded \(ZeRO-1\) +0\.061 GiB" -- "$bin" info --config "$src/configs/c4/llama_60m_adam.json" --ranks 8
-check "info --ranks: replicated states" 0 "optimizer states, replicated +0\.216 GiB" -- "$bin" info --config "$src/configs/c4/llama_60m_adam.json" --ranks 8
+check "info --ranks: sharded states" 0 "optimizer states, sharded \(ZeRO-1\) +0\.061 GiB" -- "$bin" info --config "$src/configs/c4/llama_60m_adam.json" --ranks 8 --set batch.micro_batch=64
+check "info --ranks: replicated states" 0 "optimizer states, replicated +0\.216 GiB" -- "$bin" info --config "$src/configs/c4/llama_60m_adam.json" --ranks 8 --set batch.micro_batch=64
 check "info activation override" 0 "micro-batch 4 x seq 128" -- "$bin" info --config "$src/configs/c4/llama_60m_adam.json" --micro-batch 4 --seq-len 128
 check "devices" 0 "backend auto -> cpu" -- "$bin" devices
 check "config resolves" 0 "\"iterations\": 5" -- "$bin" config --config "$src/configs/c4/llama_60m_sinkgd.json"
