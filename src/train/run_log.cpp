@@ -20,7 +20,7 @@ std::string format_eta(double s) {
 }  // namespace
 
 RunLog::RunLog(const std::string& run_dir, bool root, bool quiet, int64_t log_every, int64_t last_update, bool tensorboard)
-    : path_(run_dir + "/metrics.jsonl"), root_(root), talk_(root && !quiet), tty_(talk_ && ::isatty(STDERR_FILENO)),
+    : run_dir_(run_dir), path_(run_dir + "/metrics.jsonl"), root_(root), talk_(root && !quiet), tty_(talk_ && ::isatty(STDERR_FILENO)),
       log_every_(log_every), last_(last_update) {
   if (root_) metrics_.open(path_, std::ios::app);
   if (root_ && tensorboard) events_ = std::make_unique<EventFile>(run_dir);
@@ -52,10 +52,10 @@ void RunLog::update(int64_t k, const UpdateRecord& r) {
             {"clipped", st.clipped},    {"skipped", st.skipped},
             {"tokens", r.tokens_seen},  {"tokens_per_s", r.raw_tokens / r.step_s},
             {"nonpad_tokens_per_s", st.tokens / r.step_s}, {"step_s", r.step_s},
-            {"forward_s", r.forward_s}, {"backward_s", r.backward_s},
-            {"compute_s", r.compute_s}, {"optimizer_s", r.optimizer_s},
-            {"data_wait_s", r.data_wait_s}, {"comm_wait_s", r.comm_wait_s},
-            {"comm_exposed_s", r.comm_exposed_s},
+            {"forward_s", r.times.forward_s}, {"backward_s", r.times.backward_s},
+            {"compute_s", r.times.compute_s}, {"optimizer_s", r.times.optimizer_s},
+            {"data_wait_s", r.times.data_wait_s}, {"comm_wait_s", r.times.comm_wait_s},
+            {"comm_exposed_s", r.times.comm_exposed_s},
             {"host_waits", r.waits.host_waits}, {"host_drains", r.waits.host_drains},
             {"rss_bytes", mem.resident_bytes}, {"rss_anon_bytes", mem.anonymous_bytes()}};
   if (st.swan.tensors > 0) {
@@ -79,7 +79,7 @@ void RunLog::update(int64_t k, const UpdateRecord& r) {
                  "update %lld/%lld loss %.4f lr %.3e/%.3e grad_norm %.4f tok/s %.0f (non-pad %.0f) step %.3fs "
                  "(fwd %.3f bwd %.3f opt %.3f data %.3f) rss %.0f MiB (anon %.0f) ETA %s\n",
                  (long long)k, (long long)last_, st.loss, st.lr_matrix, st.lr_fallback, st.grad_norm, r.raw_tokens / r.step_s,
-                 st.tokens / r.step_s, r.step_s, r.forward_s, r.backward_s, r.optimizer_s, r.data_wait_s, mem.resident_bytes / 1048576.0,
+                 st.tokens / r.step_s, r.step_s, r.times.forward_s, r.times.backward_s, r.times.optimizer_s, r.times.data_wait_s, mem.resident_bytes / 1048576.0,
                  mem.anonymous_bytes() / 1048576.0, format_eta(r.eta_s).c_str());
   }
 }
@@ -94,6 +94,10 @@ void RunLog::evaluation(int64_t k, const EvalResult& e, double seconds) {
 }
 
 void RunLog::divergence(const json& line) { write(line, "update " + std::to_string(line.value("step", int64_t{0})) + "'s divergence record"); }
+
+void RunLog::result(const json& r) {
+  if (root_) write_text_file_atomic(run_dir_ + "/result.json", r.dump(2) + "\n");
+}
 
 void RunLog::rewind_to(int64_t step) {
   if (!root_) return;

@@ -17,13 +17,21 @@
 
 namespace multinorm {
 
+// Where one update's time went, in seconds: measured as the update is queued (QueuedUpdate) and
+// logged as it is (UpdateRecord). Forward and backward are the host time of the last micro-batch's
+// launches (a replayed CUDA graph: all in forward_s); comm_exposed_s is the part of the wait for
+// the gradient reduction that the backward pass did not cover.
+struct UpdateTimes {
+  double data_wait_s = 0, forward_s = 0, backward_s = 0, compute_s = 0, optimizer_s = 0, comm_wait_s = 0, comm_exposed_s = 0;
+};
+
 // One settled update as the log shows it.
 struct UpdateRecord {
   const StepStats* stats = nullptr;
   int64_t tokens_seen = 0;     // every rank's tokens so far, padding included
   int64_t raw_tokens = 0;      // this update's, padding included
   double step_s = 0;           // since the previous update's record
-  double forward_s = 0, backward_s = 0, compute_s = 0, optimizer_s = 0, data_wait_s = 0, comm_wait_s = 0, comm_exposed_s = 0;
+  UpdateTimes times;
   QueueCounters waits;         // host waits and drains since the previous record
   double eta_s = 0;
 };
@@ -45,6 +53,8 @@ class RunLog {
   void update(int64_t step, const UpdateRecord& r);
   void evaluation(int64_t step, const EvalResult& e, double seconds);
   void divergence(const json& line);
+  // result.json: how the run ended (rank 0 writes it whole, atomically; sweeps and compare read it).
+  void result(const json& r);
   // Drops the metrics lines after update `step`, keeping every divergence line (a resume rewrites
   // what came after its checkpoint; a rollback drops the updates it undid, not the record of why).
   void rewind_to(int64_t step);
@@ -53,7 +63,7 @@ class RunLog {
 
  private:
   void write(const json& line, const std::string& what);
-  std::string path_;
+  std::string run_dir_, path_;
   bool root_, talk_, tty_;
   int64_t log_every_, last_;
   bool progress_up_ = false;

@@ -41,7 +41,6 @@ TrainingRun::TrainingRun(const RunConfig& run, const TrainOptions& opt)
   build_model_and_optimizer();
   log_ = std::make_unique<RunLog>(run_.output_dir, comm_.root(), opt_.quiet, run_.log_every, last_, run_.log_tensorboard);
   resume();
-  start_loader();
   describe();
 }
 
@@ -153,25 +152,29 @@ void TrainingRun::resume() {
     if (state_.tokenizer_hash == 0) state_.tokenizer_hash = tokenizer_hash_;
     log_->say("resumed from %s (update %lld)\n", existing_.c_str(), (long long)state_.step);
   }
-  optimizer_->set_lr_scale(state_.lr_scale);
-  // Metrics past the checkpoint resumed from (or, starting afresh, any: a run that died before its
-  // first checkpoint) are rewritten by this run.
-  log_->rewind_to(state_.step);
+  restore(existing_);
   first_ = state_.step + 1;
 }
 
-void TrainingRun::start_loader() {
-  loader_options_.micro_batch = run_.batch.micro_batch;
-  loader_options_.rank = rank_;
-  loader_options_.world = world_;
-  loader_options_.shuffle = run_.data.shuffle;
-  loader_options_.seed = static_cast<uint64_t>(run_.seed);
-  loader_options_.prefetch = run_.data.prefetch;
+// What goes on from state_ (restored from checkpoint `from`, or fresh when it is empty), for a
+// resume and a divergence rollback alike: the optimizer's learning-rate scale, the metrics after its
+// update dropped (this run rewrites them; starting afresh, any a run that died before its first
+// checkpoint left), and the loader at its data position.
+void TrainingRun::restore(const std::string& from) {
+  optimizer_->set_lr_scale(state_.lr_scale);
+  log_->rewind_to(state_.step);
+  LoaderOptions o;
+  o.micro_batch = run_.batch.micro_batch;
+  o.rank = rank_;
+  o.world = world_;
+  o.shuffle = run_.data.shuffle;
+  o.seed = static_cast<uint64_t>(run_.seed);
+  o.prefetch = run_.data.prefetch;
   try {
-    loader_ = std::make_unique<TrainLoader>(train_data_, loader_options_, state_.cursor);
+    loader_ = std::make_unique<TrainLoader>(train_data_, o, state_.cursor);
   } catch (const Error& e) {
-    if (existing_.empty()) throw;
-    throw Error(existing_ + "/trainer_state.json: " + e.what() + " (edited, or the data changed since the checkpoint)");
+    if (from.empty()) throw;
+    throw Error(from + "/trainer_state.json: " + e.what() + " (edited, or the data changed since the checkpoint)");
   }
 }
 
@@ -228,7 +231,7 @@ std::optional<QueuedUpdate> TrainingRun::queue_micro_batches(int64_t k) {
     if (sums[1 + i] > 0 && !stopped_by_) stopped_by_ = stops[i];
   if (stopped_by_) return std::nullopt;  // the batches go back: the checkpoint's cursor is the last update's
   const int64_t total_count = sums[0];
-  u.data_s = loader_->wait_seconds() - wait_before;
+  u.times.data_wait_s = loader_->wait_seconds() - wait_before;
   u.cursor = batches.back().after;
   model_->zero_grads();
   u.t_compute = Clock::now();
@@ -246,12 +249,12 @@ std::optional<QueuedUpdate> TrainingRun::queue_micro_batches(int64_t k) {
                                    : 1.0f / (static_cast<float>(b.count) * static_cast<float>(accum_ * world_));
     model_->queue_forward_backward(b.view(), scale);
   }
-  u.forward_s = model_->last_forward_seconds(), u.backward_s = model_->last_backward_seconds();
+  u.times.forward_s = model_->last_forward_seconds(), u.times.backward_s = model_->last_backward_seconds();
   // When this rank's backward pass was queued (one clock for the ranks of a node, NTP's across
   // nodes): the latest over the ranks tells how much of this rank's communication wait was waiting
   // for a slower rank rather than for the collectives (metrics: comm_exposed_s).
   u.backward_end = wall_clock();
-  u.compute_s = since(u.t_compute);
+  u.times.compute_s = since(u.t_compute);
   return u;
 }
 
@@ -261,8 +264,8 @@ void TrainingRun::finish_reduction(QueuedUpdate& u) {
   grad_sync_->finish();
   double latest_backward_end = u.backward_end;
   if (world_ > 1) comm_.allreduce_max(&latest_backward_end, 1);
-  u.comm_wait_s = grad_sync_->last_wait_seconds();
-  u.comm_exposed_s = std::max(0.0, u.comm_wait_s - (latest_backward_end - u.backward_end));
+  u.times.comm_wait_s = grad_sync_->last_wait_seconds();
+  u.times.comm_exposed_s = std::max(0.0, u.times.comm_wait_s - (latest_backward_end - u.backward_end));
 }
 
 void TrainingRun::queue_step(QueuedUpdate& u) {
@@ -270,7 +273,7 @@ void TrainingRun::queue_step(QueuedUpdate& u) {
   finish_reduction(u);
   const auto t = Clock::now();
   optimizer_->queue_step(u.k, u.k - state_.skipped, monitor_.spike_test());  // the skipped count covers every update before k
-  u.opt_s = since(t);
+  u.times.optimizer_s = since(t);
 }
 
 // Its reduction completes (every rank started it); zero_grads() drops its gradients and losses.
@@ -319,8 +322,7 @@ void TrainingRun::record(const QueuedUpdate& u, const StepStats& st) {
   r.tokens_seen = state_.tokens_seen;
   r.step_s = since(t_last_end_);
   result_.update_seconds += r.step_s;
-  r.forward_s = u.forward_s, r.backward_s = u.backward_s, r.compute_s = u.compute_s, r.optimizer_s = u.opt_s;
-  r.data_wait_s = u.data_s, r.comm_wait_s = u.comm_wait_s, r.comm_exposed_s = u.comm_exposed_s;
+  r.times = u.times;
   const QueueCounters now = backend_->queue().counters();
   r.waits.host_waits = now.host_waits - counted_.host_waits;
   r.waits.host_drains = now.host_drains - counted_.host_drains;
@@ -364,10 +366,9 @@ bool TrainingRun::on_trip(const DivergenceTrip& trip, int64_t k) {
     log_->say("update %lld: diverged: %s; stopping (divergence.action %s%s)\n", (long long)k, trip.describe().c_str(),
               choice_name(run_.divergence.action).c_str(), rolls_back ? ", rollbacks used up or no checkpoint" : "");
     log_->divergence(d);
-    if (comm_.root())
-      write_text_file_atomic(run_.output_dir + "/result.json",
-                             json{{"diverged", true}, {"divergence", d}, {"updates", state_.step}, {"last_good_checkpoint", good},
-                                  {"rollbacks", state_.rollbacks}, {"optimizer", choice_name(run_.optimizer.name)}}.dump(2) + "\n");
+    json res = result_common(true);
+    res["divergence"] = d, res["last_good_checkpoint"] = good;
+    log_->result(res);
     throw DivergenceError("update " + std::to_string(k) + " diverged: " + trip.describe() + "; the last good checkpoint is " +
                           (good.empty() ? std::string("none") : good) + " (metrics.jsonl and result.json record it)");
   }
@@ -378,12 +379,10 @@ bool TrainingRun::on_trip(const DivergenceTrip& trip, int64_t k) {
   state_ = checkpointer_->restore(good, /*allow_config_change=*/true);
   state_.rollbacks = rollbacks;
   state_.lr_scale = scale;
-  optimizer_->set_lr_scale(scale);
+  restore(good);  // the diverged updates' metrics lines go; the trip's stays
   monitor_.reset();
-  log_->rewind_to(state_.step);  // the diverged updates' lines go; the trip's stays
   d["rolled_back_to"] = state_.step;
   log_->divergence(d);
-  loader_ = std::make_unique<TrainLoader>(train_data_, loader_options_, state_.cursor);
   return true;
 }
 
@@ -407,21 +406,26 @@ TrainResult TrainingRun::finish() {
   result_.skipped = state_.skipped;
   result_.seconds = since(t_start_);
   result_.tokens_per_s = tokens_this_run_ / std::max(result_.update_seconds, 1e-9);  // training, not evaluation or checkpoints
-  if (state_.step == run_.schedule.total_steps && comm_.root()) {  // complete: sweeps skip it from now on
-    json res = {{"diverged", false}, {"rollbacks", state_.rollbacks}, {"updates", state_.step}, {"tokens", state_.tokens_seen},
-                {"skipped_updates", state_.skipped}, {"tokens_per_s", result_.tokens_per_s}, {"update_s", result_.update_seconds}, {"wall_s", result_.seconds},
-                {"final_train_loss", result_.last_loss}, {"optimizer", choice_name(run_.optimizer.name)},
+  if (state_.step == run_.schedule.total_steps) {  // complete: sweeps skip it from now on
+    json res = result_common(false);
+    res.update({{"tokens", state_.tokens_seen}, {"skipped_updates", state_.skipped}, {"tokens_per_s", result_.tokens_per_s},
+                {"update_s", result_.update_seconds}, {"wall_s", result_.seconds}, {"final_train_loss", result_.last_loss},
                 {"optimizer_state_bytes", optimizer_->state_bytes()}, {"matrix_state_bytes", optimizer_->matrix_state_bytes()},
                 {"backend", backend_->name()}, {"backend_choice", choice_.reason}, {"ranks", world_},
-                {"gradient_communicator", grad_comm_->name()}};
+                {"gradient_communicator", grad_comm_->name()}});
     if (result_.eval.batches) res["final_val_loss"] = result_.eval.loss, res["final_val_ppl"] = result_.eval.perplexity();
     // What this process replayed from CUDA graphs (GraphCache; zeros where the backend has none).
     res["cuda_graphs"] = {{"micro_batch_captures", mg.captures()}, {"micro_batches_replayed", mg.replays()},
                           {"update_captures", og.captures()}, {"updates_replayed", og.replays()},
                           {"gave_up", mg.gave_up().empty() ? og.gave_up() : mg.gave_up()}};
-    write_text_file_atomic(run_.output_dir + "/result.json", res.dump(2) + "\n");
+    log_->result(res);
   }
   return result_;
+}
+
+// The fields every result.json has, complete or diverged.
+json TrainingRun::result_common(bool diverged) const {
+  return {{"diverged", diverged}, {"updates", state_.step}, {"rollbacks", state_.rollbacks}, {"optimizer", choice_name(run_.optimizer.name)}};
 }
 
 }  // namespace multinorm

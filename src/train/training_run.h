@@ -31,7 +31,7 @@ struct QueuedUpdate {
   int64_t k = 0;
   LoaderCursor cursor;  // the data position once its batches are consumed
   Clock::time_point t_compute;
-  double data_s = 0, compute_s = 0, opt_s = 0, comm_wait_s = 0, comm_exposed_s = 0, forward_s = 0, backward_s = 0;
+  UpdateTimes times;
   double backward_end = 0;  // wall clock when this rank's backward pass was queued
 };
 
@@ -65,7 +65,8 @@ class TrainingRun {
   void take_run_directory();
   void build_model_and_optimizer();
   void resume();
-  void start_loader();
+  void restore(const std::string& from);
+  json result_common(bool diverged) const;
   void describe() const;
   void finish_reduction(QueuedUpdate& u);
   void record(const QueuedUpdate& u, const StepStats& st);
@@ -94,7 +95,6 @@ class TrainingRun {
   std::unique_ptr<Checkpointer> checkpointer_;
   DivergenceMonitor monitor_;
   std::unique_ptr<RunLog> log_;
-  LoaderOptions loader_options_;
   std::unique_ptr<TrainLoader> loader_;
   TrainerState state_;
   TrainResult result_;
