@@ -16,12 +16,7 @@
 set -uo pipefail
 bin=$(realpath "$1") mpirun=${2:-}
 src=$(realpath "$(dirname "$0")/..")
-fixtures=$(realpath "$(dirname "$0")/fixtures")
-tmp=$(mktemp -d); trap 'kill $(jobs -p) 2>/dev/null; [ -n "${KEEP_TMP:-}" ] || rm -rf "$tmp"; [ -n "${KEEP_TMP:-}" ] && echo "kept $tmp"' EXIT
-cd "$tmp"
-source "$fixtures/tiny_shards.sh"
-make_tiny_shards "$bin"
-fail() { echo "FAIL: $*"; exit 1; }
+source "$(dirname "$0")/fixtures/long_run.sh"
 # The submission folder stands for the repository's root (build/multinorm, scripts/), where the
 # scripts find the binary and the launcher by default; sbatch runs a copy from its spool folder.
 mkdir -p build spool
@@ -32,11 +27,6 @@ printf '#!/bin/sh\necho "$*" >> %s/requeues\n[ ! -e %s/refuse ]\n' "$tmp" "$tmp"
 chmod +x scontrol
 touch requeues
 jobid=9$$ node=$(hostname)
-# Long runs (an update takes a millisecond: a signal comes while they run), a checkpoint every 7
-# updates (so a stop rarely lands on one), no evaluation.
-"$bin" config -c run.json --set batch.global_batch=4 --set batch.micro_batch=2 --set backend=cpu --set threads=1 \
-  --set schedule.total_steps=1000000 --set checkpoint.every=7 --set eval.every=0 --set eval.tokens=300 -o run.json
-
 # start SCRIPT START_COUNT ARGS...: the batch job in the background (its shell's pid in $job), log in job.log
 start() {
   local script=$1 count=$2
@@ -53,11 +43,6 @@ finish() {  # the job's exit status in $rc
 }
 # every process of the job, as SLURM finds them: those with its SLURM_JOB_ID
 job_processes() { grep -lsxz "SLURM_JOB_ID=$jobid" /proc/[0-9]*/environ | cut -d/ -f3; }
-train_steps() {  # the steps of the train lines of RUN_DIR's metrics.jsonl
-  /usr/bin/python3 -c "
-import json
-print(' '.join(str(r['step']) for r in map(json.loads, open('$1/metrics.jsonl')) if r['type'] == 'train'))"
-}
 updates() { local n; n=$(grep -c '"type": *"train"' "$1/metrics.jsonl" 2>/dev/null); echo "${n:-0}"; }
 wait_for_updates() {  # RUN_DIR N: until N train lines are written (up to 120 s)
   for _ in $(seq 1200); do
