@@ -23,36 +23,17 @@
 #include <optional>
 #include <string>
 
-#include "multinorm/config_choices.h"
 #include "multinorm/error.h"
+#include "multinorm/optimizer.h"   // StepStats, SpikeTest: what the device computed and tests
+#include "multinorm/run_config.h"  // DivergenceConfig
 
 namespace multinorm {
-
-struct DivergenceConfig {
-  DivergenceAction action = DivergenceAction::Stop;
-  bool zero_grad_norm = true;
-  double spike_factor = 3.0;  // 0 = off
-  int64_t spike_window = 100;
-  int64_t stuck_evals = 3;  // 0 = off
-  double rollback_lr_factor = 0.5;
-  int64_t max_rollbacks = 3;
-  int64_t max_consecutive_skips = 3;  // skip: a trip after this many skipped updates in a row
-};
 
 struct DivergenceTrip {
   std::string reason;  // "loss spike", "zero gradient norm", "loss stuck at ln V"
   double value = 0, threshold = 0;
   std::string describe() const;  // "loss spike: 9.87 > 6.42 (3 x the median of the last 100 losses)"
 };
-
-// What the device tests an update's loss against: a loss above `threshold` is a spike; with
-// `skip`, the device skips the update when it spikes.
-struct SpikeTest {
-  double threshold = std::numeric_limits<double>::infinity();
-  bool skip = false;
-};
-
-struct StepStats;
 
 // What the trainer does with a settled update.
 struct Verdict {

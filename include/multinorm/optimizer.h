@@ -9,6 +9,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -16,7 +17,6 @@
 #include "multinorm/backend.h"
 #include "multinorm/comm.h"
 #include "multinorm/communicator.h"
-#include "multinorm/divergence.h"
 #include "multinorm/llama_model.h"
 #include "multinorm/param_groups.h"
 #include "multinorm/run_config.h"
@@ -71,6 +71,13 @@ using RuleFactory = std::function<std::unique_ptr<TensorRule>(const OptimizerCon
 
 // Builds the rule of an optimizer (src/optim/registry.cpp).
 std::unique_ptr<TensorRule> make_rule(OptimizerKind kind, const OptimizerConfig& config);
+
+// What the device tests an update's loss against (the divergence monitor's, divergence.h): a loss
+// above `threshold` is a spike; with `skip`, the device skips the update when it spikes.
+struct SpikeTest {
+  double threshold = std::numeric_limits<double>::infinity();
+  bool skip = false;
+};
 
 // One update as the host learns it (wait_for_step): learning rates, and the statistics the device
 // computed (update_scalars.h).

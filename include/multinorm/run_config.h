@@ -7,7 +7,6 @@
 #include <vector>
 
 #include "multinorm/config_choices.h"
-#include "multinorm/divergence.h"
 #include "multinorm/dtype.h"
 #include "multinorm/model_config.h"
 #include "multinorm/schema.h"
@@ -94,6 +93,18 @@ struct ParallelConfig {
   int64_t staging_buckets = 2;  // FP32 staging slots for BF16 gradients (GradientSync)
   bool shard_optimizer = true;  // ZeRO-1: each tensor updated (and its state kept) by one rank
   double timeout_s = 600;       // a collective waiting longer ends the run, naming rank and update
+};
+
+// divergence.*: what the divergence monitor trips on and what a trip does (divergence.h).
+struct DivergenceConfig {
+  DivergenceAction action = DivergenceAction::Stop;
+  bool zero_grad_norm = true;
+  double spike_factor = 3.0;  // 0 = off
+  int64_t spike_window = 100;
+  int64_t stuck_evals = 3;  // 0 = off
+  double rollback_lr_factor = 0.5;
+  int64_t max_rollbacks = 3;
+  int64_t max_consecutive_skips = 3;  // skip: a trip after this many skipped updates in a row
 };
 
 struct RunConfig {
