@@ -19,13 +19,13 @@
 // status in that file: the launcher tells mpirun to give its ranks a grace before it kills them, and
 // mpirun would wait out that grace after any non-zero exit. The launcher exits with the first
 // non-zero status in the file.
-static bool status_to_file() {
+static const char* status_file() {
   const char* path = std::getenv("MULTINORM_STATUS_FILE");
-  return path && *path;
+  return path && *path ? path : nullptr;
 }
 static int exit_status(int status) {
-  if (!status_to_file()) return status;
-  std::FILE* f = std::fopen(std::getenv("MULTINORM_STATUS_FILE"), "a");
+  if (!status_file()) return status;
+  std::FILE* f = std::fopen(status_file(), "a");
   if (!f) return status;  // the file cannot be written: the status as it is
   std::fprintf(f, "%d\n", status);
   return std::fclose(f) == 0 ? 0 : status;
@@ -91,14 +91,14 @@ static int run(int argc, char** argv) {
     multinorm::Comm& world = multinorm::Comm::world();
     if (world.root()) std::fprintf(stderr, "multinorm: %s\n", e.what());
     std::fflush(stderr);
-    // Every rank is here with its checkpoint written; the first to exit 75 makes mpirun end the
-    // others, which then exit 75 too (Comm::exiting_with).
+    // Every rank is here with its checkpoint written. Under plain mpirun the first to exit 75 makes
+    // mpirun end the others, which then leave with their own status, silently (Comm::exiting_with).
     try {
       world.barrier();
     } catch (const std::exception& b) {  // a rank gone after the checkpoint's own barrier: its files are whole
       std::fprintf(stderr, "multinorm: %s\n", b.what());
     }
-    multinorm::Comm::exiting_with(status_to_file() ? 0 : multinorm::kStoppedBySignalStatus);
+    multinorm::Comm::exiting_with(status_file() ? 0 : multinorm::kStoppedBySignalStatus);
     multinorm::fault_point("stopped-exit");
     return multinorm::kStoppedBySignalStatus;
   } catch (const multinorm::DivergenceError& e) {  // a run stopped by the divergence monitor: status 3
