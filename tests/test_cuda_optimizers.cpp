@@ -74,13 +74,27 @@ TEST_P(CudaVsCpu, AdamAndSgdUpdates) {
       }
 }
 
+// SWAN's statistics where each backend's ops write them (its own memory), read back to the host.
+struct StatsPair {
+  Backend &cb, &gb;
+  SwanStats *c, *g;
+  StatsPair(Backend& cpu, Backend& cuda)
+      : cb(cpu), gb(cuda), c(static_cast<SwanStats*>(cpu.allocate(sizeof(SwanStats)))), g(static_cast<SwanStats*>(cuda.allocate(sizeof(SwanStats)))) {}
+  ~StatsPair() { cb.release(c), gb.release(g); }
+  SwanStats cuda() const {
+    SwanStats s;
+    gb.to_host(&s, g, sizeof(s));
+    return s;
+  }
+};
+
 // SWAN: Newton-Schulz in FP32 on both backends (oneDNN there, cuBLASLt here: different summation
 // orders), the exact FP64 path shared. Bounds relative to the weights' scale, FP32 weights: Newton-
-// Schulz 2e-5 (measured 4.6e-7), exact 1e-6 (measured 5.0e-8). With a tolerance the CUDA backend
-// checks the residual every second step (the CPU every step), so it may stop one step later, closer
-// to the polar factor: the update differs by about tolerance x step / scale = 1e-3 x 0.036 / 0.3,
-// bound 2e-4 (measured 2.3e-5). BF16 weights: 8e-3 (measured 8.1e-4). The statistics (tensors,
-// fallbacks, unconverged) must agree.
+// Schulz 2e-5 (measured 4.6e-7), exact 1e-6 (measured 5.0e-8). With a tolerance both stop at the
+// same step (the device decides per step as the CPU does); a residual on the edge of the tolerance
+// could still stop them a step apart, closer to the polar factor: about tolerance x step / scale =
+// 1e-3 x 0.036 / 0.3, bound 2e-4 (measured 4.6e-7: no such edge here). BF16 weights: 8e-3 (measured
+// 8.1e-4). The statistics (tensors, fallbacks, unconverged, steps) must agree.
 TEST_P(CudaVsCpu, SwanUpdateOnTallWideSquareAndVectorShapes) {
   struct Shape {
     int64_t m, n;
@@ -97,19 +111,96 @@ TEST_P(CudaVsCpu, SwanUpdateOnTallWideSquareAndVectorShapes) {
     for (const Path& path : paths)
       for (const auto& [wt, gt] : kWeightGrad) {
         Pair w(*cpu, *cuda, random_vec(s.m * s.n, 1, 0.1), wt), g(*cpu, *cuda, random_vec(s.m * s.n, 2, 0.01), gt);
+        StatsPair stats(*cpu, *cuda);
         SwanArgs a;
         a.lr = 0.01f, a.decoupled_decay = 0.1f, a.exact = path.exact, a.standardize = path.standardize;
         a.ns_steps = 10, a.ns_tolerance = path.tolerance;
         a.write = WriteBack{wt == DType::BF16, 7, 3, 11};
+        a.stats = stats.c;
         cpu->swan_update(w.c.buf(), g.c.buf(), s.m, s.n, a);
+        a.stats = stats.g;
         cuda->swan_update(w.g.buf(), g.g.buf(), s.m, s.n, a);
-        const SwanStats sc = cpu->take_swan_stats(), sg = cuda->take_swan_stats();
+        const SwanStats sc = *stats.c, sg = stats.cuda();
         const std::string what = std::to_string(s.m) + "x" + std::to_string(s.n) + " " + path.name + " " + dtype_name(wt) + "/" + dtype_name(gt);
         EXPECT_TRUE(w.same(wt == DType::F32 ? path.bound32 : kBf16)) << what;
-        EXPECT_EQ(sg.tensors, 1) << what;
+        EXPECT_EQ(sg.tensors, 1u) << what;
         EXPECT_EQ(sg.fallbacks, sc.fallbacks) << what;
         EXPECT_EQ(sg.unconverged, sc.unconverged) << what;
+        EXPECT_EQ(sg.steps, sc.steps) << what;
       }
+}
+
+// Many matrices in one call, as the optimizer passes a model's: several Gram sizes (chunks of one k
+// each, tall and wide tensors of one k together), with a tolerance that stops each at its own step.
+// Each equals the CPU's per-tensor update (bounds as above) with the same statistics.
+TEST_P(CudaVsCpu, SwanUpdateManyBatchesByGramSize) {
+  struct Shape {
+    int64_t m, n;
+  };
+  const Shape shapes[] = {{16, 24}, {24, 16}, {9, 16}, {16, 16}, {40, 16}, {9, 30}, {5, 5}};
+  for (const auto& [wt, gt] : kWeightGrad) {
+    std::vector<std::unique_ptr<Pair>> ws, gs;
+    std::vector<SwanTensor> tc, tg;
+    for (size_t i = 0; i < std::size(shapes); ++i) {
+      const Shape s = shapes[i];
+      ws.push_back(std::make_unique<Pair>(*cpu, *cuda, random_vec(s.m * s.n, 10 + uint32_t(i), 0.1), wt));
+      Vec g = random_vec(s.m * s.n, 20 + uint32_t(i), 0.01);
+      for (int64_t r = 0; r < std::min(s.m, s.n); ++r) g[r * s.n + r] += 0.005 * double(i);  // conditioning differs: steps differ
+      gs.push_back(std::make_unique<Pair>(*cpu, *cuda, g, gt));
+      tc.push_back({ws.back()->c.buf(), gs.back()->c.buf(), s.m, s.n, 100 + i});
+      tg.push_back({ws.back()->g.buf(), gs.back()->g.buf(), s.m, s.n, 100 + i});
+    }
+    StatsPair stats(*cpu, *cuda);
+    SwanArgs a;
+    a.lr = 0.01f, a.decoupled_decay = 0.1f, a.ns_steps = 25, a.ns_tolerance = 1e-4f;
+    a.write = WriteBack{wt == DType::BF16, 7, 3, 0};
+    a.stats = stats.c;
+    cpu->swan_update_many(tc.data(), static_cast<int64_t>(tc.size()), a);
+    a.stats = stats.g;
+    cuda->swan_update_many(tg.data(), static_cast<int64_t>(tg.size()), a);
+    for (size_t i = 0; i < ws.size(); ++i) EXPECT_TRUE(ws[i]->same(wt == DType::F32 ? 2e-4 : kBf16)) << "tensor " << i << " " << dtype_name(wt);
+    const SwanStats sc = *stats.c, sg = stats.cuda();
+    EXPECT_EQ(sg.tensors, std::size(shapes));
+    EXPECT_EQ(sg.unconverged, sc.unconverged);
+    EXPECT_EQ(sg.steps, sc.steps);
+    EXPECT_GT(sc.steps, 3u);  // they converged, not in the first steps
+    EXPECT_LT(sc.steps, 25u);
+    EXPECT_NEAR(sg.worst_residual, sc.worst_residual, 0.5 * sc.worst_residual);  // under 1e-4 both; the products' rounding differs
+  }
+}
+
+// A gradient whose Gram matrix hides its largest eigenvalue from the power iteration: rows 0, 7, ..
+// 49 are +-sqrt(n) e_0 with alternating signs (their direction sigma is orthogonal to the iteration's
+// start, which is constant over rows 7 apart, and stays so exactly), the other rows sqrt(n) e_j. The
+// Gram matrix's top eigenvalue is 8n, the estimate n, so c = 1.25 n and Newton-Schulz starts at
+// 6.4 > 5, where it diverges: both backends fall back to the exact path, the device by itself (its
+// host function in stream order), and agree (bound 1e-6 of the scale, as the exact path above).
+Vec hidden_top_eigenvalue_gradient(int64_t m, int64_t n) {
+  Vec g(m * n, 0.0);
+  int64_t next = 1, sign = 1;
+  for (int64_t i = 0; i < m; ++i)
+    if (i % 7 == 0 && i < 56) g[i * n] = double(sign), sign = -sign;
+    else g[i * n + next++] = 1.0;
+  return g;
+}
+
+TEST_P(CudaVsCpu, SwanFallsBackToTheExactPathOnTheDevice) {
+  const int64_t m = 64, n = 96;
+  Pair w(*cpu, *cuda, random_vec(m * n, 3, 0.1), DType::F32), g(*cpu, *cuda, hidden_top_eigenvalue_gradient(m, n), DType::F32);
+  StatsPair stats(*cpu, *cuda);
+  SwanArgs a;
+  a.lr = 0.01f, a.ns_steps = 30, a.ns_tolerance = 1e-4f;
+  a.stats = stats.c;
+  cpu->swan_update(w.c.buf(), g.c.buf(), m, n, a);
+  a.stats = stats.g;
+  cuda->swan_update(w.g.buf(), g.g.buf(), m, n, a);
+  const SwanStats sc = *stats.c, sg = stats.cuda();
+  EXPECT_EQ(sc.fallbacks, 1u);  // the input does what it is built to do
+  EXPECT_EQ(sg.fallbacks, 1u);
+  EXPECT_EQ(sg.exact_failures, 0u);
+  EXPECT_TRUE(w.same(1e-6));
+  // Without the fallback the weights would be non-finite: they are not.
+  for (double v : w.g.get()) ASSERT_TRUE(std::isfinite(v));
 }
 
 // Multi-tensor Adam: one launch over tensors of different lengths (a block boundary inside a tensor,
@@ -378,16 +469,16 @@ TEST(CudaBackend, UpdateStatisticsAndClippingWhereTheGradientsAre) {
 
 // An update replayed from its graph (Optimizer::queue_step: its statistics on the device, the
 // kernels reading the clip factor and the skip flag there; on CUDA captured at the second update)
-// gives the bits of one launched op by op (graphs off), on both backends, for every capturable
-// optimizer: BF16 weights, stochastic rounding, a warm-up and cosine schedule, a clip that bites on
-// some updates. A NaN planted in a gradient at update 3 and a spike threshold under the loss at
-// update 4 (with skip) make both skip them on the device: no weight or state moves, and Adam's next
-// update uses t = 3.
+// gives the bits of one launched op by op (graphs off), on both backends, for every optimizer (SWAN
+// with its statistics: its convergence decided on the device): BF16 weights, stochastic rounding, a
+// warm-up and cosine schedule, a clip that bites on some updates. A NaN planted in a gradient at
+// update 3 and a spike threshold under the loss at update 4 (with skip) make both skip them on the
+// device: no weight or state moves, SWAN counts no tensor, and Adam's next update uses t = 3.
 TEST(CudaBackend, GraphedUpdatesEqualEagerOnesAndSkipOnTheDevice) {
   for (const std::string backend : {"cpu", "cuda"}) {
     auto be = make_test_backend(backend, 2);
     if (!be) continue;
-    for (const char* name : {"sinkgd", "adam", "sgd"}) {
+    for (const char* name : {"sinkgd", "adam", "sgd", "swan"}) {
       const RunConfig run = update_test_run(name, 60.0);  // norms: 100-130 at loss scale 2 (clipped), 29-49 at 0.5
       LlamaModel ma(*be, run.model, DType::BF16, 2, 19), mb(*be, run.model, DType::BF16, 2, 19);
       ma.init_random(4);
@@ -418,6 +509,10 @@ TEST(CudaBackend, GraphedUpdatesEqualEagerOnesAndSkipOnTheDevice) {
         EXPECT_EQ(b.loss, a.loss) << backend << " " << name << " update " << update;
         const std::vector<float> after = mb.params_to_host();
         EXPECT_EQ(after, ma.params_to_host()) << backend << " " << name << " update " << update << ": weights";
+        EXPECT_EQ(b.swan.tensors, a.swan.tensors) << backend << " " << name << " update " << update;
+        EXPECT_EQ(b.swan.steps, a.swan.steps) << backend << " " << name << " update " << update;
+        EXPECT_EQ(b.swan.worst_residual, a.swan.worst_residual) << backend << " " << name << " update " << update;
+        EXPECT_EQ(a.swan.tensors > 0, std::string(name) == "swan" && !a.skipped) << backend << " " << name << " update " << update;
         if (a.skipped) {
           EXPECT_EQ(after, before) << backend << " " << name << ": a skipped update moved weights";
           continue;

@@ -65,6 +65,13 @@ struct SwanArgs {
   float eps = 1e-8f;
   WriteBack write;
   ScalarsRef scalars;
+  SwanStats* stats = nullptr;  // backend memory the op adds its Newton-Schulz statistics to (null: none)
+};
+// One tensor of a multi-tensor SWAN update: its buffers, shape and stochastic-rounding tensor id.
+struct SwanTensor {
+  Buf w, g;
+  int64_t m = 0, n = 0;  // rows, columns
+  uint64_t tensor = 0;
 };
 struct AdamArgs {
   float lr = 0, eps = 1e-8f;
@@ -92,15 +99,6 @@ struct SgdArgs {
   WriteBack write;
   ScalarsRef scalars;
 };
-// What the SWAN calls since the last take_swan_stats() reported: Newton-Schulz is never accepted
-// silently. The residual is ||I - Z Y||_F / sqrt(k) of the final iterate (0 on the exact path).
-struct SwanStats {
-  int64_t tensors = 0;
-  double worst_residual = 0;
-  int64_t unconverged = 0;  // residual at or above ns_tolerance after ns_steps (tolerance > 0)
-  int64_t fallbacks = 0;    // non-finite iterations replaced by the exact path
-};
-
 // Device time of one kernel (or cuBLASLt call) summed over its launches, from Backend::take_profile.
 struct KernelTime {
   std::string name;
@@ -243,11 +241,15 @@ class Backend {
     }
   }
   // SWAN: row normalisation then whitening sqrt(max(m,n)) (X X^T)^(-1/2) X (X (X^T X)^(-1/2) when
-  // m > n), so ||U||_F = sqrt(mn); see kernels/cpu/swan.cpp
-  virtual void swan_update(Buf w, Buf g, int64_t m, int64_t n, const SwanArgs& args) = 0;
-  // Newton-Schulz convergence of the swan_update calls since the last call (then reset), counting
-  // no call of a skipped update. (Known on the host when swan_update returns: it reads its residual.)
-  virtual SwanStats take_swan_stats() = 0;
+  // m > n), so ||U||_F = sqrt(mn); see kernels/cpu/swan.cpp. On many tensors with the same arguments
+  // (args.write.tensor is replaced by each tensor's id): a device batches the Newton-Schulz products
+  // of tensors with one Gram size. Each tensor's Newton-Schulz stops where the CPU's would (its
+  // residual under ns_tolerance), decided where the op runs; its statistics are added to args.stats.
+  virtual void swan_update_many(const SwanTensor* tensors, int64_t count, const SwanArgs& args) = 0;
+  void swan_update(Buf w, Buf g, int64_t m, int64_t n, const SwanArgs& args) {
+    const SwanTensor t{w, g, m, n, args.write.tensor};
+    swan_update_many(&t, 1, args);
+  }
   // Adam/AdamW with torch semantics; states m, v in their own dtype
   virtual void adam_update(Buf w, Buf g, Buf m, Buf v, int64_t n, const AdamArgs& args) = 0;
   // Adam on many tensors with the same arguments (args.write.tensor is replaced by each tensor's id):

@@ -4,6 +4,7 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 namespace multinorm::cuda_scratch {
 
@@ -101,11 +102,51 @@ int64_t sinkgd_many_launch_end(int64_t begin, int64_t count, const Shape& shape,
   *floats = sum;
   return end;
 }
-// SWAN on [m, n], k = min(m, n): X and U (m n), A Y Z P T and a ping-pong spare (k k), FP32; the power
-// iteration (2k), reduction partials and scalars, FP64
-inline int64_t swan_bytes(int64_t m, int64_t n) {
+// SWAN (swan.cu) runs its tensors in chunks: tensors of one Gram size k = min(m, n) (and one dtype
+// pair), whose Newton-Schulz products are strided-batched GEMMs. A chunk's scratch, per tensor: X
+// and U (FP32, rows padded to 128 bytes for cuBLASLt), the k x k matrices Y (first the Gram matrix),
+// Z, P, T and a ping-pong spare, the power iteration's two vectors (FP64), the residual's partial
+// sums and the tensor's state (64 bytes). A chunk holds tensors while its scratch stays within
+// kSwanChunkBytes (a larger tensor alone). The exact path stages one tensor at a time in pinned
+// host memory: a flag and 8 bytes an element (X as floats, then U as doubles).
+constexpr int64_t kSwanChunkBytes = int64_t(1) << 30;
+constexpr int64_t kSwanStateBytes = 64;
+inline int64_t swan_ld(int64_t n) { return (n + 31) / 32 * 32; }
+inline int64_t swan_x_floats(int64_t m, int64_t n) { return (m * swan_ld(n) + 63) / 64 * 64; }
+inline int64_t swan_gram_floats(int64_t k) { return (k * k + 63) / 64 * 64; }
+inline int64_t swan_tensor_bytes(int64_t m, int64_t n) {
   const int64_t k = std::min(m, n);
-  return (2 * m * n + 6 * k * k) * 4 + (2 * k + kSwanReduceBlocks + kSumSquaresBlocks + 8) * 8;
+  return 8 * swan_x_floats(m, n) + 20 * swan_gram_floats(k) + 16 * k + 8 * kSwanReduceBlocks + kSwanStateBytes;
+}
+inline int64_t swan_pinned_bytes(int64_t m, int64_t n) { return 64 + 8 * m * n; }
+// The order SWAN runs a call's tensors in (stable by dtype pair `kind`, then k) and each chunk's end
+// in that order; the largest chunk's scratch and the pinned staging the call needs.
+struct SwanShape {
+  int64_t m = 0, n = 0;
+  int kind = 0;
+};
+struct SwanPlan {
+  std::vector<int64_t> order, ends;
+  int64_t scratch_bytes = 0, pinned_bytes = 0;
+};
+inline SwanPlan swan_plan(const std::vector<SwanShape>& shapes) {
+  SwanPlan p;
+  auto k_of = [&](int64_t i) { return std::min(shapes[i].m, shapes[i].n); };
+  for (int64_t i = 0; i < static_cast<int64_t>(shapes.size()); ++i) p.order.push_back(i);
+  std::stable_sort(p.order.begin(), p.order.end(), [&](int64_t a, int64_t b) {
+    return shapes[a].kind != shapes[b].kind ? shapes[a].kind < shapes[b].kind : k_of(a) < k_of(b);
+  });
+  int64_t bytes = 0;
+  for (size_t j = 0; j < p.order.size(); ++j) {
+    const int64_t i = p.order[j], t = swan_tensor_bytes(shapes[i].m, shapes[i].n);
+    const bool joins = j > 0 && shapes[p.order[j - 1]].kind == shapes[i].kind && k_of(p.order[j - 1]) == k_of(i) && bytes + t <= kSwanChunkBytes;
+    if (j > 0 && !joins) p.ends.push_back(static_cast<int64_t>(j)), bytes = 0;
+    bytes += t;
+    p.scratch_bytes = std::max(p.scratch_bytes, bytes);
+    p.pinned_bytes = std::max(p.pinned_bytes, swan_pinned_bytes(shapes[i].m, shapes[i].n));
+  }
+  if (!p.order.empty()) p.ends.push_back(static_cast<int64_t>(p.order.size()));
+  return p;
 }
 
 // multi-tensor Adam: the tensor descriptors of one launch (at most kAdamManyPerLaunch tensors)

@@ -33,6 +33,7 @@ struct UpdateContext {
   uint64_t tensor = 0;    // tensor index (stochastic rounding)
   bool stochastic = false;
   ScalarsRef scalars;     // the update's scalars in backend memory (the ops read lr, steps, skip there)
+  SwanStats* swan_stats = nullptr;  // where SWAN's ops add their statistics (backend memory)
 };
 
 // One tensor's update, for rules that update several tensors in one backend call.
@@ -50,9 +51,6 @@ class TensorRule {
   virtual int state_slots() const = 0;      // per-element state tensors (Adam: m, v)
   // This rule's scalars for an update (UpdateScalars::rule), from ctx's lr and applied count.
   virtual RuleScalars scalars(const UpdateContext& ctx) const = 0;
-  // Whether its ops can be captured in a graph: SWAN's read their Newton-Schulz residual on the host
-  // (a wait inside the op: swan.cu says why).
-  virtual bool capturable() const { return true; }
   // Whether the matrices' learning rate is lr x optimizer.alpha (the paper's SinkGD and SWAN).
   virtual bool scales_lr_by_alpha() const { return false; }
   virtual bool matrices_only() const { return false; }
@@ -124,7 +122,7 @@ class Optimizer {
   StepStats step(int64_t update, int64_t applied, const SpikeTest& spike = {});
   // With graphs on and a backend that has them, the update's clipping and rules are one graph
   // (GraphCache); the scalars' upload, the statistics and the collectives stay outside.
-  void set_graphs(bool on) { graphs_.set_enabled(on && capturable_); }
+  void set_graphs(bool on) { graphs_.set_enabled(on); }
   const GraphCache& graphs() const { return graphs_; }
   // Every later update's learning rate times `scale` (the divergence monitor's rollback lowers it).
   void set_lr_scale(double scale) { lr_scale_ = scale; }
@@ -153,7 +151,7 @@ class Optimizer {
   void queue_statistics();
   // Clipping and every rule (GraphCache).
   void apply_ops();
-  SwanStats swan_stats_over_ranks();
+  SwanStats swan_stats_over_ranks(SwanStats mine);
   LlamaModel& model_;
   RunConfig run_;
   std::vector<ParamAssignment> assign_;
@@ -172,7 +170,7 @@ class Optimizer {
   std::vector<size_t> slot_first_;    // per slot: its first tensor (whose rule forms the slot's scalars)
   std::vector<Buf> grads_;            // per tensor: its gradient
   std::vector<int64_t> measured_;     // per tensor: its length on this rank (0: another rank's, which adds it)
-  bool capturable_ = true, has_swan_ = false, alpha_scaled_ = false;
+  bool has_swan_ = false, alpha_scaled_ = false;
   GraphCache graphs_;
   StepStats pending_;                 // the queued update: its learning rates; its statistics once delivered
   UpdateStatistics delivered_;        // the queued update's statistics, copied here by the wait

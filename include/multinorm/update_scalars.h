@@ -43,6 +43,19 @@ constexpr int64_t kLossTotalsDoubles = sizeof(LossTotals) / sizeof(double);
 // Why the statistics say skip (UpdateStatistics::skip_reason).
 enum SkipReason : uint32_t { kNotSkipped = 0, kNonFiniteLoss = 1, kNonFiniteNorm = 2, kLossSpike = 3 };
 
+// SWAN's Newton-Schulz over one update's tensors, added by its ops where they run (the device on a
+// GPU: convergence and the exact fallback are decided there, swan.cu): Newton-Schulz is never
+// accepted silently. The residual is ||I - Z Y||_F / sqrt(k) of the final iterate (0 on the exact path).
+struct SwanStats {
+  double worst_residual = 0;  // over the tensors that took Newton-Schulz's result
+  uint32_t tensors = 0;
+  uint32_t unconverged = 0;     // residual at or above ns_tolerance after ns_steps (tolerance > 0)
+  uint32_t fallbacks = 0;       // non-finite iterations replaced by the exact path
+  uint32_t steps = 0;           // the most Newton-Schulz iterations one tensor applied
+  uint32_t exact_failures = 0;  // tensors whose exact path failed (LAPACK): not updated, the run stops
+  uint32_t reserved = 0;
+};
+
 // What the statistics op computes on the device for one update (optim_math::finish_statistics).
 struct UpdateStatistics {
   double grad_norm = 0;     // sqrt of the per-tensor FP64 sums of squares, added in tensor order
@@ -54,6 +67,7 @@ struct UpdateStatistics {
   uint32_t clipped = 0;     // 1: clip_factor < 1 was applied
   uint32_t spike = 0;       // 1: the loss exceeded UpdateScalars::spike_threshold
   uint32_t reserved = 0;
+  SwanStats swan;           // zero here; SWAN's ops add theirs after
 };
 
 // Rule slots of one update: one per (rule, learning-rate group) of the optimizer (the paper's: the

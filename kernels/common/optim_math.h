@@ -66,6 +66,20 @@ MN_HOST_DEVICE UpdateStatistics finish_statistics(const double* squares, int64_t
   return s;
 }
 
+// One SWAN tensor into the update's statistics: its final residual (NaN when Newton-Schulz diverged
+// and the exact path replaced it: fell_back), the iterations it applied, and the tolerance it was held
+// to (0: none, or the exact path). Run by one device thread (CUDA) or the host, tensor by tensor.
+MN_HOST_DEVICE void add_swan_tensor(SwanStats& s, double residual, bool fell_back, int steps, float tolerance) {
+  s.tensors += 1;
+  if (fell_back) {
+    s.fallbacks += 1;
+  } else {
+    s.worst_residual = residual > s.worst_residual ? residual : s.worst_residual;
+    if (tolerance > 0 && !(residual < tolerance)) s.unconverged += 1;
+  }
+  s.steps = static_cast<uint32_t>(steps) > s.steps ? static_cast<uint32_t>(steps) : s.steps;
+}
+
 // One micro-batch's losses into the update's totals: the FP64 sum over the counted positions in one
 // fixed order for every backend (lane j of kLossLanes adds positions j, j + kLossLanes, ... in
 // order, then the lanes are added in lane order: a GPU block of kLossLanes threads runs it as

@@ -223,18 +223,19 @@ class CpuBackend final : public Backend {
     SinkGDArgs args = in;
     if (resolve(args)) cpu::sinkgd_update_many(tensors, count, args, ws_);
   }
-  void swan_update(Buf w, Buf g, int64_t m, int64_t n, const SwanArgs& in) override {
+  void swan_update_many(const SwanTensor* tensors, int64_t count, const SwanArgs& in) override {
     SwanArgs args = in;
-    if (!resolve(args)) return;
-    with_types(w.dtype, g.dtype, "swan_update", [&](auto* t, auto* gt) {
-      using T = std::remove_pointer_t<decltype(t)>;
-      using G = std::remove_pointer_t<decltype(gt)>;
-      const cpu::SwanReport r = cpu::swan_update(as<T>(w), as<G>(g), m, n, args, gemm_, ws_);
-      ++swan_.tensors;
-      swan_.worst_residual = std::max(swan_.worst_residual, r.residual);
-      if (r.fell_back) ++swan_.fallbacks;  // diverged (NaN residual): replaced by the exact result
-      else if (!args.exact && args.ns_tolerance > 0 && !(r.residual < args.ns_tolerance)) ++swan_.unconverged;
-    });
+    if (!resolve(args)) return;  // a skipped update: nothing applied, nothing counted
+    for (int64_t i = 0; i < count; ++i) {
+      const SwanTensor& t = tensors[i];
+      args.write.tensor = t.tensor;
+      with_types(t.w.dtype, t.g.dtype, "swan_update", [&](auto* w, auto* g) {
+        using T = std::remove_pointer_t<decltype(w)>;
+        using G = std::remove_pointer_t<decltype(g)>;
+        const cpu::SwanReport r = cpu::swan_update(as<T>(t.w), as<G>(t.g), t.m, t.n, args, gemm_, ws_);
+        if (args.stats) optim_math::add_swan_tensor(*args.stats, r.residual, r.fell_back, r.steps, args.exact ? 0.0f : args.ns_tolerance);
+      });
+    }
   }
   void adam_update(Buf w, Buf g, Buf m, Buf v, int64_t n, const AdamArgs& in) override {
     same_dtype({m, v}, "adam_update states");
@@ -270,11 +271,6 @@ class CpuBackend final : public Backend {
     });
   }
 
-  SwanStats take_swan_stats() override {
-    const SwanStats s = swan_;
-    swan_ = {};
-    return s;
-  }
 
  private:
   // The CPU's plan never pads rows (cpu_activation_layout): a padded buffer here is a caller's bug.
@@ -296,7 +292,6 @@ class CpuBackend final : public Backend {
     return true;
   }
   SynchronousQueue queue_;
-  SwanStats swan_;
   int threads_;
   cpu::OneDnnMatmul gemm_;
   cpu::Workspace ws_;

@@ -217,8 +217,9 @@ template <class TO, class TI> void convert(TO* dst, const TI* src, int64_t n);
 // SWAN reports the Newton-Schulz residual ||I - Z Y||_F / sqrt(k) of its final iterate (0 on the
 // exact path) and whether a diverged iteration fell back to the exact path.
 struct SwanReport {
-  double residual = 0;
+  double residual = 0;     // of the final iterate; NaN when it diverged (fell_back)
   bool fell_back = false;
+  int steps = 0;           // Newton-Schulz iterations applied
 };
 // SinkGD's column sums go through this many chunks of rows (about 64 rows each, at most 64): a
 // function of m alone, so the result does not depend on the thread count. Its scratch: u (m), v (n),

@@ -86,9 +86,9 @@ double residual(const float* P, int64_t k, float* T) {
 }
 
 // out[k,k] = A^(-1/2) by Newton-Schulz. Returns the residual ||I - Z Y||_F / sqrt(k) of the final
-// iterate (NaN when the result is not finite).
+// iterate (NaN when the result is not finite); *steps: the iterations applied.
 double inverse_sqrt_newton_schulz(float* out, float* A, int64_t k, const SwanArgs& args, OneDnnMatmul& gemm,
-                                  Workspace& ws) {
+                                  Workspace& ws, int* steps) {
   float* Y = ws.floats(k * k, kY);
   float* P = ws.floats(k * k, kP);
   float* T = ws.floats(k * k, kT);
@@ -100,10 +100,14 @@ double inverse_sqrt_newton_schulz(float* out, float* A, int64_t k, const SwanArg
   std::memset(Z, 0, k * k * sizeof(float));
   for (int64_t i = 0; i < k; ++i) Z[i * k + i] = 1.0f;
   double resid = -1;  // of the current (Y, Z); -1 until measured
+  *steps = args.ns_steps;
   for (int s = 0; s < args.ns_steps; ++s) {
     gemm.run(f32(P), f32(Z), f32(Y), k, k, k, false, false, false);  // P = Z Y
     resid = residual(P, k, T);
-    if (args.ns_tolerance > 0 && resid < args.ns_tolerance) break;
+    if (args.ns_tolerance > 0 && resid < args.ns_tolerance) {
+      *steps = s;
+      break;
+    }
     gemm.run(f32(P), f32(Y), f32(T), k, k, k, false, false, false);  // Y <- Y T
     std::memcpy(Y, P, k * k * sizeof(float));
     gemm.run(f32(P), f32(T), f32(Z), k, k, k, false, false, false);  // Z <- T Z
@@ -158,7 +162,7 @@ SwanReport swan_update(T* w, const G* g, int64_t m, int64_t n, const SwanArgs& a
     float* U = ws.floats(m * n, kU);
     if (wide) gemm.run(f32(A), f32(X), f32(X), m, m, n, false, true, false);  // A = X X^T
     else gemm.run(f32(A), f32(X), f32(X), n, n, m, true, false, false);       // A = X^T X
-    report.residual = inverse_sqrt_newton_schulz(Zf, A, k, a, gemm, ws);
+    report.residual = inverse_sqrt_newton_schulz(Zf, A, k, a, gemm, ws, &report.steps);
     if (std::isfinite(report.residual)) {
       if (wide) gemm.run(f32(U), f32(Zf), f32(X), m, n, m, false, false, false);  // U = Z X
       else gemm.run(f32(U), f32(X), f32(Zf), m, n, n, false, false, false);       // U = X Z

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <memory>
 #include <unordered_map>
 #include <string>
@@ -73,6 +74,42 @@ class Scratch {
   CudaQueue& q_;
   void* ptr_ = nullptr;
   size_t bytes_ = 0;
+};
+
+// SWAN's exact-path staging: pinned host memory that kernels write and host functions read (UVA:
+// one address for both), grown like Scratch, and the host functions' job descriptions by shape,
+// which a captured graph holds (dropped with the memory they point into).
+class SwanStaging {
+ public:
+  explicit SwanStaging(CudaQueue& q) : q_(q) {}
+  ~SwanStaging() {
+    jobs_.clear();
+    cudaFreeHost(ptr_);
+  }
+  void reserve(size_t bytes) {
+    if (bytes <= bytes_) return;
+    jobs_.clear();
+    MN_CUDA_CHECK(cudaFreeHost(ptr_), "swan's pinned staging");
+    ptr_ = nullptr;
+    bytes_ = 0;
+    MN_CUDA_CHECK(cudaMallocHost(&ptr_, bytes), "pinned staging of " + std::to_string(bytes) + " bytes for swan's exact path");
+    bytes_ = bytes;
+    q_.note_buffers_moved();
+  }
+  cuda::SwanExactJob* job(int64_t m, int64_t n) {
+    auto& j = jobs_[{m, n}];
+    if (!j) j.reset(cuda::swan_exact_job(ptr_, m, n));
+    return j.get();
+  }
+
+ private:
+  CudaQueue& q_;
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+  struct Free {
+    void operator()(cuda::SwanExactJob* j) const { cuda::swan_exact_job_free(j); }
+  };
+  std::map<std::pair<int64_t, int64_t>, std::unique_ptr<cuda::SwanExactJob, Free>> jobs_;
 };
 
 // Device copies of the multi-tensor launches' descriptor tables, found by their bytes. An optimizer
@@ -142,9 +179,11 @@ class CudaBackend final : public Backend {
     for (auto* s : {&rms_scratch_, &attn_scratch_, &bucket_scratch_, &reduce_scratch_, &opt_scratch_, &head_scratch_}) *s = std::make_unique<Scratch>(*q_);
     for (auto& s : gemm_stage_) s = std::make_unique<Scratch>(*q_);
     descriptors_ = std::make_unique<DescriptorCache>(*q_);
+    swan_staging_ = std::make_unique<SwanStaging>(*q_);
   }
   ~CudaBackend() override {
     descriptors_.reset();
+    swan_staging_.reset();
     for (auto* s : {&rms_scratch_, &attn_scratch_, &bucket_scratch_, &reduce_scratch_, &opt_scratch_, &head_scratch_}) s->reset();
     for (auto& s : gemm_stage_) s.reset();
     gemm_.reset();
@@ -432,24 +471,32 @@ class CudaBackend final : public Backend {
       begin = end;
     }
   }
-  void swan_update(Buf w, Buf g, int64_t m, int64_t n, const SwanArgs& a) override {
-    void* work = scratch(opt_scratch_, static_cast<size_t>(swan_scratch_bytes(m, n)), "swan_update");
-    const SwanParams p{a.lr, a.decoupled_decay, a.eps, a.ns_tolerance, a.ns_steps, a.standardize, a.exact, a.write, a.scalars};
-    with_types(w.dtype, g.dtype, "swan_update", [&](auto* t, auto* gt) {
-      using T = std::remove_pointer_t<decltype(t)>;
-      using G = std::remove_pointer_t<decltype(gt)>;
-      const SwanResult r = cuda::swan(as<T>(w), as<G>(g), m, n, p, *gemm_, work, *q_);
-      if (r.skipped) return;  // as the CPU backend: a skipped update's tensors are not counted
-      ++swan_.tensors;  // the same bookkeeping as the CPU backend's
-      swan_.worst_residual = std::max(swan_.worst_residual, std::isnan(r.residual) ? 0.0 : r.residual);
-      if (r.fell_back) ++swan_.fallbacks;
-      else if (!a.exact && a.ns_tolerance > 0 && !(r.residual < a.ns_tolerance)) ++swan_.unconverged;
-    });
-  }
-  SwanStats take_swan_stats() override {
-    const SwanStats s = swan_;
-    swan_ = {};
-    return s;
+  // The tensors in chunks of cuda_scratch::swan_plan's making (one Gram size and dtype pair each),
+  // the scratch grown once to the largest chunk and the pinned staging to the largest tensor.
+  void swan_update_many(const SwanTensor* tensors, int64_t count, const SwanArgs& a) override {
+    std::vector<cuda_scratch::SwanShape> shapes;
+    for (int64_t i = 0; i < count; ++i)
+      shapes.push_back({tensors[i].m, tensors[i].n, static_cast<int>(tensors[i].w.dtype) * 16 + static_cast<int>(tensors[i].g.dtype)});
+    const cuda_scratch::SwanPlan plan = cuda_scratch::swan_plan(shapes);
+    void* work = scratch(opt_scratch_, static_cast<size_t>(plan.scratch_bytes), "swan_update");
+    swan_staging_->reserve(static_cast<size_t>(plan.pinned_bytes));
+    const cuda::SwanParams p{a.lr, a.decoupled_decay, a.eps, a.ns_tolerance, a.ns_steps, a.standardize, a.exact, a.write, a.scalars, a.stats};
+    std::vector<cuda::SwanItem> items;
+    std::vector<cuda::SwanExactJob*> jobs;
+    for (size_t c = 0, begin = 0; c < plan.ends.size(); begin = static_cast<size_t>(plan.ends[c++])) {
+      items.clear(), jobs.clear();
+      for (size_t j = begin; j < static_cast<size_t>(plan.ends[c]); ++j) {
+        const SwanTensor& t = tensors[plan.order[j]];
+        items.push_back({t.w.ptr, t.g.ptr, t.m, t.n, t.tensor});
+        jobs.push_back(swan_staging_->job(t.m, t.n));
+      }
+      const SwanTensor& first = tensors[plan.order[begin]];
+      with_types(first.w.dtype, first.g.dtype, "swan_update", [&](auto* t, auto* gt) {
+        using T = std::remove_pointer_t<decltype(t)>;
+        using G = std::remove_pointer_t<decltype(gt)>;
+        cuda::swan_chunk<T, G>(items.data(), static_cast<int64_t>(items.size()), p, *gemm_, work, jobs.data(), q_->issue());
+      });
+    }
   }
   void adam_update(Buf w, Buf g, Buf m, Buf v, int64_t n, const AdamArgs& a) override {
     same_dtype({m, v}, "adam_update states");
@@ -521,7 +568,7 @@ class CudaBackend final : public Backend {
   std::vector<AdamManyItem> many_items_;
   std::vector<cuda::SinkgdManyItem> sinkgd_items_;
   std::vector<SumSquaresItem> sum_items_;
-  SwanStats swan_;
+  std::unique_ptr<SwanStaging> swan_staging_;
 };
 
 }  // namespace

@@ -168,9 +168,12 @@ template <class T, class G>
 void sinkgd_many(const SinkgdManyItem* items, int64_t count, const SinkgdLayout& layout, int iterations, float eps, const RuleScalars& r,
                  const WriteBack& wb, ScalarsRef s, cudaStream_t stream);
 
-// SWAN on W[m,n] (swan.cu): row normalisation, Newton-Schulz through cuBLASLt in FP32, or the exact
-// FP64 path on the host; it waits for the device itself (its residual reads), through the queue.
-// scratch: swan_scratch_bytes(m, n) bytes.
+// SWAN on a chunk of matrices of one Gram size k and one dtype pair (swan.cu): row normalisation,
+// the Gram matrices, Newton-Schulz as strided-batched FP32 cuBLASLt products, U and the apply; every
+// decision (each matrix's convergence, the non-finite fallback, the update's skip flag) is made on
+// the device, and the exact FP64 path runs in a host function in stream order when a matrix needs it.
+// No host wait: the chunk can be captured in a graph. scratch: cuda_scratch::swan_plan's bytes;
+// pinned: swan_pinned_bytes of the chunk's largest tensor, in pinned host memory.
 class LtGemm;
 struct SwanParams {
   float lr, decoupled_decay, eps, ns_tolerance;
@@ -178,15 +181,21 @@ struct SwanParams {
   bool standardize, exact;
   WriteBack write;
   ScalarsRef scalars;  // as the other optimizers' (the apply kernels read them)
+  SwanStats* stats;    // device memory the chunk adds its statistics to (null: none)
 };
-struct SwanResult {
-  double residual = 0;     // ||I - Z Y||_F / sqrt(k) of the final iterate (0 on the exact path)
-  bool fell_back = false;  // Newton-Schulz diverged: the exact path was used
-  bool skipped = false;    // the update's statistics said skip: nothing was applied
+struct SwanItem {
+  void* w;
+  const void* g;
+  int64_t m, n;
+  uint64_t tensor;
 };
-int64_t swan_scratch_bytes(int64_t m, int64_t n);
-class CudaQueue;
+// The host functions' descriptions of the exact path's staging (one per shape, kept by the caller
+// while a graph may run them).
+struct SwanExactJob;
+SwanExactJob* swan_exact_job(void* pinned, int64_t m, int64_t n);
+void swan_exact_job_free(SwanExactJob* job);
 template <class T, class G>
-SwanResult swan(T* w, const G* g, int64_t m, int64_t n, const SwanParams& a, LtGemm& gemm, void* scratch, CudaQueue& q);
+void swan_chunk(const SwanItem* items, int64_t count, const SwanParams& a, LtGemm& gemm, void* scratch, SwanExactJob* const* jobs,
+                cudaStream_t stream);
 
 }  // namespace multinorm::cuda

@@ -1,29 +1,35 @@
-// SWAN on W, G [m, n] (the algorithm, its guards and its CPU twin: kernels/cpu/swan.cpp):
-//   X = row-normalised G (l2 to sqrt(n), or standardised), FP32      one kernel, a block per row
-//   A = X X^T (m <= n) or X^T X (m > n), k = min(m, n)                 cuBLASLt, FP32
-//   A += (1e-6 ||A||_F + eps) I; c = min(||A||_F, 1.25 lambda_max)     12 power-iteration steps in FP64
-//   Newton-Schulz: Y0 = A / c, Z0 = I; P = Z Y, T = (3I - P) / 2, Y <- Y T, Z <- T Z   cuBLASLt, FP32
+// SWAN on a chunk of B matrices W_b, G_b [m_b, n_b] of one Gram size k = min(m_b, n_b) (the algorithm,
+// its guards and its CPU twin: kernels/cpu/swan.cpp). Per matrix, as the CPU does it:
+//   X = row-normalised G (l2 to sqrt(n), or standardised), FP32        one kernel, a block per row
+//   A = X X^T (m <= n) or X^T X (m > n)                                  cuBLASLt, FP32
+//   A += (1e-6 ||A||_F + eps) I; c = min(||A||_F, 1.25 lambda_max)       12 power-iteration steps, FP64
+//   Newton-Schulz: Y0 = A / c, Z0 = I; P = Z Y, T = (3I - P) / 2, Y <- Y T, Z <- T Z
 //   U = sqrt(max(m, n)) Z X (or X Z) / sqrt(c);  W <- W (1 - lr wd) - lr U
-// No allocation per step (one scratch buffer, ping-pong matrices); the residual ||I - Z Y||_F / sqrt(k)
-// is reduced on the device into a small probe (residual, non-finite count, the update's skip flag).
-// The op decides on the host, from that probe, in its own waits (CudaQueue::read): with
-// ns_tolerance > 0 it reads the probe every kCheckEvery steps and stops once the residual is below
-// the tolerance; at the end it reads it once more for the statistics and the non-finite fallback; a
-// skipped update (non-finite gradient norm, a loss spike) stops at the first read, applying nothing.
-// Why on the host: a read costs a stream synchronisation (~10-30 us on a GPU), one Newton-Schulz step
-// three k^3 GEMMs (k = 2048 at llama_1b: ~2.6 ms in FP32 on an A100), so stopping when converged
-// saves more than running the remaining steps with a device-side flag would. The update is therefore
-// not captured in a graph (the rule says so: TensorRule::capturable).
-// The exact path (and the fallback when Newton-Schulz diverges) is the CPU's FP64 LAPACK routine
-// (kernels/common/polar_exact.h) on the host: X goes to the host and U comes back. cuSOLVER's syevd
-// would keep it on the device, but the exact path is a reference and a safety net, not the hot path.
-// Cost: 3 GEMMs of k^3 per step (2 k^3 FLOPs each) + the Gram matrix and U (2 m n k each).
+// Batched: every k x k step is one strided-batched cuBLASLt call for the whole chunk (a kernel's
+// grid has a y-row per matrix), so a model's matrices take a handful of launches a step, not one
+// per matrix.
+// Decided on the device, with no host wait (the update can be captured in a graph):
+//   - convergence: each step's residual ||I - Z Y||_F / sqrt(k) is reduced per matrix; a matrix whose
+//     residual is under ns_tolerance is done, where the CPU would stop, and from then on its T is the
+//     identity, so Y T = Y and T Z = Z exactly (FP32 products with 0 and 1) and its iterate stays
+//     as it was. The steps still run for the chunk (a graph's launches are fixed): ns_steps is
+//     what a step costs, whichever matrix needs them (docs/optimizers.md gives the counts measured).
+//   - the fallback: a matrix whose residual or U is not finite takes the exact path. Its apply kernel
+//     copies X into pinned host memory and raises a flag there; a host function in stream order
+//     (cudaLaunchHostFunc: a host node in a graph) computes the FP64 polar factor on the host
+//     (kernels/common/polar_exact.h) when the flag is up and returns at once otherwise; the next
+//     kernel applies it. The rare case costs the host's LAPACK call, the common one a host node.
+//   - the skip flag: every apply kernel reads the update's statistics and changes nothing when they
+//     say skip; the statistics kernel then counts nothing.
+// whitening=eigh takes the exact path for every matrix the same way.
+// Cost per step: 3 batched GEMMs of B x 2 k^3 FLOPs; the Gram matrix and U: 2 m n k FLOPs each; the
+// element-wise passes read and write k^2 floats per matrix (cost model: src/bench/kernel_costs.cpp).
 #include <cmath>
 #include <vector>
 
+#include "../common/optim_math.h"
 #include "../common/polar_exact.h"
 #include "check.h"
-#include "cuda_queue.h"
 #include "device_utils.cuh"
 #include "gemm.h"
 #include "kernels.h"
@@ -31,28 +37,35 @@
 
 namespace multinorm::cuda {
 
-// What the host reads of a tensor's Newton-Schulz: written on the device, read in one copy (outside the
-// anonymous namespace: swan() below, which is not in it, captures a pointer to it).
-struct SwanProbe {
-  double residual;
-  unsigned nonfinite;  // non-finite entries of U
-  unsigned skip;       // the update's skip flag (UpdateStatistics::skip), 0 without update scalars
+// One matrix's state on the device (cuda_scratch::kSwanStateBytes).
+struct SwanState {
+  double frob2, lambda, c, residual;
+  uint32_t done, steps, nonfinite, fallback;  // fallback: 0 none, 2 the exact result applied, 3 the exact path failed
+};
+static_assert(sizeof(SwanState) <= cuda_scratch::kSwanStateBytes, "SwanState fits its slot");
+
+// The exact path's staging in pinned host memory: flag (1: X staged, 2: U ready, 3: failed), then
+// X as m n floats, overwritten by U as m n doubles.
+struct SwanExactJob {
+  volatile uint32_t* flag;
+  float* x;
+  double* u;
+  int64_t m, n;
 };
 
 namespace {
 
 constexpr int kThreads = 256;
 constexpr int kPowerSteps = cuda_scratch::kSwanPowerSteps;
-constexpr int kCheckEvery = 2;
-constexpr int kReduceBlocks = cuda_scratch::kSwanReduceBlocks;
+constexpr int64_t kReduceBlocks = cuda_scratch::kSwanReduceBlocks;
 
 template <class G>
-__global__ void normalize_rows_kernel(float* X, const G* g, int64_t n, bool standardize, float sqrt_n, float eps) {
+__global__ void normalize_rows_kernel(float* X, int64_t ldx, const G* g, int64_t n, bool standardize, float sqrt_n, float eps) {
   __shared__ double dscratch[32];
   __shared__ float fscratch[32];
   const int64_t i = blockIdx.x;
   const G* gi = g + i * n;
-  float* xi = X + i * n;
+  float* xi = X + i * ldx;
   if (standardize) {  // (g - mean) / std, statistics in FP64 as on the CPU
     double s = 0;
     for (int64_t j = threadIdx.x; j < n; j += blockDim.x) s += to_float(gi[j]);
@@ -73,225 +86,289 @@ __global__ void normalize_rows_kernel(float* X, const G* g, int64_t n, bool stan
   }
 }
 
-// A[i,i] += 1e-6 ||A||_F + eps (frob2 = ||A||_F^2 on the device)
-__global__ void regularize_kernel(float* A, int64_t k, const double* frob2, float eps) {
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < k) A[i * k + i] += float(1e-6 * sqrt(*frob2) + eps);
+// Grid (kReduceBlocks, B): partial sums over matrix b's k x k elements (at M + b gram): of p^2
+// (residual = false) or of (I - P)^2, then T = (3I - P) / 2 when T is given.
+__global__ void partial_sums_kernel(double* partials, float* T, const float* M, int64_t k, int64_t gram, bool residual) {
+  __shared__ double scratch[32];
+  const int64_t b = blockIdx.y, total = k * k;
+  const float* P = M + b * gram;
+  double r2 = 0;
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
+    const double p = P[e], eye = residual && e / k == e % k ? 1.0 : 0.0;
+    r2 += (eye - p) * (eye - p);
+    if (T) T[b * gram + e] = float(0.5 * (3.0 * (e / k == e % k ? 1.0 : 0.0) - p));
+  }
+  r2 = block_sum(r2, scratch);
+  if (threadIdx.x == 0) partials[b * kReduceBlocks + blockIdx.x] = r2;
 }
 
-__global__ void power_init_kernel(double* x, int64_t k) {
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < k) x[i] = 1.0 / sqrt(double(k)) * (1.0 + 0.01 * double(i % 7));
+// What the final sum of a matrix's partials becomes.
+enum class Reduced : int { Frobenius, Residual, ResidualAtStep };
+
+// Grid (1, B): matrix b's partials added in a fixed order. Frobenius: ||A||_F^2; Residual: the
+// residual; ResidualAtStep: the residual of step `step`, and the decision the CPU makes there: under
+// the tolerance the matrix is done (its `step` iterations are what it applied), else it applies one more.
+__global__ void reduce_kernel(SwanState* st, const double* partials, int64_t k, Reduced what, int step, float tolerance) {
+  __shared__ double scratch[32];
+  const int64_t b = blockIdx.y;
+  double s = 0;
+  for (int64_t i = threadIdx.x; i < kReduceBlocks; i += blockDim.x) s += partials[b * kReduceBlocks + i];
+  s = block_sum(s, scratch);
+  if (threadIdx.x != 0) return;
+  SwanState& m = st[b];
+  if (what == Reduced::Frobenius) {
+    m.frob2 = s;
+    return;
+  }
+  m.residual = sqrt(s / double(k));
+  if (what != Reduced::ResidualAtStep || m.done) return;
+  if (tolerance > 0 && m.residual < tolerance) m.done = 1, m.steps = static_cast<uint32_t>(step);
+  else m.steps = static_cast<uint32_t>(step + 1);
 }
 
-// y = A x, a warp per row, FP64
-__global__ void power_matvec_kernel(double* y, const float* A, const double* x, int64_t k) {
-  const int64_t i = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+// Grid (ceil(k / threads), B): A_b[i,i] += 1e-6 ||A_b||_F + eps
+__global__ void regularize_kernel(float* A, int64_t k, int64_t gram, const SwanState* st, float eps) {
+  const int64_t b = blockIdx.y, i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < k) A[b * gram + i * k + i] += float(1e-6 * sqrt(st[b].frob2) + eps);
+}
+
+// Grid (ceil(k / threads), B): the power iteration's start (x: B vectors of 2k doubles, x then y)
+__global__ void power_init_kernel(double* vectors, int64_t k) {
+  const int64_t b = blockIdx.y, i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < k) vectors[b * 2 * k + i] = 1.0 / sqrt(double(k)) * (1.0 + 0.01 * double(i % 7));
+}
+
+// Grid (ceil(k / warps), B): y = A x, a warp per row, FP64
+__global__ void power_matvec_kernel(double* vectors, const float* A, int64_t k, int64_t gram) {
+  const int64_t b = blockIdx.y, i = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (i >= k) return;
+  const double* x = vectors + b * 2 * k;
+  const float* Ab = A + b * gram;
   const int lane = threadIdx.x % 32;
   double s = 0;
-  for (int64_t j = lane; j < k; j += 32) s += double(A[i * k + j]) * x[j];
+  for (int64_t j = lane; j < k; j += 32) s += double(Ab[i * k + j]) * x[j];
   s = warp_sum(s);
-  if (lane == 0) y[i] = s;
+  if (lane == 0) vectors[b * 2 * k + k + i] = s;
 }
 
-// lambda = x . y (the Rayleigh quotient: x has unit norm), x = y / ||y||; one block
-__global__ void power_normalize_kernel(double* x, const double* y, double* lambda, int64_t k) {
+// Grid (1, B): lambda = x . y (the Rayleigh quotient: x has unit norm), x = y / ||y||
+__global__ void power_normalize_kernel(double* vectors, SwanState* st, int64_t k) {
   __shared__ double scratch[32];
+  const int64_t b = blockIdx.y;
+  double* x = vectors + b * 2 * k;
+  const double* y = x + k;
   double rq = 0, nn = 0;
   for (int64_t i = threadIdx.x; i < k; i += blockDim.x) rq += x[i] * y[i], nn += y[i] * y[i];
   rq = block_sum(rq, scratch);
   nn = block_sum(nn, scratch);
   __syncthreads();  // every x[i] is read before it is overwritten
-  if (threadIdx.x == 0) *lambda = rq;
+  if (threadIdx.x == 0) st[b].lambda = rq;
   const double norm = sqrt(nn);
   if (norm == 0) return;
   for (int64_t i = threadIdx.x; i < k; i += blockDim.x) x[i] = y[i] / norm;
 }
 
-// c = lambda > 0 ? min(||A||_F, 1.25 lambda) : ||A||_F; Y = A / c; Z = I
-__global__ void ns_init_kernel(float* Y, float* Z, const float* A, int64_t k, const double* frob2, const double* lambda, double* c) {
-  const double frob = sqrt(*frob2), l = *lambda;
+// Grid (g, B): c = lambda > 0 ? min(||A||_F, 1.25 lambda) : ||A||_F; Y = A / c in place; Z = I; the
+// matrix's state starts.
+__global__ void ns_init_kernel(float* Y, float* Z, int64_t k, int64_t gram, SwanState* st) {
+  const int64_t b = blockIdx.y;
+  const double frob = sqrt(st[b].frob2), l = st[b].lambda;
   const double cc = l > 0 ? fmin(frob, 1.25 * l) : frob;
   const int64_t total = k * k;
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
-    Y[e] = float(A[e] / cc);
-    Z[e] = e / k == e % k ? 1.0f : 0.0f;
+    Y[b * gram + e] = float(Y[b * gram + e] / cc);
+    Z[b * gram + e] = e / k == e % k ? 1.0f : 0.0f;
   }
-  if (blockIdx.x == 0 && threadIdx.x == 0) *c = cc;
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    st[b].c = cc;
+    st[b].done = st[b].steps = st[b].nonfinite = st[b].fallback = 0;
+  }
 }
 
-// partial sums of ||I - P||^2 per block, and T = (3I - P) / 2 when T is given
-__global__ void residual_partial_kernel(double* partials, float* T, const float* P, int64_t k) {
-  __shared__ double scratch[32];
-  double r2 = 0;
+// Grid (g, B): a done matrix's T is the identity (its iterate stays as it is).
+__global__ void freeze_kernel(float* T, int64_t k, int64_t gram, const SwanState* st) {
+  const int64_t b = blockIdx.y;
+  if (!st[b].done) return;
   const int64_t total = k * k;
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
-    const double p = P[e], eye = e / k == e % k ? 1.0 : 0.0;
-    r2 += (eye - p) * (eye - p);
-    if (T) T[e] = float(0.5 * (3.0 * eye - p));
-  }
-  r2 = block_sum(r2, scratch);
-  if (threadIdx.x == 0) partials[blockIdx.x] = r2;
-}
-__global__ void residual_final_kernel(double* resid, const double* partials, int count, int64_t k) {
-  __shared__ double scratch[32];
-  double s = 0;
-  for (int i = threadIdx.x; i < count; i += blockDim.x) s += partials[i];
-  s = block_sum(s, scratch);
-  if (threadIdx.x == 0) *resid = sqrt(s / double(k));
-}
-
-// U scaled by step / sqrt(c) written into W, step = lr sqrt(max(m, n)) (the lr, keep and write step
-// from the update's scalars when given: take_update_scalars)
-template <class T>
-__global__ void swan_apply_kernel(T* w, const float* U, int64_t total, const double* c, RuleScalars r, float sqrt_max, WriteBack wb,
-                                  const UpdateScalars* s, int slot) {
-  if (!take_update_scalars(s, slot, r, wb)) return;
-  const float keep = r.keep, step = r.lr * sqrt_max;
-  const float scale = step * float(1.0 / sqrt(*c));
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x)
-    w[e] = store_weight<T>(to_float(w[e]) * keep - scale * U[e], wb, static_cast<uint64_t>(e));
+    T[b * gram + e] = e / k == e % k ? 1.0f : 0.0f;
 }
 
+// Non-finite entries of U [m, ld] -> st->nonfinite (deterministic: an integer count)
+__global__ void count_nonfinite_kernel(SwanState* st, const float* U, int64_t m, int64_t n, int64_t ld) {
+  unsigned local = 0;
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < m * n; e += int64_t(gridDim.x) * blockDim.x)
+    local += !isfinite(U[(e / n) * ld + e % n]);
+  if (local) atomicAdd(&st->nonfinite, local);  // an integer: order-independent
+}
+
+// Newton-Schulz's result, when finite: W <- W keep - lr sqrt(max(m, n)) / sqrt(c) U (the lr, keep and
+// write step from the update's scalars when given: take_update_scalars). Otherwise (or on the exact
+// path) X is staged for the host function, flag 1. A skipped update changes nothing and stages nothing.
 template <class T>
-__global__ void swan_apply_exact_kernel(T* w, const double* Ud, int64_t total, RuleScalars r, float sqrt_max, WriteBack wb,
-                                        const UpdateScalars* s, int slot) {
-  if (!take_update_scalars(s, slot, r, wb)) return;
+__global__ void swan_apply_kernel(T* w, const float* U, const float* X, int64_t m, int64_t n, int64_t ld, const SwanState* st, bool exact,
+                                  RuleScalars r, float sqrt_max, WriteBack wb, const UpdateScalars* s, int slot, SwanExactJob job) {
+  const bool skip = s && s->stats.skip;
+  const bool ok = !exact && st->nonfinite == 0 && isfinite(st->residual);
+  if (blockIdx.x == 0 && threadIdx.x == 0) *job.flag = skip || ok ? 0u : 1u;
+  if (skip) return;
+  const int64_t total = m * n;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  if (!ok) {
+    for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total; e += stride) job.x[e] = X[(e / n) * ld + e % n];
+    return;
+  }
+  take_update_scalars(s, slot, r, wb);
+  const float keep = r.keep, step = r.lr * sqrt_max;
+  const float scale = step * float(1.0 / sqrt(st->c));
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total; e += stride)
+    w[e] = store_weight<T>(to_float(w[e]) * keep - scale * U[(e / n) * ld + e % n], wb, static_cast<uint64_t>(e));
+}
+
+// The host function's result: applied when it is ready (flag 2), in FP64 as on the CPU; the matrix's
+// state records what happened.
+template <class T>
+__global__ void swan_apply_exact_kernel(T* w, int64_t total, SwanState* st, RuleScalars r, float sqrt_max, WriteBack wb, const UpdateScalars* s,
+                                        int slot, SwanExactJob job) {
+  const uint32_t flag = *job.flag;
+  if (blockIdx.x == 0 && threadIdx.x == 0) st->fallback = flag >= 2 ? flag : 0u;
+  if (flag != 2 || !take_update_scalars(s, slot, r, wb)) return;
   const float keep = r.keep;
   const double step = r.lr * sqrt_max;
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x)
-    w[e] = store_weight<T>(float(to_float(w[e]) * keep - step * Ud[e]), wb, static_cast<uint64_t>(e));
+    w[e] = store_weight<T>(float(to_float(w[e]) * keep - step * job.u[e]), wb, static_cast<uint64_t>(e));
 }
 
-__global__ void probe_init_kernel(SwanProbe* p, const UpdateScalars* s) {
-  p->nonfinite = 0;
-  p->skip = s ? s->stats.skip : 0u;
+// One thread: the chunk's matrices into the update's statistics (optim_math::add_swan_tensor, as the
+// CPU backend adds them), unless the update is skipped.
+__global__ void swan_statistics_kernel(SwanStats* out, const SwanState* st, int64_t count, bool exact, float tolerance, const UpdateScalars* s) {
+  if (s && s->stats.skip) return;
+  for (int64_t b = 0; b < count; ++b) {
+    if (st[b].fallback == 3) {
+      out->tensors += 1;
+      out->exact_failures += 1;
+    } else if (exact) {
+      optim_math::add_swan_tensor(*out, 0.0, false, 0, 0.0f);
+    } else {
+      optim_math::add_swan_tensor(*out, st[b].residual, st[b].fallback == 2, static_cast<int>(st[b].steps), tolerance);
+    }
+  }
 }
 
-// Non-finite entries of U -> counts[0] (deterministic: an integer count)
-__global__ void count_nonfinite_kernel(unsigned* count, const float* U, int64_t total) {
-  unsigned local = 0;
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) local += !isfinite(U[e]);
-  if (local) atomicAdd(count, local);  // an integer: order-independent
+// The host function: the exact FP64 polar factor of a staged X (flag 1), or nothing. No CUDA call
+// here (CUDA forbids them in a host function); a failure is a flag the device reads.
+void CUDART_CB swan_exact_on_host(void* data) {
+  SwanExactJob& j = *static_cast<SwanExactJob*>(data);
+  if (*j.flag != 1) return;
+  try {
+    const int64_t m = j.m, n = j.n, k = std::min(m, n);
+    std::vector<float> x(j.x, j.x + m * n);  // U overwrites X's bytes
+    std::vector<double> M(m * n), A(k * k + k), B(k * k), Z(k * k);
+    polar_exact_fp64(j.u, x.data(), m, n, M.data(), A.data(), B.data(), Z.data());
+    *j.flag = 2;
+  } catch (...) {
+    *j.flag = 3;
+  }
 }
 
 unsigned grid_for(int64_t n) { return static_cast<unsigned>(std::min<int64_t>(ceil_div(n, kThreads), 4096)); }
 
 }  // namespace
 
-int64_t swan_scratch_bytes(int64_t m, int64_t n) { return cuda_scratch::swan_bytes(m, n); }
+SwanExactJob* swan_exact_job(void* pinned, int64_t m, int64_t n) {
+  auto* j = new SwanExactJob;
+  j->flag = static_cast<volatile uint32_t*>(pinned);
+  j->x = reinterpret_cast<float*>(static_cast<char*>(pinned) + 64);
+  j->u = reinterpret_cast<double*>(static_cast<char*>(pinned) + 64);
+  j->m = m, j->n = n;
+  return j;
+}
+void swan_exact_job_free(SwanExactJob* job) { delete job; }
 
 template <class T, class G>
-SwanResult swan(T* w, const G* g, int64_t m, int64_t n, const SwanParams& a, LtGemm& gemm, void* scratch, CudaQueue& q) {
-  SwanResult result;
-  const bool wide = m <= n;
-  const int64_t k = wide ? m : n;
-  float* X = static_cast<float*>(scratch);
-  float* U = X + m * n;
-  float* A = U + m * n;
-  float* Y = A + k * k;
-  float* Z = Y + k * k;
-  float* P = Z + k * k;
-  float* Tm = P + k * k;
-  float* spare = Tm + k * k;  // ping-pong partner of Y and Z
-  double* x = reinterpret_cast<double*>(spare + k * k);
-  double* y = x + k;
-  double* partials = y + k;
-  double* ss_partials = partials + kReduceBlocks;
-  double* frob2 = ss_partials + kSumSquaresBlocks;
-  double* lambda = frob2 + 1;
-  double* c = lambda + 1;
-  SwanProbe* probe = reinterpret_cast<SwanProbe*>(c + 1);
-  double* resid = &probe->residual;
-  unsigned* nonfinite = &probe->nonfinite;
-  cudaStream_t stream = q.issue();
+void swan_chunk(const SwanItem* items, int64_t B, const SwanParams& a, LtGemm& gemm, void* scratch, SwanExactJob* const* jobs, cudaStream_t stream) {
+  namespace cs = cuda_scratch;
+  const int64_t k = std::min(items[0].m, items[0].n), gram = cs::swan_gram_floats(k);
+  // The chunk's scratch (cuda_scratch::swan_tensor_bytes per tensor): X and U per tensor, then the
+  // batched k x k matrices, the power vectors, the partial sums and the states.
+  std::vector<float*> X(B), U(B);
+  float* cursor = static_cast<float*>(scratch);
+  for (int64_t b = 0; b < B; ++b) X[b] = cursor, cursor += cs::swan_x_floats(items[b].m, items[b].n);
+  for (int64_t b = 0; b < B; ++b) U[b] = cursor, cursor += cs::swan_x_floats(items[b].m, items[b].n);
+  float* Y = cursor;  // the Gram matrices first
+  float* Z = Y + B * gram;
+  float* P = Z + B * gram;
+  float* Tm = P + B * gram;
+  float* spare = Tm + B * gram;  // ping-pong partner of Y and Z
+  double* vectors = reinterpret_cast<double*>(spare + B * gram);
+  double* partials = vectors + B * 2 * k;
+  SwanState* st = reinterpret_cast<SwanState*>(partials + B * kReduceBlocks);
   const RuleScalars rule = optim_math::rule_scalars(a.lr, a.decoupled_decay);
-  auto skipped = [] {
-    SwanResult r;
-    r.skipped = true;
-    return r;
+  const dim3 per_k(ceil_div(k, kThreads), static_cast<unsigned>(B)), per_gram(grid_for(k * k), static_cast<unsigned>(B));
+  const dim3 reduce_grid(static_cast<unsigned>(kReduceBlocks), static_cast<unsigned>(B)), one_per_matrix(1, static_cast<unsigned>(B));
+  auto reduce = [&](const float* M, float* T_out, bool residual, Reduced what, int step) {
+    launch("swan_partial_sums", partial_sums_kernel, reduce_grid, dim3(kThreads), 0, stream, partials, T_out, M, k, gram, residual);
+    launch("swan_reduce", reduce_kernel, one_per_matrix, dim3(kThreads), 0, stream, st, partials, k, what, step, a.ns_tolerance);
   };
-  const float sqrt_max = std::sqrt(static_cast<float>(std::max(m, n)));  // step = lr sqrt(max(m, n)): ||U||_F = sqrt(mn)
 
-  launch("swan_probe_init", probe_init_kernel, dim3(1), dim3(1), 0, stream, probe, a.scalars.at);
-  launch("swan_normalize_rows", normalize_rows_kernel<G>, dim3(static_cast<unsigned>(m)), dim3(kThreads), 0, stream, X, g, n, a.standardize,
-         std::sqrt(static_cast<float>(n)), a.eps);
-  auto read_probe = [&] {
-    SwanProbe p{};
-    q.read(&p, probe, sizeof(SwanProbe), "swan (its residual)");
-    stream = q.issue();
-    return p;
-  };
-  auto residual = [&](float* T_out) {
-    launch("swan_residual", residual_partial_kernel, dim3(kReduceBlocks), dim3(kThreads), 0, stream, partials, T_out, P, k);
-    launch("swan_residual_final", residual_final_kernel, dim3(1), dim3(kThreads), 0, stream, resid, partials, kReduceBlocks, k);
-  };
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t m = items[b].m, n = items[b].n, ld = cs::swan_ld(n);
+    launch("swan_normalize_rows", normalize_rows_kernel<G>, dim3(static_cast<unsigned>(m)), dim3(kThreads), 0, stream, X[b], ld,
+           static_cast<const G*>(items[b].g), n, a.standardize, std::sqrt(static_cast<float>(n)), a.eps);
+    if (a.exact) continue;
+    if (m <= n) gemm.run(Y + b * gram, k, CUDA_R_32F, X[b], ld, X[b], ld, CUDA_R_32F, m, m, n, false, true, false, stream);  // A = X X^T
+    else gemm.run(Y + b * gram, k, CUDA_R_32F, X[b], ld, X[b], ld, CUDA_R_32F, n, n, m, true, false, false, stream);        // A = X^T X
+  }
   if (!a.exact) {
-    if (wide) gemm.run(A, CUDA_R_32F, X, X, CUDA_R_32F, m, m, n, false, true, false, stream);  // A = X X^T
-    else gemm.run(A, CUDA_R_32F, X, X, CUDA_R_32F, n, n, m, true, false, false, stream);       // A = X^T X
-    sum_squares(frob2, ss_partials, A, k * k, stream);
-    launch("swan_regularize", regularize_kernel, dim3(ceil_div(k, kThreads)), dim3(kThreads), 0, stream, A, k, frob2, a.eps);
-    sum_squares(frob2, ss_partials, A, k * k, stream);  // ||A||_F after regularisation, as on the CPU
-    launch("swan_power_init", power_init_kernel, dim3(ceil_div(k, kThreads)), dim3(kThreads), 0, stream, x, k);
+    reduce(Y, nullptr, false, Reduced::Frobenius, 0);
+    launch("swan_regularize", regularize_kernel, per_k, dim3(kThreads), 0, stream, Y, k, gram, st, a.eps);
+    reduce(Y, nullptr, false, Reduced::Frobenius, 0);  // ||A||_F after regularisation, as on the CPU
+    launch("swan_power_init", power_init_kernel, per_k, dim3(kThreads), 0, stream, vectors, k);
     for (int it = 0; it < kPowerSteps; ++it) {
-      launch("swan_power_matvec", power_matvec_kernel, dim3(ceil_div(k, kThreads / 32)), dim3(kThreads), 0, stream, y, A, x, k);
-      launch("swan_power_normalize", power_normalize_kernel, dim3(1), dim3(kThreads), 0, stream, x, y, lambda, k);
+      launch("swan_power_matvec", power_matvec_kernel, dim3(ceil_div(k, kThreads / 32), static_cast<unsigned>(B)), dim3(kThreads), 0, stream,
+             vectors, Y, k, gram);
+      launch("swan_power_normalize", power_normalize_kernel, one_per_matrix, dim3(kThreads), 0, stream, vectors, st, k);
     }
-    launch("swan_ns_init", ns_init_kernel, dim3(grid_for(k * k)), dim3(kThreads), 0, stream, Y, Z, A, k, frob2, lambda, c);
-    bool measured = false;  // the residual of the current (Y, Z) is in resid
+    launch("swan_ns_init", ns_init_kernel, per_gram, dim3(kThreads), 0, stream, Y, Z, k, gram, st);
     for (int s = 0; s < a.ns_steps; ++s) {
-      gemm.run(P, CUDA_R_32F, Z, Y, CUDA_R_32F, k, k, k, false, false, false, stream);  // P = Z Y
-      residual(Tm);
-      measured = true;
-      if (a.ns_tolerance > 0 && (s + 1) % kCheckEvery == 0) {
-        const SwanProbe p = read_probe();
-        if (p.skip) return skipped();
-        if (p.residual < a.ns_tolerance) break;
-      }
-      gemm.run(spare, CUDA_R_32F, Y, Tm, CUDA_R_32F, k, k, k, false, false, false, stream);  // Y <- Y T
+      gemm.run_batched(P, Z, Y, k, k, k, B, gram, stream);  // P = Z Y
+      reduce(P, Tm, true, Reduced::ResidualAtStep, s);      // and T = (3I - P) / 2; done?
+      launch("swan_freeze", freeze_kernel, per_gram, dim3(kThreads), 0, stream, Tm, k, gram, st);
+      gemm.run_batched(spare, Y, Tm, k, k, k, B, gram, stream);  // Y <- Y T
       std::swap(Y, spare);
-      gemm.run(spare, CUDA_R_32F, Tm, Z, CUDA_R_32F, k, k, k, false, false, false, stream);  // Z <- T Z
+      gemm.run_batched(spare, Tm, Z, k, k, k, B, gram, stream);  // Z <- T Z
       std::swap(Z, spare);
-      measured = false;
     }
-    if (!measured) {  // every step ran: measure the final iterate
-      gemm.run(P, CUDA_R_32F, Z, Y, CUDA_R_32F, k, k, k, false, false, false, stream);
-      residual(nullptr);
-    }
-    if (wide) gemm.run(U, CUDA_R_32F, Z, X, CUDA_R_32F, m, n, m, false, false, false, stream);  // U = Z X
-    else gemm.run(U, CUDA_R_32F, X, Z, CUDA_R_32F, m, n, n, false, false, false, stream);       // U = X Z
-    launch("swan_count_nonfinite", count_nonfinite_kernel, dim3(grid_for(m * n)), dim3(kThreads), 0, stream, nonfinite, U, m * n);
-    const SwanProbe p = read_probe();
-    if (p.skip) return skipped();
-    result.residual = p.residual;
-    if (std::isfinite(result.residual) && p.nonfinite == 0) {
-      launch("swan_apply", swan_apply_kernel<T>, dim3(grid_for(m * n)), dim3(kThreads), 0, stream, w, U, m * n, c, rule, sqrt_max, a.write,
-             a.scalars.at, a.scalars.slot);
-      return result;
-    }
-    result.residual = std::nan("");
-    result.fell_back = true;  // Newton-Schulz diverged: the exact path below
+    gemm.run_batched(P, Z, Y, k, k, k, B, gram, stream);  // the final iterate's residual (a done matrix's: the same)
+    reduce(P, nullptr, true, Reduced::Residual, 0);
   }
-  // Exact path: X to the host, FP64 polar factor there, U back (as doubles, for the FP64 step).
-  std::vector<float> hx(static_cast<size_t>(m * n));
-  q.read(hx.data(), X, m * n * 4, "swan exact path (X to the host)");
-  if (a.exact) {  // the Newton-Schulz path read the skip flag already
-    const SwanProbe p = read_probe();
-    if (p.skip) return skipped();
+  for (int64_t b = 0; b < B; ++b) {
+    const SwanItem& t = items[b];
+    const int64_t m = t.m, n = t.n, ld = cs::swan_ld(n);
+    if (!a.exact) {
+      if (m <= n) gemm.run(U[b], ld, CUDA_R_32F, Z + b * gram, k, X[b], ld, CUDA_R_32F, m, n, m, false, false, false, stream);  // U = Z X
+      else gemm.run(U[b], ld, CUDA_R_32F, X[b], ld, Z + b * gram, k, CUDA_R_32F, m, n, n, false, false, false, stream);        // U = X Z
+      launch("swan_count_nonfinite", count_nonfinite_kernel, dim3(grid_for(m * n)), dim3(kThreads), 0, stream, st + b, U[b], m, n, ld);
+    }
+    WriteBack wb = a.write;
+    wb.tensor = t.tensor;
+    const float sqrt_max = std::sqrt(static_cast<float>(std::max(m, n)));  // ||U||_F = sqrt(mn)
+    launch("swan_apply", swan_apply_kernel<T>, dim3(grid_for(m * n)), dim3(kThreads), 0, stream, static_cast<T*>(t.w), U[b], X[b], m, n, ld,
+           st + b, a.exact, rule, sqrt_max, wb, a.scalars.at, a.scalars.slot, *jobs[b]);
+    MN_CUDA_CHECK(cudaLaunchHostFunc(stream, swan_exact_on_host, jobs[b]), "swan's exact path (a host function)");
+    launch("swan_apply_exact", swan_apply_exact_kernel<T>, dim3(grid_for(m * n)), dim3(kThreads), 0, stream, static_cast<T*>(t.w), m * n, st + b,
+           rule, sqrt_max, wb, a.scalars.at, a.scalars.slot, *jobs[b]);
   }
-  std::vector<double> Ud(m * n), M(m * n), Ah(k * k + k), B(k * k), Zh(k * k);
-  polar_exact_fp64(Ud.data(), hx.data(), m, n, M.data(), Ah.data(), B.data(), Zh.data());
-  double* dU = reinterpret_cast<double*>(X);  // X and U [m n floats each] are contiguous: m n doubles
-  MN_CUDA_CHECK(cudaMemcpyAsync(dU, Ud.data(), m * n * 8, cudaMemcpyHostToDevice, q.issue()), "swan exact path (U to the device)");
-  launch("swan_apply_exact", swan_apply_exact_kernel<T>, dim3(grid_for(m * n)), dim3(kThreads), 0, q.issue(), w, dU, m * n, rule, sqrt_max, a.write,
-         a.scalars.at, a.scalars.slot);
-  q.wait_all("swan exact path");  // Ud (host) must outlive the copy
-  return result;
+  if (a.stats)
+    launch("swan_statistics", swan_statistics_kernel, dim3(1), dim3(1), 0, stream, a.stats, st, B, a.exact, a.exact ? 0.0f : a.ns_tolerance,
+           a.scalars.at);
 }
 
-template SwanResult swan<float, float>(float*, const float*, int64_t, int64_t, const SwanParams&, LtGemm&, void*, CudaQueue&);
-template SwanResult swan<bf16, bf16>(bf16*, const bf16*, int64_t, int64_t, const SwanParams&, LtGemm&, void*, CudaQueue&);
-template SwanResult swan<bf16, float>(bf16*, const float*, int64_t, int64_t, const SwanParams&, LtGemm&, void*, CudaQueue&);
+#define MULTINORM_INSTANTIATE(T, G)                                                                                                  \
+  template void swan_chunk<T, G>(const SwanItem*, int64_t, const SwanParams&, LtGemm&, void*, SwanExactJob* const*, cudaStream_t);
+MULTINORM_INSTANTIATE(float, float)
+MULTINORM_INSTANTIATE(bf16, bf16)
+MULTINORM_INSTANTIATE(bf16, float)
+#undef MULTINORM_INSTANTIATE
 
 }  // namespace multinorm::cuda

@@ -115,16 +115,26 @@ void bench_model_predict(const ModelBenchOptions& o) {
               B * T / step, 100 * mfu, flops_token / 1e6, (long long)gemm_params);
   std::printf("  optimizer update %.3f ms (%.1f%% of one micro-batch; divide by the micro-batches an update accumulates)\n", update * 1e3,
               step > 0 ? 100 * update / step : 0.0);
-  // The update's statistics stay outside its graph; SWAN's update is not captured (host reads).
+  // The update's statistics stay outside its graph; the rules' launches are one graph (SWAN's too:
+  // its decisions are the device's).
   int64_t statistics_launches = 0;
   for (const KernelCost& k : c.update)
     if (k.name == "update_statistics" || k.name.rfind("sum_squares_many", 0) == 0) statistics_launches += k.launches;
-  const std::string captured = run.optimizer.name == OptimizerKind::Swan ? "not captured: SWAN reads its residual on the host"
-                                                            : "a CUDA graph replays all but the statistics' " + std::to_string(statistics_launches);
   std::printf("  launches: %lld per micro-batch (%.2f-%.2f ms of launch overhead at 3-5 us each: what its CUDA graph replay saves), "
-              "%lld per update (%.2f-%.2f ms; %s)\n",
+              "%lld per update (%.2f-%.2f ms; a CUDA graph replays all but the statistics' %lld)\n",
               (long long)launches, launches * 3e-3, launches * 5e-3, (long long)update_launches, update_launches * 3e-3, update_launches * 5e-3,
-              captured.c_str());
+              (long long)statistics_launches);
+  // The paper's three matrix rules side by side (SWAN with every one of its ns_steps: the device
+  // runs them all, docs/optimizers.md).
+  std::printf("  optimizer updates, whole model on one GPU:");
+  for (const OptimizerKind kind : {OptimizerKind::SinkGD, OptimizerKind::Swan, OptimizerKind::Adam}) {
+    RunConfig r = run;
+    r.optimizer.name = kind;
+    const double u = secs(record_step_costs(r, dt, B, T).update, all);
+    const std::string note = kind == OptimizerKind::Swan ? " (" + std::to_string(r.optimizer.swan.ns_steps) + " Newton-Schulz steps)" : "";
+    std::printf(" %s %.3f ms%s", choice_name(kind).c_str(), u * 1e3, note.c_str());
+  }
+  std::printf("\n");
   if (o.ranks > 0) bench_scaling_predict(o, run, *peak, a);  // what N GPUs add (scaling_model.h)
 }
 

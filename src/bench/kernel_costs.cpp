@@ -280,35 +280,61 @@ class CostRecorder final : public Backend {
       begin = end;
     }
   }
-  // The Newton-Schulz path without a tolerance (every step runs; the exact path is a host fallback):
-  // rows normalised into X (FP32), A = X X^T (k = min(m, n)), ||A||_F twice, the regularisation, a
-  // power iteration, then per step P = Z Y and its residual, Y <- Y T and Z <- T Z (FP32 k x k GEMMs),
-  // the final iterate's P and residual, U = Z X, a finiteness count and the apply.
-  void swan_update(Buf w, Buf g, int64_t m, int64_t n, const SwanArgs& a) override {
-    const double k = static_cast<double>(std::min(m, n)), M = static_cast<double>(std::max(m, n)), mn = double(m) * n;
-    const int steps = a.exact ? 0 : a.ns_steps;
-    add("swan_probe_init", CostUnit::Memory, 1, 16, 0);
-    add("swan_normalize_rows", CostUnit::Memory, 1, mn * (s_of(g) + 4), 3.0 * mn);
+  // SWAN as swan.cu runs it, chunk by chunk (cuda_scratch::swan_plan): per tensor its rows
+  // normalised into X (FP32) and A = X X^T (k = min(m, n)); per chunk of B matrices ||A||_F twice, the
+  // regularisation, a power iteration, then every one of ns_steps (all run on the device: a done
+  // matrix's T is the identity) P = Z Y, its residual and T, the freeze, Y <- Y T and Z <- T Z as
+  // strided-batched FP32 GEMMs, the final iterate's P and residual; per tensor U = Z X, a finiteness
+  // count, the apply and the exact path's apply (which returns at once unless a matrix fell back: its
+  // host function is no device work); the statistics.
+  void swan_update_many(const SwanTensor* tensors, int64_t count, const SwanArgs& a) override {
     if (a.exact) throw Error("cost model: SWAN's exact path runs on the host (LAPACK), not on the device");
-    gemm_fp32(k, k, M);  // A
-    for (int r = 0; r < 2; ++r) sum_squares(Buf{nullptr, DType::F32}, static_cast<int64_t>(k * k));
-    add("swan_regularize", CostUnit::Memory, 1, 8.0 * k, k);
-    add("swan_power_init", CostUnit::Memory, 1, 8.0 * k, 0);
-    add("swan_power_matvec", CostUnit::Memory, cuda_scratch::kSwanPowerSteps, cuda_scratch::kSwanPowerSteps * 4.0 * (k * k + 2 * k),
-        cuda_scratch::kSwanPowerSteps * 2.0 * k * k);
-    add("swan_power_normalize", CostUnit::Memory, cuda_scratch::kSwanPowerSteps, cuda_scratch::kSwanPowerSteps * 8.0 * k, 0);
-    add("swan_ns_init", CostUnit::Memory, 1, 12.0 * k * k, 2.0 * k * k);
-    for (int s = 0; s < steps + 1; ++s) {  // P = Z Y and the residual each step, and once for the final iterate
-      gemm_fp32(k, k, k);
-      add("swan_residual", CostUnit::Memory, 1, 4.0 * k * k * (s < steps ? 2 : 1), 3.0 * k * k);
-      add("swan_residual_final", CostUnit::Memory, 1, 8.0 * cuda_scratch::kSwanReduceBlocks, double(cuda_scratch::kSwanReduceBlocks));
-      if (s < steps) gemm_fp32(k, k, k), gemm_fp32(k, k, k);
+    std::vector<cuda_scratch::SwanShape> shapes;
+    for (int64_t i = 0; i < count; ++i) shapes.push_back({tensors[i].m, tensors[i].n, 0});
+    const cuda_scratch::SwanPlan plan = cuda_scratch::swan_plan(shapes);
+    const double R = static_cast<double>(cuda_scratch::kSwanReduceBlocks);
+    for (size_t c = 0, begin = 0; c < plan.ends.size(); begin = static_cast<size_t>(plan.ends[c++])) {
+      const size_t end = static_cast<size_t>(plan.ends[c]);
+      const double B = static_cast<double>(end - begin);
+      const SwanTensor& first = tensors[plan.order[begin]];
+      const double k = static_cast<double>(std::min(first.m, first.n)), kk = k * k;
+      for (size_t j = begin; j < end; ++j) {
+        const SwanTensor& t = tensors[plan.order[j]];
+        const double mn = double(t.m) * t.n;
+        add("swan_normalize_rows", CostUnit::Memory, 1, mn * (s_of(t.g) + 4), 3.0 * mn);
+        gemm_fp32(k, k, static_cast<double>(std::max(t.m, t.n)));  // A
+      }
+      auto reduce = [&](double passes_bytes) {
+        add("swan_partial_sums", CostUnit::Memory, 1, B * passes_bytes + 8.0 * R * B, 3.0 * B * kk);
+        add("swan_reduce", CostUnit::Memory, 1, 8.0 * R * B + 64.0 * B, R * B);
+      };
+      reduce(4.0 * kk);
+      add("swan_regularize", CostUnit::Memory, 1, B * 8.0 * k, B * k);
+      reduce(4.0 * kk);
+      add("swan_power_init", CostUnit::Memory, 1, B * 8.0 * k, 0);
+      const double P = cuda_scratch::kSwanPowerSteps;
+      add("swan_power_matvec", CostUnit::Memory, cuda_scratch::kSwanPowerSteps, P * B * (4.0 * kk + 16.0 * k), P * B * 2.0 * kk);
+      add("swan_power_normalize", CostUnit::Memory, cuda_scratch::kSwanPowerSteps, P * B * 24.0 * k, P * B * 4.0 * k);
+      add("swan_ns_init", CostUnit::Memory, 1, B * 12.0 * kk, B * kk);
+      for (int s = 0; s < a.ns_steps; ++s) {
+        gemm_fp32_batched(k, k, k, B);  // P = Z Y
+        reduce(8.0 * kk);               // reads P, writes T
+        add("swan_freeze", CostUnit::Memory, 1, 0, 0);  // writes a done matrix's T only: counted in its launch
+        gemm_fp32_batched(k, k, k, B), gemm_fp32_batched(k, k, k, B);
+      }
+      gemm_fp32_batched(k, k, k, B);  // the final iterate
+      reduce(4.0 * kk);
+      for (size_t j = begin; j < end; ++j) {
+        const SwanTensor& t = tensors[plan.order[j]];
+        const double mn = double(t.m) * t.n;
+        gemm_fp32(static_cast<double>(t.m), static_cast<double>(t.n), k);  // U
+        add("swan_count_nonfinite", CostUnit::Memory, 1, 4.0 * mn, mn);
+        add("swan_apply", CostUnit::Memory, 1, mn * (4 + 2 * s_of(t.w)), 3.0 * mn);
+        add("swan_apply_exact", CostUnit::Memory, 1, 0, 0);  // returns at once unless the tensor fell back
+      }
+      add("swan_statistics", CostUnit::Memory, 1, 64.0 * B, 0);
     }
-    gemm_fp32(m, n, k);  // U
-    add("swan_count_nonfinite", CostUnit::Memory, 1, 4.0 * mn, mn);
-    add("swan_apply", CostUnit::Memory, 1, mn * (4 + 2 * s_of(w)), 3.0 * mn);
   }
-  SwanStats take_swan_stats() override { return {}; }
   // w, g, m, v read; w, m, v written.
   void adam_update(Buf w, Buf g, Buf m, Buf, int64_t n, const AdamArgs&) override {
     if (n > 0) add("adam", CostUnit::Memory, 1, n * (2 * s_of(w) + s_of(g) + 4 * s_of(m)), 15.0 * n);
@@ -351,6 +377,9 @@ class CostRecorder final : public Backend {
   static bool mma(const Buf& qkv, int64_t D) { return qkv.dtype == DType::BF16 && (D == 64 || D == 128); }
   void gemm_fp32(double M, double N, double K) {
     add("gemm fp32 (cuBLASLt)", CostUnit::GemmFp32, 1, 4.0 * (M * K + K * N + M * N), 2.0 * M * N * K);
+  }
+  void gemm_fp32_batched(double M, double N, double K, double batch) {
+    add("gemm fp32 batched (cuBLASLt)", CostUnit::GemmFp32, 1, batch * 4.0 * (M * K + K * N + M * N), batch * 2.0 * M * N * K);
   }
 
   RecordingQueue queue_;

@@ -339,7 +339,6 @@ void DoctorChecks::optimizers() {
       SwanArgs a;
       a.lr = 1e-3f;
       c.swan_update(w.c(), gr.c(), m, n, a), g.swan_update(w.g(), gr.g(), m, n, a);
-      c.take_swan_stats(), g.take_swan_stats();
       return std::vector<Output>{{"w", w.host(g, w.g().ptr), w.host(c, w.c().ptr)}};
     });
   }

@@ -186,6 +186,7 @@ int64_t cuda_backend_scratch_bytes(const ModelConfig& m, int64_t B, int64_t T, D
   // cap or all of the matrices' together, or one tensor that alone needs more. An upper bound for
   // any share of the matrices a data-parallel rank updates, and exact where they fit one launch.
   int64_t sinkgd_all = 0, sinkgd_largest = 0;
+  std::vector<cs::SwanShape> swan;  // every matrix in one call, as the optimizer passes them
   const auto specs = llama_parameters(m);  // outlives the assignments, which point into it
   const int64_t tensors = static_cast<int64_t>(specs.size());  // sum_squares_many: one result each
   for (const auto& a : assign_optimizers(specs, matrix_optimizer, OptimizerKind::Adam, matrix_params)) {
@@ -194,9 +195,10 @@ int64_t cuda_backend_scratch_bytes(const ModelConfig& m, int64_t B, int64_t T, D
     if (matrix_optimizer == OptimizerKind::SinkGD) {
       sinkgd_all += cs::sinkgd_floats(r, c), sinkgd_largest = std::max(sinkgd_largest, cs::sinkgd_floats(r, c));
     } else if (matrix_optimizer == OptimizerKind::Swan) {
-      optimizer = std::max(optimizer, cs::swan_bytes(r, c));
+      swan.push_back({r, c, 0});
     }
   }
+  optimizer = std::max(optimizer, cs::swan_plan(swan).scratch_bytes);
   optimizer = std::max(optimizer, std::max(sinkgd_largest, std::min(sinkgd_all, cs::kSinkgdManyFloats)) * 4);
   // The fused loss head's statistics (BF16; FP32 runs the GEMM and cross_entropy): a (max, sum) per
   // row and vocabulary chunk, a target logit per row.

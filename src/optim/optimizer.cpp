@@ -57,7 +57,6 @@ Optimizer::Optimizer(LlamaModel& model, const RunConfig& run, const OptimizerSha
   for (size_t i = 0; i < assign_.size(); ++i) {
     grads_.push_back(model_.grad(*assign_[i].tensor));
     measured_.push_back(sharding_.plan.mine(i) ? assign_[i].tensor->numel() : 0);
-    capturable_ = capturable_ && rules_[i]->capturable();
     has_swan_ = has_swan_ || assign_[i].optimizer == OptimizerKind::Swan;
   }
   alpha_scaled_ = make_rule(run.optimizer.name, run.optimizer)->scales_lr_by_alpha();
@@ -135,7 +134,6 @@ void Optimizer::queue_step(int64_t update, int64_t applied, const SpikeTest& spi
   queue_statistics();
   graphs_.run("update", [&] { apply_ops(); });  // a skipped update's kernels return at once
   if (sharding_.plan.sharded()) broadcast_weights();
-  pending_.swan = swan_stats_over_ranks();  // SWAN's ops read their residuals: known now
   be.queue().copy_to_host_later(&delivered_, &scalars_->stats, sizeof(UpdateStatistics));
   fence_ = be.queue().fence();
   waited_ = false;
@@ -152,7 +150,10 @@ StepStats Optimizer::wait_for_step() {
     pending_.skipped = delivered_.skip;
     pending_.skip_reason = static_cast<SkipReason>(delivered_.skip_reason);
     pending_.spike = delivered_.spike;
-    if (pending_.skipped) pending_.swan = {};
+    pending_.swan = swan_stats_over_ranks(delivered_.swan);  // a skipped update's SWAN ops counted nothing
+    if (pending_.swan.exact_failures > 0)  // the device ran on; on the CPU the op threw at once
+      throw Error("swan: the exact whitening (LAPACK dsyevd) failed on " + std::to_string(pending_.swan.exact_failures) +
+                  " tensors of update " + std::to_string(pending_.update) + "; they were not updated");
   }
   return pending_;
 }
@@ -162,17 +163,20 @@ StepStats Optimizer::step(int64_t update, int64_t applied, const SpikeTest& spik
   return wait_for_step();
 }
 
-// SWAN's Newton-Schulz statistics of the update, over the ranks when sharded (host collectives:
-// SWAN's ops have waited for the device already).
-SwanStats Optimizer::swan_stats_over_ranks() {
-  SwanStats st = model_.backend().take_swan_stats();
+// SWAN's Newton-Schulz statistics of the update (this rank's, from the device), over the ranks when
+// sharded: host collectives, every rank reading its statistics at the same update.
+SwanStats Optimizer::swan_stats_over_ranks(SwanStats st) {
   if (!has_swan_ || !sharding_.plan.sharded()) return st;
-  double counts[3] = {static_cast<double>(st.tensors), static_cast<double>(st.unconverged), static_cast<double>(st.fallbacks)};
-  sharding_.host->allreduce_sum(counts, 3);
-  sharding_.host->allreduce_max(&st.worst_residual, 1);
-  st.tensors = static_cast<int64_t>(counts[0]);
-  st.unconverged = static_cast<int64_t>(counts[1]);
-  st.fallbacks = static_cast<int64_t>(counts[2]);
+  double counts[4] = {double(st.tensors), double(st.unconverged), double(st.fallbacks), double(st.exact_failures)};
+  double most[2] = {st.worst_residual, double(st.steps)};
+  sharding_.host->allreduce_sum(counts, 4);
+  sharding_.host->allreduce_max(most, 2);
+  st.tensors = static_cast<uint32_t>(counts[0]);
+  st.unconverged = static_cast<uint32_t>(counts[1]);
+  st.fallbacks = static_cast<uint32_t>(counts[2]);
+  st.exact_failures = static_cast<uint32_t>(counts[3]);
+  st.worst_residual = most[0];
+  st.steps = static_cast<uint32_t>(most[1]);
   return st;
 }
 
@@ -202,6 +206,7 @@ void Optimizer::apply_ops() {
     ctx.tensor = i;
     ctx.stochastic = run_.optimizer.rounding == Rounding::Stochastic;
     ctx.scalars = {scalars_, slot_[i]};
+    ctx.swan_stats = &scalars_->stats.swan;
     if (t.numel() <= kMultiTensorElements || rules_[i]->updates_large_tensors_together()) {
       auto& group = together[{rules_[i]->name(), assign_[i].matrix}];
       group.first = rules_[i].get();

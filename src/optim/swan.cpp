@@ -11,12 +11,23 @@ class Swan final : public TensorRule {
   std::string name() const override { return "swan"; }
   int state_slots() const override { return 0; }
   RuleScalars scalars(const UpdateContext& ctx) const override { return optim_math::rule_scalars(ctx.lr, static_cast<float>(c_.weight_decay)); }
-  // Newton-Schulz's residual is read on the host inside the op (the tolerance, the statistics, the
-  // exact fallback): not capturable in a graph.
-  bool capturable() const override { return false; }
   bool matrices_only() const override { return true; }
   bool scales_lr_by_alpha() const override { return true; }
+  // Every matrix in one call: a device batches the Newton-Schulz products of one Gram size.
+  bool updates_large_tensors_together() const override { return true; }
   void update(Backend& be, const TensorSpec& t, Buf w, Buf g, Buf*, const UpdateContext& ctx) const override {
+    const SwanArgs a = args(ctx);
+    be.swan_update(w, g, t.rows(), t.cols(), a);
+  }
+  void update_many(Backend& be, const std::vector<RuleItem>& items) const override {
+    if (items.empty()) return;
+    std::vector<SwanTensor> tensors;
+    for (const RuleItem& it : items) tensors.push_back({it.w, it.g, it.tensor->rows(), it.tensor->cols(), it.ctx.tensor});
+    be.swan_update_many(tensors.data(), static_cast<int64_t>(tensors.size()), args(items.front().ctx));
+  }
+
+ private:
+  SwanArgs args(const UpdateContext& ctx) const {
     SwanArgs a;
     a.lr = ctx.lr;
     a.decoupled_decay = static_cast<float>(c_.weight_decay);
@@ -27,10 +38,9 @@ class Swan final : public TensorRule {
     a.eps = static_cast<float>(c_.swan.eps);
     a.write = {ctx.stochastic, ctx.seed, static_cast<uint64_t>(ctx.update), ctx.tensor};
     a.scalars = ctx.scalars;
-    be.swan_update(w, g, t.rows(), t.cols(), a);
+    a.stats = ctx.swan_stats;
+    return a;
   }
-
- private:
   OptimizerConfig c_;
 };
 }  // namespace

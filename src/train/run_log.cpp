@@ -62,6 +62,7 @@ void RunLog::update(int64_t k, const UpdateRecord& r) {
     m["swan_ns_residual"] = st.swan.worst_residual;  // worst over the update's tensors
     m["swan_ns_unconverged"] = st.swan.unconverged;
     m["swan_exact_fallbacks"] = st.swan.fallbacks;
+    m["swan_ns_steps"] = st.swan.steps;  // the most iterations one tensor applied
   }
   write(m, "update " + std::to_string(k));
   if (events_)

@@ -36,6 +36,8 @@ struct Layout {
   cudaDataType type;
   uint64_t rows, cols;
   int64_t ld;
+  int32_t batch = 1;   // CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT
+  int64_t stride = 0;  // CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, in elements
 };
 // The preference's declared operand alignments, and the algorithm's assumed ones (the same numbers).
 struct Alignments {
@@ -68,7 +70,8 @@ void store(void* p, cudaDataType t, int64_t i, float v) {
 }
 int64_t bytes_of(const Layout& l) { return l.type == CUDA_R_32F ? 4 : 2; }
 bool on_device(const void* p, const Layout& l) {
-  return cuda_emu::is_device_memory(p, static_cast<size_t>(((l.cols - 1) * l.ld + l.rows) * bytes_of(l)));
+  const int64_t last = (l.batch - 1) * l.stride;  // the last matrix of a batch, in elements
+  return cuda_emu::is_device_memory(p, static_cast<size_t>((last + (l.cols - 1) * l.ld + l.rows) * bytes_of(l)));
 }
 
 // D = alpha op(A) op(B) + beta C, column-major as cuBLASLt stores it (defined below the C interface).
@@ -127,6 +130,21 @@ cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* l, cudaDataTyp
   put(*l, Layout{type, rows, cols, ld});
   return CUBLAS_STATUS_SUCCESS;
 }
+cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t l, cublasLtMatrixLayoutAttribute_t attr, const void* buf, size_t size) {
+  Layout layout = get<Layout>(l);
+  if (attr == CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT) {
+    if (size != sizeof(int32_t)) return CUBLAS_STATUS_INVALID_VALUE;
+    std::memcpy(&layout.batch, buf, sizeof(int32_t));
+    if (layout.batch < 1) return CUBLAS_STATUS_INVALID_VALUE;
+  } else if (attr == CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET) {
+    if (size != sizeof(int64_t)) return CUBLAS_STATUS_INVALID_VALUE;
+    std::memcpy(&layout.stride, buf, sizeof(int64_t));
+  } else {
+    return CUBLAS_STATUS_NOT_SUPPORTED;  // all the backend sets
+  }
+  put(l, layout);
+  return CUBLAS_STATUS_SUCCESS;
+}
 cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l) {
   delete l;
   return CUBLAS_STATUS_SUCCESS;
@@ -164,6 +182,7 @@ cublasStatus_t shapes(const Desc& d, const Layout& a, const Layout& b, const Lay
   const uint64_t kb = d.trans_b == CUBLAS_OP_N ? b.rows : b.cols;
   n = d.trans_b == CUBLAS_OP_N ? b.cols : b.rows;
   if (kb != k || c.rows != m || c.cols != n || dl.rows != m || dl.cols != n) return CUBLAS_STATUS_INVALID_VALUE;
+  if (a.batch != dl.batch || b.batch != dl.batch || c.batch != dl.batch) return CUBLAS_STATUS_INVALID_VALUE;
   if (a.type != b.type || c.type != dl.type) return CUBLAS_STATUS_NOT_SUPPORTED;
   if (a.type == CUDA_R_32F && c.type != CUDA_R_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
   return CUBLAS_STATUS_SUCCESS;
@@ -214,8 +233,17 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t op, const v
 }  // extern "C"
 
 namespace {
+void multiply_one(const Desc& d, const Layout& a, const Layout& b, const Layout& c, const Layout& dl, uint64_t m, uint64_t n, uint64_t k,
+                  float al, const void* A, const void* B, float be, const void* C, void* D);
+// A batch: matrix i of each operand `stride` elements after matrix i - 1.
 void multiply(const Desc& d, const Layout& a, const Layout& b, const Layout& c, const Layout& dl, uint64_t m, uint64_t n, uint64_t k,
               float al, const void* A, const void* B, float be, const void* C, void* D) {
+  auto at = [](const void* p, const Layout& l, int64_t i) { return static_cast<const char*>(p) + i * l.stride * bytes_of(l); };
+  for (int64_t i = 0; i < dl.batch; ++i)
+    multiply_one(d, a, b, c, dl, m, n, k, al, at(A, a, i), at(B, b, i), be, at(C, c, i), const_cast<char*>(at(D, dl, i)));
+}
+void multiply_one(const Desc& d, const Layout& a, const Layout& b, const Layout& c, const Layout& dl, uint64_t m, uint64_t n, uint64_t k,
+                  float al, const void* A, const void* B, float be, const void* C, void* D) {
   const bool ta = d.trans_a == CUBLAS_OP_T, tb = d.trans_b == CUBLAS_OP_T;
   std::vector<float> column(m);
   for (uint64_t j = 0; j < n; ++j) {

@@ -60,7 +60,12 @@ std::atomic<int64_t> g_graph_launches{0};
 bool pinned(const void* p, size_t bytes) { return cuda_emu::device::is_pinned(p, bytes); }
 // A call that may not happen while any stream captures (global capture mode: allocations, host
 // waits, synchronous copies): the captures are invalidated and the call fails, as on a GPU.
+thread_local bool t_in_host_function = false;  // a cudaLaunchHostFunc's function runs on this thread
 bool refused_during_capture(const char* call) {
+  if (t_in_host_function) {
+    std::fprintf(stderr, "emulated CUDA: %s called inside a host function (cudaLaunchHostFunc forbids CUDA calls)\n", call);
+    std::abort();
+  }
   std::lock_guard<std::mutex> lock(g_capture_mu);
   if (g_captures.empty()) return false;
   for (auto& [stream, c] : g_captures)
@@ -291,6 +296,17 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) {
 }
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
   delete reinterpret_cast<char*>(s);
+  return cudaSuccess;
+}
+// A host function in stream order (a host node when captured). CUDA forbids CUDA calls inside one:
+// the synchronising and allocating calls end the process here while one runs.
+cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* data) {
+  auto run = [fn, data] {
+    t_in_host_function = true;
+    fn(data);
+    t_in_host_function = false;
+  };
+  if (!cuda_emu::record_if_capturing(stream, run)) run();
   return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t) {
