@@ -10,7 +10,8 @@ using namespace cuda_test;
 // FLOP columns come from) names the kernels the CUDA backend launches, as many times: checked
 // against the emulated backend's profiler for a micro-batch (tensor-core attention at D = 64, the
 // SIMT kernels at D = 16) and an update of every optimizer, clipped (the recorder's norm is huge).
-// SWAN without a tolerance: with one, Newton-Schulz stops when the data say so. Its GEMM FLOPs equal the model's own
+// SWAN with its default tolerance: the device runs every one of its steps whichever matrices are done
+// (swan.cu), so the launches do not depend on the data. Its GEMM FLOPs equal the model's own
 // list of a step's GEMMs (training_step_gemms), an independent enumeration.
 TEST(CudaBackend, CostModelLaunchesWhatTheBackendLaunches) {
   const CudaProbe* p = cuda_plugin();
@@ -23,7 +24,7 @@ TEST(CudaBackend, CostModelLaunchesWhatTheBackendLaunches) {
                              "num_hidden_layers": 2, "num_attention_heads": 2, "max_position_embeddings": 32}},
         "batch": {"global_batch": 2, "micro_batch": 2, "seq_len": 19},
         "optimizer": {"name": ")" + name + R"(", "grad_clip": 0.5, "momentum": 0.9,
-                      "swan": {"ns_steps": 6, "ns_tolerance": 0}}})");
+                      "swan": {"ns_steps": 6}}})");
       const RunConfig run = run_config_from_json(j, "test");
       std::vector<int32_t> tokens = random_ids(38, 101, 21), targets = random_ids(38, 101, 22);
       const MicroBatch mb{tokens.data(), targets.data(), nullptr, 2, 19};

@@ -31,7 +31,7 @@ struct KernelCost {
 // A Backend that records instead of computing (allocate() hands out addresses that must never be
 // dereferenced: every op and copy is a no-op). The update's clip_gradients launch is counted as
 // clipping (a read and a write of the gradients), the worst case. SWAN is recorded with every
-// Newton-Schulz step (an ns_tolerance may stop it earlier on real data).
+// Newton-Schulz step, as the device runs them (a matrix done early keeps its iterate, not its cost).
 std::unique_ptr<Backend> make_cost_recorder();
 // The kernels recorded since the last take, by name in first-launch order (launches, bytes and
 // FLOPs summed). `recorder` must come from make_cost_recorder().

@@ -319,7 +319,7 @@ class CostRecorder final : public Backend {
       for (int s = 0; s < a.ns_steps; ++s) {
         gemm_fp32_batched(k, k, k, B);  // P = Z Y
         reduce(8.0 * kk);               // reads P, writes T
-        add("swan_freeze", CostUnit::Memory, 1, 0, 0);  // writes a done matrix's T only: counted in its launch
+        add("swan_freeze", CostUnit::Memory, 1, B * 4.0 * kk, 0);  // the worst case: every matrix done, its T rewritten
         gemm_fp32_batched(k, k, k, B), gemm_fp32_batched(k, k, k, B);
       }
       gemm_fp32_batched(k, k, k, B);  // the final iterate

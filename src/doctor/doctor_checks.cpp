@@ -436,7 +436,7 @@ void DoctorChecks::training_updates() {
       mg.params_from_host(mc.params_to_host());
       Optimizer oc(mc, run), og(mg, run);
       // The GPU as a run drives it: each update queued with no host wait, the second one captured as
-      // a graph and replayed, where the rule allows (not SWAN).
+      // a graph and replayed (every rule's, SWAN's included).
       og.set_graphs(true);
       for (int64_t update = 1; update <= 2; ++update) {
         mc.zero_grads(), mg.zero_grads();
