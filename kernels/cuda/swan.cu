@@ -285,82 +285,101 @@ SwanExactJob* swan_exact_job(void* pinned, int64_t m, int64_t n) {
 }
 void swan_exact_job_free(SwanExactJob* job) { delete job; }
 
-template <class T, class G>
-void swan_chunk(const SwanItem* items, int64_t B, const SwanParams& a, LtGemm& gemm, void* scratch, SwanExactJob* const* jobs, cudaStream_t stream) {
+namespace {
+
+// A chunk's scratch (cuda_scratch::swan_tensor_bytes per matrix): X and U per matrix, then the
+// batched k x k matrices, the power vectors, the partial sums and the states.
+struct Chunk {
+  int64_t B, k, gram;
+  std::vector<float*> X, U;
+  float *Y, *Z, *P, *T, *spare;  // Y holds the Gram matrices first; spare: Y's and Z's ping-pong partner
+  double *vectors, *partials;
+  SwanState* st;
+};
+Chunk chunk_layout(const SwanItem* items, int64_t B, void* scratch) {
   namespace cs = cuda_scratch;
-  const int64_t k = std::min(items[0].m, items[0].n), gram = cs::swan_gram_floats(k);
-  // The chunk's scratch (cuda_scratch::swan_tensor_bytes per tensor): X and U per tensor, then the
-  // batched k x k matrices, the power vectors, the partial sums and the states.
-  std::vector<float*> X(B), U(B);
+  Chunk c;
+  c.B = B, c.k = std::min(items[0].m, items[0].n), c.gram = cs::swan_gram_floats(c.k);
   float* cursor = static_cast<float*>(scratch);
-  for (int64_t b = 0; b < B; ++b) X[b] = cursor, cursor += cs::swan_x_floats(items[b].m, items[b].n);
-  for (int64_t b = 0; b < B; ++b) U[b] = cursor, cursor += cs::swan_x_floats(items[b].m, items[b].n);
-  float* Y = cursor;  // the Gram matrices first
-  float* Z = Y + B * gram;
-  float* P = Z + B * gram;
-  float* Tm = P + B * gram;
-  float* spare = Tm + B * gram;  // ping-pong partner of Y and Z
-  double* vectors = reinterpret_cast<double*>(spare + B * gram);
-  double* partials = vectors + B * 2 * k;
-  SwanState* st = reinterpret_cast<SwanState*>(partials + B * kReduceBlocks);
-  const RuleScalars rule = optim_math::rule_scalars(a.lr, a.decoupled_decay);
+  for (int64_t b = 0; b < B; ++b) c.X.push_back(cursor), cursor += cs::swan_x_floats(items[b].m, items[b].n);
+  for (int64_t b = 0; b < B; ++b) c.U.push_back(cursor), cursor += cs::swan_x_floats(items[b].m, items[b].n);
+  c.Y = cursor, c.Z = c.Y + B * c.gram, c.P = c.Z + B * c.gram, c.T = c.P + B * c.gram, c.spare = c.T + B * c.gram;
+  c.vectors = reinterpret_cast<double*>(c.spare + B * c.gram);
+  c.partials = c.vectors + B * 2 * c.k;
+  c.st = reinterpret_cast<SwanState*>(c.partials + B * kReduceBlocks);
+  return c;
+}
+
+// The chunk's Gram matrices (in Y) to their inverse square roots (scaled by sqrt(c): in Z), every
+// matrix's decisions on the device; its residual and steps in its state.
+void inverse_sqrt_batched(Chunk& c, const SwanParams& a, LtGemm& gemm, cudaStream_t stream) {
+  const int64_t B = c.B, k = c.k, gram = c.gram;
   const dim3 per_k(ceil_div(k, kThreads), static_cast<unsigned>(B)), per_gram(grid_for(k * k), static_cast<unsigned>(B));
   const dim3 reduce_grid(static_cast<unsigned>(kReduceBlocks), static_cast<unsigned>(B)), one_per_matrix(1, static_cast<unsigned>(B));
   auto reduce = [&](const float* M, float* T_out, bool residual, Reduced what, int step) {
-    launch("swan_partial_sums", partial_sums_kernel, reduce_grid, dim3(kThreads), 0, stream, partials, T_out, M, k, gram, residual);
-    launch("swan_reduce", reduce_kernel, one_per_matrix, dim3(kThreads), 0, stream, st, partials, k, what, step, a.ns_tolerance);
+    launch("swan_partial_sums", partial_sums_kernel, reduce_grid, dim3(kThreads), 0, stream, c.partials, T_out, M, k, gram, residual);
+    launch("swan_reduce", reduce_kernel, one_per_matrix, dim3(kThreads), 0, stream, c.st, c.partials, k, what, step, a.ns_tolerance);
   };
+  reduce(c.Y, nullptr, false, Reduced::Frobenius, 0);
+  launch("swan_regularize", regularize_kernel, per_k, dim3(kThreads), 0, stream, c.Y, k, gram, c.st, a.eps);
+  reduce(c.Y, nullptr, false, Reduced::Frobenius, 0);  // ||A||_F after regularisation, as on the CPU
+  launch("swan_power_init", power_init_kernel, per_k, dim3(kThreads), 0, stream, c.vectors, k);
+  for (int it = 0; it < kPowerSteps; ++it) {
+    launch("swan_power_matvec", power_matvec_kernel, dim3(ceil_div(k, kThreads / 32), static_cast<unsigned>(B)), dim3(kThreads), 0, stream,
+           c.vectors, c.Y, k, gram);
+    launch("swan_power_normalize", power_normalize_kernel, one_per_matrix, dim3(kThreads), 0, stream, c.vectors, c.st, k);
+  }
+  launch("swan_ns_init", ns_init_kernel, per_gram, dim3(kThreads), 0, stream, c.Y, c.Z, k, gram, c.st);
+  for (int s = 0; s < a.ns_steps; ++s) {
+    gemm.run_batched(c.P, c.Z, c.Y, k, k, k, B, gram, stream);  // P = Z Y
+    reduce(c.P, c.T, true, Reduced::ResidualAtStep, s);         // and T = (3I - P) / 2; done?
+    launch("swan_freeze", freeze_kernel, per_gram, dim3(kThreads), 0, stream, c.T, k, gram, c.st);
+    gemm.run_batched(c.spare, c.Y, c.T, k, k, k, B, gram, stream);  // Y <- Y T
+    std::swap(c.Y, c.spare);
+    gemm.run_batched(c.spare, c.T, c.Z, k, k, k, B, gram, stream);  // Z <- T Z
+    std::swap(c.Z, c.spare);
+  }
+  gemm.run_batched(c.P, c.Z, c.Y, k, k, k, B, gram, stream);  // the final iterate's residual (a done matrix's: the same)
+  reduce(c.P, nullptr, true, Reduced::Residual, 0);
+}
 
+}  // namespace
+
+template <class T, class G>
+void swan_chunk(const SwanItem* items, int64_t B, const SwanParams& a, LtGemm& gemm, void* scratch, SwanExactJob* const* jobs, cudaStream_t stream) {
+  Chunk c = chunk_layout(items, B, scratch);
+  const int64_t k = c.k;
   for (int64_t b = 0; b < B; ++b) {
-    const int64_t m = items[b].m, n = items[b].n, ld = cs::swan_ld(n);
-    launch("swan_normalize_rows", normalize_rows_kernel<G>, dim3(static_cast<unsigned>(m)), dim3(kThreads), 0, stream, X[b], ld,
+    const int64_t m = items[b].m, n = items[b].n, ld = cuda_scratch::swan_ld(n);
+    launch("swan_normalize_rows", normalize_rows_kernel<G>, dim3(static_cast<unsigned>(m)), dim3(kThreads), 0, stream, c.X[b], ld,
            static_cast<const G*>(items[b].g), n, a.standardize, std::sqrt(static_cast<float>(n)), a.eps);
     if (a.exact) continue;
-    if (m <= n) gemm.run(Y + b * gram, k, CUDA_R_32F, X[b], ld, X[b], ld, CUDA_R_32F, m, m, n, false, true, false, stream);  // A = X X^T
-    else gemm.run(Y + b * gram, k, CUDA_R_32F, X[b], ld, X[b], ld, CUDA_R_32F, n, n, m, true, false, false, stream);        // A = X^T X
+    float* A = c.Y + b * c.gram;
+    if (m <= n) gemm.run(A, k, CUDA_R_32F, c.X[b], ld, c.X[b], ld, CUDA_R_32F, m, m, n, false, true, false, stream);  // A = X X^T
+    else gemm.run(A, k, CUDA_R_32F, c.X[b], ld, c.X[b], ld, CUDA_R_32F, n, n, m, true, false, false, stream);        // A = X^T X
   }
-  if (!a.exact) {
-    reduce(Y, nullptr, false, Reduced::Frobenius, 0);
-    launch("swan_regularize", regularize_kernel, per_k, dim3(kThreads), 0, stream, Y, k, gram, st, a.eps);
-    reduce(Y, nullptr, false, Reduced::Frobenius, 0);  // ||A||_F after regularisation, as on the CPU
-    launch("swan_power_init", power_init_kernel, per_k, dim3(kThreads), 0, stream, vectors, k);
-    for (int it = 0; it < kPowerSteps; ++it) {
-      launch("swan_power_matvec", power_matvec_kernel, dim3(ceil_div(k, kThreads / 32), static_cast<unsigned>(B)), dim3(kThreads), 0, stream,
-             vectors, Y, k, gram);
-      launch("swan_power_normalize", power_normalize_kernel, one_per_matrix, dim3(kThreads), 0, stream, vectors, st, k);
-    }
-    launch("swan_ns_init", ns_init_kernel, per_gram, dim3(kThreads), 0, stream, Y, Z, k, gram, st);
-    for (int s = 0; s < a.ns_steps; ++s) {
-      gemm.run_batched(P, Z, Y, k, k, k, B, gram, stream);  // P = Z Y
-      reduce(P, Tm, true, Reduced::ResidualAtStep, s);      // and T = (3I - P) / 2; done?
-      launch("swan_freeze", freeze_kernel, per_gram, dim3(kThreads), 0, stream, Tm, k, gram, st);
-      gemm.run_batched(spare, Y, Tm, k, k, k, B, gram, stream);  // Y <- Y T
-      std::swap(Y, spare);
-      gemm.run_batched(spare, Tm, Z, k, k, k, B, gram, stream);  // Z <- T Z
-      std::swap(Z, spare);
-    }
-    gemm.run_batched(P, Z, Y, k, k, k, B, gram, stream);  // the final iterate's residual (a done matrix's: the same)
-    reduce(P, nullptr, true, Reduced::Residual, 0);
-  }
+  if (!a.exact) inverse_sqrt_batched(c, a, gemm, stream);
+  const RuleScalars rule = optim_math::rule_scalars(a.lr, a.decoupled_decay);
   for (int64_t b = 0; b < B; ++b) {
     const SwanItem& t = items[b];
-    const int64_t m = t.m, n = t.n, ld = cs::swan_ld(n);
+    const int64_t m = t.m, n = t.n, ld = cuda_scratch::swan_ld(n);
+    const float* Z = c.Z + b * c.gram;
     if (!a.exact) {
-      if (m <= n) gemm.run(U[b], ld, CUDA_R_32F, Z + b * gram, k, X[b], ld, CUDA_R_32F, m, n, m, false, false, false, stream);  // U = Z X
-      else gemm.run(U[b], ld, CUDA_R_32F, X[b], ld, Z + b * gram, k, CUDA_R_32F, m, n, n, false, false, false, stream);        // U = X Z
-      launch("swan_count_nonfinite", count_nonfinite_kernel, dim3(grid_for(m * n)), dim3(kThreads), 0, stream, st + b, U[b], m, n, ld);
+      if (m <= n) gemm.run(c.U[b], ld, CUDA_R_32F, Z, k, c.X[b], ld, CUDA_R_32F, m, n, m, false, false, false, stream);  // U = Z X
+      else gemm.run(c.U[b], ld, CUDA_R_32F, c.X[b], ld, Z, k, CUDA_R_32F, m, n, n, false, false, false, stream);        // U = X Z
+      launch("swan_count_nonfinite", count_nonfinite_kernel, dim3(grid_for(m * n)), dim3(kThreads), 0, stream, c.st + b, c.U[b], m, n, ld);
     }
     WriteBack wb = a.write;
     wb.tensor = t.tensor;
     const float sqrt_max = std::sqrt(static_cast<float>(std::max(m, n)));  // ||U||_F = sqrt(mn)
-    launch("swan_apply", swan_apply_kernel<T>, dim3(grid_for(m * n)), dim3(kThreads), 0, stream, static_cast<T*>(t.w), U[b], X[b], m, n, ld,
-           st + b, a.exact, rule, sqrt_max, wb, a.scalars.at, a.scalars.slot, *jobs[b]);
+    launch("swan_apply", swan_apply_kernel<T>, dim3(grid_for(m * n)), dim3(kThreads), 0, stream, static_cast<T*>(t.w), c.U[b], c.X[b], m, n,
+           ld, c.st + b, a.exact, rule, sqrt_max, wb, a.scalars.at, a.scalars.slot, *jobs[b]);
     MN_CUDA_CHECK(cudaLaunchHostFunc(stream, swan_exact_on_host, jobs[b]), "swan's exact path (a host function)");
-    launch("swan_apply_exact", swan_apply_exact_kernel<T>, dim3(grid_for(m * n)), dim3(kThreads), 0, stream, static_cast<T*>(t.w), m * n, st + b,
-           rule, sqrt_max, wb, a.scalars.at, a.scalars.slot, *jobs[b]);
+    launch("swan_apply_exact", swan_apply_exact_kernel<T>, dim3(grid_for(m * n)), dim3(kThreads), 0, stream, static_cast<T*>(t.w), m * n,
+           c.st + b, rule, sqrt_max, wb, a.scalars.at, a.scalars.slot, *jobs[b]);
   }
   if (a.stats)
-    launch("swan_statistics", swan_statistics_kernel, dim3(1), dim3(1), 0, stream, a.stats, st, B, a.exact, a.exact ? 0.0f : a.ns_tolerance,
+    launch("swan_statistics", swan_statistics_kernel, dim3(1), dim3(1), 0, stream, a.stats, c.st, B, a.exact, a.exact ? 0.0f : a.ns_tolerance,
            a.scalars.at);
 }
 
