@@ -1,5 +1,5 @@
 // The CUDA backend's scratch buffers, sized in one place: the kernels' launchers and the backend
-// allocate by these formulas, and `multinorm info` / the run log (src/model/memory_estimate.cpp) plan
+// allocate by these formulas, and `multinorm info` / the run log (src/optim/memory_estimate.cpp) plan
 // device memory by the same ones. Plain C++: no CUDA types, so the core library includes it too.
 #pragma once
 #include <algorithm>

@@ -62,6 +62,4 @@ std::unique_ptr<Backend> make_backend(const BackendChoice& choice, int threads);
 // The CUDA backend of a loaded plugin on `device`; throws Error when it cannot be created.
 std::unique_ptr<Backend> make_cuda_backend(const CudaProbe& probe, int device = 0);
 
-std::string executable_dir();
-
 }  // namespace multinorm

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "multinorm/activation_plan.h"
+#include "multinorm/batch.h"
 #include "multinorm/backend.h"
 #include "multinorm/graph_cache.h"
 #include "multinorm/linear.h"
@@ -17,17 +18,6 @@
 #include "multinorm/model_spec.h"
 
 namespace multinorm {
-
-// One micro-batch on the host: B sequences of T tokens, row-major [B, T]. targets[b, t] is the token
-// to predict at position t (the caller shifts); loss_mask[b, t] = 0 excludes the position (padding);
-// a null loss_mask counts every position.
-struct MicroBatch {
-  const int32_t* tokens = nullptr;
-  const int32_t* targets = nullptr;
-  const uint8_t* loss_mask = nullptr;
-  int64_t B = 0, T = 0;
-  int64_t count_targets() const;  // positions that count in the loss
-};
 
 struct LossSum {
   double sum = 0.0;    // sum of per-position losses over counted positions

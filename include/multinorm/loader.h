@@ -20,7 +20,7 @@
 #include <thread>
 #include <vector>
 
-#include "multinorm/llama_model.h"
+#include "multinorm/batch.h"
 #include "multinorm/schema.h"
 #include "multinorm/shard.h"
 

@@ -31,13 +31,16 @@ OptimizerMemory optimizer_memory(const std::vector<TensorSpec>& specs, Optimizer
 // BF16 weights and states.
 std::vector<OptimizerMemory> paper_memory_table(const ModelConfig& m);
 
-// The CPU backend's scratch after a training step (kernels/cpu/: attention's per-head tiles with a
-// T x T score matrix per head, RMSNorm's reduction partials, the embedding backward's per-thread
-// rows, the matrix optimizer's buffers for the largest matrix). Kept exact against the backend's
-// Workspace by tests/test_memory.cpp; oneDNN's internal scratchpads are not included.
-int64_t cpu_backend_scratch_bytes(const ModelConfig& m, int64_t micro_batch, int64_t seq_len, DType act_dtype,
-                                  DType grad_dtype, OptimizerKind matrix_optimizer, const std::vector<std::string>& matrix_params,
-                                  bool swan_exact, int threads);
+// The CPU backend's scratch after a training step (kernels/cpu/scratch_plan.cpp: attention's
+// per-head tiles with a T x T score matrix per head, RMSNorm's reduction partials, the embedding
+// backward's per-thread rows, the matrix optimizer's buffers for `matrices`, the matrix optimizer's
+// tensors in tensor order). Kept exact against the backend's Workspace by tests/test_memory.cpp;
+// oneDNN's internal scratchpads are not included.
+struct MatrixShape {
+  int64_t rows = 0, cols = 0;
+};
+int64_t cpu_backend_scratch_bytes(const ModelConfig& m, int64_t micro_batch, int64_t seq_len, DType act_dtype, DType grad_dtype,
+                                  OptimizerKind matrix_optimizer, const std::vector<MatrixShape>& matrices, bool swan_exact, int threads);
 
 // The CUDA backend's device scratch after a training step (include/multinorm/cuda_scratch.h: cuBLASLt's
 // workspace, RMSNorm's block partials, attention's row sums, the embedding buckets, the sum of

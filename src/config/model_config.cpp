@@ -3,8 +3,8 @@
 
 #include <unistd.h>
 
-#include "multinorm/device.h"
 #include "multinorm/error.h"
+#include "multinorm/install_paths.h"
 #include "multinorm/json_file.h"
 
 namespace multinorm {

@@ -4,7 +4,7 @@
 #include <filesystem>
 #include <vector>
 
-#include "multinorm/device.h"
+#include "multinorm/install_paths.h"
 #include "multinorm/run_config.h"
 
 namespace multinorm {

@@ -16,6 +16,7 @@
 #include "multinorm/comm.h"
 #include "multinorm/compare.h"
 #include "multinorm/device.h"
+#include "multinorm/install_paths.h"
 #include "multinorm/error.h"
 #include "multinorm/json_file.h"
 #include "multinorm/model_config.h"
