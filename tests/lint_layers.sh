@@ -20,10 +20,11 @@ layers=(
   "5 model src/model | model_spec linear llama_model model_io"
   "6 optim src/optim | param_groups schedule shard_plan optimizer memory_estimate"
   "7 parallel src/parallel | data_parallel"
-  "8 train src/train | trainer checkpoint divergence sweep compare paper_figures"
-  "9 backends kernels/cpu kernels/cuda kernels/cuda/emulation |"
-  "10 tools src/bench src/doctor | bench kernel_costs scaling_model doctor"
-  "11 cli src/cli | cli"
+  "8 train src/train | trainer checkpoint divergence"
+  "9 experiments src/experiments | sweep compare paper_figures"
+  "10 backends kernels/cpu kernels/cuda kernels/cuda/emulation |"
+  "11 tools src/bench src/doctor | bench kernel_costs scaling_model doctor"
+  "12 cli src/cli | cli"
 )
 declare -A folder_layer header_layer layer_name
 for entry in "${layers[@]}"; do
