@@ -73,6 +73,11 @@ LtGemm::Plan& LtGemm::plan(const Key& key) {
                                                           CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
   for (int i = 0; i < 4; ++i)
     MN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attrs[i], &alignments[i], sizeof(alignments[i])), what);
+  // Split-K partial sums are added in FP32 (the compute type), in the workspace: never in the output's
+  // BF16 (OUTPUT_TYPE) nor in the output buffer itself (INPLACE). An H100 picked a BF16 reduction for
+  // a 5 x 6 x 5461 product and missed the FP32-accumulation bound by 1.6x (gpu_check, 2026-11-27).
+  const uint32_t reductions = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+  MN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reductions, sizeof(reductions)), what);
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   const cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result, &found);

@@ -10,6 +10,13 @@
 // may rely on them: cublasLtMatmul with a pointer less aligned than its algorithm assumed is refused
 // here (CUBLAS_STATUS_NOT_SUPPORTED), so a backend that caches plans by shape alone and then passes a
 // less aligned pointer (an activation view, a SWAN buffer at an odd offset) fails in CI.
+//
+// Split-K: for a long reduction into a small output cuBLASLt may split K and add the partial sums in
+// the output's type (CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE, or INPLACE in the output buffer), unless
+// the preference's CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK forbids it (an H100 did so for a
+// 5 x 6 x 5461 BF16 product, 2026-11-27). Here the worst it may do is what it does: where the
+// preference allows a reduction in a 16-bit output type and K >= kSplitKMin, K is cut into kSplits
+// slices and their sums are added into a running total rounded to the output type after each.
 #include <cublasLt.h>
 
 #include <cstring>
@@ -39,13 +46,16 @@ struct Layout {
   int32_t batch = 1;   // CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT
   int64_t stride = 0;  // CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, in elements
 };
-// The preference's declared operand alignments, and the algorithm's assumed ones (the same numbers).
-struct Alignments {
+// The preference's declared operand alignments and allowed split-K reductions, and the algorithm's
+// assumed ones (the same numbers).
+struct Preference {
   uint32_t a, b, c, d;
+  uint32_t reductions;  // CUBLASLT_REDUCTION_SCHEME_* bits
 };
-constexpr Alignments kDefaultAlignments{256, 256, 256, 256};  // cuBLASLt's default preference
-static_assert(sizeof(Alignments) <= sizeof(cublasLtMatmulPreferenceOpaque_t), "alignments fit the opaque preference");
-static_assert(sizeof(Alignments) <= sizeof(cublasLtMatmulAlgo_t), "alignments fit the opaque algorithm");
+constexpr Preference kDefaultPreference{256, 256, 256, 256, CUBLASLT_REDUCTION_SCHEME_MASK};  // cuBLASLt's default
+static_assert(sizeof(Preference) <= sizeof(cublasLtMatmulPreferenceOpaque_t), "the preference fits its opaque type");
+static_assert(sizeof(Preference) <= sizeof(cublasLtMatmulAlgo_t), "the preference fits the opaque algorithm");
+constexpr uint64_t kSplitKMin = 1024, kSplits = 32;
 static_assert(sizeof(Desc) <= sizeof(cublasLtMatmulDescOpaque_t), "descriptor state fits the opaque type");
 static_assert(sizeof(Layout) <= sizeof(cublasLtMatrixLayoutOpaque_t), "layout state fits the opaque type");
 
@@ -75,8 +85,9 @@ bool on_device(const void* p, const Layout& l) {
 }
 
 // D = alpha op(A) op(B) + beta C, column-major as cuBLASLt stores it (defined below the C interface).
+// split: the length of the K slices whose sums are added in the output's type (0: none).
 void multiply(const Desc& d, const Layout& a, const Layout& b, const Layout& c, const Layout& dl, uint64_t m, uint64_t n, uint64_t k,
-              float al, const void* A, const void* B, float be, const void* C, void* D);
+              uint64_t split, float al, const void* A, const void* B, float be, const void* C, void* D);
 
 }  // namespace
 
@@ -151,7 +162,7 @@ cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l) {
 }
 cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* p) {
   *p = new cublasLtMatmulPreferenceOpaque_t{};
-  put(*p, kDefaultAlignments);
+  put(*p, kDefaultPreference);
   return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p) {
@@ -161,7 +172,13 @@ cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p) {
 cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p, cublasLtMatmulPreferenceAttributes_t attr, const void* buf,
                                                     size_t size) {
   if (attr == CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES) return size == sizeof(uint64_t) ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_INVALID_VALUE;
-  Alignments al = get<Alignments>(p);
+  Preference al = get<Preference>(p);
+  if (attr == CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK) {
+    if (size != sizeof(uint32_t)) return CUBLAS_STATUS_INVALID_VALUE;
+    std::memcpy(&al.reductions, buf, sizeof(uint32_t));
+    put(p, al);
+    return CUBLAS_STATUS_SUCCESS;
+  }
   uint32_t* field = attr == CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES   ? &al.a
                     : attr == CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES ? &al.b
                     : attr == CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES ? &al.c
@@ -201,7 +218,7 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDe
     results[0].state = CUBLAS_STATUS_SUCCESS;
     results[0].workspaceSize = 0;
     results[0].wavesCount = 1.0f;
-    const Alignments al = get<Alignments>(pref);
+    const Preference al = get<Preference>(pref);
     std::memcpy(&results[0].algo, &al, sizeof(al));  // what the algorithm may rely on
   }
   return CUBLAS_STATUS_SUCCESS;
@@ -215,18 +232,20 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t op, const v
   uint64_t m, n, k;
   if (const cublasStatus_t s = shapes(d, a, b, c, dl, m, n, k); s != CUBLAS_STATUS_SUCCESS) return s;
   if (!on_device(A, a) || !on_device(B, b) || !on_device(D, dl) || (C != D && !on_device(C, c))) return CUBLAS_STATUS_INVALID_VALUE;
+  Preference pref = kDefaultPreference;  // no algorithm: cuBLASLt's own pick, with the default preference
   if (algo) {  // pointers less aligned than the algorithm was chosen for
-    Alignments al{};
-    std::memcpy(&al, algo, sizeof(al));
+    std::memcpy(&pref, algo, sizeof(pref));
     auto aligned = [](const void* p, uint32_t bytes) { return bytes == 0 || reinterpret_cast<uintptr_t>(p) % bytes == 0; };
-    if (!aligned(A, al.a) || !aligned(B, al.b) || !aligned(C, al.c) || !aligned(D, al.d)) return CUBLAS_STATUS_NOT_SUPPORTED;
+    if (!aligned(A, pref.a) || !aligned(B, pref.b) || !aligned(C, pref.c) || !aligned(D, pref.d)) return CUBLAS_STATUS_NOT_SUPPORTED;
   }
+  const bool reduced_allowed = (pref.reductions & (CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE | CUBLASLT_REDUCTION_SCHEME_INPLACE)) != 0;
+  const uint64_t split = reduced_allowed && dl.type != CUDA_R_32F && k >= kSplitKMin ? (k + kSplits - 1) / kSplits : 0;
   const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
   // A capturing stream records the product with the scalars' values now (cuBLASLt reads host
   // scalars when the call is made, so a graph replays the values captured) and the descriptors as
   // they are (the backend's plans outlive its graphs).
-  if (cuda_emu::record_if_capturing(stream, [=] { multiply(d, a, b, c, dl, m, n, k, al, A, B, be, C, D); })) return CUBLAS_STATUS_SUCCESS;
-  multiply(d, a, b, c, dl, m, n, k, al, A, B, be, C, D);
+  if (cuda_emu::record_if_capturing(stream, [=] { multiply(d, a, b, c, dl, m, n, k, split, al, A, B, be, C, D); })) return CUBLAS_STATUS_SUCCESS;
+  multiply(d, a, b, c, dl, m, n, k, split, al, A, B, be, C, D);
   return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -234,28 +253,38 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t op, const v
 
 namespace {
 void multiply_one(const Desc& d, const Layout& a, const Layout& b, const Layout& c, const Layout& dl, uint64_t m, uint64_t n, uint64_t k,
-                  float al, const void* A, const void* B, float be, const void* C, void* D);
+                  uint64_t split, float al, const void* A, const void* B, float be, const void* C, void* D);
 // A batch: matrix i of each operand `stride` elements after matrix i - 1.
 void multiply(const Desc& d, const Layout& a, const Layout& b, const Layout& c, const Layout& dl, uint64_t m, uint64_t n, uint64_t k,
-              float al, const void* A, const void* B, float be, const void* C, void* D) {
+              uint64_t split, float al, const void* A, const void* B, float be, const void* C, void* D) {
   auto at = [](const void* p, const Layout& l, int64_t i) { return static_cast<const char*>(p) + i * l.stride * bytes_of(l); };
   for (int64_t i = 0; i < dl.batch; ++i)
-    multiply_one(d, a, b, c, dl, m, n, k, al, at(A, a, i), at(B, b, i), be, at(C, c, i), const_cast<char*>(at(D, dl, i)));
+    multiply_one(d, a, b, c, dl, m, n, k, split, al, at(A, a, i), at(B, b, i), be, at(C, c, i), const_cast<char*>(at(D, dl, i)));
+}
+// v rounded to `type` (a 16-bit output's partial sums, split-K)
+float rounded(cudaDataType type, float v) {
+  alignas(4) unsigned char cell[4];
+  store(cell, type, 0, v);
+  return load(cell, type, 0);
 }
 void multiply_one(const Desc& d, const Layout& a, const Layout& b, const Layout& c, const Layout& dl, uint64_t m, uint64_t n, uint64_t k,
-                  float al, const void* A, const void* B, float be, const void* C, void* D) {
+                  uint64_t split, float al, const void* A, const void* B, float be, const void* C, void* D) {
   const bool ta = d.trans_a == CUBLAS_OP_T, tb = d.trans_b == CUBLAS_OP_T;
-  std::vector<float> column(m);
+  std::vector<float> column(m), total(m);
   for (uint64_t j = 0; j < n; ++j) {
     std::fill(column.begin(), column.end(), 0.0f);
+    std::fill(total.begin(), total.end(), 0.0f);
     for (uint64_t p = 0; p < k; ++p) {
       const float bv = load(B, b.type, tb ? static_cast<int64_t>(p * b.ld + j) : static_cast<int64_t>(j * b.ld + p));
       for (uint64_t i = 0; i < m; ++i)
         column[i] += load(A, a.type, ta ? static_cast<int64_t>(i * a.ld + p) : static_cast<int64_t>(p * a.ld + i)) * bv;
+      if (split && ((p + 1) % split == 0 || p + 1 == k)) {  // a slice's sum into the total, in the output's type
+        for (uint64_t i = 0; i < m; ++i) total[i] = rounded(dl.type, total[i] + column[i]), column[i] = 0.0f;
+      }
     }
     for (uint64_t i = 0; i < m; ++i) {
       const float prior = be != 0.0f ? be * load(C, c.type, static_cast<int64_t>(j * c.ld + i)) : 0.0f;  // beta = 0: C not read
-      store(D, dl.type, static_cast<int64_t>(j * dl.ld + i), al * column[i] + prior);
+      store(D, dl.type, static_cast<int64_t>(j * dl.ld + i), al * (split ? total[i] : column[i]) + prior);
     }
   }
 }
