@@ -176,6 +176,11 @@ __global__ void disagreeing_masks(float* out) {
 }
 
 __global__ void do_nothing() {}
+// Every thread reads one flag in pinned host memory (the planted bug), or thread 0 of each block does.
+__global__ void read_pinned_flag(float* out, const unsigned* flag, bool every_thread) {
+  if (!every_thread && threadIdx.x != 0) return;
+  out[blockIdx.x * blockDim.x + threadIdx.x] = float(*static_cast<const volatile unsigned*>(flag));
+}
 
 // Results of every shuffle flavour at width 8 plus the votes, for the rules check.
 __global__ void shuffles(int* up, int* down, int* xr, int* idx, unsigned* ballot, int* any, int* all) {
@@ -414,6 +419,22 @@ TEST(CudaEmulation, AHostPointerInsideADescriptorFailsTheLaunchWhereAThreadReach
   EXPECT_EQ(error_of([&] { launch("local_array", local_array, dim3(1), dim3(32), 0, nullptr, out.p); }), "");
   const std::vector<float> local = out.get();
   for (int t = 0; t < 32; ++t) EXPECT_EQ(local[t], float((t * 23) % 32 + t)) << t;  // slot t holds k + t with 7 k = t mod 32: k = 23 t
+}
+
+TEST(CudaEmulation, APinnedFlagReadByEveryThreadIsAnError) {
+  if (!kRacecheck) GTEST_SKIP() << "built without racecheck's instrumentation (a sanitizer build)";
+  unsigned* flag = nullptr;
+  ASSERT_EQ(cudaMallocHost(reinterpret_cast<void**>(&flag), sizeof(unsigned)), cudaSuccess);
+  *flag = 2;
+  DeviceArray<float> out(4 * 256, 0.0f);
+  // thread 0 of 4 blocks: 4 loads of the address, fine; 256 threads of 4 blocks: the 65th load fails
+  EXPECT_EQ(error_of([&] { launch("read_pinned_flag", read_pinned_flag, dim3(4), dim3(256), 0, nullptr, out.p, flag, false); }), "");
+  EXPECT_EQ(out.get()[256], 2.0f);
+  const std::string e = error_of([&] { launch("read_pinned_flag", read_pinned_flag, dim3(4), dim3(256), 0, nullptr, out.p, flag, true); });
+  EXPECT_NE(e.find("CUDA kernel read_pinned_flag"), std::string::npos) << e;
+  EXPECT_NE(e.find("load of pinned host memory at 0x"), std::string::npos) << e;
+  EXPECT_NE(e.find("the 65th of that address in this launch"), std::string::npos) << e;
+  cudaFreeHost(flag);
 }
 
 TEST(CudaEmulation, AHostPointerAsACopysDeviceSideIsAnErrorNamingIt) {

@@ -225,14 +225,19 @@ __global__ void swan_apply_kernel(T* w, const float* U, const float* X, int64_t 
     w[e] = store_weight<T>(to_float(w[e]) * keep - scale * U[(e / n) * ld + e % n], wb, static_cast<uint64_t>(e));
 }
 
-// The host function's result: applied when it is ready (flag 2), in FP64 as on the CPU; the matrix's
-// state records what happened.
-template <class T>
-__global__ void swan_apply_exact_kernel(T* w, int64_t total, SwanState* st, RuleScalars r, float sqrt_max, WriteBack wb, const UpdateScalars* s,
-                                        int slot, SwanExactJob job) {
+// One thread: the host function's verdict into the matrix's state (device memory). The flag lives in
+// pinned host memory: read once here, not by every thread of the apply kernel (each such read is a
+// PCIe round trip: on an H100 they made the update 25x its prediction, gpu_check 2026-11-27).
+__global__ void swan_exact_verdict_kernel(SwanState* st, SwanExactJob job) {
   const uint32_t flag = *job.flag;
-  if (blockIdx.x == 0 && threadIdx.x == 0) st->fallback = flag >= 2 ? flag : 0u;
-  if (flag != 2 || !take_update_scalars(s, slot, r, wb)) return;
+  st->fallback = flag >= 2 ? flag : 0u;
+}
+
+// The host function's result: applied when it is ready (fallback 2), in FP64 as on the CPU.
+template <class T>
+__global__ void swan_apply_exact_kernel(T* w, int64_t total, const SwanState* st, RuleScalars r, float sqrt_max, WriteBack wb,
+                                        const UpdateScalars* s, int slot, SwanExactJob job) {
+  if (st->fallback != 2 || !take_update_scalars(s, slot, r, wb)) return;
   const float keep = r.keep;
   const double step = r.lr * sqrt_max;
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x)
@@ -375,6 +380,7 @@ void swan_chunk(const SwanItem* items, int64_t B, const SwanParams& a, LtGemm& g
     launch("swan_apply", swan_apply_kernel<T>, dim3(grid_for(m * n)), dim3(kThreads), 0, stream, static_cast<T*>(t.w), c.U[b], c.X[b], m, n,
            ld, c.st + b, a.exact, rule, sqrt_max, wb, a.scalars.at, a.scalars.slot, *jobs[b]);
     MN_CUDA_CHECK(cudaLaunchHostFunc(stream, swan_exact_on_host, jobs[b]), "swan's exact path (a host function)");
+    launch("swan_exact_verdict", swan_exact_verdict_kernel, dim3(1), dim3(1), 0, stream, c.st + b, *jobs[b]);
     launch("swan_apply_exact", swan_apply_exact_kernel<T>, dim3(grid_for(m * n)), dim3(kThreads), 0, stream, static_cast<T*>(t.w), m * n,
            c.st + b, rule, sqrt_max, wb, a.scalars.at, a.scalars.slot, *jobs[b]);
   }

@@ -330,6 +330,7 @@ class CostRecorder final : public Backend {
         gemm_fp32(static_cast<double>(t.m), static_cast<double>(t.n), k);  // U
         add("swan_count_nonfinite", CostUnit::Memory, 1, 4.0 * mn, mn);
         add("swan_apply", CostUnit::Memory, 1, mn * (4 + 2 * s_of(t.w)), 3.0 * mn);
+        add("swan_exact_verdict", CostUnit::Memory, 1, 64.0, 0);  // the host function's flag, one read of pinned memory
         add("swan_apply_exact", CostUnit::Memory, 1, 0, 0);  // returns at once unless the tensor fell back
       }
       add("swan_statistics", CostUnit::Memory, 1, 64.0 * B, 0);

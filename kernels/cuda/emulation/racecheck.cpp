@@ -21,6 +21,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -74,6 +76,10 @@ const char* g_kernel = "";          // the running launch's kernel, for the faul
 const char* g_device_lo = nullptr;  // the emulated device's address range (device_memory.h)
 size_t g_device_bytes = 0;
 std::atomic<uint64_t> g_serial{0};
+// Loads of pinned host memory in the running launch, per address (rare: a lock is cheap enough).
+constexpr int kPinnedLoadsPerAddress = 64;  // two warps' same-address loads: two PCIe transactions
+std::mutex g_pinned_mutex;
+std::map<uintptr_t, int> g_pinned_loads;
 thread_local Worker t_worker_state;
 thread_local Worker* t_worker = nullptr;
 
@@ -160,12 +166,32 @@ inline bool in_own_state(const Worker& w, uintptr_t a) {
          a - reinterpret_cast<uintptr_t>(v.state_lo[1]) < v.state_bytes[1] || a - reinterpret_cast<uintptr_t>(v.state_lo[2]) < v.state_bytes[2];
 }
 
+// A load of pinned host memory is a round trip over PCIe on a GPU (about a microsecond): a flag read by
+// every thread of a launch made SWAN's update 25x its prediction on an H100 (2026-11-27). Loading one
+// address more than kPinnedLoadsPerAddress times in a launch is an error; streaming a pinned array
+// (each address once) is not.
+void note_pinned_load(Worker& w, uintptr_t a) {
+  int count = 0;
+  {
+    std::lock_guard<std::mutex> lock(g_pinned_mutex);
+    count = ++g_pinned_loads[a];
+  }
+  if (count == kPinnedLoadsPerAddress + 1)
+    record_error(w, "load of pinned host memory at " + hex_address(reinterpret_cast<const void*>(a)) + ", the " +
+                        std::to_string(count) + "th of that address in this launch: on a GPU each is a round trip over PCIe " +
+                        "(about a microsecond). Read it once (one thread) into device memory, and the other threads from there");
+}
+
 // An access of the kernel's code outside shared memory and the device's range: its own stack, what the
 // emulation hands it (threadIdx, a warp exchange: ThreadView) and pinned host memory are reachable;
 // any other address is host memory a GPU cannot reach.
 void check_reach(Worker& w, const void* p, size_t size, bool write, const char* what) {
   const uintptr_t a = reinterpret_cast<uintptr_t>(p);
-  if (!w.error.empty() || in_own_state(w, a) || device::is_pinned(p, size)) return;
+  if (!w.error.empty() || in_own_state(w, a)) return;
+  if (device::is_pinned(p, size)) {
+    if (!write) note_pinned_load(w, a);
+    return;
+  }
   record_error(w, std::to_string(size) + "-byte " + what + (write ? "store" : "load") + " at " + hex_address(p) + ": " +
                       device::describe(p) +
                       ". A kernel reaches only device allocations, pinned host memory and its own stack: on a GPU this access "
@@ -285,6 +311,10 @@ bool checks_enabled() {
 
 void begin_launch(const char* kernel, bool journal) {
   g_kernel = kernel;
+  {
+    std::lock_guard<std::mutex> lock(g_pinned_mutex);
+    g_pinned_loads.clear();
+  }
   if (!g_device_lo) device::range(&g_device_lo, &g_device_bytes);
   install_fault_reporter();
   const bool checks = checks_enabled();

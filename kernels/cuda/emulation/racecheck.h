@@ -17,6 +17,8 @@
 //     address (a pointer to the host's stack or heap reached through an argument or a descriptor)
 //     faults on a GPU with cudaErrorIllegalAddress. Checked from the moment the thread enters the
 //     kernel's code (kernel_entry: before it, the emulation copies the arguments from host memory).
+//   - pinned host memory read over and over: one address loaded more than 64 times in a launch (a
+//     flag every thread reads) is an error, each such load being a PCIe round trip on a GPU.
 // The first error of a block is kept and reported by the scheduler with the kernel, block and thread.
 //
 // MULTINORM_EMU_RACECHECK=0 turns the checks off (the hooks then return at once). The sanitizer
