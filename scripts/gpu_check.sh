@@ -35,12 +35,13 @@
 #   sanitizer     memcheck and racecheck, each on three targets: training (a tiny model's updates and
 #                 timed step through `doctor`, the trainer's path with graphs), kernels (every kernel
 #                 family's CudaVsCpu tests but attention's) and attention (the tensor-core and SIMT
-#                 attention tests): memcheck_* 30, 60, 25 [3, 15, 1], racecheck_* 45, 90, 30 [10, 40, 4];
-#                 racecheck skips the libraries' kernels (cuBLASLt, NCCL: --kernel-name-exclude), whose
-#                 instrumented shared memory is what kept a run on the 2-layer model unfinished for
-#                 150 s; the kernels and attention targets launch every kernel of ours between
-#                 them (tests/gpu_check.sh checks that on the emulation). A run cut by its limit is a
-#                 failure, not a pass.
+#                 attention tests): memcheck_* 30, 60, 25 [3, 4, 1], racecheck_* 45, 120, 30 [-, 79, 6];
+#                 on a node racecheck skips the training target: with cuBLASLt's kernels instrumented
+#                 the tiny model's update checks did not finish in 115 s, and leaving them out
+#                 (--kernel-name-exclude) crashed the sanitizer at the first GEMM ("failed to handle
+#                 a hardware exception"; H100, 2026-11-27). The kernels and attention targets launch
+#                 every kernel of ours between them (tests/gpu_check.sh checks that on the emulation).
+#                 A run cut by its limit is a failure, not a pass.
 #   step_vs_torch step_ours_llama_60m 30 [2], step_torch_llama_60m 30 [7], step_ours_llama_1b 45 [15],
 #                 step_torch_llama_1b 45 [10]: micro-batch 32 x 256, BF16, PyTorch eager with SDPA; ours
 #                 timed replaying CUDA graphs (as the trainer runs), profiled in separate steps
@@ -467,19 +468,21 @@ fi
 
 # compute-sanitizer: a tiny model's updates and timed step (graphs, the trainer's path), every kernel
 # family's tests, the attention tests. --error-exitcode marks a finding apart from the program's own
-# failure; racecheck leaves the libraries' kernels out (cuBLASLt's and NCCL's: their shared memory
-# is theirs to check, and instrumenting it is what never finished).
-library_kernels='regex=nvjet|xmma|cutlass|gemm|gemv|splitK|cublas|nccl'
+# failure. Nothing is left out of racecheck: excluding cuBLASLt's kernels crashed it on an H100.
 for tool in memcheck racecheck; do
-  case $tool in memcheck) limits=(30 60 25) exclude=() ;; *) limits=(45 90 30) exclude=(--kernel-name-exclude "$library_kernels") ;; esac
+  case $tool in memcheck) limits=(30 60 25) ;; *) limits=(45 120 30) ;; esac
   if [ -z "$sanitizer" ]; then
     why="compute-sanitizer not found (PATH, \$CUDA_HOME/bin, /usr/local/cuda*/bin)"
     for target in training kernels attention; do skip_step "${tool}_$target" sanitizer "$why"; done
     continue
   fi
-  san=("$sanitizer" --tool "$tool" --error-exitcode 86 --print-limit 20 --target-processes all "${exclude[@]}")
-  run_step "${tool}_training" sanitizer ${limits[0]} "${san[@]}" "$mn" doctor --model "$tiny" "${san_training[@]}" \
-    --report "$out/raw/${tool}_training_doctor.json"
+  san=("$sanitizer" --tool "$tool" --error-exitcode 86 --print-limit 20 --target-processes all)
+  if [ "$tool" = racecheck ] && [ "$dry" = 0 ]; then
+    skip_step racecheck_training sanitizer "no verdict in reach on a GPU: racecheck with cuBLASLt's kernels instrumented did not finish the tiny model's update checks in 115 s (H100, 2026-11-27); memcheck covers this target, racecheck every kernel of ours through the kernels and attention targets"
+  else
+    run_step "${tool}_training" sanitizer ${limits[0]} "${san[@]}" "$mn" doctor --model "$tiny" "${san_training[@]}" \
+      --report "$out/raw/${tool}_training_doctor.json"
+  fi
   run_step "${tool}_kernels" sanitizer ${limits[1]} env MULTINORM_TEST_CUDA_PLUGIN="$plugin" "${san[@]}" "$tests_bin" \
     --gtest_filter="$san_kernels_filter"
   run_step "${tool}_attention" sanitizer ${limits[2]} env MULTINORM_TEST_CUDA_PLUGIN="$plugin" "${san[@]}" "$tests_bin" \

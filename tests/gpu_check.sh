@@ -47,7 +47,7 @@ while [ $# -gt 0 ]; do
   case $1 in
     --version) echo "stand-in compute-sanitizer (tests/gpu_check.sh)"; exit 0 ;;
     --tool) tool=$2; shift 2 ;;
-    --error-exitcode | --print-limit | --target-processes | --kernel-name-exclude) shift 2 ;;
+    --error-exitcode | --print-limit | --target-processes) shift 2 ;;
     *) break ;;
   esac
 done
