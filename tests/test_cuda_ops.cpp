@@ -3,6 +3,7 @@
 // GEMMs), FP32 and BF16, then the whole model's forward and backward (cuda_vs_cpu.h: the modes and
 // the tolerances).
 #include "cuda_vs_cpu.h"
+#include "multinorm/cuda_scratch.h"
 
 using namespace multinorm;
 using namespace multinorm::testing;
@@ -156,6 +157,49 @@ TEST_P(CudaVsCpu, PaddedMlpRowsLeaveOnlyTheDownWeightStaged) {
   EXPECT_EQ(copies, 4 * cfg.num_hidden_layers);
   const LossSum lc = mc.forward_backward({tokens.data(), targets.data(), nullptr, B, T}, 1.0f / (B * T));
   EXPECT_NEAR(lg.mean(), lc.mean(), 2e-3 * lc.mean());  // BF16 activations: the model test's bound
+  // The padding still holds zeros after a forward and backward pass (Buf::ld: the GEMMs run over it,
+  // cuda_scratch::gemm_extents), though the emulated device memory starts as NaN.
+  for (const char* name : {"layers.0.gate_up", "layers.1.gate_up", "swiglu", "d_swiglu", "d_gate_up"}) {
+    const BufferSpec& spec = mg.activation_plan().find(name);
+    std::vector<uint16_t> rows(static_cast<size_t>(spec.elements));
+    cuda->to_host(rows.data(), mg.activation(name).ptr, spec.bytes());
+    const int64_t width = std::string(name).find("gate_up") != std::string::npos ? 82 : 41;
+    int64_t nonzero = 0;
+    for (int64_t r = 0; r < B * T; ++r)
+      for (int64_t c = width; c < spec.ld; ++c) nonzero += rows[static_cast<size_t>(r * spec.ld + c)] != 0;
+    EXPECT_EQ(nonzero, 0) << name;
+  }
+  // The down projection's GEMMs read that padding (they run over it): NaN planted there reaches the loss.
+  const BufferSpec& s = mg.activation_plan().find("swiglu");
+  std::vector<uint16_t> planted(static_cast<size_t>(s.elements), 0);
+  for (int64_t r = 0; r < B * T; ++r) planted[static_cast<size_t>(r * s.ld + s.ld - 1)] = 0x7fc0;  // a BF16 NaN in the last column
+  cuda->to_device(mg.activation("swiglu").ptr, planted.data(), s.bytes());
+  EXPECT_TRUE(std::isnan(mg.forward({tokens.data(), targets.data(), nullptr, B, T}).mean()));
+}
+
+// Where every operand carrying K (or N) as its rows' length is padded, the GEMM runs over the
+// padding (zeros); never over a dimension that is some operand's row count, nor over dense rows.
+TEST(GemmExtents, WidenKAndNOnlyWhereEveryOperandCarryingThemIsPadded) {
+  namespace cs = cuda_scratch;
+  const int64_t T = 64, C = 32, F = 41, Fp = 64;  // F = 41 BF16: 82-byte rows, padded to 128 bytes
+  auto extents = [](int64_t M, int64_t N, int64_t K, bool ta, bool tb, int64_t a_ld, int64_t b_ld, int64_t out_ld, int64_t out_bytes = 2) {
+    const cs::GemmStaging st = cs::gemm_staging(M, N, K, ta, tb, 2, out_bytes, 0, 0, 0, a_ld, b_ld, out_ld);
+    return cs::gemm_extents(st, N, K, ta, tb, 2, out_bytes);
+  };
+  // the down projection: forward s[T,F] Wd[C,F]^T (K = F), input gradient dy Wd (N = F), weight gradient dy^T s (N = F)
+  EXPECT_EQ(extents(T, C, F, false, true, Fp, 0, 0).K, Fp);   // s padded, Wd staged
+  EXPECT_EQ(extents(T, F, C, false, false, 0, 0, Fp).N, Fp);  // Wd staged, ds padded
+  EXPECT_EQ(extents(C, F, T, true, false, 0, Fp, 0).N, Fp);   // s padded, dWd staged
+  EXPECT_EQ(extents(C, 5461, T, true, false, 0, 5504, 0, 4).N, 5472);  // an FP32 gradient's 128-byte rows (32 floats) bound it
+  // the gate/up projection: W [2F, C] has 2F rows, never more: nothing widened
+  const cs::GemmExtents g1 = extents(T, 2 * F, C, false, true, 0, 0, 128), g2 = extents(T, C, 2 * F, false, false, 128, 0, 0),
+                        g3 = extents(2 * F, C, T, true, false, 128, 0, 0);
+  EXPECT_EQ(g1.N, 2 * F);
+  EXPECT_EQ(g2.K, 2 * F);
+  EXPECT_EQ(g3.N, C);
+  EXPECT_EQ(g3.K, T);
+  // aligned widths: as they are
+  EXPECT_EQ(extents(T, C, 40, false, true, 64, 64, 0).K, 40);
 }
 
 TEST_P(CudaVsCpu, EmbeddingForwardBackward) {

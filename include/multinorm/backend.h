@@ -34,6 +34,8 @@ struct Buf {
   // A matrix whose rows are padded: its row stride in elements (0: rows are dense, as the op's width
   // says). Only the CUDA backend's plan pads (the MLP's activations: ActivationLayout), and only the
   // ops that take them honour it (matmul, swiglu and their fused forms); every other op refuses one.
+  // Its padding holds zeros: allocate() zero-fills, ops write only the row's columns, and a GEMM over
+  // the padded width writes there a row of its input times zeros (cuda_scratch::gemm_extents).
   int64_t ld = 0;
   Buf at(int64_t elements) const {
     return {static_cast<char*>(ptr) + elements * dtype_bytes(dtype), dtype, ld};

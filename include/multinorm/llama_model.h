@@ -76,6 +76,8 @@ class LlamaModel {
   Buf param(const TensorSpec& t) const { return params().at(t.offset); }
   Buf grad(const TensorSpec& t) const { return grads().at(t.offset); }
   int64_t activation_bytes() const { return plan_.bytes(); }
+  const ActivationPlan& activation_plan() const { return plan_; }
+  Buf activation(const std::string& name) const { return act(name); }  // a buffer of the plan (tests, tools)
 
   // N(0, initializer_range) for the embedding and every linear, ones for the norms. Each element is
   // a counter-based draw from (seed, tensor, element): independent of threads and backend.

@@ -12,8 +12,8 @@
 //                   update's scalars
 //   clip_gradients<T>: reads the factor; when it is not 1, reads and writes n*sizeof(T) bytes
 //   copy_rows:     rows x cols elements between row strides (a GEMM operand to or from its staged
-//                  copy with 128-byte rows: cuda_scratch::gemm_staging): reads and writes
-//                  rows*cols*element bytes, 0 FLOPs
+//                  copy with 128-byte rows: cuda_scratch::gemm_staging), zeros in the destination's
+//                  padding: reads rows*cols and writes rows*dst_ld elements, 0 FLOPs
 // convert, scale and clip take runs of 8 elements a thread (16-byte packs of BF16, two of FP32) where
 // the arrays are 16-byte aligned, the last n mod 8 one by one: the same bits either way.
 #include <algorithm>
@@ -73,8 +73,8 @@ __global__ void scale_kernel(T* x, int64_t n, float factor, bool packed) {
 template <class W>
 __global__ void copy_rows_kernel(W* dst, int64_t dst_ld, const W* src, int64_t src_ld, int64_t rows, int64_t cols) {
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
-    for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < cols; c += int64_t(gridDim.x) * blockDim.x)
-      dst[r * dst_ld + c] = src[r * src_ld + c];
+    for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < dst_ld; c += int64_t(gridDim.x) * blockDim.x)
+      dst[r * dst_ld + c] = c < cols ? src[r * src_ld + c] : W(0);  // the padding: zeros (cuda_scratch::gemm_extents)
 }
 
 constexpr int kReduceThreads = 256;
@@ -145,7 +145,7 @@ void convert(D* dst, const S* src, int64_t n, cudaStream_t stream) {
 }
 void copy_rows(void* dst, int64_t dst_ld, const void* src, int64_t src_ld, int64_t rows, int64_t cols, int element_bytes, cudaStream_t stream) {
   if (rows <= 0 || cols <= 0) return;
-  const dim3 grid(ceil_div(cols, 256), static_cast<unsigned>(std::min<int64_t>(rows, 65535)));
+  const dim3 grid(ceil_div(std::max(cols, dst_ld), 256), static_cast<unsigned>(std::min<int64_t>(rows, 65535)));
   if (element_bytes == 2)
     launch("copy_rows", copy_rows_kernel<uint16_t>, grid, dim3(256), 0, stream, static_cast<uint16_t*>(dst), dst_ld,
            static_cast<const uint16_t*>(src), src_ld, rows, cols);

@@ -251,7 +251,8 @@ class CudaBackend final : public Backend {
   // An operand whose rows or base are not 16-byte aligned (an MLP width of 5461, where the plan does
   // not pad it) is staged through scratch with 128-byte rows, where cuBLASLt runs its fast kernels
   // (cuda_scratch::gemm_staging): a and b copied in, out copied in when accumulating and back after.
-  // A padded operand (Buf::ld) is taken as it is.
+  // A padded operand (Buf::ld) is taken as it is. Where every operand carrying K (or N) as its rows'
+  // length is padded, the GEMM runs over the padding, zeros (cuda_scratch::gemm_extents).
   void matmul(Buf out, Buf a, Buf b, int64_t M, int64_t N, int64_t K, bool ta, bool tb, bool acc) override {
     if (a.dtype != b.dtype) throw Error("matmul: operands must share a dtype");
     if (a.dtype == DType::F32 && out.dtype != DType::F32) throw Error("matmul: fp32 operands need an fp32 output");
@@ -269,7 +270,8 @@ class CudaBackend final : public Backend {
     void* sa = stage(st.a, gemm_stage_[0], a.ptr, si, true);
     void* sb = stage(st.b, gemm_stage_[1], b.ptr, si, true);
     void* sout = stage(st.out, gemm_stage_[2], out.ptr, so, acc);
-    gemm_->run(sout, st.out.ld, lt_type(out.dtype), sa, st.a.ld, sb, st.b.ld, lt_type(a.dtype), M, N, K, ta, tb, acc, q_->issue());
+    const cuda_scratch::GemmExtents e = cuda_scratch::gemm_extents(st, N, K, ta, tb, si, so);  // over zero padding
+    gemm_->run(sout, st.out.ld, lt_type(out.dtype), sa, st.a.ld, sb, st.b.ld, lt_type(a.dtype), M, e.N, e.K, ta, tb, acc, q_->issue());
     if (staged && st.out.staged) cuda::copy_rows(out.ptr, st.out.stride, sout, st.out.ld, M, N, static_cast<int>(so), q_->issue());
   }
 

@@ -83,25 +83,30 @@ class CostRecorder final : public Backend {
     const auto st = staging(out, a, b, M, N, K, ta, tb);
     record_staging(st, s_of(a), s_of(out), accumulate, true);
     const bool bf16 = a.dtype == DType::BF16;
-    const double bytes = double(M * K + K * N) * s_of(a) + double(M * N) * s_of(out) * (accumulate ? 2 : 1);
+    // over the zero padding where the backend widens N or K (cuda_scratch::gemm_extents)
+    const cuda_scratch::GemmExtents e = cuda_scratch::gemm_extents(st, N, K, ta, tb, dtype_bytes(a.dtype), dtype_bytes(out.dtype));
+    const double bytes = double(M * e.K + e.K * e.N) * s_of(a) + double(M * e.N) * s_of(out) * (accumulate ? 2 : 1);
     add(bf16 ? "gemm bf16 (cuBLASLt)" : "gemm fp32 (cuBLASLt)", bf16 ? CostUnit::GemmTensorCore : CostUnit::GemmFp32, 1, bytes,
-        2.0 * M * N * K);
+        2.0 * M * e.N * e.K);
     record_staging(st, s_of(a), s_of(out), accumulate, false);
   }
   static cuda_scratch::GemmStaging staging(Buf out, Buf a, Buf b, int64_t M, int64_t N, int64_t K, bool ta, bool tb) {
     return cuda_scratch::gemm_staging(M, N, K, ta, tb, dtype_bytes(a.dtype), dtype_bytes(out.dtype), reinterpret_cast<uintptr_t>(a.ptr),
                                       reinterpret_cast<uintptr_t>(b.ptr), reinterpret_cast<uintptr_t>(out.ptr), a.ld, b.ld, out.ld);
   }
-  // The copies a staged GEMM adds, each operand read and written once: before it, a and b in (and out
-  // when accumulating); after it, out back.
+  // The copies a staged GEMM adds, each operand read once and written with its destination's rows
+  // (the staged copy's padding zeroed): before it, a and b in (and out when accumulating); after it,
+  // out back.
   void record_staging(const cuda_scratch::GemmStaging& st, double s_in, double s_out, bool accumulate, bool before) {
-    auto copy = [&](const cuda_scratch::GemmOperand& o, double s) { add("copy_rows", CostUnit::Memory, 1, 2.0 * o.rows * o.cols * s, 0); };
+    auto copy = [&](const cuda_scratch::GemmOperand& o, double s, bool in) {
+      add("copy_rows", CostUnit::Memory, 1, double(o.rows) * (o.cols + (in ? o.ld : o.stride)) * s, 0);
+    };
     if (before) {
-      if (st.a.staged) copy(st.a, s_in);
-      if (st.b.staged) copy(st.b, s_in);
-      if (st.out.staged && accumulate) copy(st.out, s_out);
+      if (st.a.staged) copy(st.a, s_in, true);
+      if (st.b.staged) copy(st.b, s_in, true);
+      if (st.out.staged && accumulate) copy(st.out, s_out, true);
     } else if (st.out.staged) {
-      copy(st.out, s_out);
+      copy(st.out, s_out, false);
     }
   }
 
