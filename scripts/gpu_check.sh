@@ -32,6 +32,8 @@
 #                 the default corpus), SinkGD and SWAN, each trained twice: the last checkpoints
 #                 byte-identical, the validation perplexity within 2% of the CPU backend's
 #                 (gpu_check/smoke_reference.json, measured on the same shards)
+#   optimizers    optim_llama_60m 30 [4]: `bench optim --backend cuda`, one update of the whole model
+#                 by SinkGD, SWAN and Adam (optim_llama_1b 60 [27] comes before doctor_llama_1b)
 #   sanitizer     memcheck and racecheck, each on three targets: training (a tiny model's updates and
 #                 timed step through `doctor`, the trainer's path with graphs), kernels (every kernel
 #                 family's CudaVsCpu tests but attention's) and attention (the tensor-core and SIMT
@@ -48,12 +50,13 @@
 #   attention     attention_ours 30 [3], attention_sdpa 30 [16]: T 256, 1024, 2048 x D 64, 128, all in
 #                 one process each; SDPA as PyTorch picks it, FlashAttention-2 and cuDNN forced
 #   hf_logits     hf_export 20 [3], hf_compare 30 [14]: llama_60m exported, loaded by transformers
+#   optimizers    optim_llama_1b 60 [27]: as optim_llama_60m (SWAN's Newton-Schulz: 5.6 s an update)
 #   doctor        doctor_llama_1b 60 [33]: the op checks and a timed step at llama_1b's shapes
 #   step_vs_torch step_compile_llama_60m 60 [25], step_compile_llama_1b 90 [23]: PyTorch under
 #                 torch.compile, each transformer block compiled on its own (the compile time does not
 #                 grow with depth; last: it mostly compiles; a failure or timeout is recorded in the
 #                 comparison's row and does not fail the section)
-# Expected about 420 s in all. The limits add up to 1,100 s; the deadline GPU_CHECK_BUDGET_S (default
+# Expected about 450 s in all. The limits add up to 1,190 s; the deadline GPU_CHECK_BUDGET_S (default
 # 450 s) caps them: a step is cut to what is left, one that would start with under 5 s left is
 # skipped, so the call ends by about 460 s (under 8 minutes) with its reports written.
 #
@@ -466,6 +469,12 @@ else
   skip_step training_smoke training "no smoke data: the bundle's share/multinorm/smoke (scripts/bundle.sh packs it from data/default)"
 fi
 
+# One optimizer update of the whole model per optimizer (SWAN's beside SinkGD's and Adam's).
+optim_step() {  # SLOT MODEL_CONFIG LIMIT
+  run_step "optim_$1" optimizers "$3" bash -c '"$0" "$@" > "$out/raw/optim_'"$1"'.json"' "$mn" bench optim --backend cuda -c "$2" --steps 3 --json
+}
+optim_step llama_60m "$model_60m" 30
+
 # compute-sanitizer: a tiny model's updates and timed step (graphs, the trainer's path), every kernel
 # family's tests, the attention tests. --error-exitcode marks a finding apart from the program's own
 # failure. Nothing is left out of racecheck: excluding cuBLASLt's kernels crashed it on an H100.
@@ -534,6 +543,8 @@ elif [ -n "$py" ]; then
 else
   skip_step hf_compare hf_logits "$torch_missing"
 fi
+
+optim_step llama_1b "$model_1b" 60
 
 run_step doctor_llama_1b doctor 60 "$mn" doctor --model "$model_1b" "${doctor_shape[@]}" "${doctor_1b_only[@]}" \
   --report "$out/raw/doctor_llama_1b.json"

@@ -92,9 +92,9 @@ s = r["sections"]
 pos = lambda x: isinstance(x, (int, float)) and math.isfinite(x) and x > 0
 assert r["ok"] is True and r["gpu_check"]["dry"] is True and r["gpu_check"]["layout"] == "build", r["gpu_check"]
 expected = {"environment": "ok", "doctor": "ok", "tests": "ok", "training": "ok", "sanitizer": "ok", "step_vs_torch": "ok", "attention": "ok",
-            "hf_logits": "skipped", "nccl": "skipped"}
+            "hf_logits": "skipped", "optimizers": "ok", "nccl": "skipped"}
 assert {k: v["status"] for k, v in s.items()} == expected, {k: (v["status"], v.get("reason")) for k, v in s.items()}
-assert len(r["steps"]) == 21 and all(x["status"] == "ok" for x in r["steps"]), [(x["id"], x["status"], x["reason"]) for x in r["steps"]]
+assert len(r["steps"]) == 23 and all(x["status"] == "ok" for x in r["steps"]), [(x["id"], x["status"], x["reason"]) for x in r["steps"]]
 assert all(x["seconds"] <= x["limit_s"] for x in r["steps"]), "a step ran past its limit"
 assert s["environment"]["python"]["offline"] == {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}, s["environment"]["python"]
 
@@ -144,13 +144,15 @@ tr = s["training"]
 assert [x["optimizer"] for x in tr["runs"]] == ["sinkgd", "swan"], tr
 for x in tr["runs"]:
     assert x["identical"] and x["differing"] == [] and x["updates"] == 6 and pos(x["val_ppl"]) and x["relative"] <= 0.02, x
+op = s["optimizers"]["rows"]  # one update of each optimizer, SWAN's beside SinkGD's
+assert [x["slot"] for x in op] == ["llama_60m", "llama_1b"] and all(pos(x[k + "_step_s"]) for x in op for k in ("sinkgd", "swan", "adam")), op
 runs = s["sanitizer"]["runs"]
 assert len(runs) == 6 and all(x["status"] == "ok" and x["errors"] == 0 and x["warnings"] == 0 for x in runs), runs
 assert s["nccl"]["reason"] == "1 GPU visible", s["nccl"]
 
 assert md.startswith("# gpu_check: ok"), md[:200]
 for header in ("| section | status | why |", "| model | B x T | ours tokens/s | ours MFU (fwd+bwd, no optimizer) |", "| B x H x T x D |",
-               "| step | section | status |", "| tokens/s | MFU (step with the update) |"):
+               "| step | section | status |", "| tokens/s | MFU (step with the update) |", "| model | SinkGD ms | SWAN ms |"):
     assert header in md, header
 print("gpu_check dry run: %d sections, %d steps, llama_60m slot %.0f tokens/s ours, %.0f PyTorch" %
       (len(s), len(r["steps"]), rows[0]["ours_tokens_per_s"], rows[0]["torch_eager_tokens_per_s"]))

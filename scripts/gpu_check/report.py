@@ -274,6 +274,25 @@ def step_vs_torch(r):
 SDPA_VARIANTS = ("torch", "flash", "cudnn")  # PyTorch's choice, FlashAttention-2 forced, cuDNN attention forced
 
 
+def optimizers(r):
+    """bench optim --backend cuda: one update of the whole model per optimizer (the best of its rounds)."""
+    rows, figures = [], {}
+    for m in ("60m", "1b"):
+        d = load_json(r.raw_path(f"optim_llama_{m}.json"))
+        figures[f"optim_llama_{m}"] = bool(d and d.get("optimizers"))
+        if not figures[f"optim_llama_{m}"]:
+            continue
+        o = d["optimizers"]
+        row = {"slot": f"llama_{m}", "model": d.get("model")}
+        for k in ("sinkgd", "swan", "adam"):
+            row[k + "_step_s"] = num(o.get(k, {}), "step_s")
+        for k in ("swan_over_sinkgd", "sinkgd_over_adam", "sinkgd_gb_s", "adam_gb_s", "copy_gb_s"):
+            row[k] = num(d, k)
+        rows.append(row)
+    status, reason = r.section_status(["optim_llama_60m", "optim_llama_1b"], figures=figures)
+    return {"status": status, "reason": reason, "rows": rows}
+
+
 def sdpa_variant(x):
     v = x.get("variant")
     if v in ("flash", "cudnn"):
@@ -498,7 +517,8 @@ def build(out):
     sections = {"environment": guarded("environment", environment, r), "doctor": doc, "tests": guarded("tests", tests, r),
                 "training": guarded("training", training, r), "sanitizer": guarded("sanitizer", sanitizer, r),
                 "step_vs_torch": guarded("step_vs_torch", step_vs_torch, r), "attention": guarded("attention", attention, r),
-                "hf_logits": guarded("hf_logits", hf_logits, r), "nccl": guarded("nccl", nccl_section, nccl)}
+                "hf_logits": guarded("hf_logits", hf_logits, r), "optimizers": guarded("optimizers", optimizers, r),
+                "nccl": guarded("nccl", nccl_section, nccl)}
     finished = r.meta.get("finished", time.time())
     report = {"gpu_check": {"dry": r.meta.get("dry"), "layout": r.meta.get("layout"), "host": r.meta.get("host"),
                             "multinorm": r.meta.get("version"),
@@ -578,6 +598,14 @@ def markdown(rep):
                                      f"{t.get('skipped', '—')} skipped of {t.get('tests', '—')}{'; failing: ' + ', '.join(t['failing']) if t.get('failing') else ''}"
                                      f"{'; crashed the binary: ' + ', '.join(t['crashed']) if t.get('crashed') else ''} "
                                      f"(counted from {t.get('counted_from', '—')})."]
+    op = s["optimizers"]
+    md += ["", "## One optimizer update of the whole model (`bench optim --backend cuda`, the best of its rounds)", "",
+           f"status {op.get('status')}{': ' + op['reason'] if op.get('reason') else ''}.", ""]
+    ms = lambda x: "—" if x is None else f"{1e3 * x:.3g}"
+    md += table(["model", "SinkGD ms", "SWAN ms", "Adam ms", "SWAN / SinkGD", "SinkGD / Adam", "SinkGD GB/s", "Adam GB/s", "copy GB/s"],
+                [[x.get("model"), ms(x.get("sinkgd_step_s")), ms(x.get("swan_step_s")), ms(x.get("adam_step_s")), fmt(x.get("swan_over_sinkgd")),
+                  fmt(x.get("sinkgd_over_adam")), fmt(x.get("sinkgd_gb_s")), fmt(x.get("adam_gb_s")), fmt(x.get("copy_gb_s"))]
+                 for x in op.get("rows", [])])
     tr = s["training"]
     md += ["", "## Training smoke (the quickstart on the GPU, twice per optimizer)", "",
            f"status {tr.get('status')}{': ' + tr['reason'] if tr.get('reason') else ''}.", ""]
