@@ -97,13 +97,34 @@ __global__ void copy_rows_kernel(W* dst, int64_t dst_ld, const W* src, int64_t s
 
 constexpr int kReduceThreads = 256;
 
+// This thread's share of x[0, n)'s sum of squares in FP64, block `block` of `blocks`: 16-byte packs (8
+// values) where x is 16-byte aligned, then the last n mod 8 values one a thread; otherwise a value a
+// thread at a time. One function for one tensor and for many: the same bits. (A value a thread ran at
+// 2.3x its memory time on an H100, 2026-11-27: 2.26 ms for llama_1b's gradients.)
 template <class T>
-__global__ void sum_squares_partial_kernel(double* partials, const T* x, int64_t n) {
+__device__ double sum_squares_share(const T* x, int64_t n, int64_t block, int64_t blocks) {
+  const int64_t first = block * blockDim.x + threadIdx.x, stride = blocks * blockDim.x;
   double s = 0.0;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+  int64_t done = 0;
+  if (aligned16(x)) {
+    done = n / 8 * 8;
+    for (int64_t p = first; 8 * p < done; p += stride) {
+      float v[8];
+      load_values<T, 8>(x, 8 * p, v);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) s += double(v[k]) * double(v[k]);
+    }
+  }
+  for (int64_t i = done + first; i < n; i += stride) {
     const double v = to_float(x[i]);
     s += v * v;
   }
+  return s;
+}
+
+template <class T>
+__global__ void sum_squares_partial_kernel(double* partials, const T* x, int64_t n) {
+  double s = sum_squares_share(x, n, blockIdx.x, gridDim.x);
   __shared__ double scratch[32];
   s = block_sum(s, scratch);
   if (threadIdx.x == 0) partials[blockIdx.x] = s;
@@ -121,12 +142,7 @@ __global__ void sum_partials_kernel(double* result, const double* partials, int 
 template <class T>
 __global__ void sum_squares_many_partial_kernel(double* partials, const SumSquaresItem* items) {
   const SumSquaresItem it = items[blockIdx.y];
-  const T* x = static_cast<const T*>(it.x);
-  double s = 0.0;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < it.n; i += int64_t(gridDim.x) * blockDim.x) {
-    const double v = to_float(x[i]);
-    s += v * v;
-  }
+  double s = sum_squares_share(static_cast<const T*>(it.x), it.n, blockIdx.x, gridDim.x);
   __shared__ double scratch[32];
   s = block_sum(s, scratch);
   if (threadIdx.x == 0) partials[int64_t(blockIdx.y) * gridDim.x + blockIdx.x] = s;
