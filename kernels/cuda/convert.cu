@@ -69,7 +69,8 @@ __global__ void scale_kernel(T* x, int64_t n, float factor, bool packed) {
   scale_elements(x, n, factor, packed);
 }
 
-// dst[r, c] = src[r, c] for c < cols, rows dst_ld and src_ld elements apart; W is the element's bits.
+// dst[r, c] = src[r, c] for c < cols and 0 for cols <= c < dst_ld, rows dst_ld and src_ld elements apart;
+// W is the element's bits.
 template <class W>
 __global__ void copy_rows_kernel(W* dst, int64_t dst_ld, const W* src, int64_t src_ld, int64_t rows, int64_t cols, bool packed) {
   // A thread takes 16 bytes of a destination row: one 16-byte store into 128-byte rows (the staged

@@ -270,7 +270,7 @@ float rounded(cudaDataType type, float v) {
 void multiply_one(const Desc& d, const Layout& a, const Layout& b, const Layout& c, const Layout& dl, uint64_t m, uint64_t n, uint64_t k,
                   uint64_t split, float al, const void* A, const void* B, float be, const void* C, void* D) {
   const bool ta = d.trans_a == CUBLAS_OP_T, tb = d.trans_b == CUBLAS_OP_T;
-  std::vector<float> column(m), total(m);
+  std::vector<float> column(m), total(split ? m : 0);  // total: the running split-K sum
   for (uint64_t j = 0; j < n; ++j) {
     std::fill(column.begin(), column.end(), 0.0f);
     std::fill(total.begin(), total.end(), 0.0f);
