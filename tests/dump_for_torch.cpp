@@ -5,6 +5,7 @@
 #include <random>
 
 #include "multinorm/json_file.h"
+#include "multinorm/llama_model.h"
 #include "multinorm/model_io.h"
 #include "multinorm/safetensors.h"
 
@@ -34,7 +35,7 @@ int main(int argc, char** argv) {
   std::vector<float> logits(B * T * cfg.vocab_size);
   model.logits(mb, logits.data());
 
-  save_hf_model(model, out, dt);
+  save_hf_model(model.store(), model.config(), out, dt);
   const std::vector<float> g = model.grads_to_host();
   std::vector<TensorData> grads;
   for (const auto& t : model.tensors()) grads.push_back(from_f32_vector(t.name, t.shape, g.data() + t.offset, DType::F32));

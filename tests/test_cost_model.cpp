@@ -31,7 +31,7 @@ TEST(CudaBackend, CostModelLaunchesWhatTheBackendLaunches) {
       auto measure = [&](Backend& b) {
         LlamaModel m(b, run.model, DType::BF16, 2, 19);
         m.init_random(4);
-        Optimizer o(m, run);
+        Optimizer o(m.store(), run);
         b.set_profiling(true);
         b.take_profile();
         if (b.name() == "cost-recorder") take_kernel_costs(b);

@@ -4,6 +4,7 @@
 // the tolerances).
 #include "cuda_vs_cpu.h"
 #include "multinorm/cuda_scratch.h"
+#include "multinorm/llama_model.h"
 
 using namespace multinorm;
 using namespace multinorm::testing;

@@ -344,7 +344,7 @@ TEST_P(CudaVsCpu, OneTrainingUpdatePerOptimizer) {
     LlamaModel mc(*cpu, run.model, DType::F32, 2, 19), mg(*cuda, run.model, DType::F32, 2, 19);
     mc.init_random(4);
     mg.params_from_host(mc.params_to_host());
-    Optimizer oc(mc, run), og(mg, run);
+    Optimizer oc(mc.store(), run), og(mg.store(), run);
     for (int64_t update = 1; update <= 2; ++update) {
       mc.zero_grads(), mg.zero_grads();
       mc.forward_backward(mb, 0.5f), mg.forward_backward(mb, 0.5f);
@@ -482,7 +482,7 @@ TEST(CudaBackend, GraphedUpdatesEqualEagerOnesAndSkipOnTheDevice) {
       LlamaModel ma(*be, run.model, DType::BF16, 2, 19), mb(*be, run.model, DType::BF16, 2, 19);
       ma.init_random(4);
       mb.init_random(4);
-      Optimizer eager(ma, run), graphed(mb, run);
+      Optimizer eager(ma.store(), run), graphed(mb.store(), run);
       graphed.set_graphs(true);
       int64_t applied = 0, clipped = 0;
       std::vector<float> before = mb.params_to_host();

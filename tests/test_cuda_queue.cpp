@@ -33,10 +33,10 @@ TEST_P(CudaVsCpu, HostWaitsPerMicroBatchAndPerUpdate) {
     const MicroBatch mb{tokens.data(), targets.data(), nullptr, 2, 19};
     LlamaModel mg(*cuda, run.model, DType::BF16, 2, 19);
     mg.init_random(4);
-    Optimizer og(mg, run);
+    Optimizer og(mg.store(), run);
     LlamaModel mc(*cpu, run.model, DType::BF16, 2, 19);
     mc.init_random(4);
-    Optimizer oc(mc, run);
+    Optimizer oc(mc.store(), run);
     for (int64_t update = 1; update <= 2; ++update) {  // the second time every scratch buffer exists
       mg.zero_grads();
       mc.zero_grads();
@@ -81,7 +81,7 @@ TEST(CudaBackend, PipelinedUpdatesWaitOncePerUpdateAndNeverDrain) {
   m.init_random(4);
   ref.init_random(4);
   m.set_graphs(true);
-  Optimizer o(m, run), ro(ref, run);
+  Optimizer o(m.store(), run), ro(ref.store(), run);
   o.set_graphs(true);
   std::vector<std::vector<int32_t>> ids;
   for (int i = 0; i < 24; ++i) ids.push_back(random_ids(38, 101, 100 + i));  // tokens 0-11, targets 12-23
@@ -137,7 +137,7 @@ TEST(CudaBackend, GraphReplayEqualsEagerBitForBit) {
     EXPECT_EQ(le.sum, graphed.forward_backward(mb, scales[call]).sum) << "call " << call;
     EXPECT_EQ(eager.grads_to_host(), graphed.grads_to_host()) << "call " << call << ": accumulated gradients";
     LossTotals te, tg;
-    be->to_host(&te, eager.update_loss_totals(), sizeof te), be->to_host(&tg, graphed.update_loss_totals(), sizeof tg);
+    be->to_host(&te, eager.store().update_loss_totals(), sizeof te), be->to_host(&tg, graphed.store().update_loss_totals(), sizeof tg);
     EXPECT_EQ(te.sum, tg.sum) << "call " << call << ": the update's loss totals, summed in the graph";
     EXPECT_EQ(tg.micro_batches, call + 1);
   }
@@ -294,7 +294,7 @@ TEST(CudaBackend, OptimizerGraphsSurviveBuffersMovingUnderThem) {
   LlamaModel graphed(*be, run.model, DType::BF16, 2, 19), eager(*be, run.model, DType::BF16, 2, 19);
   graphed.init_random(4);
   eager.init_random(4);
-  Optimizer og(graphed, run), oe(eager, run);
+  Optimizer og(graphed.store(), run), oe(eager.store(), run);
   og.set_graphs(true);
   int width = 32;
   auto grow_optimizer_scratch = [&] {  // a wider model's SinkGD update on the same backend
@@ -303,7 +303,7 @@ TEST(CudaBackend, OptimizerGraphsSurviveBuffersMovingUnderThem) {
     wide.model.hidden_size = width, wide.model.intermediate_size = 2 * width;
     LlamaModel m(*be, wide.model, DType::BF16, 2, 19);
     m.init_random(1);
-    Optimizer o(m, wide);
+    Optimizer o(m.store(), wide);
     o.step(1, 1);
   };
   std::vector<int64_t> captures;

@@ -102,7 +102,7 @@ TEST(Memory, CudaBackendScratchPlanIsWhatItAllocates) {
     auto be = make_cuda_backend(*p);
     LlamaModel model(*be, run.model, run.precision.params, 3, 7);
     model.init_random(1);
-    Optimizer optimizer(model, run);
+    Optimizer optimizer(model.store(), run);
     std::vector<int32_t> tokens(21), targets(21);
     for (int i = 0; i < 21; ++i) tokens[i] = (i * 7) % 50, targets[i] = (i * 11) % 50;
     model.forward_backward({tokens.data(), targets.data(), nullptr, 3, 7}, 1.0f / 21);
@@ -129,7 +129,7 @@ TEST(Memory, BackendScratchEstimateIsTheWorkspace) {
       auto be = make_cpu_backend(2);
       LlamaModel model(*be, run.model, run.precision.params, 3, 7);
       model.init_random(1);
-      Optimizer optimizer(model, run);
+      Optimizer optimizer(model.store(), run);
       std::vector<int32_t> tokens(21), targets(21);
       for (int i = 0; i < 21; ++i) tokens[i] = (i * 7) % 50, targets[i] = (i * 11) % 50;
       model.forward_backward({tokens.data(), targets.data(), nullptr, 3, 7}, 1.0f / 21);

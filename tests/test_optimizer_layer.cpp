@@ -7,6 +7,7 @@
 #include <random>
 
 #include "multinorm/error.h"
+#include "multinorm/llama_model.h"
 #include "multinorm/optimizer.h"
 
 using namespace multinorm;
@@ -94,7 +95,7 @@ TEST_P(Training, ReachesTheEntropyFloorOfAChainOnlyAttentionCanLearn) {
   auto be = make_cpu_backend(2);
   LlamaModel model(*be, run.model, run.precision.params, 8, 32);
   model.init_random(run.seed);
-  Optimizer opt(model, run);
+  Optimizer opt(model.store(), run);
   const SkipChain held_out(8, 32, 7);
   double eval = 0;  // the held-out loss after each of the last kEvaluated updates, averaged
   for (int64_t step = 1; step <= kSteps; ++step) {
@@ -128,7 +129,7 @@ TEST(OptimizerLayer, GroupsLearningRatesAndStateMemory) {
   auto be = make_cpu_backend(1);
   LlamaModel model(*be, run.model, DType::F32, 1, 8);
   model.init_random(1);
-  Optimizer opt(model, run);
+  Optimizer opt(model.store(), run);
   EXPECT_EQ(opt.matrix_state_bytes(), 0);  // SinkGD keeps nothing for the matrices
   int64_t fallback = 0;
   for (const auto& a : opt.assignments()) fallback += a.matrix ? 0 : a.tensor->numel();
@@ -138,7 +139,7 @@ TEST(OptimizerLayer, GroupsLearningRatesAndStateMemory) {
   EXPECT_DOUBLE_EQ(st.lr_fallback, 0.02);
   EXPECT_DOUBLE_EQ(st.lr_matrix, 0.02 * 0.05);
   j["optimizer"]["name"] = "adam";
-  Optimizer adam(model, run_config_from_json(j, "test"));
+  Optimizer adam(model.store(), run_config_from_json(j, "test"));
   EXPECT_DOUBLE_EQ(adam.step(10, 10).lr_matrix, 0.02);  // alpha applies to SinkGD/SWAN only
   EXPECT_EQ(adam.state_bytes(), model.num_params() * 2 * 4);
 }
@@ -153,7 +154,7 @@ TEST(OptimizerLayer, ClippingAndNonFiniteGradients) {
   model.init_random(1);
   const Corpus c(2, 8, 1);
   model.forward_backward({c.tokens.data(), c.targets.data(), nullptr, 2, 8}, 10.0f);
-  Optimizer opt(model, run);
+  Optimizer opt(model.store(), run);
   const std::vector<float> before = model.params_to_host();
   const StepStats st = opt.step(1, 1);
   EXPECT_TRUE(st.clipped);
@@ -183,7 +184,7 @@ TEST(OptimizerLayer, SkippedUpdatesDoNotAdvanceAdamsBiasCorrection) {
     LlamaModel model(*be, run.model, DType::F32, 2, 8);
     model.init_random(1);
     model.forward_backward({c.tokens.data(), c.targets.data(), nullptr, 2, 8}, 1.0f);
-    Optimizer opt(model, run);
+    Optimizer opt(model.store(), run);
     opt.step(update, applied);
     return model.params_to_host();
   };
@@ -199,5 +200,5 @@ TEST(OptimizerLayer, UnknownOptimizerAndVectorMatrixParamsAreErrors) {
   const RunConfig run = run_config_from_json(j, "test");
   auto be = make_cpu_backend(1);
   LlamaModel model(*be, run.model, DType::F32, 1, 8);
-  EXPECT_THROW(Optimizer(model, run), ConfigError);
+  EXPECT_THROW(Optimizer(model.store(), run), ConfigError);
 }

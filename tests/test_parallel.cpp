@@ -96,7 +96,7 @@ TEST(GradientReadyOrder, TilesTheArenaInBackwardOrder) {
     cfg.num_attention_heads = 2, cfg.max_position_embeddings = 8, cfg.tie_word_embeddings = tied;
     auto be = make_cpu_backend(1);
     LlamaModel model(*be, cfg, DType::F32, 1, 8);
-    const auto order = model.gradient_ready_order();
+    const auto order = model.store().gradient_ready_order();
     ASSERT_EQ(order.size(), 5u);  // head, 3 layers, embedding
     EXPECT_EQ(order.front().second, model.num_params());
     EXPECT_EQ(order.front().first, model.tensor("model.norm.weight").offset);

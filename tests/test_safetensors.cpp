@@ -5,6 +5,7 @@
 
 #include "multinorm/error.h"
 #include "multinorm/json_file.h"
+#include "multinorm/llama_model.h"
 #include "multinorm/model_io.h"
 #include "multinorm/safetensors.h"
 #include "test_util.h"
@@ -83,30 +84,30 @@ TEST(ModelIo, SaveLoadRoundTripAndShapeChecks) {
   const ModelConfig cfg = small_model();
   LlamaModel a(*be, cfg, DType::F32, 1, 4), b(*be, cfg, DType::F32, 1, 4);
   a.init_random(3);
-  save_hf_model(a, dir.path() + "/fp32", DType::F32);
-  load_hf_model(b, dir.path() + "/fp32");
+  save_hf_model(a.store(), a.config(), dir.path() + "/fp32", DType::F32);
+  load_hf_model(b.store(), b.config(), dir.path() + "/fp32");
   EXPECT_EQ(a.params_to_host(), b.params_to_host());
   const json hf = read_json_file(dir.path() + "/fp32/config.json");
   EXPECT_EQ(hf["model_type"], "llama");
   EXPECT_EQ(hf["architectures"][0], "LlamaForCausalLM");
   EXPECT_EQ(hf["hidden_size"], 16);
   // BF16 export is the RNE-rounded weights.
-  save_hf_model(a, dir.path() + "/bf16", DType::BF16);
+  save_hf_model(a.store(), a.config(), dir.path() + "/bf16", DType::BF16);
   LlamaModel c(*be, cfg, DType::BF16, 1, 4);
   c.init_random(3);
   LlamaModel d(*be, cfg, DType::BF16, 1, 4);
-  load_hf_model(d, dir.path() + "/bf16");
+  load_hf_model(d.store(), d.config(), dir.path() + "/bf16");
   EXPECT_EQ(c.params_to_host(), d.params_to_host());
   // Another architecture is refused with the field named.
   ModelConfig wider = cfg;
   wider.hidden_size = 32;
   LlamaModel w(*be, wider, DType::F32, 1, 4);
-  expect_error([&] { load_hf_model(w, dir.path() + "/fp32"); }, {"config.json", "hidden_size is 16", "has 32"});
+  expect_error([&] { load_hf_model(w.store(), w.config(), dir.path() + "/fp32"); }, {"config.json", "hidden_size is 16", "has 32"});
   // A missing tensor is named.
   const SafetensorsFile full(dir.path() + "/fp32/model.safetensors");
   std::vector<TensorData> some;
   for (const auto& n : full.names())
     if (n != "model.norm.weight") some.push_back(full.get(n));
   write_safetensors(dir.path() + "/fp32/model.safetensors", some);
-  expect_error([&] { load_hf_model(b, dir.path() + "/fp32"); }, {"missing tensor 'model.norm.weight'"});
+  expect_error([&] { load_hf_model(b.store(), b.config(), dir.path() + "/fp32"); }, {"missing tensor 'model.norm.weight'"});
 }

@@ -164,9 +164,9 @@ TEST(ScalingModel, BucketsAreTheTrainersBuckets) {
   predict(run, a100, 8, &s);
   auto rec = make_cost_recorder();
   LlamaModel model(*rec, run.model, DType::BF16, 32, 256, run.precision.grads);
-  const auto buckets = gradient_buckets(model, static_cast<int64_t>(run.parallel.bucket_mb * 1048576.0), nullptr);
+  const auto buckets = gradient_buckets(model.store(), static_cast<int64_t>(run.parallel.bucket_mb * 1048576.0), nullptr);
   ASSERT_EQ(s.buckets.size(), buckets.size());
-  EXPECT_EQ(s.ready_s.size(), model.gradient_ready_order().size());
+  EXPECT_EQ(s.ready_s.size(), model.store().gradient_ready_order().size());
   int64_t elements = 0;
   for (size_t i = 0; i < buckets.size(); ++i) {
     EXPECT_EQ(s.buckets[i].ranges, buckets[i].ranges);

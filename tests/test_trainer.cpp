@@ -11,6 +11,7 @@
 #include "multinorm/divergence.h"
 #include "multinorm/error.h"
 #include "multinorm/json_file.h"
+#include "multinorm/llama_model.h"
 #include "multinorm/trainer.h"
 #include "test_util.h"
 
@@ -175,7 +176,7 @@ TEST(Trainer, CheckpointsAreAtomicKeptAndCheckedForCompatibility) {
   wide.model.hidden_size = 64;
   auto be = make_cpu_backend(1);
   LlamaModel m(*be, wide.model, DType::BF16, 1, 4);
-  EXPECT_THROW(read_checkpoint(latest_checkpoint(out), m, nullptr, wide), ConfigError);
+  EXPECT_THROW(read_checkpoint(latest_checkpoint(out), m.store(), nullptr, wide), ConfigError);
 }
 
 // Non-finite updates: the device skips them (nothing applied), and divergence.action says what the
@@ -264,7 +265,7 @@ TEST(Trainer, EvaluationMatchesAFreshEvaluationOfTheCheckpoint) {
   EXPECT_NEAR(r.eval.galore_loss, r.eval.loss * r.eval.batches / (r.eval.batches + 1), 1e-12);
   auto be = make_cpu_backend(2);
   LlamaModel model(*be, run.model, run.precision.params, run.eval.micro_batch, run.batch.seq_len);
-  read_checkpoint(latest_checkpoint(run.output_dir), model, nullptr, run);
+  read_checkpoint(latest_checkpoint(run.output_dir), model.store(), nullptr, run);
   auto val = std::make_shared<const ShardSet>(std::vector<std::string>{dir.path() + "/val-0.tok"}, 16, 64);
   const EvalResult again = evaluate(model, val, run.eval.micro_batch, run.eval.tokens);
   EXPECT_EQ(again.loss, r.eval.loss);

@@ -13,7 +13,7 @@
 
 #include "multinorm/checksum.h"
 
-#include "multinorm/llama_model.h"
+#include "multinorm/param_store.h"
 #include "multinorm/loader.h"
 #include "multinorm/optimizer.h"
 #include "multinorm/run_config.h"
@@ -70,14 +70,16 @@ std::vector<std::string> checkpoint_dirs(const std::string& root);
 
 // "step_00000300": the directory name of update `step`'s checkpoint under run_dir/checkpoints.
 std::string checkpoint_name(int64_t step);
-// A self-sufficient directory: model.safetensors + config.json (Hugging Face), optimizer.bin,
-// trainer_state.json and run_config.json (the resolved run config), published atomically.
-// optimizer_states: Optimizer::states_to_host() (gathered on rank 0 from a sharded optimizer).
-std::string write_checkpoint(const std::string& run_dir, const LlamaModel& model, const std::vector<uint8_t>& optimizer_states,
+// A self-sufficient directory: model.safetensors + config.json (Hugging Face: the weights of
+// `params`, a model of run.model), optimizer.bin, trainer_state.json and run_config.json (the
+// resolved run config), published atomically. optimizer_states: Optimizer::states_to_host()
+// (gathered on rank 0 from a sharded optimizer).
+std::string write_checkpoint(const std::string& run_dir, const ParamStore& params, const std::vector<uint8_t>& optimizer_states,
                              const TrainerState& state, int64_t keep_last, const RunConfig& run);
-// With `opt` (resume): refuses a checkpoint whose fingerprint differs from `run`'s, listing the
-// differences, unless `allow_config_change`, which prints them and goes on.
-TrainerState read_checkpoint(const std::string& dir, LlamaModel& model, Optimizer* opt, const RunConfig& run,
+// The weights into `params` (a model of run.model). With `opt` (resume): its state too, and refuses
+// a checkpoint whose fingerprint differs from `run`'s, listing the differences, unless
+// `allow_config_change`, which prints them and goes on.
+TrainerState read_checkpoint(const std::string& dir, ParamStore& params, Optimizer* opt, const RunConfig& run,
                              bool allow_config_change = false);
 
 }  // namespace multinorm

@@ -12,7 +12,7 @@
 
 #include "multinorm/comm.h"
 #include "multinorm/communicator.h"
-#include "multinorm/llama_model.h"
+#include "multinorm/param_store.h"
 #include "multinorm/shard_plan.h"
 
 namespace multinorm {
@@ -22,23 +22,23 @@ namespace multinorm {
 std::unique_ptr<Communicator> make_gradient_communicator(Backend& backend, Comm& comm);
 std::unique_ptr<Communicator> make_mpi_communicator(Comm& comm);
 
-// Buckets: consecutive ranges of the model's gradient_ready_order(), closed once they reach
+// Buckets: consecutive ranges of the store's gradient_ready_order(), closed once they reach
 // bucket_bytes (FP32); bucket_of_range (optional) gets each range's bucket.
 struct GradientBucket {
   int64_t begin = 0, end = 0;  // arena elements
   int ranges = 0;
 };
-std::vector<GradientBucket> gradient_buckets(const LlamaModel& model, int64_t bucket_bytes, std::vector<int>* bucket_of_range);
-// The FP32 staging GradientSync allocates for the model's BF16 gradients over `ranks` ranks:
+std::vector<GradientBucket> gradient_buckets(const ParamStore& params, int64_t bucket_bytes, std::vector<int>* bucket_of_range);
+// The FP32 staging GradientSync allocates for the store's BF16 gradients over `ranks` ranks:
 // staging_buckets slots of the largest bucket (at most one a bucket); 0 with FP32 gradients or one rank.
-int64_t gradient_staging_bytes(const LlamaModel& model, int64_t bucket_bytes, int ranks, int64_t staging_buckets);
+int64_t gradient_staging_bytes(const ParamStore& params, int64_t bucket_bytes, int ranks, int64_t staging_buckets);
 
 class GradientSync final : public GradientListener {
  public:
   // bucket_bytes: a bucket closes at the first layer boundary at or past this many bytes (of the
   // reduction dtype, FP32). overlap = false reduces every bucket after the backward pass.
   // staging_buckets: with BF16 gradients, the FP32 slots buckets are summed in (parallel.staging_buckets).
-  GradientSync(LlamaModel& model, Communicator& comm, const ShardPlan& plan, int64_t bucket_bytes, bool overlap,
+  GradientSync(ParamStore& params, Communicator& comm, const ShardPlan& plan, int64_t bucket_bytes, bool overlap,
                int64_t staging_buckets = 2);
   ~GradientSync() override;
   GradientSync(const GradientSync&) = delete;
@@ -70,7 +70,7 @@ class GradientSync final : public GradientListener {
   void start(size_t i);
   void narrow_back(size_t i);
   Buf slot(size_t i) const;  // bucket i's staging slot
-  LlamaModel& model_;
+  ParamStore& params_;
   Communicator& comm_;
   ShardPlan plan_;
   bool overlap_, armed_ = false;

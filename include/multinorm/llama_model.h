@@ -16,6 +16,7 @@
 #include "multinorm/linear.h"
 #include "multinorm/model_config.h"
 #include "multinorm/model_spec.h"
+#include "multinorm/param_store.h"
 
 namespace multinorm {
 
@@ -32,17 +33,6 @@ struct OpProfile {
   std::array<double, static_cast<size_t>(Op::kCount)> seconds{};
   bool enabled = false;
   void reset() { seconds.fill(0.0); }
-};
-
-// Told by forward_backward() when a range [begin, end) of the gradient arena (elements) is final for
-// the micro-batch, in the order the backward pass finishes them (gradient_ready_order()), and given
-// progress() calls between the backward pass's ops: data parallelism starts reducing a layer's
-// gradients while the layers below it are still being differentiated.
-class GradientListener {
- public:
-  virtual ~GradientListener() = default;
-  virtual void gradients_ready(int64_t begin, int64_t end) = 0;
-  virtual void progress() = 0;
 };
 
 // The GEMMs of one training step (forward and backward of one micro-batch of BT rows), as
@@ -65,16 +55,20 @@ class LlamaModel {
   LlamaModel& operator=(const LlamaModel&) = delete;
 
   const ModelConfig& config() const { return cfg_; }
-  const std::vector<TensorSpec>& tensors() const { return specs_; }
-  const TensorSpec& tensor(const std::string& name) const;
-  DType dtype() const { return dtype_; }
-  DType grad_dtype() const { return grad_dtype_; }
-  int64_t num_params() const { return nparams_; }
+  // The parameters, their gradients and the update's loss totals: what the optimizer, gradient sync
+  // and checkpoints take. The accessors below are the store's, for the model's own callers.
+  ParamStore& store() { return store_; }
+  const ParamStore& store() const { return store_; }
+  const std::vector<TensorSpec>& tensors() const { return store_.tensors(); }
+  const TensorSpec& tensor(const std::string& name) const { return store_.tensor(name); }
+  DType dtype() const { return store_.dtype(); }
+  DType grad_dtype() const { return store_.grad_dtype(); }
+  int64_t num_params() const { return store_.num_params(); }
   Backend& backend() { return be_; }
-  Buf params() const { return {params_, dtype_}; }
-  Buf grads() const { return {grads_, grad_dtype_}; }
-  Buf param(const TensorSpec& t) const { return params().at(t.offset); }
-  Buf grad(const TensorSpec& t) const { return grads().at(t.offset); }
+  Buf params() const { return store_.params(); }
+  Buf grads() const { return store_.grads(); }
+  Buf param(const TensorSpec& t) const { return store_.param(t); }
+  Buf grad(const TensorSpec& t) const { return store_.grad(t); }
   int64_t activation_bytes() const { return plan_.bytes(); }
   const ActivationPlan& activation_plan() const { return plan_; }
   Buf activation(const std::string& name) const { return act(name); }  // a buffer of the plan (tests, tools)
@@ -83,9 +77,9 @@ class LlamaModel {
   // a counter-based draw from (seed, tensor, element): independent of threads and backend.
   void init_random(uint64_t seed);
   // Parameters or gradients as FP32 on the host, in arena order, and back.
-  std::vector<float> params_to_host() const;
-  std::vector<float> grads_to_host() const;
-  void params_from_host(const std::vector<float>& values);
+  std::vector<float> params_to_host() const { return store_.params_to_host(); }
+  std::vector<float> grads_to_host() const { return store_.grads_to_host(); }
+  void params_from_host(const std::vector<float>& values) { store_.params_from_host(values); }
   // A new update starts: the gradient arena and the update's loss totals are zeroed.
   void zero_grads();
   // Bumped by zero_grads() and every backward pass: what the gradient arena holds has changed.
@@ -93,12 +87,11 @@ class LlamaModel {
 
   // A training micro-batch, queued with no host wait: accumulates into the gradient arena the
   // gradient of grad_scale * (sum of counted per-position losses), and adds its losses to the
-  // update's loss totals (backend memory: update_loss_totals(); the optimizer's statistics read them).
+  // update's loss totals (ParamStore::update_loss_totals(); the optimizer's statistics read them).
   // With graphs on (a backend that has them: CUDA) its ops are one graph per shape and grad_scale
   // (GraphCache); with a gradient listener (data parallelism's last micro-batch) or profiling they run
   // eagerly.
   void queue_forward_backward(const MicroBatch& mb, float grad_scale);
-  LossTotals* update_loss_totals() { return loss_totals_; }
   // Mean-free loss sums, read back (a host wait): forward() only evaluates; forward_backward() is
   // queue_forward_backward() and this micro-batch's loss.
   LossSum forward(const MicroBatch& mb);
@@ -117,11 +110,6 @@ class LlamaModel {
   void decode_step(int32_t token, float* host_logits);
   int64_t decode_position() const { return decode_pos_; }
   int64_t max_seq() const { return max_seq_; }
-
-  // The ranges forward_backward() reports, in its order: the head (final norm, and lm_head when
-  // untied), layer L-1, ..., layer 0, the embedding (with the tied lm_head). They tile the arena.
-  std::vector<std::pair<int64_t, int64_t>> gradient_ready_order() const;
-  void set_gradient_listener(GradientListener* listener) { listener_ = listener; }
 
   OpProfile& profile() { return profile_; }
   // Wall time of the forward and backward passes of the last forward_backward() call.
@@ -152,19 +140,15 @@ class LlamaModel {
 
   Backend& be_;
   ModelConfig cfg_;
-  DType dtype_, grad_dtype_;
   int64_t max_batch_, max_seq_;
-  std::vector<TensorSpec> specs_;
-  int64_t nparams_ = 0;
+  ParamStore store_;
   ActivationPlan plan_;
-  void* params_ = nullptr;
-  void* grads_ = nullptr;
   void* acts_ = nullptr;
   float* rope_ = nullptr;  // [max_seq, D/2, 2] cos, sin
   int32_t* tokens_ = nullptr;
   int32_t* targets_ = nullptr;
   uint8_t* mask_ = nullptr;
-  LossTotals* loss_totals_ = nullptr;  // backend memory: [the update's, one forward()/forward_backward()'s]
+  LossTotals* call_loss_ = nullptr;  // backend memory: one forward()/forward_backward() call's loss totals
   std::vector<uint8_t> all_counted_;   // the mask of a micro-batch without one
   int64_t grad_version_ = 0;
   GraphCache graphs_{be_.queue()};
@@ -176,7 +160,6 @@ class LlamaModel {
   void* kv_cache_ = nullptr;  // [layers][k | v][max_seq, C]
   int64_t decode_pos_ = 0;
   OpProfile profile_;
-  GradientListener* listener_ = nullptr;
   double last_forward_s_ = 0, last_backward_s_ = 0;
 };
 

@@ -4,13 +4,16 @@
 #pragma once
 #include <string>
 
-#include "multinorm/llama_model.h"
+#include "multinorm/model_config.h"
+#include "multinorm/param_store.h"
 
 namespace multinorm {
 
-void save_hf_model(const LlamaModel& model, const std::string& dir, DType dtype);
-// Loads weights into `model`; the directory's config.json must describe the same architecture and
-// every tensor must be present with its shape. Errors name the file and the tensor or field.
-void load_hf_model(LlamaModel& model, const std::string& dir);
+// The weights of `params`, a model of architecture `config`, in `dtype`.
+void save_hf_model(const ParamStore& params, const ModelConfig& config, const std::string& dir, DType dtype);
+// Loads weights into `params`, a model of architecture `config`; the directory's config.json must
+// describe the same architecture and every tensor must be present with its shape. Errors name the
+// file and the tensor or field.
+void load_hf_model(ParamStore& params, const ModelConfig& config, const std::string& dir);
 
 }  // namespace multinorm

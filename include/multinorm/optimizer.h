@@ -17,8 +17,9 @@
 #include "multinorm/backend.h"
 #include "multinorm/comm.h"
 #include "multinorm/communicator.h"
-#include "multinorm/llama_model.h"
+#include "multinorm/graph_cache.h"
 #include "multinorm/param_groups.h"
+#include "multinorm/param_store.h"
 #include "multinorm/run_config.h"
 #include "multinorm/shard_plan.h"
 
@@ -102,12 +103,25 @@ struct OptimizerSharding {
   Comm* host = nullptr;
 };
 
+// What the optimizer reads of a run's config, kept by value.
+struct OptimizerSettings {
+  OptimizerConfig optimizer;
+  ScheduleConfig schedule;
+  LossNormalization loss_normalization = LossNormalization::MicroBatchMean;
+  uint64_t seed = 0;  // stochastic rounding
+  DType state_dtype = DType::BF16;
+  static OptimizerSettings of(const RunConfig& run);
+};
+
 class Optimizer {
  public:
-  Optimizer(LlamaModel& model, const RunConfig& run, const OptimizerSharding& sharding = {});
+  // Updates the parameters of `params` with their accumulated gradients and loss totals.
+  Optimizer(ParamStore& params, const OptimizerSettings& settings, const OptimizerSharding& sharding = {});
+  Optimizer(ParamStore& params, const RunConfig& run, const OptimizerSharding& sharding = {})
+      : Optimizer(params, OptimizerSettings::of(run), sharding) {}
   ~Optimizer();
 
-  // Queues update number `update` (from 1) with the model's accumulated gradients and loss totals,
+  // Queues update number `update` (from 1) with the store's accumulated gradients and loss totals,
   // with no host wait: its scalars, its statistics on the device (with several ranks, the loss
   // totals, and the per-tensor sums of squares of a sharded optimizer, summed over the ranks there),
   // clipping, and every rule, whose kernels read the clip factor and the skip flag where they run: a
@@ -152,8 +166,8 @@ class Optimizer {
   // Clipping and every rule (GraphCache).
   void apply_ops();
   SwanStats swan_stats_over_ranks(SwanStats mine);
-  LlamaModel& model_;
-  RunConfig run_;
+  ParamStore& params_;
+  OptimizerSettings settings_;
   std::vector<ParamAssignment> assign_;
   std::vector<std::unique_ptr<TensorRule>> rules_;  // one per tensor (shared configs are cheap)
   std::vector<std::vector<Buf>> states_;            // per tensor (empty for another rank's tensor)

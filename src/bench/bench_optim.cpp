@@ -10,6 +10,7 @@
 #include "multinorm/device.h"
 #include "multinorm/bench.h"
 #include "multinorm/json_file.h"
+#include "multinorm/llama_model.h"
 #include "multinorm/optimizer.h"
 
 namespace multinorm {
@@ -104,7 +105,7 @@ void bench_optim(const OptimBenchOptions& o) {
     r.name = choice_name(kind);
     r.run = base;
     r.run.optimizer.name = kind;
-    r.opt = std::make_unique<Optimizer>(model, r.run);
+    r.opt = std::make_unique<Optimizer>(model.store(), r.run);
     r.opt->step(1, 1);  // warm-up: workspace sizing, primitive creation
     r.rule = make_rule(kind, r.run.optimizer);
     rows.push_back(std::move(r));

@@ -13,6 +13,7 @@
 
 #include "multinorm/cuda_scratch.h"
 #include "multinorm/error.h"
+#include "multinorm/llama_model.h"
 #include "multinorm/optimizer.h"
 
 namespace multinorm {
@@ -425,7 +426,7 @@ double model_flops_per_token(const LlamaModel& model, int64_t T, int64_t* gemm_p
 StepCosts record_step_costs(const RunConfig& run, DType dtype, int64_t B, int64_t T) {
   auto rec = make_cost_recorder();
   LlamaModel model(*rec, run.model, dtype, B, T, run.precision.grads);
-  Optimizer optimizer(model, run);
+  Optimizer optimizer(model.store(), run);
   std::vector<int32_t> tokens(static_cast<size_t>(B * T), 0);
   const MicroBatch mb{tokens.data(), tokens.data(), nullptr, B, T};
   take_kernel_costs(*rec);  // not the set-up's

@@ -186,7 +186,7 @@ void plan_collectives(DataParallelStep& s, const LlamaModel& model, const RunCon
   const ShardPlan plan = plan_shards(assign_optimizers(model.tensors(), run.optimizer), run, ranks, 0, run.parallel.shard_optimizer);
   s.sharded = plan.sharded();
   s.overlap = run.parallel.overlap;
-  for (const GradientBucket& g : gradient_buckets(model, static_cast<int64_t>(run.parallel.bucket_mb * 1048576.0), nullptr)) {
+  for (const GradientBucket& g : gradient_buckets(model.store(), static_cast<int64_t>(run.parallel.bucket_mb * 1048576.0), nullptr)) {
     BucketPlan b{g.ranges, g.end - g.begin, {}};
     if (!plan.sharded()) b.calls.push_back(b.elements);
     for (const OwnerRun& r : plan.sharded() ? owner_runs(plan, model.tensors(), g.begin, g.end) : std::vector<OwnerRun>{})
@@ -211,14 +211,14 @@ DataParallelStep record_data_parallel_step(const RunConfig& run, DType dtype, in
                                            const RooflineAssumptions& a) {
   auto rec = make_cost_recorder();
   LlamaModel model(*rec, run.model, dtype, B, T, run.precision.grads);
-  Optimizer optimizer(model, run);
+  Optimizer optimizer(model.store(), run);
   std::vector<int32_t> tokens(static_cast<size_t>(B * T), 0);
   const MicroBatch mb{tokens.data(), tokens.data(), nullptr, B, T};
   ReportClock clock(*rec, peak, a);
   clock.take();  // not the set-up's
-  model.set_gradient_listener(&clock);  // as GradientSync::arm() does for the last micro-batch
+  model.store().set_gradient_listener(&clock);  // as GradientSync::arm() does for the last micro-batch
   model.queue_forward_backward(mb, 1.0f);
-  model.set_gradient_listener(nullptr);
+  model.store().set_gradient_listener(nullptr);
   DataParallelStep s;
   s.ready_s = clock.reports;
   s.tail_s = clock.take();

@@ -13,6 +13,7 @@
 #include "multinorm/device.h"
 #include "multinorm/hf_tokenizer.h"
 #include "multinorm/json_file.h"
+#include "multinorm/llama_model.h"
 #include "multinorm/model_io.h"
 #include "multinorm/run_config.h"
 #include "multinorm/safetensors.h"
@@ -50,7 +51,7 @@ std::string tokenizer_to_export(const std::string& given, const std::string& che
 // weights are read back from the export first: a BF16 export is compared as it was written.
 void write_logits(LlamaModel& model, const std::string& out, int64_t n) {
   const int64_t V = model.config().vocab_size;
-  load_hf_model(model, out);
+  load_hf_model(model.store(), model.config(), out);
   std::vector<int32_t> tokens(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) tokens[i] = static_cast<int32_t>((i * 7919 + 13) % V);  // spread over the vocabulary
   std::vector<float> logits(static_cast<size_t>(n * V)), token_values(tokens.begin(), tokens.end());
@@ -110,10 +111,10 @@ void add_export_command(CLI::App& app) {
     else {
       from = checkpoint_to_read(from, "--from");  // a run directory: its newest
       const auto verify = verify_reads_of(from);  // a checkpoint: its files checked as they are read
-      load_hf_model(model, from);
+      load_hf_model(model.store(), model.config(), from);
     }
     const std::string tok = tokenizer_to_export(tokenizer, from, run_tokenizer);
-    save_hf_model(model, out, parse_dtype(dtype));
+    save_hf_model(model.store(), model.config(), out, parse_dtype(dtype));
     std::printf("wrote %s/model.safetensors (%lld parameters, %s) and %s/config.json\n", out.c_str(),
                 (long long)model.num_params(), dtype.c_str(), out.c_str());
     if (logits_tokens > 0) write_logits(model, out, logits_tokens);

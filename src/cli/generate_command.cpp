@@ -12,6 +12,7 @@
 #include "multinorm/cli.h"
 #include "multinorm/error.h"
 #include "multinorm/json_file.h"
+#include "multinorm/llama_model.h"
 #include "multinorm/shard.h"
 #include "multinorm/tokenizer.h"
 #include "multinorm/trainer.h"
@@ -44,7 +45,7 @@ void add_generate_command(CLI::App& app) {
     const int64_t T = run.batch.seq_len, V = run.model.vocab_size;
     auto be = make_backend(choose_backend(run.backend), static_cast<int>(run.threads));
     LlamaModel model(*be, run.model, run.precision.params, 1, T);
-    const TrainerState st = read_checkpoint(dir, model, nullptr, run);
+    const TrainerState st = read_checkpoint(dir, model.store(), nullptr, run);
     if (st.tokenizer_hash != 0 && file_fingerprint(tok_file) != st.tokenizer_hash)
       throw Error(tok_file + ": not the tokenizer " + dir + " was trained with (its shards record another); pass that one with --tokenizer");
     std::vector<int32_t> ids = tok.encode(prompt);

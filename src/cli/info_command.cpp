@@ -82,7 +82,7 @@ void run_info(const InfoOptions& o) {
   if (o.ranks > 1) {  // the model's own buckets, on a backend that allocates nothing
     auto rec = make_cost_recorder();
     const LlamaModel model(*rec, run.model, run.precision.params, 1, 1, run.precision.grads);
-    staging = gradient_staging_bytes(model, static_cast<int64_t>(run.parallel.bucket_mb * 1048576.0), o.ranks, run.parallel.staging_buckets);
+    staging = gradient_staging_bytes(model.store(), static_cast<int64_t>(run.parallel.bucket_mb * 1048576.0), o.ranks, run.parallel.staging_buckets);
   }
   const int64_t per_rank_replicated = tm.total() + staging, per_rank_sharded = tm.total() - tm.states + sharded_max + staging;
 

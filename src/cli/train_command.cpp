@@ -10,6 +10,7 @@
 #include "multinorm/comm.h"
 #include "multinorm/error.h"
 #include "multinorm/json_file.h"
+#include "multinorm/llama_model.h"
 #include "multinorm/stop_signals.h"
 #include "multinorm/trainer.h"
 
@@ -80,7 +81,7 @@ void add_train_command(CLI::App& app) {
     const RunConfig run = run_config_from_json(read_json_file(config), config);
     auto be = make_backend(choose_backend(run.backend), static_cast<int>(run.threads));
     LlamaModel model(*be, run.model, run.precision.params, run.eval.micro_batch, run.batch.seq_len);
-    const TrainerState st = read_checkpoint(dir, model, nullptr, run);
+    const TrainerState st = read_checkpoint(dir, model.store(), nullptr, run);
     const std::string globs = data.empty() ? run.data.validation : data;
     if (globs.empty()) throw ConfigError("eval: no validation data (--data, or data.validation in the run config)");
     auto val = std::make_shared<const ShardSet>(expand_globs(globs), run.batch.seq_len, run.model.vocab_size);

@@ -6,13 +6,16 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <functional>
 #include <map>
 
 #include "doctor_checks.h"
+#include "multinorm/data_parallel.h"
 #include "multinorm/device.h"
+#include "multinorm/divergence.h"
 #include "multinorm/error.h"
 #include "multinorm/json_file.h"
 #include "multinorm/kernel_costs.h"
@@ -20,6 +23,7 @@
 #include "multinorm/memory_estimate.h"
 #include "multinorm/optimizer.h"
 #include "multinorm/run_config.h"
+#include "multinorm/update_pipeline.h"
 
 namespace multinorm {
 
@@ -103,33 +107,42 @@ double square_gemm_tflops(Backend& be, int64_t n) {
 json timed_step(Backend& gpu, const ModelConfig& cfg, const DoctorOptions& o, const json& device, bool emulated) {
   const int64_t B = o.batch, T = std::min(o.seq, cfg.max_position_embeddings), BT = B * T;
   const RunConfig run = step_run(cfg, B, T);
+  // The trainer's own update pipeline (update_pipeline.h) on one rank: its gradient scales, gradient
+  // sync (an identity on one rank), optimizer and spike test.
+  Comm& comm = Comm::world();
   LlamaModel model(gpu, cfg, DType::BF16, B, T);
   model.init_random(3);
-  Optimizer opt(model, run);
+  Optimizer opt(model.store(), run);
   opt.set_graphs(false);
+  const std::unique_ptr<Communicator> grad_comm = make_gradient_communicator(gpu, comm);
+  GradientSync sync(model.store(), *grad_comm, ShardPlan{}, static_cast<int64_t>(run.parallel.bucket_mb * 1048576.0), run.parallel.overlap,
+                    run.parallel.staging_buckets);
+  UpdatePipeline pipeline(model, opt, sync, comm, run.batch.loss_normalization, /*accum=*/1);
+  DivergenceMonitor monitor(run.divergence, std::log(static_cast<double>(cfg.vocab_size)));
   std::vector<int32_t> tokens(BT), targets(BT);
   for (int64_t i = 0; i < BT; ++i) tokens[i] = static_cast<int32_t>((i * 7919 + 13) % cfg.vocab_size), targets[i] = tokens[(i + 1) % BT];
-  const MicroBatch mb{tokens.data(), targets.data(), nullptr, B, T};
-  const float scale = 1.0f / static_cast<float>(BT);
+  const std::vector<MicroBatch> batches{{tokens.data(), targets.data(), nullptr, B, T}};
   int64_t update = 0;
+  UpdateTimes times;
   bool pending = false;  // a queued update whose statistics are not read yet
-  auto step = [&] {      // the update waited for at once: one wait, a drain
-    model.zero_grads();
-    model.queue_forward_backward(mb, scale);
-    ++update;
-    opt.step(update, update);
-  };
-  auto finish_pending = [&] {
-    if (pending) opt.wait_for_step();
+  auto settle = [&] {
+    if (pending) monitor.judge(pipeline.wait_for_step(), 0);
     pending = false;
   };
-  auto pipelined_step = [&] {  // the previous update's statistics read behind this micro-batch: one wait, no drain
-    model.zero_grads();
-    model.queue_forward_backward(mb, scale);
-    finish_pending();
+  auto queue_step = [&] {
     ++update;
-    opt.queue_step(update, update);
+    pipeline.queue_step(update, update, monitor.spike_test(), &times);
     pending = true;
+  };
+  auto step = [&] {  // the update waited for at once: one wait, a drain
+    pipeline.queue_micro_batches(batches, BT, &times);
+    queue_step();
+    settle();
+  };
+  auto pipelined_step = [&] {  // as the trainer: the previous update's statistics read behind this micro-batch (one wait, no drain)
+    pipeline.queue_micro_batches(batches, BT, &times);
+    settle();
+    queue_step();
   };
   struct Timing {
     double seconds;
@@ -142,7 +155,7 @@ json timed_step(Backend& gpu, const ModelConfig& cfg, const DoctorOptions& o, co
     const auto t0 = Clock::now();
     for (int s = 0; s < o.steps; ++s) one();
     const QueueCounters c1 = q.counters();
-    finish_pending();
+    settle();
     q.wait_all();
     const int64_t n = std::max(1, o.steps);
     return Timing{std::chrono::duration<double>(Clock::now() - t0).count() / n, (c1.host_waits - c0.host_waits) / n,

@@ -434,7 +434,7 @@ void DoctorChecks::training_updates() {
       LlamaModel mc(cpu_, run.model, DType::F32, B, T), mg(gpu_, run.model, DType::F32, B, T);
       mc.init_random(4);
       mg.params_from_host(mc.params_to_host());
-      Optimizer oc(mc, run), og(mg, run);
+      Optimizer oc(mc.store(), run), og(mg.store(), run);
       // The GPU as a run drives it: each update queued with no host wait, the second one captured as
       // a graph and replayed (every rule's, SWAN's included).
       og.set_graphs(true);
@@ -478,7 +478,7 @@ void DoctorChecks::checkpoint_round_trip() {
       const RunConfig run = doctor_run(m, "adam", "bf16", B, T);
       LlamaModel a(from, run.model, DType::BF16, B, T), b(to, run.model, DType::BF16, B, T);
       a.init_random(9);
-      Optimizer oa(a, run), ob(b, run);
+      Optimizer oa(a.store(), run), ob(b.store(), run);
       a.zero_grads();
       a.forward_backward(mb, 0.5f);
       oa.step(1, 1);
@@ -487,8 +487,8 @@ void DoctorChecks::checkpoint_round_trip() {
       state.fingerprint = config_fingerprint(run);
       const std::string run_dir = root + "/" + std::to_string(direction);
       std::filesystem::create_directories(run_dir + "/checkpoints");
-      const std::string ckpt = write_checkpoint(run_dir, a, oa.states_to_host(), state, 1, run);
-      read_checkpoint(ckpt, b, &ob, run);
+      const std::string ckpt = write_checkpoint(run_dir, a.store(), oa.states_to_host(), state, 1, run);
+      read_checkpoint(ckpt, b.store(), &ob, run);
       const std::vector<uint8_t> sa = oa.states_to_host(), sb = ob.states_to_host();
       std::vector<float> fa(sa.size()), fb(sb.size());  // bytes as values: bit-exact comparison
       for (size_t i = 0; i < sa.size(); ++i) fa[i] = sa[i];

@@ -58,26 +58,42 @@ LlamaModel::Timer LlamaModel::time(Op op) {
 // Construction: the three arenas and their named views
 // ---------------------------------------------------------------------------------------------
 
+namespace {
+// The gradient arena's ranges in the order the backward pass finishes them: the head (final norm,
+// and lm_head when untied), layer L-1, ..., layer 0, the embedding (with the tied lm_head).
+ArenaRanges llama_gradient_ready_order(const ModelConfig& cfg, const std::vector<TensorSpec>& specs) {
+  auto offset = [&](const std::string& name) {
+    for (const auto& t : specs)
+      if (t.name == name) return t.offset;
+    throw Error("model: no tensor named '" + name + "'");
+  };
+  const int64_t head_begin = offset("model.norm.weight");
+  ArenaRanges order = {{head_begin, count_parameters(specs)}};
+  for (int64_t l = cfg.num_hidden_layers; l-- > 0;) {
+    const int64_t begin = offset("model.layers." + std::to_string(l) + ".self_attn.q_proj.weight");
+    const int64_t end = l + 1 < cfg.num_hidden_layers ? offset("model.layers." + std::to_string(l + 1) + ".self_attn.q_proj.weight")
+                                                      : head_begin;
+    order.push_back({begin, end});
+  }
+  order.push_back({0, cfg.vocab_size * cfg.hidden_size});  // the embedding (and the tied lm_head)
+  return order;
+}
+}  // namespace
+
 LlamaModel::LlamaModel(Backend& backend, const ModelConfig& config, DType dtype, int64_t max_batch, int64_t max_seq,
                        DType grad_dtype)
-    : be_(backend), cfg_(config), dtype_(dtype), grad_dtype_(grad_dtype), max_batch_(max_batch), max_seq_(max_seq) {
-  if (grad_dtype_ != dtype_ && !(dtype_ == DType::BF16 && grad_dtype_ == DType::F32))
-    throw Error(std::string("model: ") + dtype_name(grad_dtype_) + " gradients of " + dtype_name(dtype_) +
-                " weights are not supported (FP32 gradients go with BF16 weights)");
+    : be_(backend), cfg_(config), max_batch_(max_batch), max_seq_(max_seq),
+      store_(backend, llama_parameters(config), dtype, grad_dtype, llama_gradient_ready_order(config, llama_parameters(config))) {
   if (max_seq > cfg_.max_position_embeddings)
     throw Error("model: sequence length " + std::to_string(max_seq) + " exceeds max_position_embeddings " +
                 std::to_string(cfg_.max_position_embeddings));
-  specs_ = llama_parameters(cfg_);
-  nparams_ = count_parameters(specs_);
   plan_ = plan_activations(cfg_, max_batch, max_seq, dtype, be_.activation_layout(dtype));
-  params_ = be_.allocate(nparams_ * dtype_bytes(dtype));
-  grads_ = be_.allocate(nparams_ * dtype_bytes(grad_dtype_));
   acts_ = be_.allocate(plan_.bytes());
   const int64_t BT = max_batch * max_seq, D = cfg_.head_dim();
   tokens_ = static_cast<int32_t*>(be_.allocate(BT * 4));
   targets_ = static_cast<int32_t*>(be_.allocate(BT * 4));
   mask_ = static_cast<uint8_t*>(be_.allocate(BT));
-  loss_totals_ = static_cast<LossTotals*>(be_.allocate(2 * sizeof(LossTotals)));  // [the update's, one call's]
+  call_loss_ = static_cast<LossTotals*>(be_.allocate(sizeof(LossTotals)));
   all_counted_.assign(static_cast<size_t>(BT), 1);
 
   // RoPE table, computed as Hugging Face does (FP32 inverse frequencies, FP32 angle).
@@ -116,15 +132,9 @@ LlamaModel::LlamaModel(Backend& backend, const ModelConfig& config, DType dtype,
 
 LlamaModel::~LlamaModel() {
   if (kv_cache_) be_.release(kv_cache_);
-  for (void* p : {params_, grads_, acts_, static_cast<void*>(rope_), static_cast<void*>(tokens_),
-                  static_cast<void*>(targets_), static_cast<void*>(mask_), static_cast<void*>(loss_totals_)})
+  for (void* p : {acts_, static_cast<void*>(rope_), static_cast<void*>(tokens_), static_cast<void*>(targets_),
+                  static_cast<void*>(mask_), static_cast<void*>(call_loss_)})
     be_.release(p);
-}
-
-const TensorSpec& LlamaModel::tensor(const std::string& name) const {
-  for (const auto& t : specs_)
-    if (t.name == name) return t;
-  throw Error("model: no tensor named '" + name + "'");
 }
 
 Buf LlamaModel::act(const std::string& name) const {
@@ -149,9 +159,10 @@ inline double uniform01(uint64_t bits) { return (static_cast<double>(bits >> 11)
 }  // namespace
 
 void LlamaModel::init_random(uint64_t seed) {
-  std::vector<float> host(nparams_);
-  for (size_t ti = 0; ti < specs_.size(); ++ti) {
-    const TensorSpec& t = specs_[ti];
+  const std::vector<TensorSpec>& specs = tensors();
+  std::vector<float> host(num_params());
+  for (size_t ti = 0; ti < specs.size(); ++ti) {
+    const TensorSpec& t = specs[ti];
     float* dst = host.data() + t.offset;
     const int64_t n = t.numel();
     if (t.group() == TensorGroup::Norm) {
@@ -172,30 +183,8 @@ void LlamaModel::init_random(uint64_t seed) {
   zero_grads();
 }
 
-void LlamaModel::params_from_host(const std::vector<float>& values) {
-  if (static_cast<int64_t>(values.size()) != nparams_)
-    throw Error("model: expected " + std::to_string(nparams_) + " parameter values, got " + std::to_string(values.size()));
-  // Stage FP32 in a backend buffer and convert there (RNE to bf16).
-  void* staging = be_.allocate(nparams_ * 4);
-  be_.to_device(staging, values.data(), nparams_ * 4);
-  be_.convert(params(), Buf{staging, DType::F32}, nparams_);
-  be_.release(staging);
-}
-
-static std::vector<float> arena_to_host(Backend& be, Buf arena, int64_t n) {
-  std::vector<float> out(n);
-  void* staging = be.allocate(n * 4);
-  be.convert(Buf{staging, DType::F32}, arena, n);
-  be.to_host(out.data(), staging, n * 4);
-  be.release(staging);
-  return out;
-}
-
-std::vector<float> LlamaModel::params_to_host() const { return arena_to_host(be_, params(), nparams_); }
-std::vector<float> LlamaModel::grads_to_host() const { return arena_to_host(be_, grads(), nparams_); }
 void LlamaModel::zero_grads() {
-  be_.zero(grads(), nparams_);
-  be_.zero({loss_totals_, DType::F32}, sizeof(LossTotals) / 4);
+  store_.zero_grads();
   ++grad_version_;
 }
 
@@ -264,7 +253,7 @@ void LlamaModel::forward_layers(int64_t B, int64_t T) {
 void LlamaModel::head(int64_t BT, bool backward, float grad_scale, float* host_logits) {
   const int64_t C = cfg_.hidden_size, V = cfg_.vocab_size;
   Buf lnf = act("final.ln"), logits = act("logits");
-  Buf dlogits = dtype_ == DType::F32 ? logits : act("d_logits");
+  Buf dlogits = dtype() == DType::F32 ? logits : act("d_logits");
   float* losses = act_f32("losses");
   float* d_lnf = act_f32("d_x");
   if (host_logits) {  // logits holds fewer rows than a chunk when the backend fuses the loss head
@@ -291,9 +280,9 @@ void LlamaModel::head(int64_t BT, bool backward, float grad_scale, float* host_l
   }
 }
 
-// One call's loss: its losses summed on the backend into the second totals slot, read back.
+// One call's loss: its losses summed on the backend into the call's own totals, read back.
 LossSum LlamaModel::loss_of_this_call(int64_t BT) {
-  LossTotals* mine = loss_totals_ + 1;
+  LossTotals* mine = call_loss_;
   be_.zero({mine, DType::F32}, sizeof(LossTotals) / 4);
   be_.accumulate_loss(mine, act_f32("losses"), mask_, BT);
   LossTotals t;
@@ -342,9 +331,9 @@ void LlamaModel::queue_forward_backward(const MicroBatch& mb, float grad_scale) 
   ++grad_version_;
   auto ops = [&] {
     forward_backward_ops(mb.B, mb.T, grad_scale);
-    be_.accumulate_loss(loss_totals_, act_f32("losses"), mask_, BT);
+    be_.accumulate_loss(store_.update_loss_totals(), act_f32("losses"), mask_, BT);
   };
-  if (listener_ || profile_.enabled) return ops();
+  if (store_.gradient_listener() || profile_.enabled) return ops();
   uint32_t scale_bits = 0;
   std::memcpy(&scale_bits, &grad_scale, 4);
   const auto t0 = std::chrono::steady_clock::now();
@@ -356,21 +345,6 @@ void LlamaModel::queue_forward_backward(const MicroBatch& mb, float grad_scale) 
   }
 }
 
-std::vector<std::pair<int64_t, int64_t>> LlamaModel::gradient_ready_order() const {
-  const int64_t embed_end = tensor("model.embed_tokens.weight").numel();
-  const int64_t head_begin = tensor("model.norm.weight").offset;
-  std::vector<std::pair<int64_t, int64_t>> order = {{head_begin, nparams_}};
-  for (int64_t l = cfg_.num_hidden_layers; l-- > 0;) {
-    const int64_t begin = tensor("model.layers." + std::to_string(l) + ".self_attn.q_proj.weight").offset;
-    const int64_t end = l + 1 < cfg_.num_hidden_layers
-                            ? tensor("model.layers." + std::to_string(l + 1) + ".self_attn.q_proj.weight").offset
-                            : head_begin;
-    order.push_back({begin, end});
-  }
-  order.push_back({0, embed_end});
-  return order;
-}
-
 void LlamaModel::backward_layers(int64_t B, int64_t T) {
   const int64_t BT = B * T, C = cfg_.hidden_size, H = cfg_.num_attention_heads, D = cfg_.head_dim();
   float* d_resid = act_f32("d_resid");  // dL/d(residual stream), FP32
@@ -378,21 +352,21 @@ void LlamaModel::backward_layers(int64_t B, int64_t T) {
   Buf d_ln = act("d_ln"), d_attn_out = act("d_attn_out"), d_qkv = act("d_qkv"), swiglu = act("swiglu"),
       d_gate_up = act("d_gate_up");
   // SwiGLU's ds[BT,F]: not in the plan when the backend's fused backward never stores it.
-  const Buf d_swiglu = plan_.has("d_swiglu") ? act("d_swiglu") : Buf{nullptr, dtype_};
+  const Buf d_swiglu = plan_.has("d_swiglu") ? act("d_swiglu") : Buf{nullptr, dtype()};
   const Buf d_resid_buf{d_resid, DType::F32};
   {
     auto t = time(Op::RmsNorm);  // final norm: d_x holds d_lnf from the head
     be_.rmsnorm_backward(d_resid, dwnorm_, d_x, act("final.input"), wnorm_, act_f32("final.rstd"), BT, C, false);
   }
-  // Arena ranges final so far, reported in gradient_ready_order()'s order.
-  std::vector<std::pair<int64_t, int64_t>> ready;
-  if (listener_) ready = gradient_ready_order();
+  // Arena ranges final so far, reported in the store's gradient_ready_order().
+  GradientListener* listener = store_.gradient_listener();
+  const ArenaRanges& ready = store_.gradient_ready_order();
   size_t reported = 0;
   auto report = [&] {
-    if (listener_) listener_->gradients_ready(ready[reported].first, ready[reported].second), ++reported;
+    if (listener) listener->gradients_ready(ready[reported].first, ready[reported].second), ++reported;
   };
   auto progress = [&] {
-    if (listener_) listener_->progress();
+    if (listener) listener->progress();
   };
   report();  // the head: lm_head's gradient came from head(), the final norm's from just above
   for (size_t l = a_.size(); l-- > 0;) {
@@ -442,7 +416,7 @@ void LlamaModel::backward_layers(int64_t B, int64_t T) {
 
 void LlamaModel::start_decoding() {
   const int64_t C = cfg_.hidden_size;
-  if (!kv_cache_) kv_cache_ = be_.allocate(2 * cfg_.num_hidden_layers * max_seq_ * C * dtype_bytes(dtype_));
+  if (!kv_cache_) kv_cache_ = be_.allocate(2 * cfg_.num_hidden_layers * max_seq_ * C * dtype_bytes(dtype()));
   decode_pos_ = 0;
 }
 
@@ -460,7 +434,7 @@ void LlamaModel::decode_step(int32_t token, float* host_logits) {
   be_.to_device(tokens_, &token, 4);
   be_.embedding_forward(a_[0].input, tokens_, wte_, 1, C);
   const Buf swiglu = act("swiglu");
-  const Buf cache{kv_cache_, dtype_};
+  const Buf cache{kv_cache_, dtype()};
   for (size_t l = 0; l < a_.size(); ++l) {
     const LayerActs& A = a_[l];
     const Layer& L = layers_[l];

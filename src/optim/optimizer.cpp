@@ -21,16 +21,21 @@ constexpr int64_t kMultiTensorElements = cuda_scratch::kMultiTensorElements;
 constexpr int64_t kHostScalarBytes = offsetof(UpdateScalars, stats);
 }  // namespace
 
-Optimizer::Optimizer(LlamaModel& model, const RunConfig& run, const OptimizerSharding& sharding)
-    : model_(model), run_(run), sharding_(sharding), state_dtype_(run.precision.optimizer_states), graphs_(model.backend().queue()) {
-  assign_ = assign_optimizers(model.tensors(), run.optimizer);
+OptimizerSettings OptimizerSettings::of(const RunConfig& run) {
+  return {run.optimizer, run.schedule, run.batch.loss_normalization, static_cast<uint64_t>(run.seed), run.precision.optimizer_states};
+}
+
+Optimizer::Optimizer(ParamStore& params, const OptimizerSettings& settings, const OptimizerSharding& sharding)
+    : params_(params), settings_(settings), sharding_(sharding), state_dtype_(settings.state_dtype), graphs_(params.backend().queue()) {
+  const OptimizerConfig& config = settings_.optimizer;
+  assign_ = assign_optimizers(params_.tensors(), config);
   if (sharding_.plan.sharded() && sharding_.plan.owner.size() != assign_.size())
     throw Error("optimizer: the shard plan covers " + std::to_string(sharding_.plan.owner.size()) + " tensors, the model has " +
                 std::to_string(assign_.size()));
   int64_t elements = 0, local = 0;
   for (size_t i = 0; i < assign_.size(); ++i) {
     const auto& a = assign_[i];
-    rules_.push_back(make_rule(a.optimizer, run.optimizer));
+    rules_.push_back(make_rule(a.optimizer, config));
     const int64_t n = a.tensor->numel() * rules_.back()->state_slots();
     file_offset_.push_back(elements * dtype_bytes(state_dtype_));
     elements += n;
@@ -55,12 +60,12 @@ Optimizer::Optimizer(LlamaModel& model, const RunConfig& run, const OptimizerSha
   // Every tensor's gradient is measured, each by the rank that updates it (the others measure 0
   // elements of it: a zero, added over the ranks): listed once, every update passes the same list.
   for (size_t i = 0; i < assign_.size(); ++i) {
-    grads_.push_back(model_.grad(*assign_[i].tensor));
+    grads_.push_back(params_.grad(*assign_[i].tensor));
     measured_.push_back(sharding_.plan.mine(i) ? assign_[i].tensor->numel() : 0);
     has_swan_ = has_swan_ || assign_[i].optimizer == OptimizerKind::Swan;
   }
-  alpha_scaled_ = make_rule(run.optimizer.name, run.optimizer)->scales_lr_by_alpha();
-  Backend& be = model_.backend();
+  alpha_scaled_ = make_rule(config.name, config)->scales_lr_by_alpha();
+  Backend& be = params_.backend();
   scalars_ = static_cast<UpdateScalars*>(be.allocate(sizeof(UpdateScalars)));
   squares_ = static_cast<double*>(be.allocate(static_cast<int64_t>(assign_.size() * sizeof(double))));
   arena_ = be.allocate(std::max<int64_t>(local_state_bytes_, 1));
@@ -77,7 +82,7 @@ Optimizer::Optimizer(LlamaModel& model, const RunConfig& run, const OptimizerSha
 }
 
 Optimizer::~Optimizer() {
-  Backend& be = model_.backend();
+  Backend& be = params_.backend();
   be.release(arena_);
   be.release(squares_);
   be.release(scalars_);
@@ -86,9 +91,9 @@ Optimizer::~Optimizer() {
 StepStats Optimizer::learning_rates(int64_t update) const {
   StepStats st;
   st.update = update;
-  st.lr_multiplier = schedule_multiplier(run_.schedule, update);
-  const double lr_t = run_.optimizer.lr * lr_scale_ * st.lr_multiplier;
-  st.lr_matrix = lr_t * (alpha_scaled_ ? run_.optimizer.alpha : 1.0);
+  st.lr_multiplier = schedule_multiplier(settings_.schedule, update);
+  const double lr_t = settings_.optimizer.lr * lr_scale_ * st.lr_multiplier;
+  st.lr_matrix = lr_t * (alpha_scaled_ ? settings_.optimizer.alpha : 1.0);
   st.lr_fallback = lr_t;
   return st;
 }
@@ -97,7 +102,7 @@ void Optimizer::write_scalars(const StepStats& lr, int64_t update, int64_t appli
   host_scalars_.update = static_cast<uint64_t>(update);
   host_scalars_.spike_threshold = spike.threshold;
   host_scalars_.skip_spikes = spike.skip;
-  host_scalars_.token_mean = run_.batch.loss_normalization == LossNormalization::TokenMean;
+  host_scalars_.token_mean = settings_.loss_normalization == LossNormalization::TokenMean;
   for (const size_t i : slot_first_) {
     UpdateContext ctx;
     ctx.lr = static_cast<float>(assign_[i].matrix ? lr.lr_matrix : lr.lr_fallback);
@@ -105,7 +110,7 @@ void Optimizer::write_scalars(const StepStats& lr, int64_t update, int64_t appli
     ctx.applied = applied;
     host_scalars_.rule[slot_[i]] = rules_[i]->scalars(ctx);
   }
-  model_.backend().to_device(scalars_, &host_scalars_, kHostScalarBytes);
+  params_.backend().to_device(scalars_, &host_scalars_, kHostScalarBytes);
 }
 
 // The global norm from per-tensor sums of squares added in tensor order: the same FP64 number
@@ -113,9 +118,9 @@ void Optimizer::write_scalars(const StepStats& lr, int64_t update, int64_t appli
 // several ranks the loss totals (and, sharded, the sums of squares) are summed over them on the
 // device (MPI on the CPU backend's memory, NCCL on a GPU's), the compute ordered after the sum.
 void Optimizer::queue_statistics() {
-  Backend& be = model_.backend();
+  Backend& be = params_.backend();
   const int64_t count = static_cast<int64_t>(assign_.size());
-  LossTotals* loss = model_.update_loss_totals();
+  LossTotals* loss = params_.update_loss_totals();
   be.sum_squares_many(grads_.data(), measured_.data(), count, squares_);
   Communicator* c = sharding_.collectives;
   if (c && c->size() > 1) {
@@ -123,12 +128,12 @@ void Optimizer::queue_statistics() {
     if (sharding_.plan.sharded()) c->all_reduce_sum(squares_, count, DType::F64, "the gradient norm's sums of squares over the ranks");
     c->after_mark(c->mark());
   }
-  be.update_statistics(scalars_, loss, squares_, count, run_.optimizer.grad_clip);
+  be.update_statistics(scalars_, loss, squares_, count, settings_.optimizer.grad_clip);
 }
 
 void Optimizer::queue_step(int64_t update, int64_t applied, const SpikeTest& spike) {
   if (!waited_) throw Error("optimizer: update " + std::to_string(update) + " queued before update " + std::to_string(pending_.update) + " was waited for");
-  Backend& be = model_.backend();
+  Backend& be = params_.backend();
   pending_ = learning_rates(update);
   write_scalars(pending_, update, applied, spike);
   queue_statistics();
@@ -141,7 +146,7 @@ void Optimizer::queue_step(int64_t update, int64_t applied, const SpikeTest& spi
 
 StepStats Optimizer::wait_for_step() {
   if (!waited_) {
-    model_.backend().queue().wait(fence_);
+    params_.backend().queue().wait(fence_);
     waited_ = true;
     pending_.grad_norm = delivered_.grad_norm;
     pending_.loss = delivered_.loss;
@@ -181,15 +186,15 @@ SwanStats Optimizer::swan_stats_over_ranks(SwanStats st) {
 }
 
 void Optimizer::apply_ops() {
-  Backend& be = model_.backend();
+  Backend& be = params_.backend();
   const ShardPlan& plan = sharding_.plan;
   // Clipping: the gradients this rank updates times the clip factor, read on the device (a launch
   // over each run of them; nothing happens when the factor is 1).
-  if (run_.optimizer.grad_clip > 0) {
-    if (!plan.sharded()) be.clip_gradients(model_.grads(), model_.num_params(), scalars_);
+  if (settings_.optimizer.grad_clip > 0) {
+    if (!plan.sharded()) be.clip_gradients(params_.grads(), params_.num_params(), scalars_);
     else
-      for (const OwnerRun& r : owner_runs(plan, model_.tensors(), 0, model_.num_params()))
-        if (r.owner == plan.rank) be.clip_gradients(model_.grads().at(r.begin), r.end - r.begin, scalars_);
+      for (const OwnerRun& r : owner_runs(plan, params_.tensors(), 0, params_.num_params()))
+        if (r.owner == plan.rank) be.clip_gradients(params_.grads().at(r.begin), r.end - r.begin, scalars_);
   }
   // Small tensors (the norm weights) of one rule and learning rate are updated together: one
   // backend call, one launch on a device; so are all the tensors of a rule that asks for it (SinkGD:
@@ -202,18 +207,18 @@ void Optimizer::apply_ops() {
     UpdateContext ctx;
     ctx.lr = host_scalars_.rule[slot_[i]].lr;
     ctx.update = static_cast<int64_t>(host_scalars_.update);
-    ctx.seed = static_cast<uint64_t>(run_.seed);
+    ctx.seed = settings_.seed;
     ctx.tensor = i;
-    ctx.stochastic = run_.optimizer.rounding == Rounding::Stochastic;
+    ctx.stochastic = settings_.optimizer.rounding == Rounding::Stochastic;
     ctx.scalars = {scalars_, slot_[i]};
     ctx.swan_stats = &scalars_->stats.swan;
     if (t.numel() <= kMultiTensorElements || rules_[i]->updates_large_tensors_together()) {
       auto& group = together[{rules_[i]->name(), assign_[i].matrix}];
       group.first = rules_[i].get();
-      group.second.push_back({&t, model_.param(t), model_.grad(t), states_[i].data(), ctx});
+      group.second.push_back({&t, params_.param(t), params_.grad(t), states_[i].data(), ctx});
       continue;
     }
-    rules_[i]->update(be, t, model_.param(t), model_.grad(t), states_[i].data(), ctx);
+    rules_[i]->update(be, t, params_.param(t), params_.grad(t), states_[i].data(), ctx);
   }
   for (const auto& [key, group] : together) group.first->update_many(be, group.second);
 }
@@ -222,8 +227,8 @@ void Optimizer::apply_ops() {
 // broadcast. The compute after it waits for them on the device (MPI: the host completes them).
 void Optimizer::broadcast_weights() {
   Communicator& c = *sharding_.collectives;
-  for (const OwnerRun& r : owner_runs(sharding_.plan, model_.tensors(), 0, model_.num_params()))
-    c.broadcast(model_.params().at(r.begin).ptr, r.end - r.begin, model_.dtype(), r.owner, "broadcast of updated weights from their owner");
+  for (const OwnerRun& r : owner_runs(sharding_.plan, params_.tensors(), 0, params_.num_params()))
+    c.broadcast(params_.params().at(r.begin).ptr, r.end - r.begin, params_.dtype(), r.owner, "broadcast of updated weights from their owner");
   c.after_mark(c.mark());
 }
 
@@ -237,7 +242,7 @@ std::vector<uint8_t> Optimizer::states_to_host() const {
     const int owner = plan.owner_of(i);
     if (owner == plan.rank) {  // a tensor's slots are adjacent in the arena, as in the file
       std::vector<uint8_t> mine(static_cast<size_t>(bytes));
-      model_.backend().to_host(mine.data(), states_[i][0].ptr, bytes);
+      params_.backend().to_host(mine.data(), states_[i][0].ptr, bytes);
       if (root) std::copy(mine.begin(), mine.end(), out.begin() + file_offset_[i]);
       else sharding_.host->send(mine.data(), bytes, 0);
     } else if (root) {
@@ -253,7 +258,7 @@ void Optimizer::states_from_host(const std::vector<uint8_t>& bytes) {
   for (size_t i = 0; i < assign_.size(); ++i) {
     if (states_[i].empty()) continue;
     const int64_t n = assign_[i].tensor->numel() * rules_[i]->state_slots() * dtype_bytes(state_dtype_);
-    model_.backend().to_device(states_[i][0].ptr, bytes.data() + file_offset_[i], n);
+    params_.backend().to_device(states_[i][0].ptr, bytes.data() + file_offset_[i], n);
   }
 }
 

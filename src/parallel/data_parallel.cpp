@@ -18,9 +18,9 @@ std::unique_ptr<Communicator> make_gradient_communicator(Backend& backend, Comm&
   return backend.create_communicator(id, comm.rank(), comm.size(), comm.timeout());
 }
 
-std::vector<GradientBucket> gradient_buckets(const LlamaModel& model, int64_t bucket_bytes, std::vector<int>* bucket_of_range) {
+std::vector<GradientBucket> gradient_buckets(const ParamStore& params, int64_t bucket_bytes, std::vector<int>* bucket_of_range) {
   std::vector<GradientBucket> buckets;
-  for (const auto& [begin, end] : model.gradient_ready_order()) {
+  for (const auto& [begin, end] : params.gradient_ready_order()) {
     if (buckets.empty() || (buckets.back().end - buckets.back().begin) * 4 >= bucket_bytes) buckets.push_back({begin, end, 0});
     GradientBucket& b = buckets.back();
     b.begin = std::min(b.begin, begin);
@@ -31,39 +31,39 @@ std::vector<GradientBucket> gradient_buckets(const LlamaModel& model, int64_t bu
   return buckets;
 }
 
-int64_t gradient_staging_bytes(const LlamaModel& model, int64_t bucket_bytes, int ranks, int64_t staging_buckets) {
-  if (ranks < 2 || model.grad_dtype() == DType::F32) return 0;
-  const auto buckets = gradient_buckets(model, bucket_bytes, nullptr);
+int64_t gradient_staging_bytes(const ParamStore& params, int64_t bucket_bytes, int ranks, int64_t staging_buckets) {
+  if (ranks < 2 || params.grad_dtype() == DType::F32) return 0;
+  const auto buckets = gradient_buckets(params, bucket_bytes, nullptr);
   int64_t largest = 0;
   for (const GradientBucket& b : buckets) largest = std::max(largest, b.end - b.begin);
   return std::min<int64_t>(staging_buckets, static_cast<int64_t>(buckets.size())) * largest * 4;
 }
 
-GradientSync::GradientSync(LlamaModel& model, Communicator& comm, const ShardPlan& plan, int64_t bucket_bytes, bool overlap,
+GradientSync::GradientSync(ParamStore& params, Communicator& comm, const ShardPlan& plan, int64_t bucket_bytes, bool overlap,
                            int64_t staging_buckets)
-    : model_(model), comm_(comm), plan_(plan), overlap_(overlap) {
+    : params_(params), comm_(comm), plan_(plan), overlap_(overlap) {
   // Buckets: consecutive ranges of the backward pass's order, closed once they reach bucket_bytes.
-  for (const GradientBucket& g : gradient_buckets(model_, bucket_bytes, &bucket_of_range_)) buckets_.push_back({g.begin, g.end, g.ranges});
+  for (const GradientBucket& g : gradient_buckets(params_, bucket_bytes, &bucket_of_range_)) buckets_.push_back({g.begin, g.end, g.ranges});
   // BF16 gradients are summed in FP32 and rounded once: each bucket is widened into one of two
   // staging slots, reduced there and narrowed back, so staging holds two buckets, not the arena.
-  if (comm_.size() > 1 && model_.grad_dtype() != DType::F32) {
+  if (comm_.size() > 1 && params_.grad_dtype() != DType::F32) {
     for (const Bucket& b : buckets_) slot_elements_ = std::max(slot_elements_, b.end - b.begin);
     if (staging_buckets < 1) throw Error("parallel.staging_buckets must be at least 1, got " + std::to_string(staging_buckets));
     slots_ = std::min<int64_t>(staging_buckets, static_cast<int64_t>(buckets_.size()));
-    staging_ = model_.backend().allocate(slots_ * slot_elements_ * 4);
+    staging_ = params_.backend().allocate(slots_ * slot_elements_ * 4);
   }
-  reduced_bytes_ = model_.num_params() * 4;
+  reduced_bytes_ = params_.num_params() * 4;
 }
 
 GradientSync::~GradientSync() {
-  model_.set_gradient_listener(nullptr);
-  if (staging_) model_.backend().release(staging_);
+  params_.set_gradient_listener(nullptr);
+  if (staging_) params_.backend().release(staging_);
 }
 
 void GradientSync::arm() {
   if (comm_.size() == 1) return;
   armed_ = overlap_;
-  if (armed_) model_.set_gradient_listener(this);
+  if (armed_) params_.set_gradient_listener(this);
 }
 
 void GradientSync::gradients_ready(int64_t, int64_t) {
@@ -81,20 +81,20 @@ void GradientSync::progress() {
 // that held the slot before (i - S) is narrowed back first, once its collectives are done (on a
 // device, the compute stream waits for them; the host does not).
 void GradientSync::start(size_t i) {
-  Backend& be = model_.backend();
+  Backend& be = params_.backend();
   Bucket& b = buckets_[i];
-  Buf grads = model_.grads();
+  Buf grads = params_.grads();
   int64_t base = 0;  // arena element at grads' start
   if (staging_) {
     if (i >= static_cast<size_t>(slots_)) narrow_back(i - static_cast<size_t>(slots_));
     grads = slot(i);
     base = b.begin;
-    be.convert(grads, model_.grads().at(b.begin), b.end - b.begin);
+    be.convert(grads, params_.grads().at(b.begin), b.end - b.begin);
   }
   if (!plan_.sharded()) {
     comm_.all_reduce_sum(grads.at(b.begin - base).ptr, b.end - b.begin, DType::F32, "all-reduce of a gradient bucket");
   } else {
-    for (const OwnerRun& r : owner_runs(plan_, model_.tensors(), b.begin, b.end))
+    for (const OwnerRun& r : owner_runs(plan_, params_.tensors(), b.begin, b.end))
       comm_.reduce_sum(grads.at(r.begin - base).ptr, r.end - r.begin, DType::F32, r.owner, "reduce of gradients to their owner");
   }
   if (staging_) b.mark = comm_.mark();
@@ -108,12 +108,12 @@ Buf GradientSync::slot(size_t i) const {
 void GradientSync::narrow_back(size_t i) {
   const Bucket& b = buckets_[i];
   comm_.after_mark(b.mark);
-  model_.backend().convert(model_.grads().at(b.begin), slot(i), b.end - b.begin);
+  params_.backend().convert(params_.grads().at(b.begin), slot(i), b.end - b.begin);
   narrowed_ = i + 1;
 }
 
 void GradientSync::finish() {
-  model_.set_gradient_listener(nullptr);
+  params_.set_gradient_listener(nullptr);
   if (comm_.size() == 1) return;
   while (next_ < buckets_.size()) start(next_++);
   const auto t = std::chrono::steady_clock::now();
@@ -121,7 +121,7 @@ void GradientSync::finish() {
   last_wait_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
   if (staging_)
     for (size_t i = narrowed_; i < buckets_.size(); ++i)  // the last two buckets: their collectives are done
-      model_.backend().convert(model_.grads().at(buckets_[i].begin), slot(i), buckets_[i].end - buckets_[i].begin);
+      params_.backend().convert(params_.grads().at(buckets_[i].begin), slot(i), buckets_[i].end - buckets_[i].begin);
   for (Bucket& b : buckets_) b.ready = 0, b.mark = -1;
   next_ = 0;
   narrowed_ = 0;

@@ -128,7 +128,7 @@ std::string checkpoint_name(int64_t step) {
   return name;
 }
 
-std::string write_checkpoint(const std::string& run_dir, const LlamaModel& model, const std::vector<uint8_t>& states,
+std::string write_checkpoint(const std::string& run_dir, const ParamStore& params, const std::vector<uint8_t>& states,
                              const TrainerState& state, int64_t keep_last, const RunConfig& run) {
   const std::string root = run_dir + "/checkpoints";
   ::mkdir(root.c_str(), 0755);
@@ -136,12 +136,12 @@ std::string write_checkpoint(const std::string& run_dir, const LlamaModel& model
   // trainer out of the directory; this keeps even a stray one from mixing files into ours).
   const std::string final_dir = root + "/" + checkpoint_name(state.step), tmp = final_dir + ".tmp." + std::to_string(::getpid());
   remove_tree(tmp);
-  save_hf_model(model, tmp, model.dtype());
+  save_hf_model(params, run.model, tmp, params.dtype());
   write_text_file_atomic(tmp + "/optimizer.bin", std::string(states.begin(), states.end()));
   json ts = {{"step", state.step},       {"tokens_seen", state.tokens_seen},  {"skipped_updates", state.skipped},
              {"skipped_in_a_row", state.skipped_in_a_row},
              {"cursor", state.cursor.to_json()}, {"fingerprint", state.fingerprint},
-             {"optimizer_state_bytes", static_cast<int64_t>(states.size())}, {"param_dtype", dtype_name(model.dtype())},
+             {"optimizer_state_bytes", static_cast<int64_t>(states.size())}, {"param_dtype", dtype_name(params.dtype())},
              {"tokenizer_hash", std::to_string(state.tokenizer_hash)}, {"lr_scale", state.lr_scale}, {"rollbacks", state.rollbacks}};
   write_text_file_atomic(tmp + "/trainer_state.json", ts.dump(2) + "\n");
   write_text_file_atomic(tmp + "/run_config.json", run.resolved.dump(2) + "\n");
@@ -213,7 +213,7 @@ std::unique_ptr<ExpectedChecksums> verify_reads_of(const std::string& dir) {
   return std::make_unique<ExpectedChecksums>(read_manifest(dir), dir);
 }
 
-TrainerState read_checkpoint(const std::string& dir, LlamaModel& model, Optimizer* opt, const RunConfig& run,
+TrainerState read_checkpoint(const std::string& dir, ParamStore& params, Optimizer* opt, const RunConfig& run,
                              bool allow_config_change) {
   // Every file is checked against the manifest as it is read (one pass over each); the small files
   // this does not read are checked after. Only a resume reads (and checks) optimizer.bin.
@@ -242,10 +242,10 @@ TrainerState read_checkpoint(const std::string& dir, LlamaModel& model, Optimize
     }
     st.fingerprint = mine;
   }
-  if (ts.value("param_dtype", std::string(dtype_name(model.dtype()))) != dtype_name(model.dtype()))
+  if (ts.value("param_dtype", std::string(dtype_name(params.dtype()))) != dtype_name(params.dtype()))
     throw ConfigError(dir + ": weights stored as " + ts.value("param_dtype", std::string()) + ", the run uses " +
-                      dtype_name(model.dtype()));
-  load_hf_model(model, dir);  // refuses other shapes, naming the field
+                      dtype_name(params.dtype()));
+  load_hf_model(params, run.model, dir);  // refuses other shapes, naming the field
   if (opt) {
     const std::string bytes = read_text_file(dir + "/optimizer.bin");
     opt->states_from_host(std::vector<uint8_t>(bytes.begin(), bytes.end()));

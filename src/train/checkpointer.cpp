@@ -7,24 +7,24 @@
 
 namespace multinorm {
 
-Checkpointer::Checkpointer(const RunConfig& run, LlamaModel& model, Optimizer& optimizer, Comm& comm, std::string resumed_from)
-    : run_(run), model_(model), optimizer_(optimizer), comm_(comm), last_good_(std::move(resumed_from)) {}
+Checkpointer::Checkpointer(const RunConfig& run, ParamStore& params, Optimizer& optimizer, Comm& comm, std::string resumed_from)
+    : run_(run), params_(params), optimizer_(optimizer), comm_(comm), last_good_(std::move(resumed_from)) {}
 
 void Checkpointer::save(const TrainerState& state) {
   Comm::set_activity("the checkpoint of update " + std::to_string(state.step));
   // "The last good checkpoint" means finite weights: one reduction over the weights (on the device).
-  const double weights_ss = model_.backend().sum_squares(model_.params(), model_.num_params());
+  const double weights_ss = params_.backend().sum_squares(params_.params(), params_.num_params());
   if (!std::isfinite(weights_ss))
     throw Error("update " + std::to_string(state.step) + ": the weights are not finite; no checkpoint written. The last good checkpoint is " +
                 (last_good_.empty() ? std::string("none") : last_good_));
   const std::vector<uint8_t> states = optimizer_.states_to_host();
-  if (comm_.root()) last_good_ = write_checkpoint(run_.output_dir, model_, states, state, run_.checkpoint.keep_last, run_);
+  if (comm_.root()) last_good_ = write_checkpoint(run_.output_dir, params_, states, state, run_.checkpoint.keep_last, run_);
   else last_good_ = run_.output_dir + "/checkpoints/" + checkpoint_name(state.step);
   comm_.barrier();  // no rank runs ahead of a checkpoint that is not on disk yet
 }
 
 TrainerState Checkpointer::restore(const std::string& dir, bool allow_config_change) {
-  return read_checkpoint(dir, model_, &optimizer_, run_, allow_config_change);
+  return read_checkpoint(dir, params_, &optimizer_, run_, allow_config_change);
 }
 
 std::string previous_checkpoint(const std::string& run_dir, const std::string& newest) {

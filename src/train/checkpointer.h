@@ -10,7 +10,7 @@
 #include "multinorm/backend.h"
 #include "multinorm/checkpoint.h"
 #include "multinorm/comm.h"
-#include "multinorm/llama_model.h"
+#include "multinorm/param_store.h"
 #include "multinorm/optimizer.h"
 #include "multinorm/run_config.h"
 
@@ -20,18 +20,18 @@ class Checkpointer {
  public:
   // `resumed_from`: the checkpoint the run started from ("" for a fresh run): the last good one until
   // this run writes one.
-  Checkpointer(const RunConfig& run, LlamaModel& model, Optimizer& optimizer, Comm& comm, std::string resumed_from);
+  Checkpointer(const RunConfig& run, ParamStore& params, Optimizer& optimizer, Comm& comm, std::string resumed_from);
 
   bool due(int64_t update, bool last) const { return (run_.checkpoint.every > 0 && update % run_.checkpoint.every == 0) || last; }
   void save(const TrainerState& state);
   // The newest checkpoint this run wrote, or the one it resumed from ("" when none).
   const std::string& last_good() const { return last_good_; }
-  // The model, optimizer state and trainer state of checkpoint `dir`, read back (resume, rollback).
+  // The weights, optimizer state and trainer state of checkpoint `dir`, read back (resume, rollback).
   TrainerState restore(const std::string& dir, bool allow_config_change);
 
  private:
   const RunConfig& run_;
-  LlamaModel& model_;
+  ParamStore& params_;
   Optimizer& optimizer_;
   Comm& comm_;
   std::string last_good_;

@@ -13,17 +13,10 @@
 #include "multinorm/schema.h"
 #include "multinorm/optimizer.h"
 #include "multinorm/trainer.h"
+#include "multinorm/update_pipeline.h"
 #include "event_file.h"
 
 namespace multinorm {
-
-// Where one update's time went, in seconds: measured as the update is queued (QueuedUpdate) and
-// logged as it is (UpdateRecord). Forward and backward are the host time of the last micro-batch's
-// launches (a replayed CUDA graph: all in forward_s); comm_exposed_s is the part of the wait for
-// the gradient reduction that the backward pass did not cover.
-struct UpdateTimes {
-  double data_wait_s = 0, forward_s = 0, backward_s = 0, compute_s = 0, optimizer_s = 0, comm_wait_s = 0, comm_exposed_s = 0;
-};
 
 // One settled update as the log shows it.
 struct UpdateRecord {

@@ -1,8 +1,7 @@
-// A training run's set-up and its updates' three steps (training_run.h). Data parallelism: every
-// rank runs the same code on its slice of each global step; rank 0 alone writes the run directory
-// (config, metrics, checkpoints) and logs. Loss normalisation: micro_batch_mean (GaLore: every
-// micro-batch's mean loss weighs the same, gradient scale 1 / (count x accum x ranks)) or token_mean
-// (every counted target of the update weighs the same, scale 1 / total count).
+// A training run's set-up and its updates' three steps (training_run.h); each update's device work
+// is the UpdatePipeline's (update_pipeline.h). Data parallelism: every rank runs the same code on
+// its slice of each global step; rank 0 alone writes the run directory (config, metrics,
+// checkpoints) and logs.
 #include "training_run.h"
 
 #include <signal.h>
@@ -25,8 +24,6 @@ namespace multinorm {
 namespace {
 
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
-double wall_clock() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
 
 }  // namespace
 
@@ -121,19 +118,20 @@ void TrainingRun::build_model_and_optimizer() {
     model_->init_random(static_cast<uint64_t>(run_.seed));
   } else {
     const auto verify = verify_reads_of(run_.model_init_from);  // a checkpoint: its files checked as they are read
-    load_hf_model(*model_, run_.model_init_from);
+    load_hf_model(model_->store(), run_.model, run_.model_init_from);
   }
   grad_comm_ = make_gradient_communicator(*backend_, comm_);
   plan_ = plan_shards(assign_optimizers(model_->tensors(), run_.optimizer), run_, world_, rank_, run_.parallel.shard_optimizer);
-  optimizer_ = std::make_unique<Optimizer>(*model_, run_, OptimizerSharding{plan_, grad_comm_.get(), &comm_});
+  optimizer_ = std::make_unique<Optimizer>(model_->store(), run_, OptimizerSharding{plan_, grad_comm_.get(), &comm_});
   optimizer_->set_graphs(run_.cuda_graphs);
-  grad_sync_ = std::make_unique<GradientSync>(*model_, *grad_comm_, plan_, static_cast<int64_t>(run_.parallel.bucket_mb * 1048576.0),
+  grad_sync_ = std::make_unique<GradientSync>(model_->store(), *grad_comm_, plan_, static_cast<int64_t>(run_.parallel.bucket_mb * 1048576.0),
                                               run_.parallel.overlap, run_.parallel.staging_buckets);
+  pipeline_ = std::make_unique<UpdatePipeline>(*model_, *optimizer_, *grad_sync_, comm_, run_.batch.loss_normalization, accum_);
 }
 
 // The checkpoint resumed from (never a silent fall back to an older one: the user picks it, by name).
 void TrainingRun::resume() {
-  checkpointer_ = std::make_unique<Checkpointer>(run_, *model_, *optimizer_, comm_, existing_);
+  checkpointer_ = std::make_unique<Checkpointer>(run_, model_->store(), *optimizer_, comm_, existing_);
   state_.fingerprint = config_fingerprint(run_);
   state_.tokenizer_hash = tokenizer_hash_;
   if (!data_note_.empty()) log_->say("%s\n", data_note_.c_str());
@@ -230,58 +228,24 @@ std::optional<QueuedUpdate> TrainingRun::queue_micro_batches(int64_t k) {
   for (int i = 0; i < 3; ++i)  // every rank stops here, for a signal some rank received
     if (sums[1 + i] > 0 && !stopped_by_) stopped_by_ = stops[i];
   if (stopped_by_) return std::nullopt;  // the batches go back: the checkpoint's cursor is the last update's
-  const int64_t total_count = sums[0];
   u.times.data_wait_s = loader_->wait_seconds() - wait_before;
   u.cursor = batches.back().after;
-  model_->zero_grads();
-  u.t_compute = Clock::now();
-  int64_t last_counted = -1;  // the last micro-batch with a counted target: its backward pass starts the reduction
-  for (int64_t a = 0; a < accum_; ++a)
-    if (batches[static_cast<size_t>(a)].count > 0) last_counted = a;
-  const bool token_mean = run_.batch.loss_normalization == LossNormalization::TokenMean;
-  for (int64_t a = 0; a < accum_; ++a) {
-    const Batch& b = batches[static_cast<size_t>(a)];
-    if (b.count == 0) continue;
-    if (a == last_counted) grad_sync_->arm();
-    // The gradient summed over the ranks must be the global step's: token mean divides by every
-    // rank's counted targets, micro-batch mean by every rank's micro-batches.
-    const float scale = token_mean ? 1.0f / static_cast<float>(total_count)
-                                   : 1.0f / (static_cast<float>(b.count) * static_cast<float>(accum_ * world_));
-    model_->queue_forward_backward(b.view(), scale);
-  }
-  u.times.forward_s = model_->last_forward_seconds(), u.times.backward_s = model_->last_backward_seconds();
-  // When this rank's backward pass was queued (one clock for the ranks of a node, NTP's across
-  // nodes): the latest over the ranks tells how much of this rank's communication wait was waiting
-  // for a slower rank rather than for the collectives (metrics: comm_exposed_s).
-  u.backward_end = wall_clock();
-  u.times.compute_s = since(u.t_compute);
+  std::vector<MicroBatch> views;
+  for (const Batch& b : batches) views.push_back(b.view());
+  pipeline_->queue_micro_batches(views, /*total_count=*/sums[0], &u.times);
   return u;
-}
-
-// The rest of the update's gradient reduction, waited for (with NCCL a host wait on its completion,
-// with the collective timeout).
-void TrainingRun::finish_reduction(QueuedUpdate& u) {
-  grad_sync_->finish();
-  double latest_backward_end = u.backward_end;
-  if (world_ > 1) comm_.allreduce_max(&latest_backward_end, 1);
-  u.times.comm_wait_s = grad_sync_->last_wait_seconds();
-  u.times.comm_exposed_s = std::max(0.0, u.times.comm_wait_s - (latest_backward_end - u.backward_end));
 }
 
 void TrainingRun::queue_step(QueuedUpdate& u) {
   Comm::set_activity("update " + std::to_string(u.k));
-  finish_reduction(u);
-  const auto t = Clock::now();
-  optimizer_->queue_step(u.k, u.k - state_.skipped, monitor_.spike_test());  // the skipped count covers every update before k
-  u.times.optimizer_s = since(t);
+  pipeline_->queue_step(u.k, u.k - state_.skipped, monitor_.spike_test(), &u.times);  // the skipped count covers every update before k
 }
 
-// Its reduction completes (every rank started it); zero_grads() drops its gradients and losses.
-void TrainingRun::discard(QueuedUpdate& u) { finish_reduction(u); }
+void TrainingRun::discard(QueuedUpdate&) { pipeline_->discard(); }
 
 bool TrainingRun::settle(const QueuedUpdate& u) {
   Comm::set_activity("the statistics of update " + std::to_string(u.k));
-  const StepStats st = optimizer_->wait_for_step();  // not a drain: the next update's micro-batches are queued behind it
+  const StepStats st = pipeline_->wait_for_step();  // not a drain: the next update's micro-batches are queued behind it
   const Verdict v = monitor_.judge(st, state_.skipped_in_a_row);
   if (v.kind == Verdict::Diverged) return on_trip(v.why, u.k);
   if (v.kind == Verdict::Skipped) note_skip(u.k, v);

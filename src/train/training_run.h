@@ -15,11 +15,13 @@
 #include "multinorm/data_parallel.h"
 #include "multinorm/device.h"
 #include "multinorm/divergence.h"
+#include "multinorm/llama_model.h"
 #include "multinorm/loader.h"
 #include "multinorm/optimizer.h"
 #include "multinorm/run_lock.h"
 #include "multinorm/stop_signals.h"
 #include "multinorm/trainer.h"
+#include "multinorm/update_pipeline.h"
 #include "run_log.h"
 
 namespace multinorm {
@@ -30,9 +32,7 @@ using Clock = std::chrono::steady_clock;
 struct QueuedUpdate {
   int64_t k = 0;
   LoaderCursor cursor;  // the data position once its batches are consumed
-  Clock::time_point t_compute;
   UpdateTimes times;
-  double backward_end = 0;  // wall clock when this rank's backward pass was queued
 };
 
 class TrainingRun {
@@ -68,7 +68,6 @@ class TrainingRun {
   void restore(const std::string& from);
   json result_common(bool diverged) const;
   void describe() const;
-  void finish_reduction(QueuedUpdate& u);
   void record(const QueuedUpdate& u, const StepStats& st);
   void note_skip(int64_t k, const Verdict& v);
   void warn_swan(int64_t k, const StepStats& st);
@@ -92,6 +91,7 @@ class TrainingRun {
   ShardPlan plan_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<GradientSync> grad_sync_;
+  std::unique_ptr<UpdatePipeline> pipeline_;
   std::unique_ptr<Checkpointer> checkpointer_;
   DivergenceMonitor monitor_;
   std::unique_ptr<RunLog> log_;
