@@ -15,7 +15,7 @@ layers=(
   "0 base | error dtype schema json_file checksum fault_points process_memory stop_signals run_lock safetensors install_paths cuda_plugin_abi cuda_libraries cuda_scratch update_scalars write_back work_queue comm communicator"
   "1 data data_tools src/data | shard tokenizer hf_tokenizer c4_reader data_tools batch loader"
   "2 config src/config | config_choices model_config run_config"
-  "3 seam kernels/common | backend activation_plan graph_cache"
+  "3 seam kernels/common | optimizer_kernels backend activation_plan graph_cache"
   "4 runtime src/runtime | device"
   "5 model src/model | model_spec param_store linear llama_model model_io"
   "6 optim src/optim | param_groups schedule shard_plan optimizer memory_estimate"

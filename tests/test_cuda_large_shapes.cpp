@@ -278,13 +278,13 @@ TEST_F(LargeShapes, ReductionsAndCastsOverTheWholeGradientArena) {
     }
     Buffer g(*cuda, kArena, DType::BF16);
     cuda->to_device(g.buf().ptr, h.data(), kArena * 2);
-    const double sg = cuda->sum_squares(g.buf(), kArena);
+    const double sg = cuda->optimizer_kernels().sum_squares(g.buf(), kArena);
     EXPECT_NEAR(sg, expected, 1e-9 * expected);  // FP64 sums of exact BF16 squares: only the order differs
     // The elementwise kernels (scale, clip_gradients: one grid-stride loop) on a view that starts past
     // 2^31 bytes, and its neighbours left alone. (Over the whole arena they cost 27 s of emulation and
     // prove nothing more: their index is the same 64-bit loop lint_cuda enforces.)
     const int64_t tail = int64_t(1) << 20, from = kArena - tail;
-    cuda->scale(g.buf().at(from), tail, 0.5f);  // exact: halving a BF16 value
+    cuda->optimizer_kernels().scale(g.buf().at(from), tail, 0.5f);  // exact: halving a BF16 value
     for (int64_t at : {from - 1024, from, kArena - 1024}) {
       const std::vector<float> got = g.get(at, 1024);
       for (int64_t i = 0; i < 1024; ++i) ASSERT_EQ(got[i], (at + i >= from ? 0.5f : 1.0f) * to_f32(h[at + i])) << "element " << at + i;
@@ -304,8 +304,8 @@ TEST_F(LargeShapes, OptimizersOnTheLargestMatricesAndTheEmbedding) {
         gg(*cuda, m * n, DType::BF16, 14);
     SinkGDArgs a;
     a.lr = 1e-3f;
-    cpu->sinkgd_update(wc.buf(), gc.buf(), m, n, a);
-    cuda->sinkgd_update(wg.buf(), gg.buf(), m, n, a);
+    cpu->optimizer_kernels().sinkgd_update(wc.buf(), gc.buf(), m, n, a);
+    cuda->optimizer_kernels().sinkgd_update(wg.buf(), gg.buf(), m, n, a);
     EXPECT_TRUE(close(wg.all(), wc.all(), kBf16)) << m << " x " << n;
   }
   const int64_t n = kV * kC;
@@ -313,13 +313,13 @@ TEST_F(LargeShapes, OptimizersOnTheLargestMatricesAndTheEmbedding) {
   Buffer mc(*cpu, n, DType::F32), mg(*cuda, n, DType::F32), vc(*cpu, n, DType::F32), vg(*cuda, n, DType::F32);
   AdamArgs a;
   a.lr = 1e-3f;
-  cpu->adam_update(wc.buf(), gc.buf(), mc.buf(), vc.buf(), n, a);
-  cuda->adam_update(wg.buf(), gg.buf(), mg.buf(), vg.buf(), n, a);
+  cpu->optimizer_kernels().adam_update(wc.buf(), gc.buf(), mc.buf(), vc.buf(), n, a);
+  cuda->optimizer_kernels().adam_update(wg.buf(), gg.buf(), mg.buf(), vg.buf(), n, a);
   EXPECT_TRUE(close(wg.get(n - 4096, 4096), wc.get(n - 4096, 4096), kBf16)) << "the embedding's last rows";
   EXPECT_TRUE(close(vg.get(n - 4096, 4096), vc.get(n - 4096, 4096), kF32));
   SgdArgs s;
   s.lr = 1e-3f, s.momentum = 0.9f;
-  cpu->sgd_update(wc.buf(), gc.buf(), mc.buf(), n, s);
-  cuda->sgd_update(wg.buf(), gg.buf(), mg.buf(), n, s);
+  cpu->optimizer_kernels().sgd_update(wc.buf(), gc.buf(), mc.buf(), n, s);
+  cuda->optimizer_kernels().sgd_update(wg.buf(), gg.buf(), mg.buf(), n, s);
   EXPECT_TRUE(close(wg.get(n - 4096, 4096), wc.get(n - 4096, 4096), kBf16)) << "SGD, the embedding's last rows";
 }

@@ -438,23 +438,23 @@ TEST_P(CudaVsCpu, ConvertScaleAndSumSquares) {
     }
   for (DType t : kTypes) {
     Pair x(*cpu, *cuda, v, t);
-    cpu->scale(x.c.buf(), n, 0.3f);
-    cuda->scale(x.g.buf(), n, 0.3f);
+    cpu->optimizer_kernels().scale(x.c.buf(), n, 0.3f);
+    cuda->optimizer_kernels().scale(x.g.buf(), n, 0.3f);
     EXPECT_TRUE(x.same(0.0)) << "one multiply, one rounding";
-    const double sc = cpu->sum_squares(x.c.buf(), n), sg = cuda->sum_squares(x.g.buf(), n);
+    const double sc = cpu->optimizer_kernels().sum_squares(x.c.buf(), n), sg = cuda->optimizer_kernels().sum_squares(x.g.buf(), n);
     EXPECT_NEAR(sg, sc, 1e-12 * sc) << "FP64 accumulation of the same values";
-    EXPECT_EQ(sg, cuda->sum_squares(x.g.buf(), n)) << "deterministic";
+    EXPECT_EQ(sg, cuda->optimizer_kernels().sum_squares(x.g.buf(), n)) << "deterministic";
     // The list form (no host wait) gives each tensor the bits of its own call: here the whole
     // buffer, a 1-element slice and a slice of 1000 starting at an odd element. Its results go to
     // backend memory, as the seam says (a host array there is what crashed on a GPU).
     const Buf xs[3] = {x.g.buf(), x.g.buf().at(7), x.g.buf().at(11)};
     const int64_t ns[3] = {n, 1, 1000};
     auto* sums = static_cast<double*>(cuda->allocate(3 * sizeof(double)));
-    cuda->sum_squares_many(xs, ns, 3, sums);
+    cuda->optimizer_kernels().sum_squares_many(xs, ns, 3, sums);
     double many[3];
     cuda->to_host(many, sums, sizeof many);
     cuda->release(sums);
-    for (int i = 0; i < 3; ++i) EXPECT_EQ(many[i], cuda->sum_squares(xs[i], ns[i])) << "tensor " << i;
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(many[i], cuda->optimizer_kernels().sum_squares(xs[i], ns[i])) << "tensor " << i;
   }
 }
 

@@ -27,8 +27,8 @@ TEST_P(CudaVsCpu, SinkGDUpdateOnTallWideSquareAndVectorShapes) {
         SinkGDArgs a;
         a.lr = 0.01f, a.decoupled_decay = 0.1f, a.iterations = 5;
         a.write = WriteBack{stochastic, 7, 3, 11};
-        cpu->sinkgd_update(w.c.buf(), g.c.buf(), s.m, s.n, a);
-        cuda->sinkgd_update(w.g.buf(), g.g.buf(), s.m, s.n, a);
+        cpu->optimizer_kernels().sinkgd_update(w.c.buf(), g.c.buf(), s.m, s.n, a);
+        cuda->optimizer_kernels().sinkgd_update(w.g.buf(), g.g.buf(), s.m, s.n, a);
         EXPECT_TRUE(w.same(wt == DType::F32 ? 1e-6 : kBf16))
             << s.m << "x" << s.n << " " << dtype_name(wt) << "/" << dtype_name(gt) << (stochastic ? " stochastic" : "");
       }
@@ -54,8 +54,8 @@ TEST_P(CudaVsCpu, AdamAndSgdUpdates) {
         AdamArgs a;
         a.lr = 1e-3f, a.l2_decay = 0.01f, a.decoupled_decay = 0.1f, a.step = 3;
         a.write = WriteBack{stochastic, 5, 9, 2};
-        cpu->adam_update(w.c.buf(), g.c.buf(), m.c.buf(), v.c.buf(), n, a);
-        cuda->adam_update(w.g.buf(), g.g.buf(), m.g.buf(), v.g.buf(), n, a);
+        cpu->optimizer_kernels().adam_update(w.c.buf(), g.c.buf(), m.c.buf(), v.c.buf(), n, a);
+        cuda->optimizer_kernels().adam_update(w.g.buf(), g.g.buf(), m.g.buf(), v.g.buf(), n, a);
         const std::string what = std::string(dtype_name(wt)) + "/" + dtype_name(gt) + " states " + dtype_name(st) + (stochastic ? " stochastic" : "");
         EXPECT_TRUE(same(w, wt)) << "adam w " << what;
         EXPECT_TRUE(same(m, st)) << "adam m " << what;
@@ -63,13 +63,13 @@ TEST_P(CudaVsCpu, AdamAndSgdUpdates) {
         SgdArgs sa;
         sa.lr = 0.1f, sa.momentum = 0.9f, sa.decoupled_decay = 0.01f;
         sa.write = WriteBack{stochastic, 5, 10, 2};
-        cpu->sgd_update(w.c.buf(), g.c.buf(), m.c.buf(), n, sa);
-        cuda->sgd_update(w.g.buf(), g.g.buf(), m.g.buf(), n, sa);
+        cpu->optimizer_kernels().sgd_update(w.c.buf(), g.c.buf(), m.c.buf(), n, sa);
+        cuda->optimizer_kernels().sgd_update(w.g.buf(), g.g.buf(), m.g.buf(), n, sa);
         EXPECT_TRUE(same(w, wt)) << "sgd w " << what;
         EXPECT_TRUE(same(m, st)) << "sgd buf " << what;
         sa.momentum = 0;  // no buffer
-        cpu->sgd_update(w.c.buf(), g.c.buf(), Buf{nullptr, st}, n, sa);
-        cuda->sgd_update(w.g.buf(), g.g.buf(), Buf{nullptr, st}, n, sa);
+        cpu->optimizer_kernels().sgd_update(w.c.buf(), g.c.buf(), Buf{nullptr, st}, n, sa);
+        cuda->optimizer_kernels().sgd_update(w.g.buf(), g.g.buf(), Buf{nullptr, st}, n, sa);
         EXPECT_TRUE(same(w, wt)) << "sgd without momentum " << what;
       }
 }
@@ -116,9 +116,9 @@ TEST_P(CudaVsCpu, SwanUpdateOnTallWideSquareAndVectorShapes) {
         a.ns_steps = 10, a.ns_tolerance = path.tolerance;
         a.write = WriteBack{wt == DType::BF16, 7, 3, 11};
         a.stats = stats.c;
-        cpu->swan_update(w.c.buf(), g.c.buf(), s.m, s.n, a);
+        cpu->optimizer_kernels().swan_update(w.c.buf(), g.c.buf(), s.m, s.n, a);
         a.stats = stats.g;
-        cuda->swan_update(w.g.buf(), g.g.buf(), s.m, s.n, a);
+        cuda->optimizer_kernels().swan_update(w.g.buf(), g.g.buf(), s.m, s.n, a);
         const SwanStats sc = *stats.c, sg = stats.cuda();
         const std::string what = std::to_string(s.m) + "x" + std::to_string(s.n) + " " + path.name + " " + dtype_name(wt) + "/" + dtype_name(gt);
         EXPECT_TRUE(w.same(wt == DType::F32 ? path.bound32 : kBf16)) << what;
@@ -154,9 +154,9 @@ TEST_P(CudaVsCpu, SwanUpdateManyBatchesByGramSize) {
     a.lr = 0.01f, a.decoupled_decay = 0.1f, a.ns_steps = 25, a.ns_tolerance = 1e-4f;
     a.write = WriteBack{wt == DType::BF16, 7, 3, 0};
     a.stats = stats.c;
-    cpu->swan_update_many(tc.data(), static_cast<int64_t>(tc.size()), a);
+    cpu->optimizer_kernels().swan_update_many(tc.data(), static_cast<int64_t>(tc.size()), a);
     a.stats = stats.g;
-    cuda->swan_update_many(tg.data(), static_cast<int64_t>(tg.size()), a);
+    cuda->optimizer_kernels().swan_update_many(tg.data(), static_cast<int64_t>(tg.size()), a);
     for (size_t i = 0; i < ws.size(); ++i) EXPECT_TRUE(ws[i]->same(wt == DType::F32 ? 1e-5 : kBf16)) << "tensor " << i << " " << dtype_name(wt);
     const SwanStats sc = *stats.c, sg = stats.cuda();
     EXPECT_EQ(sg.tensors, std::size(shapes));
@@ -190,9 +190,9 @@ TEST_P(CudaVsCpu, SwanFallsBackToTheExactPathOnTheDevice) {
   SwanArgs a;
   a.lr = 0.01f, a.ns_steps = 30, a.ns_tolerance = 1e-4f;
   a.stats = stats.c;
-  cpu->swan_update(w.c.buf(), g.c.buf(), m, n, a);
+  cpu->optimizer_kernels().swan_update(w.c.buf(), g.c.buf(), m, n, a);
   a.stats = stats.g;
-  cuda->swan_update(w.g.buf(), g.g.buf(), m, n, a);
+  cuda->optimizer_kernels().swan_update(w.g.buf(), g.g.buf(), m, n, a);
   const SwanStats sc = *stats.c, sg = stats.cuda();
   EXPECT_EQ(sc.fallbacks, 1u);  // the input does what it is built to do
   EXPECT_EQ(sg.fallbacks, 1u);
@@ -231,9 +231,9 @@ TEST_P(CudaVsCpu, MultiTensorAdamEqualsPerTensorUpdates) {
     for (const AdamTensor& t : cpu_t) {
       AdamArgs at = a;
       at.write.tensor = t.tensor;
-      cpu->adam_update(t.w, t.g, t.m, t.v, t.n, at);
+      cpu->optimizer_kernels().adam_update(t.w, t.g, t.m, t.v, t.n, at);
     }
-    cuda->adam_update_many(cuda_t.data(), static_cast<int64_t>(cuda_t.size()), a);
+    cuda->optimizer_kernels().adam_update_many(cuda_t.data(), static_cast<int64_t>(cuda_t.size()), a);
     for (size_t i = 0; i < bufs.size(); i += 4) {
       EXPECT_TRUE(bufs[i]->same(wt == DType::F32 ? 1e-6 : kBf16)) << "w of tensor " << i / 4 << " " << dtype_name(wt);
       EXPECT_TRUE(bufs[i + 2]->same(kBf16)) << "m of tensor " << i / 4;
@@ -268,12 +268,12 @@ TEST_P(CudaVsCpu, MultiTensorSinkGDEqualsPerTensorUpdates) {
     SinkGDArgs a;
     a.lr = 0.01f, a.decoupled_decay = 0.1f, a.iterations = iterations;
     a.write = WriteBack{true, 7, 3, 0};
-    cuda->sinkgd_update_many(tensors.data(), static_cast<int64_t>(tensors.size()), a);
+    cuda->optimizer_kernels().sinkgd_update_many(tensors.data(), static_cast<int64_t>(tensors.size()), a);
     for (size_t i = 0; i < tensors.size(); ++i) {
       SinkGDArgs ai = a;
       ai.write.tensor = tensors[i].tensor;
-      cuda->sinkgd_update(one[i]->g.buf(), grads[i]->g.buf(), tensors[i].m, tensors[i].n, ai);
-      cpu->sinkgd_update(many[i]->c.buf(), grads[i]->c.buf(), tensors[i].m, tensors[i].n, ai);
+      cuda->optimizer_kernels().sinkgd_update(one[i]->g.buf(), grads[i]->g.buf(), tensors[i].m, tensors[i].n, ai);
+      cpu->optimizer_kernels().sinkgd_update(many[i]->c.buf(), grads[i]->c.buf(), tensors[i].m, tensors[i].n, ai);
       const std::string what = "tensor " + std::to_string(i) + ", L = " + std::to_string(iterations);
       EXPECT_EQ(many[i]->g.get(), one[i]->g.get()) << what;
       EXPECT_TRUE(many[i]->same(i < 40 ? kBf16 : 1e-6)) << what;
@@ -293,8 +293,8 @@ TEST_P(CudaVsCpu, SinkGDStochasticDecisionsAreTheCpus) {
     SinkGDArgs a;
     a.lr = 1.0f, a.iterations = 0;
     a.write = WriteBack{true, 1234, 56, 7};
-    cpu->sinkgd_update(w.c.buf(), g.c.buf(), m, n, a);
-    cuda->sinkgd_update(w.g.buf(), g.g.buf(), m, n, a);
+    cpu->optimizer_kernels().sinkgd_update(w.c.buf(), g.c.buf(), m, n, a);
+    cuda->optimizer_kernels().sinkgd_update(w.g.buf(), g.g.buf(), m, n, a);
     EXPECT_EQ(w.c.get(), w.g.get()) << "n = " << n;
   }
 }
@@ -308,8 +308,8 @@ TEST_P(CudaVsCpu, StochasticRoundingDecisionsAreIdentical) {
   SgdArgs a;
   a.lr = 1.0f;
   a.write = WriteBack{true, 1234, 56, 7};
-  cpu->sgd_update(w.c.buf(), g.c.buf(), Buf{nullptr, DType::F32}, n, a);
-  cuda->sgd_update(w.g.buf(), g.g.buf(), Buf{nullptr, DType::F32}, n, a);
+  cpu->optimizer_kernels().sgd_update(w.c.buf(), g.c.buf(), Buf{nullptr, DType::F32}, n, a);
+  cuda->optimizer_kernels().sgd_update(w.g.buf(), g.g.buf(), Buf{nullptr, DType::F32}, n, a);
   const Vec wc = w.c.get(), wg = w.g.get(), gv = g.c.get();
   int64_t up = 0, differ = 0;
   for (int64_t i = 0; i < n; ++i) {
@@ -398,14 +398,14 @@ TEST(CudaBackend, UpdateStatisticsAndClippingWhereTheGradientsAre) {
     UpdateScalars rules;
     auto stats = [&](double clip) {
       be->to_device(s, &rules, offsetof(UpdateScalars, stats));
-      be->sum_squares_many(bufs.data(), ns.data(), 3, squares);
-      be->update_statistics(s, totals, squares, 3, clip);
+      be->optimizer_kernels().sum_squares_many(bufs.data(), ns.data(), 3, squares);
+      be->optimizer_kernels().update_statistics(s, totals, squares, 3, clip);
       UpdateStatistics st;
       be->to_host(&st, &s->stats, sizeof st);
       return st;
     };
     double host_squares[3], ordered = 0, fp64 = 0;
-    be->sum_squares_many(bufs.data(), ns.data(), 3, squares);
+    be->optimizer_kernels().sum_squares_many(bufs.data(), ns.data(), 3, squares);
     be->to_host(host_squares, squares, sizeof host_squares);
     for (double q : host_squares) ordered += q;
     for (size_t i = 0; i < ns.size(); ++i)
@@ -443,19 +443,19 @@ TEST(CudaBackend, UpdateStatisticsAndClippingWhereTheGradientsAre) {
     rules = UpdateScalars{};
     // The factor read where clip_gradients runs: the bits of scale() by it.
     DeviceBuffer expected(*be, values[1], DType::BF16);
-    be->scale(expected.buf(), ns[1], tight.clip_factor);
+    be->optimizer_kernels().scale(expected.buf(), ns[1], tight.clip_factor);
     stats(0.5 * std::sqrt(fp64));
-    be->clip_gradients(xs[1].buf(), ns[1], s);
+    be->optimizer_kernels().clip_gradients(xs[1].buf(), ns[1], s);
     EXPECT_EQ(xs[1].get(), expected.get()) << name;
     stats(0);  // factor 1: nothing moves
-    be->clip_gradients(xs[1].buf(), ns[1], s);
+    be->optimizer_kernels().clip_gradients(xs[1].buf(), ns[1], s);
     EXPECT_EQ(xs[1].get(), expected.get()) << name << ": clipping with a factor of 1";
     // An inf: not finite, skipped; clipping does nothing then either.
     const uint16_t inf = 0x7f80;
     be->to_device(static_cast<char*>(bufs[2].ptr) + 2, &inf, 2);
     const UpdateStatistics bad = stats(0.5);
     EXPECT_TRUE(bad.skip && !bad.clipped && bad.skip_reason == kNonFiniteNorm) << name;
-    be->clip_gradients(xs[1].buf(), ns[1], s);
+    be->optimizer_kernels().clip_gradients(xs[1].buf(), ns[1], s);
     EXPECT_EQ(xs[1].get(), expected.get()) << name << ": clipping a skipped update";
     // A NaN loss: skipped for that reason first.
     const float nan = std::nanf("");

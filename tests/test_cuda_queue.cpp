@@ -201,7 +201,7 @@ TEST(CudaBackend, CaptureRefusesAllocationsHostWaitsAndUploads) {
       {"descriptor table", [&] {
          const Buf x{dev, DType::F32};
          const int64_t n = 16;
-         be->sum_squares_many(&x, &n, 1, out);
+         be->optimizer_kernels().sum_squares_many(&x, &n, 1, out);
        }},
   };
   for (const auto& [call, fn] : planted) {
@@ -218,7 +218,7 @@ TEST(CudaBackend, CaptureRefusesAllocationsHostWaitsAndUploads) {
   // A legal capture: a memset and a kernel, replayed.
   ASSERT_TRUE(q.begin_capture());
   be->zero(Buf{dev, DType::F32}, 16);
-  be->scale(Buf{dev, DType::F32}, 16, 2.0f);
+  be->optimizer_kernels().scale(Buf{dev, DType::F32}, 16, 2.0f);
   const int64_t g = q.end_capture();
   be->to_device(dev, host.data(), 64);
   EXPECT_TRUE(q.replay(g));
@@ -338,7 +338,7 @@ TEST(CudaBackend, FencesDeliverTheCopiesBeforeThemAndCountDrains) {
   q.copy_to_host_later(&a, dev, 4);
   const int64_t f1 = q.fence();
   q.copy_to_host_later(&b, static_cast<float*>(dev) + 1, 4);
-  be->scale(Buf{dev, DType::F32}, 4, 2.0f);  // work after the second copy
+  be->optimizer_kernels().scale(Buf{dev, DType::F32}, 4, 2.0f);  // work after the second copy
   const int64_t f2 = q.fence();
   const int64_t w = waits(*be), d = drains(*be);
   q.wait(f1);
@@ -396,7 +396,7 @@ TEST(CudaBackend, HostPointersAreRejectedWhereDeviceMemoryIsExpected) {
   const int64_t n = 4;
   double on_stack[1] = {0};
   try {
-    be->sum_squares_many(&xb, &n, 1, on_stack);
+    be->optimizer_kernels().sum_squares_many(&xb, &n, 1, on_stack);
     be->queue().wait_all();
     FAIL() << "a host array as sum_squares_many's output was accepted";
   } catch (const Error& e) {

@@ -51,7 +51,7 @@ Vec run_sinkgd(Backend& be, const Vec& w0, const Vec& g, int64_t m, int64_t n, i
   SinkGDArgs a;
   a.lr = 0.125f;
   a.iterations = L;
-  be.sinkgd_update(W.buf(), G.buf(), m, n, a);
+  be.optimizer_kernels().sinkgd_update(W.buf(), G.buf(), m, n, a);
   return applied(stored, W.get(), a.lr);
 }
 
@@ -224,7 +224,7 @@ TEST(SinkGD, Bf16WeightsAndThreadIndependence) {
   const Vec w_stored = W.get(), g_stored = G.get();
   SinkGDArgs args;
   args.lr = 0.125f;
-  two->sinkgd_update(W.buf(), G.buf(), m, n, args);
+  two->optimizer_kernels().sinkgd_update(W.buf(), G.buf(), m, n, args);
   const Vec ref = sinkgd_reference(g_stored, m, n, 5);
   Vec expect(m * n);
   for (int64_t i = 0; i < m * n; ++i) expect[i] = w_stored[i] - 0.125 * ref[i];
@@ -327,7 +327,7 @@ TEST(SinkGD, ManyTensorsEqualOneByOne) {
           stored.push_back(one.back()->get());
           SinkGDArgs ak = a;
           ak.write.tensor = 100 + k;
-          be->sinkgd_update(one.back()->buf(), grads.back()->buf(), s.m, s.n, ak);
+          be->optimizer_kernels().sinkgd_update(one.back()->buf(), grads.back()->buf(), s.m, s.n, ak);
           tensors.push_back({many.back()->buf(), grads.back()->buf(), s.m, s.n, 100 + k});
         }
         cpu::Workspace ws;  // the backend's kernel, with the small budget (the backend set the threads)
@@ -396,7 +396,7 @@ Vec run_swan(Backend& be, const Vec& g, int64_t m, int64_t n, bool exact, int ns
   a.exact = exact;
   a.ns_steps = ns_steps;
   a.standardize = standardize;
-  be.swan_update(W.buf(), G.buf(), m, n, a);
+  be.optimizer_kernels().swan_update(W.buf(), G.buf(), m, n, a);
   return applied(w0, W.get(), a.lr);
 }
 
@@ -514,7 +514,7 @@ TEST(Swan, NewtonSchulzReportsItsResidualNeverSilently) {
     a.ns_tolerance = 1e-4f;
     SwanStats stats;
     a.stats = &stats;  // host memory: the CPU backend's
-    be->swan_update(W.buf(), G.buf(), m, n, a);
+    be->optimizer_kernels().swan_update(W.buf(), G.buf(), m, n, a);
     return stats;
   };
   Vec good = random_vec(m * n, 39, 0.5);
@@ -566,7 +566,7 @@ TEST(Adam, MatchesTorchAdamTrajectory) {
       a.lr = static_cast<float>(lr);
       (adamw ? a.decoupled_decay : a.l2_decay) = static_cast<float>(wd);
       a.step = t;
-      be->adam_update(W.buf(), G.buf(), M.buf(), V.buf(), n, a);
+      be->optimizer_kernels().adam_update(W.buf(), G.buf(), M.buf(), V.buf(), n, a);
       for (int64_t i = 0; i < n; ++i) {  // torch.optim.Adam / AdamW, written out
         double gi = g[i];
         if (adamw) w[i] *= 1 - lr * wd;
@@ -594,8 +594,8 @@ TEST(Adam, Bf16StatesStayWithinTheirRounding) {
     AdamArgs a;
     a.lr = 1e-3f;
     a.step = t;
-    be->adam_update(W32.buf(), G.buf(), M32.buf(), V32.buf(), n, a);
-    be->adam_update(W16.buf(), G.buf(), M16.buf(), V16.buf(), n, a);
+    be->optimizer_kernels().adam_update(W32.buf(), G.buf(), M32.buf(), V32.buf(), n, a);
+    be->optimizer_kernels().adam_update(W16.buf(), G.buf(), M16.buf(), V16.buf(), n, a);
   }
   // Stated bound: BF16 states (8 mantissa bits) change each element's total displacement over 10
   // steps by at most 2% of that displacement's scale.
@@ -615,7 +615,7 @@ TEST(Sgd, MomentumFollowsTorchSemantics) {
     SgdArgs a;
     a.lr = 0.1f;
     a.momentum = 0.9f;
-    be->sgd_update(W.buf(), G.buf(), B.buf(), n, a);
+    be->optimizer_kernels().sgd_update(W.buf(), G.buf(), B.buf(), n, a);
     for (int64_t i = 0; i < n; ++i) buf[i] = 0.9 * buf[i] + g[i], w[i] -= 0.1 * buf[i];
   }
   EXPECT_TRUE(close(W.get(), w, 1e-6));

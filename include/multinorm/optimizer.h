@@ -55,11 +55,11 @@ class TensorRule {
   // Whether the matrices' learning rate is lr x optimizer.alpha (the paper's SinkGD and SWAN).
   virtual bool scales_lr_by_alpha() const { return false; }
   virtual bool matrices_only() const { return false; }
-  virtual void update(Backend& be, const TensorSpec& t, Buf w, Buf g, Buf* states, const UpdateContext& ctx) const = 0;
+  virtual void update(OptimizerKernels& kernels, const TensorSpec& t, Buf w, Buf g, Buf* states, const UpdateContext& ctx) const = 0;
   // Several tensors whose contexts differ only in the tensor id (a multi-tensor launch where the
   // rule has one); the default updates them one by one.
-  virtual void update_many(Backend& be, const std::vector<RuleItem>& items) const {
-    for (const RuleItem& it : items) update(be, *it.tensor, it.w, it.g, it.states, it.ctx);
+  virtual void update_many(OptimizerKernels& kernels, const std::vector<RuleItem>& items) const {
+    for (const RuleItem& it : items) update(kernels, *it.tensor, it.w, it.g, it.states, it.ctx);
   }
   // Whether the optimizer passes this rule's large tensors to update_many too (small ones always go):
   // for a rule whose backend op gains from seeing every tensor at once.

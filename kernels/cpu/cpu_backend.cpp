@@ -9,6 +9,7 @@
 #include "../common/dtype_dispatch.h"
 #include "../common/optim_math.h"
 #include "cpu_kernels.h"
+#include "cpu_optimizer_kernels.h"
 #include "matmul_packed.h"
 #include "matmul_onednn.h"
 #include "multinorm/backend.h"
@@ -192,85 +193,7 @@ class CpuBackend final : public Backend {
     Backend::linear_cross_entropy(losses, dlogits, logits, x, w, targets, mask, N, V, C, grad_scale);
   }
 
-  double sum_squares(Buf x, int64_t n) override {
-    double r = 0;
-    with_type(x.dtype, [&](auto* t) { r = cpu::sum_squares(as<std::remove_pointer_t<decltype(t)>>(x), n); });
-    return r;
-  }
-  void scale(Buf x, int64_t n, float factor) override {
-    with_type(x.dtype, [&](auto* t) { cpu::scale(as<std::remove_pointer_t<decltype(t)>>(x), n, factor); });
-  }
-  void sum_squares_many(const Buf* xs, const int64_t* ns, int64_t count, double* out) override {
-    for (int64_t i = 0; i < count; ++i) out[i] = sum_squares(xs[i], ns[i]);
-  }
-  // The statistics in host memory: the same numbers as the CUDA kernels' (finish_statistics).
-  void update_statistics(UpdateScalars* s, const LossTotals* loss, const double* squares, int64_t count, double grad_clip) override {
-    s->stats = optim_math::finish_statistics(squares, count, *loss, *s, grad_clip);
-  }
-  void clip_gradients(Buf x, int64_t n, const UpdateScalars* s) override {
-    if (!s->stats.skip && s->stats.clip_factor != 1.0f) scale(x, n, s->stats.clip_factor);
-  }
-  void sinkgd_update(Buf w, Buf g, int64_t m, int64_t n, const SinkGDArgs& in) override {
-    SinkGDArgs args = in;
-    if (!resolve(args)) return;
-    with_types(w.dtype, g.dtype, "sinkgd_update", [&](auto* t, auto* gt) {
-      using T = std::remove_pointer_t<decltype(t)>;
-      using G = std::remove_pointer_t<decltype(gt)>;
-      cpu::sinkgd_update(as<T>(w), as<G>(g), m, n, args, ws_);
-    });
-  }
-  void sinkgd_update_many(const SinkGDTensor* tensors, int64_t count, const SinkGDArgs& in) override {
-    SinkGDArgs args = in;
-    if (resolve(args)) cpu::sinkgd_update_many(tensors, count, args, ws_);
-  }
-  void swan_update_many(const SwanTensor* tensors, int64_t count, const SwanArgs& in) override {
-    SwanArgs args = in;
-    if (!resolve(args)) return;  // a skipped update: nothing applied, nothing counted
-    for (int64_t i = 0; i < count; ++i) {
-      const SwanTensor& t = tensors[i];
-      args.write.tensor = t.tensor;
-      with_types(t.w.dtype, t.g.dtype, "swan_update", [&](auto* w, auto* g) {
-        using T = std::remove_pointer_t<decltype(w)>;
-        using G = std::remove_pointer_t<decltype(g)>;
-        const cpu::SwanReport r = cpu::swan_update(as<T>(t.w), as<G>(t.g), t.m, t.n, args, gemm_, ws_);
-        if (args.stats) optim_math::add_swan_tensor(*args.stats, r.residual, r.fell_back, r.steps, args.exact ? 0.0f : args.ns_tolerance);
-      });
-    }
-  }
-  void adam_update(Buf w, Buf g, Buf m, Buf v, int64_t n, const AdamArgs& in) override {
-    same_dtype({m, v}, "adam_update states");
-    AdamArgs args = in;
-    const AdamScalars a = in.scalars.at ? in.scalars.at->rule[in.scalars.slot].adam : optim_math::adam_scalars(in);
-    if (!resolve(args)) return;
-    with_types(w.dtype, g.dtype, "adam_update", [&](auto* t, auto* gt) {
-      using T = std::remove_pointer_t<decltype(t)>;
-      using G = std::remove_pointer_t<decltype(gt)>;
-      with_type(m.dtype, [&](auto* s) {
-        using S = std::remove_pointer_t<decltype(s)>;
-        cpu::adam_update(as<T>(w), as<G>(g), as<S>(m), as<S>(v), n, a, args.write);
-      });
-    });
-  }
-  void adam_update_many(const AdamTensor* tensors, int64_t count, const AdamArgs& args) override {
-    for (int64_t i = 0; i < count; ++i) {  // OpenMP parallelises within each tensor already
-      AdamArgs a = args;
-      a.write.tensor = tensors[i].tensor;
-      adam_update(tensors[i].w, tensors[i].g, tensors[i].m, tensors[i].v, tensors[i].n, a);
-    }
-  }
-  void sgd_update(Buf w, Buf g, Buf buf, int64_t n, const SgdArgs& in) override {
-    SgdArgs args = in;
-    if (!resolve(args)) return;
-    with_types(w.dtype, g.dtype, "sgd_update", [&](auto* t, auto* gt) {
-      using T = std::remove_pointer_t<decltype(t)>;
-      using G = std::remove_pointer_t<decltype(gt)>;
-      with_type(buf.dtype, [&](auto* s) {
-        using S = std::remove_pointer_t<decltype(s)>;
-        cpu::sgd_update(as<T>(w), as<G>(g), as<S>(buf), n, args);
-      });
-    });
-  }
-
+  OptimizerKernels& optimizer_kernels() override { return optimizer_; }
 
  private:
   // The CPU's plan never pads rows (cpu_activation_layout): a padded buffer here is a caller's bug.
@@ -279,22 +202,11 @@ class CpuBackend final : public Backend {
       if (b.ld) throw Error(std::string(op) + ": a buffer with padded rows (Buf::ld " + std::to_string(b.ld) + "): the CPU backend takes dense rows");
   }
 
-  // The update's scalars (host memory here) into an op's arguments: its slot's learning rate and the
-  // write step; false when the update is skipped. The kernels derive keep (and Adam's scalars, taken
-  // from the slot above) from them as the slot's were formed (optim_math::rule_scalars).
-  template <class Args>
-  static bool resolve(Args& a) {
-    if (!a.scalars.at) return true;
-    const UpdateScalars& s = *a.scalars.at;
-    if (s.stats.skip) return false;
-    a.lr = s.rule[a.scalars.slot].lr;
-    a.write.step = s.update;
-    return true;
-  }
   SynchronousQueue queue_;
   int threads_;
   cpu::OneDnnMatmul gemm_;
   cpu::Workspace ws_;
+  cpu::CpuOptimizerKernels optimizer_{gemm_, ws_};
 };
 
 }  // namespace

@@ -17,7 +17,9 @@
 
 #include "../common/dtype_dispatch.h"
 #include "check.h"
+#include "cuda_optimizer_kernels.h"
 #include "cuda_queue.h"
+#include "device_buffers.h"
 #include "gemm.h"
 #include "kernels.h"
 #include "nccl_communicator.h"
@@ -46,145 +48,21 @@ std::string shape(std::initializer_list<int64_t> dims) {
   return s + "]";
 }
 
-// A device buffer that grows on first use of a larger size and is reused after (no allocation on the
-// hot path once every shape has been seen). A move is told to the queue: a graph captured before it
-// holds the old address and is not replayed (CudaQueue::replay).
-class Scratch {
- public:
-  explicit Scratch(CudaQueue& q) : q_(q) {}
-  ~Scratch() { cudaFree(ptr_); }
-  void* get(size_t bytes, const char* what) {
-    if (bytes > bytes_) {
-      MN_CUDA_CHECK(cudaFree(ptr_), what);
-      ptr_ = nullptr;
-      bytes_ = 0;
-      const cudaError_t e = cudaMalloc(&ptr_, bytes);
-      if (e != cudaSuccess) {
-        cudaGetLastError();
-        throw_cuda_error(std::string("cudaMalloc of ") + std::to_string(bytes) + " bytes of scratch for " + what, e);
-      }
-      bytes_ = bytes;
-      q_.note_buffers_moved();
-    }
-    return ptr_;
-  }
-  size_t bytes() const { return bytes_; }
-
- private:
-  CudaQueue& q_;
-  void* ptr_ = nullptr;
-  size_t bytes_ = 0;
-};
-
-// SWAN's exact-path staging: pinned host memory that kernels write and host functions read (UVA:
-// one address for both), grown like Scratch, and the host functions' job descriptions by shape,
-// which a captured graph holds (dropped with the memory they point into).
-class SwanStaging {
- public:
-  explicit SwanStaging(CudaQueue& q) : q_(q) {}
-  ~SwanStaging() {
-    jobs_.clear();
-    cudaFreeHost(ptr_);
-  }
-  void reserve(size_t bytes) {
-    if (bytes <= bytes_) return;
-    jobs_.clear();
-    MN_CUDA_CHECK(cudaFreeHost(ptr_), "swan's pinned staging");
-    ptr_ = nullptr;
-    bytes_ = 0;
-    MN_CUDA_CHECK(cudaMallocHost(&ptr_, bytes), "pinned staging of " + std::to_string(bytes) + " bytes for swan's exact path");
-    bytes_ = bytes;
-    q_.note_buffers_moved();
-  }
-  cuda::SwanExactJob* job(int64_t m, int64_t n) {
-    auto& j = jobs_[{m, n}];
-    if (!j) j.reset(cuda::swan_exact_job(ptr_, m, n));
-    return j.get();
-  }
-
- private:
-  CudaQueue& q_;
-  void* ptr_ = nullptr;
-  size_t bytes_ = 0;
-  struct Free {
-    void operator()(cuda::SwanExactJob* j) const { cuda::swan_exact_job_free(j); }
-  };
-  std::map<std::pair<int64_t, int64_t>, std::unique_ptr<cuda::SwanExactJob, Free>> jobs_;
-};
-
-// Device copies of the multi-tensor launches' descriptor tables, found by their bytes. An optimizer
-// update passes the same tables every time (the same tensors, the same scratch), so each is uploaded
-// once; a graph captured later finds its tables on the device (an upload from pageable memory cannot
-// be captured), and nothing rewrites them while the graph may read them. When the buffer
-// (cuda_scratch::kDescriptorCacheBytes) is full it starts over in place: the new uploads are
-// stream-ordered after every launch that read the old tables, and the queue is told (a graph holding
-// them is not replayed).
-class DescriptorCache {
- public:
-  explicit DescriptorCache(CudaQueue& q) : q_(q) {}
-  ~DescriptorCache() { cudaFree(base_); }
-  const void* get(const void* table, size_t bytes, const char* what) {
-    const char* p = static_cast<const char*>(table);
-    uint64_t h = 1469598103934665603ull;  // FNV-1a
-    for (size_t i = 0; i < bytes; ++i) h = (h ^ static_cast<uint8_t>(p[i])) * 1099511628211ull;
-    const auto found = index_.equal_range(h);
-    for (auto it = found.first; it != found.second; ++it)
-      if (it->second.bytes == bytes && std::memcmp(shadow_.data() + it->second.offset, p, bytes) == 0) return base_ + it->second.offset;
-    if (q_.capturing())
-      throw Error(std::string(what) + ": its descriptor table is not on the device, and the stream is capturing a graph (an upload from pageable "
-                                      "memory cannot be captured: the ops must run once eagerly before their capture)");
-    constexpr size_t kCapacity = static_cast<size_t>(cuda_scratch::kDescriptorCacheBytes);
-    if (bytes > kCapacity) throw Error(std::string(what) + ": a descriptor table of " + std::to_string(bytes) + " bytes exceeds the cache");
-    if (!base_) {
-      void* b = nullptr;
-      const cudaError_t e = cudaMalloc(&b, kCapacity);
-      if (e != cudaSuccess) {
-        cudaGetLastError();
-        throw_cuda_error(std::string("cudaMalloc of the descriptor cache for ") + what, e);
-      }
-      base_ = static_cast<char*>(b);
-      shadow_.resize(kCapacity);
-    }
-    size_t offset = (used_ + 255) / 256 * 256;
-    if (offset + bytes > kCapacity) {  // start over in place (see above)
-      index_.clear();
-      offset = 0;
-      q_.note_buffers_moved();
-    }
-    q_.upload(base_ + offset, table, static_cast<int64_t>(bytes), std::string(what) + " (descriptors)");
-    std::memcpy(shadow_.data() + offset, p, bytes);
-    index_.emplace(h, Entry{offset, bytes});
-    used_ = offset + bytes;
-    return base_ + offset;
-  }
-  size_t bytes() const { return base_ ? static_cast<size_t>(cuda_scratch::kDescriptorCacheBytes) : 0; }
-
- private:
-  struct Entry {
-    size_t offset, bytes;
-  };
-  CudaQueue& q_;
-  char* base_ = nullptr;
-  std::vector<char> shadow_;  // the device bytes, to compare with
-  std::unordered_multimap<uint64_t, Entry> index_;
-  size_t used_ = 0;
-};
-
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(int device) : device_(device) {
     MN_CUDA_CHECK(cudaSetDevice(device), "selecting CUDA device " + std::to_string(device));
     q_ = std::make_unique<CudaQueue>();
     gemm_ = std::make_unique<LtGemm>();
-    for (auto* s : {&rms_scratch_, &attn_scratch_, &bucket_scratch_, &reduce_scratch_, &opt_scratch_, &head_scratch_}) *s = std::make_unique<Scratch>(*q_);
+    for (auto* s : {&rms_scratch_, &attn_scratch_, &bucket_scratch_, &head_scratch_}) *s = std::make_unique<Scratch>(*q_);
     for (auto& s : gemm_stage_) s = std::make_unique<Scratch>(*q_);
     descriptors_ = std::make_unique<DescriptorCache>(*q_);
-    swan_staging_ = std::make_unique<SwanStaging>(*q_);
+    optimizer_ = std::make_unique<CudaOptimizerKernels>(*q_, *gemm_, *descriptors_);
   }
   ~CudaBackend() override {
+    optimizer_.reset();
     descriptors_.reset();
-    swan_staging_.reset();
-    for (auto* s : {&rms_scratch_, &attn_scratch_, &bucket_scratch_, &reduce_scratch_, &opt_scratch_, &head_scratch_}) s->reset();
+    for (auto* s : {&rms_scratch_, &attn_scratch_, &bucket_scratch_, &head_scratch_}) s->reset();
     for (auto& s : gemm_stage_) s.reset();
     gemm_.reset();
     q_.reset();  // waits for the stream
@@ -205,9 +83,10 @@ class CudaBackend final : public Backend {
   std::vector<KernelTime> take_profile() override { return profiler::take(); }
 
   int64_t workspace_bytes() const override {
-    return static_cast<int64_t>(gemm_->workspace_bytes() + rms_scratch_->bytes() + attn_scratch_->bytes() + reduce_scratch_->bytes() +
-                                bucket_scratch_->bytes() + opt_scratch_->bytes() + head_scratch_->bytes() + descriptors_->bytes() +
-                                gemm_stage_[0]->bytes() + gemm_stage_[1]->bytes() + gemm_stage_[2]->bytes());
+    return static_cast<int64_t>(gemm_->workspace_bytes() + rms_scratch_->bytes() + attn_scratch_->bytes() + bucket_scratch_->bytes() +
+                                head_scratch_->bytes() + descriptors_->bytes() + gemm_stage_[0]->bytes() + gemm_stage_[1]->bytes() +
+                                gemm_stage_[2]->bytes()) +
+           optimizer_->scratch_bytes();
   }
 
   // ---- memory -----------------------------------------------------------------------------------
@@ -392,185 +271,18 @@ class CudaBackend final : public Backend {
     cuda::cross_entropy_finish(losses, d, stats, target_logit, targets, mask, N, V, Vc, chunks, grad_scale, q_->issue());
   }
 
-  // ---- optimizer ops ------------------------------------------------------------------------------
-  double sum_squares(Buf x, int64_t n) override {
-    auto* d = static_cast<double*>(scratch(reduce_scratch_, cuda_scratch::sum_squares_bytes(), "sum_squares"));
-    with_type(x.dtype, [&](auto* t) { cuda::sum_squares(d, d + 1, as<std::remove_pointer_t<decltype(t)>>(x), n, q_->issue()); });
-    double r = 0;
-    to_host(&r, d, sizeof(double));
-    return r;
-  }
-  // The per-tensor sums into `out`, their partials (kSumSquaresBlocks x count) in the reduce scratch:
-  // two launches for each run of tensors of one dtype.
-  void sum_squares_many(const Buf* xs, const int64_t* ns, int64_t count, double* out) override {
-    if (count == 0) return;
-    auto* partials = static_cast<double*>(scratch(reduce_scratch_, cuda_scratch::sum_squares_many_bytes(count), "sum_squares_many"));
-    for (int64_t begin = 0; begin < count;) {
-      int64_t end = begin + 1;
-      while (end < count && xs[end].dtype == xs[begin].dtype) ++end;
-      sum_items_.clear();
-      for (int64_t i = begin; i < end; ++i) sum_items_.push_back({xs[i].ptr, ns[i]});
-      const auto* items = static_cast<const SumSquaresItem*>(descriptors(sum_items_.data(), sum_items_.size() * sizeof(SumSquaresItem), "sum_squares_many"));
-      with_type(xs[begin].dtype, [&](auto* t) {
-        cuda::sum_squares_many<std::remove_pointer_t<decltype(t)>>(out + begin, partials, items, end - begin, q_->issue());
-      });
-      begin = end;
-    }
-  }
-  void update_statistics(UpdateScalars* s, const LossTotals* loss, const double* squares, int64_t count, double grad_clip) override {
-    cuda::update_statistics(s, loss, squares, count, grad_clip, q_->issue());
-  }
-  void clip_gradients(Buf x, int64_t n, const UpdateScalars* s) override {
-    with_type(x.dtype, [&](auto* t) { cuda::clip_gradients(as<std::remove_pointer_t<decltype(t)>>(x), n, s, q_->issue()); });
-  }
-  void scale(Buf x, int64_t n, float factor) override {
-    with_type(x.dtype, [&](auto* t) { cuda::scale(as<std::remove_pointer_t<decltype(t)>>(x), n, factor, q_->issue()); });
-  }
-  void sinkgd_update(Buf w, Buf g, int64_t m, int64_t n, const SinkGDArgs& a) override {
-    const SinkGDTensor t{w, g, m, n, a.write.tensor};
-    sinkgd_update_many(&t, 1, a);
-  }
-  // The tensors in launches of cuda_scratch::sinkgd_many_launch_end's making (one launch per pass for
-  // all of a launch's tensors), each tensor with its own scratch; one dtype pair per launch.
-  void sinkgd_update_many(const SinkGDTensor* tensors, int64_t count, const SinkGDArgs& a) override {
-    const RuleScalars rule = optim_math::rule_scalars(a.lr, a.decoupled_decay);
-    auto shape = [&](int64_t i) { return std::pair<int64_t, int64_t>{tensors[i].m, tensors[i].n}; };
-    // The launches first, and the scratch grown once to the largest: a table built with the scratch's
-    // address stays valid for the whole call (and the next update finds it in the descriptor cache).
-    std::vector<std::pair<int64_t, int64_t>> launches;  // (end, floats) of each launch
-    int64_t most = 0;
-    for (int64_t begin = 0; begin < count;) {
-      int64_t floats = 0;
-      int64_t end = cuda_scratch::sinkgd_many_launch_end(begin, count, shape, &floats);
-      for (int64_t i = begin + 1; i < end; ++i)  // a launch holds one dtype pair
-        if (tensors[i].w.dtype != tensors[begin].w.dtype || tensors[i].g.dtype != tensors[begin].g.dtype) end = i, floats = -1;
-      if (floats < 0) {  // cut short by a dtype: its own tensors' scratch
-        floats = 0;
-        for (int64_t i = begin; i < end; ++i) floats += sinkgd_scratch(tensors[i].m, tensors[i].n);
-      }
-      launches.emplace_back(end, floats);
-      most = std::max(most, floats);
-      begin = end;
-    }
-    float* const base = static_cast<float*>(scratch(opt_scratch_, static_cast<size_t>(most) * 4, "sinkgd_update_many"));
-    for (int64_t begin = 0, l = 0; begin < count; ++l) {
-      const int64_t end = launches[static_cast<size_t>(l)].first;
-      float* uv = base;
-      sinkgd_items_.clear();
-      for (int64_t i = begin; i < end; ++i) {
-        const SinkGDTensor& t = tensors[i];
-        sinkgd_items_.push_back(cuda::sinkgd_item(t.w.ptr, t.g.ptr, t.m, t.n, uv, t.tensor));
-        uv += sinkgd_scratch(t.m, t.n);
-      }
-      const cuda::SinkgdLayout layout = cuda::sinkgd_layout(sinkgd_items_.data(), end - begin);
-      const auto* dev = static_cast<const cuda::SinkgdManyItem*>(
-          descriptors(sinkgd_items_.data(), sinkgd_items_.size() * sizeof(cuda::SinkgdManyItem), "sinkgd_update_many"));
-      with_types(tensors[begin].w.dtype, tensors[begin].g.dtype, "sinkgd_update_many", [&](auto* t, auto* gt) {
-        using T = std::remove_pointer_t<decltype(t)>;
-        using G = std::remove_pointer_t<decltype(gt)>;
-        cuda::sinkgd_many<T, G>(dev, end - begin, layout, a.iterations, a.eps, rule, a.write, a.scalars, q_->issue());
-      });
-      begin = end;
-    }
-  }
-  // The tensors in chunks of cuda_scratch::swan_plan's making (one Gram size and dtype pair each),
-  // the scratch grown once to the largest chunk and the pinned staging to the largest tensor.
-  void swan_update_many(const SwanTensor* tensors, int64_t count, const SwanArgs& a) override {
-    std::vector<cuda_scratch::SwanShape> shapes;
-    for (int64_t i = 0; i < count; ++i)
-      shapes.push_back({tensors[i].m, tensors[i].n, static_cast<int>(tensors[i].w.dtype) * 16 + static_cast<int>(tensors[i].g.dtype)});
-    const cuda_scratch::SwanPlan plan = cuda_scratch::swan_plan(shapes);
-    void* work = scratch(opt_scratch_, static_cast<size_t>(plan.scratch_bytes), "swan_update");
-    swan_staging_->reserve(static_cast<size_t>(plan.pinned_bytes));
-    const cuda::SwanParams p{a.lr, a.decoupled_decay, a.eps, a.ns_tolerance, a.ns_steps, a.standardize, a.exact, a.write, a.scalars, a.stats};
-    std::vector<cuda::SwanItem> items;
-    std::vector<cuda::SwanExactJob*> jobs;
-    for (size_t c = 0, begin = 0; c < plan.ends.size(); begin = static_cast<size_t>(plan.ends[c++])) {
-      items.clear(), jobs.clear();
-      for (size_t j = begin; j < static_cast<size_t>(plan.ends[c]); ++j) {
-        const SwanTensor& t = tensors[plan.order[j]];
-        items.push_back({t.w.ptr, t.g.ptr, t.m, t.n, t.tensor});
-        jobs.push_back(swan_staging_->job(t.m, t.n));
-      }
-      const SwanTensor& first = tensors[plan.order[begin]];
-      with_types(first.w.dtype, first.g.dtype, "swan_update", [&](auto* t, auto* gt) {
-        using T = std::remove_pointer_t<decltype(t)>;
-        using G = std::remove_pointer_t<decltype(gt)>;
-        cuda::swan_chunk<T, G>(items.data(), static_cast<int64_t>(items.size()), p, *gemm_, work, jobs.data(), q_->issue());
-      });
-    }
-  }
-  void adam_update(Buf w, Buf g, Buf m, Buf v, int64_t n, const AdamArgs& a) override {
-    same_dtype({m, v}, "adam_update states");
-    const RuleScalars r = optim_math::rule_scalars(a);
-    with_types(w.dtype, g.dtype, "adam_update", [&](auto* t, auto* gt) {
-      using T = std::remove_pointer_t<decltype(t)>;
-      using G = std::remove_pointer_t<decltype(gt)>;
-      with_type(m.dtype, [&](auto* st) {
-        using S = std::remove_pointer_t<decltype(st)>;
-        cuda::adam(as<T>(w), as<G>(g), as<S>(m), as<S>(v), n, r, a.write, a.scalars, q_->issue());
-      });
-    });
-  }
-  void adam_update_many(const AdamTensor* tensors, int64_t count, const AdamArgs& a) override {
-    if (count == 0) return;
-    const AdamTensor& first = tensors[0];
-    for (int64_t i = 1; i < count; ++i)  // one launch needs one dtype combination
-      if (tensors[i].w.dtype != first.w.dtype || tensors[i].g.dtype != first.g.dtype || tensors[i].m.dtype != first.m.dtype) {
-        for (int64_t k = 0; k < count; ++k) {
-          AdamArgs ak = a;
-          ak.write.tensor = tensors[k].tensor;
-          adam_update(tensors[k].w, tensors[k].g, tensors[k].m, tensors[k].v, tensors[k].n, ak);
-        }
-        return;
-      }
-    const RuleScalars r = optim_math::rule_scalars(a);
-    for (int64_t begin = 0; begin < count; begin += cuda_scratch::kAdamManyPerLaunch) {
-      const int64_t end = std::min(count, begin + cuda_scratch::kAdamManyPerLaunch);
-      many_items_.clear();
-      int64_t blocks = 0;
-      for (int64_t i = begin; i < end; ++i) {
-        const AdamTensor& t = tensors[i];
-        many_items_.push_back({t.w.ptr, t.g.ptr, t.m.ptr, t.v.ptr, t.n, t.tensor, blocks});
-        blocks += (t.n + kAdamManyElementsPerBlock - 1) / kAdamManyElementsPerBlock;
-      }
-      const auto* dev = static_cast<const AdamManyItem*>(descriptors(many_items_.data(), many_items_.size() * sizeof(AdamManyItem), "adam_update_many"));
-      with_types(first.w.dtype, first.g.dtype, "adam_update_many", [&](auto* t, auto* gt) {
-        using T = std::remove_pointer_t<decltype(t)>;
-        using G = std::remove_pointer_t<decltype(gt)>;
-        with_type(first.m.dtype, [&](auto* st) {
-          using S = std::remove_pointer_t<decltype(st)>;
-          cuda::adam_many<T, G, S>(dev, static_cast<int64_t>(many_items_.size()), blocks, r, a.write, a.scalars, q_->issue());
-        });
-      });
-    }
-  }
-  void sgd_update(Buf w, Buf g, Buf buf, int64_t n, const SgdArgs& a) override {
-    with_types(w.dtype, g.dtype, "sgd_update", [&](auto* t, auto* gt) {
-      using T = std::remove_pointer_t<decltype(t)>;
-      using G = std::remove_pointer_t<decltype(gt)>;
-      with_type(buf.dtype, [&](auto* st) {
-        using S = std::remove_pointer_t<decltype(st)>;
-        cuda::sgd(as<T>(w), as<G>(g), as<S>(buf), n, optim_math::rule_scalars(a.lr, a.decoupled_decay), a.momentum, a.write, a.scalars, q_->issue());
-      });
-    });
-  }
+  OptimizerKernels& optimizer_kernels() override { return *optimizer_; }
 
  private:
   void* scratch(std::unique_ptr<Scratch>& s, size_t bytes, const char* what) { return s->get(bytes, what); }
-  // A multi-tensor launch's descriptor table on the device (uploaded once: DescriptorCache).
-  const void* descriptors(const void* table, size_t bytes, const char* what) { return descriptors_->get(table, bytes, what); }
 
   int device_;
   std::unique_ptr<CudaQueue> q_;
   std::unique_ptr<LtGemm> gemm_;
   std::unique_ptr<Scratch> gemm_stage_[3];  // a GEMM's staged a, b and out (cuda_scratch::gemm_staging)
-  std::unique_ptr<Scratch> rms_scratch_, attn_scratch_, bucket_scratch_, reduce_scratch_, opt_scratch_, head_scratch_;
+  std::unique_ptr<Scratch> rms_scratch_, attn_scratch_, bucket_scratch_, head_scratch_;
   std::unique_ptr<DescriptorCache> descriptors_;
-  std::vector<AdamManyItem> many_items_;
-  std::vector<cuda::SinkgdManyItem> sinkgd_items_;
-  std::vector<SumSquaresItem> sum_items_;
-  std::unique_ptr<SwanStaging> swan_staging_;
+  std::unique_ptr<CudaOptimizerKernels> optimizer_;
 };
 
 }  // namespace

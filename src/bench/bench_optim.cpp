@@ -130,8 +130,8 @@ void bench_optim(const OptimBenchOptions& o) {
     for (size_t i = 0; i < r.items.size(); ++i) r.items[i].states = r.state_bufs[i].data();  // state_bufs no longer grows
   }
   auto matrix_step = [&](Row& r, bool one_by_one) {
-    if (!one_by_one) return r.rule->update_many(*be, r.items);
-    for (const RuleItem& it : r.items) r.rule->update(*be, *it.tensor, it.w, it.g, it.states, it.ctx);
+    if (!one_by_one) return r.rule->update_many(be->optimizer_kernels(), r.items);
+    for (const RuleItem& it : r.items) r.rule->update(be->optimizer_kernels(), *it.tensor, it.w, it.g, it.states, it.ctx);
   };
   // Rounds: the copy, then Adam's and SinkGD's full step and matrix step, so every ratio compares
   // timings taken under the same conditions (this machine's bandwidth drifts by tens of percent

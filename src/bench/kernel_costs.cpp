@@ -42,7 +42,7 @@ class RecordingQueue final : public WorkQueue {
   void copy_to_host_later(void*, const void*, int64_t) override {}
 };
 
-class CostRecorder final : public Backend {
+class CostRecorder final : public Backend, public OptimizerKernels {
  public:
   std::vector<KernelCost> take() {
     std::vector<KernelCost> out;
@@ -55,6 +55,7 @@ class CostRecorder final : public Backend {
   int threads() const override { return 1; }
   bool host_memory() const override { return false; }
   WorkQueue& queue() override { return queue_; }
+  OptimizerKernels& optimizer_kernels() override { return *this; }  // one ledger for both lists
   int64_t workspace_bytes() const override { return 0; }
 
   // Addresses only: 256-byte aligned (the attention dispatch's 16-byte test passes, as on a GPU),

@@ -294,7 +294,7 @@ void DoctorChecks::ops(DType t) {
   const int64_t n = BT * C;
   check("op", "sum_squares_scale_convert", t, dims({n}), bound, [&] {
     Twin x(c, g, n, t, 16), f(c, g, n, DType::F32, 17), y(c, g, n, t);
-    const double sc = c.sum_squares(x.c(), n), sg = g.sum_squares(x.g(), n);
+    const double sc = c.optimizer_kernels().sum_squares(x.c(), n), sg = g.optimizer_kernels().sum_squares(x.g(), n);
     // An update's statistics where the gradients are (norm, clip factor), then the clipping that
     // reads the factor there: half the norm, so the factor is 1/2.
     // (Zero-filled: no spike threshold and no loss, which is finite.)
@@ -305,13 +305,13 @@ void DoctorChecks::ops(DType t) {
     auto* sqc = reinterpret_cast<double*>(ltc + 1);
     auto* sqg = reinterpret_cast<double*>(ltg + 1);
     const Buf xc = x.c(), xg = x.g();
-    c.sum_squares_many(&xc, &n, 1, sqc), g.sum_squares_many(&xg, &n, 1, sqg);
-    c.update_statistics(stc, ltc, sqc, 1, 0.5 * std::sqrt(sc)), g.update_statistics(stg, ltg, sqg, 1, 0.5 * std::sqrt(sc));
+    c.optimizer_kernels().sum_squares_many(&xc, &n, 1, sqc), g.optimizer_kernels().sum_squares_many(&xg, &n, 1, sqg);
+    c.optimizer_kernels().update_statistics(stc, ltc, sqc, 1, 0.5 * std::sqrt(sc)), g.optimizer_kernels().update_statistics(stg, ltg, sqg, 1, 0.5 * std::sqrt(sc));
     UpdateStatistics hc, hg;
     c.to_host(&hc, &stc->stats, sizeof hc), g.to_host(&hg, &stg->stats, sizeof hg);
-    c.clip_gradients(x.c(), n, stc), g.clip_gradients(x.g(), n, stg);
+    c.optimizer_kernels().clip_gradients(x.c(), n, stc), g.optimizer_kernels().clip_gradients(x.g(), n, stg);
     c.release(stc), g.release(stg);
-    c.scale(x.c(), n, 0.5f), g.scale(x.g(), n, 0.5f);
+    c.optimizer_kernels().scale(x.c(), n, 0.5f), g.optimizer_kernels().scale(x.g(), n, 0.5f);
     c.convert(y.c(), f.c(), n), g.convert(y.g(), f.g(), n);
     return std::vector<Output>{{"sum of squares", {float(sg)}, {float(sc)}},
                                {"update statistics: norm, clip factor", {float(hg.grad_norm), hg.clip_factor}, {float(hc.grad_norm), hc.clip_factor}},
@@ -331,14 +331,14 @@ void DoctorChecks::optimizers() {
       Twin w(c, g, m * n, t, 20, 0.05f), gr(c, g, m * n, t, 21);
       SinkGDArgs a;
       a.lr = 1e-3f;
-      c.sinkgd_update(w.c(), gr.c(), m, n, a), g.sinkgd_update(w.g(), gr.g(), m, n, a);
+      c.optimizer_kernels().sinkgd_update(w.c(), gr.c(), m, n, a), g.optimizer_kernels().sinkgd_update(w.g(), gr.g(), m, n, a);
       return std::vector<Output>{{"w", w.host(g, w.g().ptr), w.host(c, w.c().ptr)}};
     });
     check("optimizer", "swan", t, dims({m, n}), kBf16, [&, m = m, n = n] {
       Twin w(c, g, m * n, t, 22, 0.05f), gr(c, g, m * n, t, 23);
       SwanArgs a;
       a.lr = 1e-3f;
-      c.swan_update(w.c(), gr.c(), m, n, a), g.swan_update(w.g(), gr.g(), m, n, a);
+      c.optimizer_kernels().swan_update(w.c(), gr.c(), m, n, a), g.optimizer_kernels().swan_update(w.g(), gr.g(), m, n, a);
       return std::vector<Output>{{"w", w.host(g, w.g().ptr), w.host(c, w.c().ptr)}};
     });
   }
@@ -357,7 +357,7 @@ void DoctorChecks::optimizers() {
     }
     SinkGDArgs a;
     a.lr = 1e-3f;
-    c.sinkgd_update_many(tc.data(), static_cast<int64_t>(tc.size()), a), g.sinkgd_update_many(tg.data(), static_cast<int64_t>(tg.size()), a);
+    c.optimizer_kernels().sinkgd_update_many(tc.data(), static_cast<int64_t>(tc.size()), a), g.optimizer_kernels().sinkgd_update_many(tg.data(), static_cast<int64_t>(tg.size()), a);
     std::vector<Output> out;
     for (size_t k = 0; k < layer.size(); ++k) out.push_back({layer[k].name, ws[k]->host(g, ws[k]->g().ptr), ws[k]->host(c, ws[k]->c().ptr)});
     return out;
@@ -367,14 +367,14 @@ void DoctorChecks::optimizers() {
     Twin w(c, g, n, t, 24, 0.05f), gr(c, g, n, t, 25), m(c, g, n, DType::F32), v(c, g, n, DType::F32);
     AdamArgs a;
     a.lr = 1e-3f, a.decoupled_decay = 0.1f;
-    c.adam_update(w.c(), gr.c(), m.c(), v.c(), n, a), g.adam_update(w.g(), gr.g(), m.g(), v.g(), n, a);
+    c.optimizer_kernels().adam_update(w.c(), gr.c(), m.c(), v.c(), n, a), g.optimizer_kernels().adam_update(w.g(), gr.g(), m.g(), v.g(), n, a);
     return std::vector<Output>{{"w", w.host(g, w.g().ptr), w.host(c, w.c().ptr)}, {"v", v.host(g, v.g().ptr), v.host(c, v.c().ptr)}};
   });
   check("optimizer", "sgd", t, dims({cfg_.vocab_size, cfg_.hidden_size}), kBf16, [&] {
     Twin w(c, g, n, t, 26, 0.05f), gr(c, g, n, t, 27), buf(c, g, n, t, 28);
     SgdArgs a;
     a.lr = 1e-3f, a.momentum = 0.9f;
-    c.sgd_update(w.c(), gr.c(), buf.c(), n, a), g.sgd_update(w.g(), gr.g(), buf.g(), n, a);
+    c.optimizer_kernels().sgd_update(w.c(), gr.c(), buf.c(), n, a), g.optimizer_kernels().sgd_update(w.g(), gr.g(), buf.g(), n, a);
     return std::vector<Output>{{"w", w.host(g, w.g().ptr), w.host(c, w.c().ptr)}, {"momentum", buf.host(g, buf.g().ptr), buf.host(c, buf.c().ptr)}};
   });
   const int64_t norms = 2 * cfg_.num_hidden_layers + 1, C = cfg_.hidden_size;
@@ -390,7 +390,7 @@ void DoctorChecks::optimizers() {
     }
     AdamArgs a;
     a.lr = 1e-3f;
-    c.adam_update_many(tc.data(), norms, a), g.adam_update_many(tg.data(), norms, a);
+    c.optimizer_kernels().adam_update_many(tc.data(), norms, a), g.optimizer_kernels().adam_update_many(tg.data(), norms, a);
     std::vector<Output> out;
     for (int64_t k = 0; k < norms; ++k) out.push_back({"norm " + std::to_string(k), bufs[4 * k]->host(g, bufs[4 * k]->g().ptr), bufs[4 * k]->host(c, bufs[4 * k]->c().ptr)});
     return out;

@@ -13,14 +13,14 @@ class Adam final : public TensorRule {
   std::string name() const override { return decoupled_ ? "adamw" : "adam"; }
   int state_slots() const override { return 2; }
   RuleScalars scalars(const UpdateContext& ctx) const override { return optim_math::rule_scalars(args(ctx)); }
-  void update(Backend& be, const TensorSpec& t, Buf w, Buf g, Buf* states, const UpdateContext& ctx) const override {
-    be.adam_update(w, g, states[0], states[1], t.numel(), args(ctx));
+  void update(OptimizerKernels& kernels, const TensorSpec& t, Buf w, Buf g, Buf* states, const UpdateContext& ctx) const override {
+    kernels.adam_update(w, g, states[0], states[1], t.numel(), args(ctx));
   }
-  void update_many(Backend& be, const std::vector<RuleItem>& items) const override {
+  void update_many(OptimizerKernels& kernels, const std::vector<RuleItem>& items) const override {
     std::vector<AdamTensor> tensors;
     tensors.reserve(items.size());
     for (const RuleItem& it : items) tensors.push_back({it.w, it.g, it.states[0], it.states[1], it.tensor->numel(), it.ctx.tensor});
-    if (!tensors.empty()) be.adam_update_many(tensors.data(), static_cast<int64_t>(tensors.size()), args(items.front().ctx));
+    if (!tensors.empty()) kernels.adam_update_many(tensors.data(), static_cast<int64_t>(tensors.size()), args(items.front().ctx));
   }
 
  private:

@@ -121,14 +121,14 @@ void Optimizer::queue_statistics() {
   Backend& be = params_.backend();
   const int64_t count = static_cast<int64_t>(assign_.size());
   LossTotals* loss = params_.update_loss_totals();
-  be.sum_squares_many(grads_.data(), measured_.data(), count, squares_);
+  be.optimizer_kernels().sum_squares_many(grads_.data(), measured_.data(), count, squares_);
   Communicator* c = sharding_.collectives;
   if (c && c->size() > 1) {
     c->all_reduce_sum(loss, kLossTotalsDoubles, DType::F64, "the sum of the update's losses over the ranks");
     if (sharding_.plan.sharded()) c->all_reduce_sum(squares_, count, DType::F64, "the gradient norm's sums of squares over the ranks");
     c->after_mark(c->mark());
   }
-  be.update_statistics(scalars_, loss, squares_, count, settings_.optimizer.grad_clip);
+  be.optimizer_kernels().update_statistics(scalars_, loss, squares_, count, settings_.optimizer.grad_clip);
 }
 
 void Optimizer::queue_step(int64_t update, int64_t applied, const SpikeTest& spike) {
@@ -186,15 +186,15 @@ SwanStats Optimizer::swan_stats_over_ranks(SwanStats st) {
 }
 
 void Optimizer::apply_ops() {
-  Backend& be = params_.backend();
+  OptimizerKernels& kernels = params_.backend().optimizer_kernels();
   const ShardPlan& plan = sharding_.plan;
   // Clipping: the gradients this rank updates times the clip factor, read on the device (a launch
   // over each run of them; nothing happens when the factor is 1).
   if (settings_.optimizer.grad_clip > 0) {
-    if (!plan.sharded()) be.clip_gradients(params_.grads(), params_.num_params(), scalars_);
+    if (!plan.sharded()) kernels.clip_gradients(params_.grads(), params_.num_params(), scalars_);
     else
       for (const OwnerRun& r : owner_runs(plan, params_.tensors(), 0, params_.num_params()))
-        if (r.owner == plan.rank) be.clip_gradients(params_.grads().at(r.begin), r.end - r.begin, scalars_);
+        if (r.owner == plan.rank) kernels.clip_gradients(params_.grads().at(r.begin), r.end - r.begin, scalars_);
   }
   // Small tensors (the norm weights) of one rule and learning rate are updated together: one
   // backend call, one launch on a device; so are all the tensors of a rule that asks for it (SinkGD:
@@ -218,9 +218,9 @@ void Optimizer::apply_ops() {
       group.second.push_back({&t, params_.param(t), params_.grad(t), states_[i].data(), ctx});
       continue;
     }
-    rules_[i]->update(be, t, params_.param(t), params_.grad(t), states_[i].data(), ctx);
+    rules_[i]->update(kernels, t, params_.param(t), params_.grad(t), states_[i].data(), ctx);
   }
-  for (const auto& [key, group] : together) group.first->update_many(be, group.second);
+  for (const auto& [key, group] : together) group.first->update_many(kernels, group.second);
 }
 
 // Every owner broadcasts its tensors' new weights; consecutive tensors of one owner go as one

@@ -13,16 +13,16 @@ class SinkGD final : public TensorRule {
   RuleScalars scalars(const UpdateContext& ctx) const override { return optim_math::rule_scalars(ctx.lr, static_cast<float>(c_.weight_decay)); }
   bool matrices_only() const override { return true; }
   bool scales_lr_by_alpha() const override { return true; }
-  void update(Backend& be, const TensorSpec& t, Buf w, Buf g, Buf*, const UpdateContext& ctx) const override {
-    be.sinkgd_update(w, g, t.rows(), t.cols(), args(ctx));
+  void update(OptimizerKernels& kernels, const TensorSpec& t, Buf w, Buf g, Buf*, const UpdateContext& ctx) const override {
+    kernels.sinkgd_update(w, g, t.rows(), t.cols(), args(ctx));
   }
   // Every matrix in one call: the CPU backend runs whole tensors on separate cores.
   bool updates_large_tensors_together() const override { return true; }
-  void update_many(Backend& be, const std::vector<RuleItem>& items) const override {
+  void update_many(OptimizerKernels& kernels, const std::vector<RuleItem>& items) const override {
     std::vector<SinkGDTensor> tensors;
     tensors.reserve(items.size());
     for (const RuleItem& it : items) tensors.push_back({it.w, it.g, it.tensor->rows(), it.tensor->cols(), it.ctx.tensor});
-    if (!tensors.empty()) be.sinkgd_update_many(tensors.data(), static_cast<int64_t>(tensors.size()), args(items.front().ctx));
+    if (!tensors.empty()) kernels.sinkgd_update_many(tensors.data(), static_cast<int64_t>(tensors.size()), args(items.front().ctx));
   }
 
  private:

@@ -15,15 +15,15 @@ class Swan final : public TensorRule {
   bool scales_lr_by_alpha() const override { return true; }
   // Every matrix in one call: a device batches the Newton-Schulz products of one Gram size.
   bool updates_large_tensors_together() const override { return true; }
-  void update(Backend& be, const TensorSpec& t, Buf w, Buf g, Buf*, const UpdateContext& ctx) const override {
+  void update(OptimizerKernels& kernels, const TensorSpec& t, Buf w, Buf g, Buf*, const UpdateContext& ctx) const override {
     const SwanArgs a = args(ctx);
-    be.swan_update(w, g, t.rows(), t.cols(), a);
+    kernels.swan_update(w, g, t.rows(), t.cols(), a);
   }
-  void update_many(Backend& be, const std::vector<RuleItem>& items) const override {
+  void update_many(OptimizerKernels& kernels, const std::vector<RuleItem>& items) const override {
     if (items.empty()) return;
     std::vector<SwanTensor> tensors;
     for (const RuleItem& it : items) tensors.push_back({it.w, it.g, it.tensor->rows(), it.tensor->cols(), it.ctx.tensor});
-    be.swan_update_many(tensors.data(), static_cast<int64_t>(tensors.size()), args(items.front().ctx));
+    kernels.swan_update_many(tensors.data(), static_cast<int64_t>(tensors.size()), args(items.front().ctx));
   }
 
  private:

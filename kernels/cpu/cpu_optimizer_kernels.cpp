@@ -1,0 +1,117 @@
+// The CPU backend's optimizer kernels (cpu_optimizer_kernels.h).
+#include "cpu_optimizer_kernels.h"
+
+#include "../common/dtype_dispatch.h"
+#include "../common/optim_math.h"
+
+namespace multinorm::cpu {
+
+namespace {
+
+template <class Fn>
+void with_type(DType t, Fn&& fn) {
+  dispatch::with_type<bf16>(t, fn);
+}
+template <class Fn>
+void with_types(DType t, DType g, const char* op, Fn&& fn) {
+  dispatch::with_types<bf16>(t, g, op, fn);
+}
+using dispatch::as;
+using dispatch::same_dtype;
+
+// The update's scalars (host memory here) into an op's arguments: its slot's learning rate and the
+// write step; false when the update is skipped. The kernels derive keep (and Adam's scalars, taken
+// from the slot above) from them as the slot's were formed (optim_math::rule_scalars).
+template <class Args>
+bool resolve(Args& a) {
+  if (!a.scalars.at) return true;
+  const UpdateScalars& s = *a.scalars.at;
+  if (s.stats.skip) return false;
+  a.lr = s.rule[a.scalars.slot].lr;
+  a.write.step = s.update;
+  return true;
+}
+
+}  // namespace
+
+double CpuOptimizerKernels::sum_squares(Buf x, int64_t n) {
+  double r = 0;
+  with_type(x.dtype, [&](auto* t) { r = cpu::sum_squares(as<std::remove_pointer_t<decltype(t)>>(x), n); });
+  return r;
+}
+void CpuOptimizerKernels::scale(Buf x, int64_t n, float factor) {
+  with_type(x.dtype, [&](auto* t) { cpu::scale(as<std::remove_pointer_t<decltype(t)>>(x), n, factor); });
+}
+void CpuOptimizerKernels::sum_squares_many(const Buf* xs, const int64_t* ns, int64_t count, double* out) {
+  for (int64_t i = 0; i < count; ++i) out[i] = sum_squares(xs[i], ns[i]);
+}
+// The statistics in host memory: the same numbers as the CUDA kernels' (finish_statistics).
+void CpuOptimizerKernels::update_statistics(UpdateScalars* s, const LossTotals* loss, const double* squares, int64_t count, double grad_clip) {
+  s->stats = optim_math::finish_statistics(squares, count, *loss, *s, grad_clip);
+}
+void CpuOptimizerKernels::clip_gradients(Buf x, int64_t n, const UpdateScalars* s) {
+  if (!s->stats.skip && s->stats.clip_factor != 1.0f) scale(x, n, s->stats.clip_factor);
+}
+void CpuOptimizerKernels::sinkgd_update(Buf w, Buf g, int64_t m, int64_t n, const SinkGDArgs& in) {
+  SinkGDArgs args = in;
+  if (!resolve(args)) return;
+  with_types(w.dtype, g.dtype, "sinkgd_update", [&](auto* t, auto* gt) {
+    using T = std::remove_pointer_t<decltype(t)>;
+    using G = std::remove_pointer_t<decltype(gt)>;
+    cpu::sinkgd_update(as<T>(w), as<G>(g), m, n, args, ws_);
+  });
+}
+void CpuOptimizerKernels::sinkgd_update_many(const SinkGDTensor* tensors, int64_t count, const SinkGDArgs& in) {
+  SinkGDArgs args = in;
+  if (resolve(args)) cpu::sinkgd_update_many(tensors, count, args, ws_);
+}
+void CpuOptimizerKernels::swan_update_many(const SwanTensor* tensors, int64_t count, const SwanArgs& in) {
+  SwanArgs args = in;
+  if (!resolve(args)) return;  // a skipped update: nothing applied, nothing counted
+  for (int64_t i = 0; i < count; ++i) {
+    const SwanTensor& t = tensors[i];
+    args.write.tensor = t.tensor;
+    with_types(t.w.dtype, t.g.dtype, "swan_update", [&](auto* w, auto* g) {
+      using T = std::remove_pointer_t<decltype(w)>;
+      using G = std::remove_pointer_t<decltype(g)>;
+      const cpu::SwanReport r = cpu::swan_update(as<T>(t.w), as<G>(t.g), t.m, t.n, args, gemm_, ws_);
+      if (args.stats) optim_math::add_swan_tensor(*args.stats, r.residual, r.fell_back, r.steps, args.exact ? 0.0f : args.ns_tolerance);
+    });
+  }
+}
+void CpuOptimizerKernels::adam_update(Buf w, Buf g, Buf m, Buf v, int64_t n, const AdamArgs& in) {
+  same_dtype({m, v}, "adam_update states");
+  AdamArgs args = in;
+  const AdamScalars a = in.scalars.at ? in.scalars.at->rule[in.scalars.slot].adam : optim_math::adam_scalars(in);
+  if (!resolve(args)) return;
+  with_types(w.dtype, g.dtype, "adam_update", [&](auto* t, auto* gt) {
+    using T = std::remove_pointer_t<decltype(t)>;
+    using G = std::remove_pointer_t<decltype(gt)>;
+    with_type(m.dtype, [&](auto* s) {
+      using S = std::remove_pointer_t<decltype(s)>;
+      cpu::adam_update(as<T>(w), as<G>(g), as<S>(m), as<S>(v), n, a, args.write);
+    });
+  });
+}
+void CpuOptimizerKernels::adam_update_many(const AdamTensor* tensors, int64_t count, const AdamArgs& args) {
+  for (int64_t i = 0; i < count; ++i) {  // OpenMP parallelises within each tensor already
+    AdamArgs a = args;
+    a.write.tensor = tensors[i].tensor;
+    adam_update(tensors[i].w, tensors[i].g, tensors[i].m, tensors[i].v, tensors[i].n, a);
+  }
+}
+void CpuOptimizerKernels::sgd_update(Buf w, Buf g, Buf buf, int64_t n, const SgdArgs& in) {
+  SgdArgs args = in;
+  if (!resolve(args)) return;
+  with_types(w.dtype, g.dtype, "sgd_update", [&](auto* t, auto* gt) {
+    using T = std::remove_pointer_t<decltype(t)>;
+    using G = std::remove_pointer_t<decltype(gt)>;
+    with_type(buf.dtype, [&](auto* s) {
+      using S = std::remove_pointer_t<decltype(s)>;
+      cpu::sgd_update(as<T>(w), as<G>(g), as<S>(buf), n, args);
+    });
+  });
+}
+
+
+}  // namespace multinorm::cpu

@@ -1,0 +1,195 @@
+// The CUDA backend's optimizer kernels (cuda_optimizer_kernels.h). Built twice, like the backend:
+// by nvcc into the plugin and by g++ into the emulated build.
+#include "cuda_optimizer_kernels.h"
+
+#include <algorithm>
+
+#include "../common/dtype_dispatch.h"
+#include "../common/optim_math.h"
+#include "multinorm/cuda_scratch.h"
+
+namespace multinorm::cuda {
+
+namespace {
+
+template <class Fn>
+void with_type(DType t, Fn&& fn) {
+  dispatch::with_type<bf16>(t, fn);
+}
+template <class Fn>
+void with_types(DType t, DType g, const char* op, Fn&& fn) {
+  dispatch::with_types<bf16>(t, g, op, fn);
+}
+using dispatch::as;
+using dispatch::same_dtype;
+
+}  // namespace
+
+CudaOptimizerKernels::CudaOptimizerKernels(CudaQueue& q, LtGemm& gemm, DescriptorCache& descriptors)
+    : q_(&q), gemm_(&gemm), descriptors_(descriptors), reduce_scratch_(std::make_unique<Scratch>(q)), opt_scratch_(std::make_unique<Scratch>(q)),
+      swan_staging_(std::make_unique<SwanStaging>(q)) {}
+
+double CudaOptimizerKernels::sum_squares(Buf x, int64_t n) {
+  auto* d = static_cast<double*>(scratch(reduce_scratch_, cuda_scratch::sum_squares_bytes(), "sum_squares"));
+  with_type(x.dtype, [&](auto* t) { cuda::sum_squares(d, d + 1, as<std::remove_pointer_t<decltype(t)>>(x), n, q_->issue()); });
+  double r = 0;
+  q_->read(&r, d, sizeof(double), "sum_squares");
+  return r;
+}
+// The per-tensor sums into `out`, their partials (kSumSquaresBlocks x count) in the reduce scratch:
+// two launches for each run of tensors of one dtype.
+void CudaOptimizerKernels::sum_squares_many(const Buf* xs, const int64_t* ns, int64_t count, double* out) {
+  if (count == 0) return;
+  auto* partials = static_cast<double*>(scratch(reduce_scratch_, cuda_scratch::sum_squares_many_bytes(count), "sum_squares_many"));
+  for (int64_t begin = 0; begin < count;) {
+    int64_t end = begin + 1;
+    while (end < count && xs[end].dtype == xs[begin].dtype) ++end;
+    sum_items_.clear();
+    for (int64_t i = begin; i < end; ++i) sum_items_.push_back({xs[i].ptr, ns[i]});
+    const auto* items = static_cast<const SumSquaresItem*>(descriptors(sum_items_.data(), sum_items_.size() * sizeof(SumSquaresItem), "sum_squares_many"));
+    with_type(xs[begin].dtype, [&](auto* t) {
+      cuda::sum_squares_many<std::remove_pointer_t<decltype(t)>>(out + begin, partials, items, end - begin, q_->issue());
+    });
+    begin = end;
+  }
+}
+void CudaOptimizerKernels::update_statistics(UpdateScalars* s, const LossTotals* loss, const double* squares, int64_t count, double grad_clip) {
+  cuda::update_statistics(s, loss, squares, count, grad_clip, q_->issue());
+}
+void CudaOptimizerKernels::clip_gradients(Buf x, int64_t n, const UpdateScalars* s) {
+  with_type(x.dtype, [&](auto* t) { cuda::clip_gradients(as<std::remove_pointer_t<decltype(t)>>(x), n, s, q_->issue()); });
+}
+void CudaOptimizerKernels::scale(Buf x, int64_t n, float factor) {
+  with_type(x.dtype, [&](auto* t) { cuda::scale(as<std::remove_pointer_t<decltype(t)>>(x), n, factor, q_->issue()); });
+}
+void CudaOptimizerKernels::sinkgd_update(Buf w, Buf g, int64_t m, int64_t n, const SinkGDArgs& a) {
+  const SinkGDTensor t{w, g, m, n, a.write.tensor};
+  sinkgd_update_many(&t, 1, a);
+}
+// The tensors in launches of cuda_scratch::sinkgd_many_launch_end's making (one launch per pass for
+// all of a launch's tensors), each tensor with its own scratch; one dtype pair per launch.
+void CudaOptimizerKernels::sinkgd_update_many(const SinkGDTensor* tensors, int64_t count, const SinkGDArgs& a) {
+  const RuleScalars rule = optim_math::rule_scalars(a.lr, a.decoupled_decay);
+  auto shape = [&](int64_t i) { return std::pair<int64_t, int64_t>{tensors[i].m, tensors[i].n}; };
+  // The launches first, and the scratch grown once to the largest: a table built with the scratch's
+  // address stays valid for the whole call (and the next update finds it in the descriptor cache).
+  std::vector<std::pair<int64_t, int64_t>> launches;  // (end, floats) of each launch
+  int64_t most = 0;
+  for (int64_t begin = 0; begin < count;) {
+    int64_t floats = 0;
+    int64_t end = cuda_scratch::sinkgd_many_launch_end(begin, count, shape, &floats);
+    for (int64_t i = begin + 1; i < end; ++i)  // a launch holds one dtype pair
+      if (tensors[i].w.dtype != tensors[begin].w.dtype || tensors[i].g.dtype != tensors[begin].g.dtype) end = i, floats = -1;
+    if (floats < 0) {  // cut short by a dtype: its own tensors' scratch
+      floats = 0;
+      for (int64_t i = begin; i < end; ++i) floats += sinkgd_scratch(tensors[i].m, tensors[i].n);
+    }
+    launches.emplace_back(end, floats);
+    most = std::max(most, floats);
+    begin = end;
+  }
+  float* const base = static_cast<float*>(scratch(opt_scratch_, static_cast<size_t>(most) * 4, "sinkgd_update_many"));
+  for (int64_t begin = 0, l = 0; begin < count; ++l) {
+    const int64_t end = launches[static_cast<size_t>(l)].first;
+    float* uv = base;
+    sinkgd_items_.clear();
+    for (int64_t i = begin; i < end; ++i) {
+      const SinkGDTensor& t = tensors[i];
+      sinkgd_items_.push_back(cuda::sinkgd_item(t.w.ptr, t.g.ptr, t.m, t.n, uv, t.tensor));
+      uv += sinkgd_scratch(t.m, t.n);
+    }
+    const cuda::SinkgdLayout layout = cuda::sinkgd_layout(sinkgd_items_.data(), end - begin);
+    const auto* dev = static_cast<const cuda::SinkgdManyItem*>(
+        descriptors(sinkgd_items_.data(), sinkgd_items_.size() * sizeof(cuda::SinkgdManyItem), "sinkgd_update_many"));
+    with_types(tensors[begin].w.dtype, tensors[begin].g.dtype, "sinkgd_update_many", [&](auto* t, auto* gt) {
+      using T = std::remove_pointer_t<decltype(t)>;
+      using G = std::remove_pointer_t<decltype(gt)>;
+      cuda::sinkgd_many<T, G>(dev, end - begin, layout, a.iterations, a.eps, rule, a.write, a.scalars, q_->issue());
+    });
+    begin = end;
+  }
+}
+// The tensors in chunks of cuda_scratch::swan_plan's making (one Gram size and dtype pair each),
+// the scratch grown once to the largest chunk and the pinned staging to the largest tensor.
+void CudaOptimizerKernels::swan_update_many(const SwanTensor* tensors, int64_t count, const SwanArgs& a) {
+  std::vector<cuda_scratch::SwanShape> shapes;
+  for (int64_t i = 0; i < count; ++i)
+    shapes.push_back({tensors[i].m, tensors[i].n, static_cast<int>(tensors[i].w.dtype) * 16 + static_cast<int>(tensors[i].g.dtype)});
+  const cuda_scratch::SwanPlan plan = cuda_scratch::swan_plan(shapes);
+  void* work = scratch(opt_scratch_, static_cast<size_t>(plan.scratch_bytes), "swan_update");
+  swan_staging_->reserve(static_cast<size_t>(plan.pinned_bytes));
+  const cuda::SwanParams p{a.lr, a.decoupled_decay, a.eps, a.ns_tolerance, a.ns_steps, a.standardize, a.exact, a.write, a.scalars, a.stats};
+  std::vector<cuda::SwanItem> items;
+  std::vector<cuda::SwanExactJob*> jobs;
+  for (size_t c = 0, begin = 0; c < plan.ends.size(); begin = static_cast<size_t>(plan.ends[c++])) {
+    items.clear(), jobs.clear();
+    for (size_t j = begin; j < static_cast<size_t>(plan.ends[c]); ++j) {
+      const SwanTensor& t = tensors[plan.order[j]];
+      items.push_back({t.w.ptr, t.g.ptr, t.m, t.n, t.tensor});
+      jobs.push_back(swan_staging_->job(t.m, t.n));
+    }
+    const SwanTensor& first = tensors[plan.order[begin]];
+    with_types(first.w.dtype, first.g.dtype, "swan_update", [&](auto* t, auto* gt) {
+      using T = std::remove_pointer_t<decltype(t)>;
+      using G = std::remove_pointer_t<decltype(gt)>;
+      cuda::swan_chunk<T, G>(items.data(), static_cast<int64_t>(items.size()), p, *gemm_, work, jobs.data(), q_->issue());
+    });
+  }
+}
+void CudaOptimizerKernels::adam_update(Buf w, Buf g, Buf m, Buf v, int64_t n, const AdamArgs& a) {
+  same_dtype({m, v}, "adam_update states");
+  const RuleScalars r = optim_math::rule_scalars(a);
+  with_types(w.dtype, g.dtype, "adam_update", [&](auto* t, auto* gt) {
+    using T = std::remove_pointer_t<decltype(t)>;
+    using G = std::remove_pointer_t<decltype(gt)>;
+    with_type(m.dtype, [&](auto* st) {
+      using S = std::remove_pointer_t<decltype(st)>;
+      cuda::adam(as<T>(w), as<G>(g), as<S>(m), as<S>(v), n, r, a.write, a.scalars, q_->issue());
+    });
+  });
+}
+void CudaOptimizerKernels::adam_update_many(const AdamTensor* tensors, int64_t count, const AdamArgs& a) {
+  if (count == 0) return;
+  const AdamTensor& first = tensors[0];
+  for (int64_t i = 1; i < count; ++i)  // one launch needs one dtype combination
+    if (tensors[i].w.dtype != first.w.dtype || tensors[i].g.dtype != first.g.dtype || tensors[i].m.dtype != first.m.dtype) {
+      for (int64_t k = 0; k < count; ++k) {
+        AdamArgs ak = a;
+        ak.write.tensor = tensors[k].tensor;
+        adam_update(tensors[k].w, tensors[k].g, tensors[k].m, tensors[k].v, tensors[k].n, ak);
+      }
+      return;
+    }
+  const RuleScalars r = optim_math::rule_scalars(a);
+  for (int64_t begin = 0; begin < count; begin += cuda_scratch::kAdamManyPerLaunch) {
+    const int64_t end = std::min(count, begin + cuda_scratch::kAdamManyPerLaunch);
+    many_items_.clear();
+    int64_t blocks = 0;
+    for (int64_t i = begin; i < end; ++i) {
+      const AdamTensor& t = tensors[i];
+      many_items_.push_back({t.w.ptr, t.g.ptr, t.m.ptr, t.v.ptr, t.n, t.tensor, blocks});
+      blocks += (t.n + kAdamManyElementsPerBlock - 1) / kAdamManyElementsPerBlock;
+    }
+    const auto* dev = static_cast<const AdamManyItem*>(descriptors(many_items_.data(), many_items_.size() * sizeof(AdamManyItem), "adam_update_many"));
+    with_types(first.w.dtype, first.g.dtype, "adam_update_many", [&](auto* t, auto* gt) {
+      using T = std::remove_pointer_t<decltype(t)>;
+      using G = std::remove_pointer_t<decltype(gt)>;
+      with_type(first.m.dtype, [&](auto* st) {
+        using S = std::remove_pointer_t<decltype(st)>;
+        cuda::adam_many<T, G, S>(dev, static_cast<int64_t>(many_items_.size()), blocks, r, a.write, a.scalars, q_->issue());
+      });
+    });
+  }
+}
+void CudaOptimizerKernels::sgd_update(Buf w, Buf g, Buf buf, int64_t n, const SgdArgs& a) {
+  with_types(w.dtype, g.dtype, "sgd_update", [&](auto* t, auto* gt) {
+    using T = std::remove_pointer_t<decltype(t)>;
+    using G = std::remove_pointer_t<decltype(gt)>;
+    with_type(buf.dtype, [&](auto* st) {
+      using S = std::remove_pointer_t<decltype(st)>;
+      cuda::sgd(as<T>(w), as<G>(g), as<S>(buf), n, optim_math::rule_scalars(a.lr, a.decoupled_decay), a.momentum, a.write, a.scalars, q_->issue());
+    });
+  });
+}
+
+}  // namespace multinorm::cuda
