@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <limits>
 
+#include "../kernels/common/elementwise_rules.h"
 #include "../kernels/common/optim_math.h"
 #include "cuda_vs_cpu.h"
 
@@ -239,6 +240,63 @@ TEST_P(CudaVsCpu, MultiTensorAdamEqualsPerTensorUpdates) {
       EXPECT_TRUE(bufs[i + 2]->same(kBf16)) << "m of tensor " << i / 4;
     }
   }
+}
+
+// Every element-wise rule of the list (kernels/common/elementwise_rules.h), with each state count
+// its rule uses, through the one op: 300 tensors of five lengths in one call (the CUDA backend's
+// multi-tensor launches: a block boundary inside a tensor, 1-element tensors, more than one launch
+// holds) against the CPU backend's, and one tensor a call. A rule added to the list is compared here
+// without a line of its own. Bounds as for Adam above (FP32 1e-6 of the scale, BF16 one ulp).
+TEST_P(CudaVsCpu, EveryElementwiseRuleOfTheListOnManyTensors) {
+  const int64_t lengths[] = {1, 7, 1024, 1025, 3000};
+  AdamArgs scalars_of;  // every rule's scalars: Adam's at t = 2, lr, keep, SGD's momentum
+  scalars_of.lr = 1e-3f, scalars_of.decoupled_decay = 0.1f, scalars_of.l2_decay = 0.01f, scalars_of.step = 2;
+  ElementwiseArgs args{optim_math::rule_scalars(scalars_of), WriteBack{true, 5, 9, 0}, {}};
+  args.rule.momentum = 0.9f;
+  struct Case {
+    ElementwiseKind kind;
+    const char* name;
+    int states;
+  };
+  std::vector<Case> cases;
+#define MULTINORM_CASE(kind, Step, name, many_name) \
+  for (int states = Step::kStates; states >= (Step::kStates == 1 ? 0 : Step::kStates); --states) cases.push_back({kind, name, states});
+  MULTINORM_ELEMENTWISE_RULES(MULTINORM_CASE)
+#undef MULTINORM_CASE
+  ASSERT_GE(cases.size(), 3u);  // Adam; SGD with and without its buffer
+  for (const Case& c : cases)
+    for (const auto& [wt, gt] : kWeightGrad)
+      for (const int64_t count : {int64_t{1}, int64_t{300}}) {
+        std::vector<std::unique_ptr<Pair>> bufs;  // w, g, then the states, per tensor
+        std::vector<ElementwiseTensor> on_cpu, on_cuda;
+        for (int64_t i = 0; i < count; ++i) {
+          const int64_t n = lengths[i % 5];
+          const uint32_t seed = static_cast<uint32_t>(20 * i + 3);
+          ElementwiseTensor tc, tg;
+          tc.n = tg.n = n, tc.tensor = tg.tensor = static_cast<uint64_t>(i), tc.nstates = tg.nstates = c.states;
+          for (int k = 0; k < 2 + c.states; ++k) {
+            const DType t = k == 0 ? wt : k == 1 ? gt : DType::BF16;
+            Vec v = random_vec(n, seed + k, k == 3 ? 1e-4 : 0.05);
+            if (k == 3)
+              for (auto& e : v) e = std::fabs(e);  // Adam's second moments are non-negative
+            bufs.push_back(std::make_unique<Pair>(*cpu, *cuda, v, t));
+            Buf& bc = k == 0 ? tc.w : k == 1 ? tc.g : tc.states[k - 2];
+            Buf& bg = k == 0 ? tg.w : k == 1 ? tg.g : tg.states[k - 2];
+            bc = bufs.back()->c.buf(), bg = bufs.back()->g.buf();
+          }
+          on_cpu.push_back(tc), on_cuda.push_back(tg);
+        }
+        cpu->optimizer_kernels().elementwise_update_many(c.kind, on_cpu.data(), count, args);
+        cuda->optimizer_kernels().elementwise_update_many(c.kind, on_cuda.data(), count, args);
+        const std::string what = std::string(c.name) + " with " + std::to_string(c.states) + " states, " + dtype_name(wt) + "/" +
+                                 dtype_name(gt) + ", " + std::to_string(count) + " tensors";
+        for (size_t b = 0; b < bufs.size(); ++b) {
+          const size_t k = b % static_cast<size_t>(2 + c.states);
+          if (k == 1) continue;  // the gradient is read only
+          EXPECT_TRUE(bufs[b]->same(k == 0 && wt == DType::F32 ? 1e-6 : kBf16)) << (k == 0 ? "w" : "state") << " of tensor "
+                                                                                   << b / (2 + c.states) << ", " << what;
+        }
+      }
 }
 
 // Multi-tensor SinkGD: each pass one launch over the call's tensors, 70 of six shapes (more than the

@@ -168,10 +168,11 @@ inline SwanPlan swan_plan(const std::vector<SwanShape>& shapes) {
   return p;
 }
 
-// multi-tensor Adam: the tensor descriptors of one launch (at most kAdamManyPerLaunch tensors)
-constexpr int64_t kAdamManyPerLaunch = 256;
-constexpr int64_t kAdamManyItemBytes = 56;  // 4 pointers, length, tensor id, first block
-static_assert(kAdamManyPerLaunch * kAdamManyItemBytes <= kDescriptorCacheBytes && kSinkgdManyPerLaunch * kSinkgdManyItemBytes <= kDescriptorCacheBytes,
+// multi-tensor element-wise updates (Adam, SGD): the tensor descriptors of one launch (at most
+// kElementwiseManyPerLaunch tensors)
+constexpr int64_t kElementwiseManyPerLaunch = 256;
+constexpr int64_t kElementwiseManyItemBytes = 56;  // 4 pointers, length, tensor id, first block
+static_assert(kElementwiseManyPerLaunch * kElementwiseManyItemBytes <= kDescriptorCacheBytes && kSinkgdManyPerLaunch * kSinkgdManyItemBytes <= kDescriptorCacheBytes,
               "a launch's table fits the descriptor cache");
 // tensors at most this long are updated together (src/optim/optimizer.cpp)
 constexpr int64_t kMultiTensorElements = 1 << 16;

@@ -81,6 +81,26 @@ struct AdamTensor {
   int64_t n = 0;
   uint64_t tensor = 0;
 };
+// The element-wise optimizers (each one's step on an element: kernels/common/elementwise_rules.h).
+enum class ElementwiseKind { Adam, Sgd };
+constexpr int kMaxElementwiseStates = 2;
+// One tensor of an element-wise update: its buffers (the states its rule keeps for it: Adam m, v;
+// SGD its momentum buffer, or none without momentum), length and stochastic-rounding tensor id.
+struct ElementwiseTensor {
+  Buf w, g;
+  Buf states[kMaxElementwiseStates];
+  int nstates = 0;
+  int64_t n = 0;
+  uint64_t tensor = 0;
+};
+// An element-wise update's arguments: the rule's scalars for the update (optim_math::rule_scalars
+// forms them), the write-back, and with `scalars` set the update's scalars in backend memory, whose
+// slot replaces `rule` where the op runs.
+struct ElementwiseArgs {
+  RuleScalars rule;
+  WriteBack write;
+  ScalarsRef scalars;
+};
 struct SgdArgs {
   float lr = 0, momentum = 0, decoupled_decay = 0;
   WriteBack write;
@@ -128,15 +148,17 @@ class OptimizerKernels {
     const SwanTensor t{w, g, m, n, args.write.tensor};
     swan_update_many(&t, 1, args);
   }
-  // Adam/AdamW with torch semantics; states m, v in their own dtype
-  virtual void adam_update(Buf w, Buf g, Buf m, Buf v, int64_t n, const AdamArgs& args) = 0;
-  // Adam on many tensors with the same arguments (args.write.tensor is replaced by each tensor's id):
-  // one launch on a device backend, for the many small tensors (norm weights) where per-tensor launch
-  // overhead would dominate. The results equal adam_update on each tensor.
-  virtual void adam_update_many(const AdamTensor* tensors, int64_t count, const AdamArgs& args) = 0;
-  // SGD, torch semantics: buf = momentum * buf + g, w -= lr * buf (no buffer when momentum is 0)
-  virtual void sgd_update(Buf w, Buf g, Buf momentum_buf, int64_t n, const SgdArgs& args) = 0;
-
+  // An element-wise optimizer on many tensors with the same arguments (args.write.tensor is
+  // replaced by each tensor's id): each element's step is its Step's, the same bits on every backend
+  // (generic kernels made from the list in kernels/common/elementwise_rules.h); a device runs many
+  // small tensors in one launch.
+  virtual void elementwise_update_many(ElementwiseKind kind, const ElementwiseTensor* tensors, int64_t count, const ElementwiseArgs& args) = 0;
+  // The rules' entries (kernels/common/elementwise_ops.cpp): Adam/AdamW with torch semantics, states
+  // m, v in their own dtype; on many tensors (the norm weights: one launch on a device); SGD, torch
+  // semantics: buf = momentum * buf + g, w -= lr * buf (no buffer when momentum is 0).
+  void adam_update(Buf w, Buf g, Buf m, Buf v, int64_t n, const AdamArgs& args);
+  void adam_update_many(const AdamTensor* tensors, int64_t count, const AdamArgs& args);
+  void sgd_update(Buf w, Buf g, Buf momentum_buf, int64_t n, const SgdArgs& args);
 };
 
 }  // namespace multinorm

@@ -27,6 +27,7 @@ struct AdamScalars {
 // no arithmetic on them (nvcc would contract 1 - lr wd into an FMA: another rounding than the CPU's).
 struct RuleScalars {
   float lr = 0, keep = 1;  // the learning rate; 1 - lr x decoupled weight decay
+  float momentum = 0;      // SGD's
   AdamScalars adam{};      // Adam/AdamW at this update's t (the other rules leave it unused)
 };
 

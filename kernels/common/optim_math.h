@@ -6,7 +6,7 @@
 #include <cmath>
 
 #include "host_device.h"
-#include "multinorm/backend.h"
+#include "multinorm/optimizer_kernels.h"
 
 namespace multinorm::optim_math {
 
@@ -39,6 +39,11 @@ inline RuleScalars rule_scalars(float lr, float decoupled_decay) {
 inline RuleScalars rule_scalars(const AdamArgs& a) {
   RuleScalars r = rule_scalars(a.lr, a.decoupled_decay);
   r.adam = adam_scalars(a);
+  return r;
+}
+inline RuleScalars rule_scalars(const SgdArgs& a) {
+  RuleScalars r = rule_scalars(a.lr, a.decoupled_decay);
+  r.momentum = a.momentum;
   return r;
 }
 

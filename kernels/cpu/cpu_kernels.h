@@ -249,8 +249,10 @@ void sinkgd_update_many(const SinkGDTensor* tensors, int64_t count, const SinkGD
                         int64_t one_core_bytes = 0);
 template <class T, class G> SwanReport swan_update(T* w, const G* g, int64_t m, int64_t n, const SwanArgs& a, OneDnnMatmul& gemm, Workspace& ws);
 // Adam with its step's scalars (optim_math::adam_scalars, or the update's UpdateScalars slot)
-template <class T, class G, class S> void adam_update(T* w, const G* g, S* m, S* v, int64_t n, const AdamScalars& s, const WriteBack& wb);
-template <class T, class G, class S> void sgd_update(T* w, const G* g, S* buf, int64_t n, const SgdArgs& a);
+// One element-wise rule (its Step: kernels/common/elementwise_rules.h) over a tensor: nstates state
+// arrays (the Step's count, or none where its rule keeps its state only sometimes). elementwise.cpp
+template <class Step, class T, class G, class S>
+void elementwise_update(T* w, const G* g, S* const* states, int nstates, int64_t n, const RuleScalars& r, const WriteBack& wb);
 template <class T> double sum_squares(const T* x, int64_t n);
 template <class T> void scale(T* x, int64_t n, float factor);
 

@@ -2,6 +2,7 @@
 #include "cpu_optimizer_kernels.h"
 
 #include "../common/dtype_dispatch.h"
+#include "../common/elementwise_rules.h"
 #include "../common/optim_math.h"
 
 namespace multinorm::cpu {
@@ -17,7 +18,6 @@ void with_types(DType t, DType g, const char* op, Fn&& fn) {
   dispatch::with_types<bf16>(t, g, op, fn);
 }
 using dispatch::as;
-using dispatch::same_dtype;
 
 // The update's scalars (host memory here) into an op's arguments: its slot's learning rate and the
 // write step; false when the update is skipped. The kernels derive keep (and Adam's scalars, taken
@@ -79,39 +79,39 @@ void CpuOptimizerKernels::swan_update_many(const SwanTensor* tensors, int64_t co
     });
   }
 }
-void CpuOptimizerKernels::adam_update(Buf w, Buf g, Buf m, Buf v, int64_t n, const AdamArgs& in) {
-  same_dtype({m, v}, "adam_update states");
-  AdamArgs args = in;
-  const AdamScalars a = in.scalars.at ? in.scalars.at->rule[in.scalars.slot].adam : optim_math::adam_scalars(in);
-  if (!resolve(args)) return;
-  with_types(w.dtype, g.dtype, "adam_update", [&](auto* t, auto* gt) {
-    using T = std::remove_pointer_t<decltype(t)>;
-    using G = std::remove_pointer_t<decltype(gt)>;
-    with_type(m.dtype, [&](auto* s) {
-      using S = std::remove_pointer_t<decltype(s)>;
-      cpu::adam_update(as<T>(w), as<G>(g), as<S>(m), as<S>(v), n, a, args.write);
+// The update's scalars from its slot (host memory here) where the update has them: the Steps read
+// their rule's scalars as the slot's were formed (optim_math::rule_scalars).
+void CpuOptimizerKernels::elementwise_update_many(ElementwiseKind kind, const ElementwiseTensor* tensors, int64_t count,
+                                                  const ElementwiseArgs& args) {
+  RuleScalars r = args.rule;
+  WriteBack wb = args.write;
+  if (args.scalars.at) {
+    const UpdateScalars& s = *args.scalars.at;
+    if (s.stats.skip) return;
+    r = s.rule[args.scalars.slot];
+    wb.step = s.update;
+  }
+  for (int64_t i = 0; i < count; ++i) {  // OpenMP parallelises within each tensor
+    const ElementwiseTensor& t = tensors[i];
+    wb.tensor = t.tensor;
+    const DType state_dtype = t.nstates > 0 ? t.states[0].dtype : t.w.dtype;
+    with_types(t.w.dtype, t.g.dtype, "elementwise_update", [&](auto* w, auto* g) {
+      using T = std::remove_pointer_t<decltype(w)>;
+      using G = std::remove_pointer_t<decltype(g)>;
+      with_type(state_dtype, [&](auto* st) {
+        using S = std::remove_pointer_t<decltype(st)>;
+        S* states[kMaxElementwiseStates] = {};
+        for (int k = 0; k < t.nstates; ++k) states[k] = as<S>(t.states[k]);
+        switch (kind) {
+#define MULTINORM_CASE(kind_, Step, name, many_name) \
+  case kind_:                                      \
+    return cpu::elementwise_update<Step>(as<T>(t.w), as<G>(t.g), states, t.nstates, t.n, r, wb);
+          MULTINORM_ELEMENTWISE_RULES(MULTINORM_CASE)
+#undef MULTINORM_CASE
+        }
+      });
     });
-  });
-}
-void CpuOptimizerKernels::adam_update_many(const AdamTensor* tensors, int64_t count, const AdamArgs& args) {
-  for (int64_t i = 0; i < count; ++i) {  // OpenMP parallelises within each tensor already
-    AdamArgs a = args;
-    a.write.tensor = tensors[i].tensor;
-    adam_update(tensors[i].w, tensors[i].g, tensors[i].m, tensors[i].v, tensors[i].n, a);
   }
 }
-void CpuOptimizerKernels::sgd_update(Buf w, Buf g, Buf buf, int64_t n, const SgdArgs& in) {
-  SgdArgs args = in;
-  if (!resolve(args)) return;
-  with_types(w.dtype, g.dtype, "sgd_update", [&](auto* t, auto* gt) {
-    using T = std::remove_pointer_t<decltype(t)>;
-    using G = std::remove_pointer_t<decltype(gt)>;
-    with_type(buf.dtype, [&](auto* s) {
-      using S = std::remove_pointer_t<decltype(s)>;
-      cpu::sgd_update(as<T>(w), as<G>(g), as<S>(buf), n, args);
-    });
-  });
-}
-
 
 }  // namespace multinorm::cpu

@@ -1,5 +1,5 @@
 // The CPU backend's optimizer kernels (optimizer_kernels.h): host memory, each op dispatched on its
-// dtypes to the templated kernel of kernels/cpu/ (sinkgd.cpp, swan.cpp, adam.cpp), done when it
+// dtypes to the templated kernel of kernels/cpu/ (sinkgd.cpp, swan.cpp, elementwise.cpp, sum_squares.cpp), done when it
 // returns. The update's scalars are read in host memory.
 #pragma once
 #include "cpu_kernels.h"
@@ -21,9 +21,7 @@ class CpuOptimizerKernels final : public OptimizerKernels {
   void sinkgd_update(Buf w, Buf g, int64_t m, int64_t n, const SinkGDArgs& args) override;
   void sinkgd_update_many(const SinkGDTensor* tensors, int64_t count, const SinkGDArgs& args) override;
   void swan_update_many(const SwanTensor* tensors, int64_t count, const SwanArgs& args) override;
-  void adam_update(Buf w, Buf g, Buf m, Buf v, int64_t n, const AdamArgs& args) override;
-  void adam_update_many(const AdamTensor* tensors, int64_t count, const AdamArgs& args) override;
-  void sgd_update(Buf w, Buf g, Buf momentum_buf, int64_t n, const SgdArgs& args) override;
+  void elementwise_update_many(ElementwiseKind kind, const ElementwiseTensor* tensors, int64_t count, const ElementwiseArgs& args) override;
 
  private:
   OneDnnMatmul& gemm_;

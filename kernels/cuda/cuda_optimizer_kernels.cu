@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "../common/dtype_dispatch.h"
+#include "../common/elementwise_rules.h"
 #include "../common/optim_math.h"
 #include "multinorm/cuda_scratch.h"
 
@@ -136,60 +137,67 @@ void CudaOptimizerKernels::swan_update_many(const SwanTensor* tensors, int64_t c
     });
   }
 }
-void CudaOptimizerKernels::adam_update(Buf w, Buf g, Buf m, Buf v, int64_t n, const AdamArgs& a) {
-  same_dtype({m, v}, "adam_update states");
-  const RuleScalars r = optim_math::rule_scalars(a);
-  with_types(w.dtype, g.dtype, "adam_update", [&](auto* t, auto* gt) {
-    using T = std::remove_pointer_t<decltype(t)>;
-    using G = std::remove_pointer_t<decltype(gt)>;
-    with_type(m.dtype, [&](auto* st) {
-      using S = std::remove_pointer_t<decltype(st)>;
-      cuda::adam(as<T>(w), as<G>(g), as<S>(m), as<S>(v), n, r, a.write, a.scalars, q_->issue());
-    });
-  });
-}
-void CudaOptimizerKernels::adam_update_many(const AdamTensor* tensors, int64_t count, const AdamArgs& a) {
+// A list of tensors sharing dtypes and state count: one launch per kElementwiseManyPerLaunch of them
+// (their descriptor tables through the cache); one tensor, or a mixed list, a launch each.
+void CudaOptimizerKernels::elementwise_update_many(ElementwiseKind kind, const ElementwiseTensor* tensors, int64_t count,
+                                                   const ElementwiseArgs& a) {
   if (count == 0) return;
-  const AdamTensor& first = tensors[0];
-  for (int64_t i = 1; i < count; ++i)  // one launch needs one dtype combination
-    if (tensors[i].w.dtype != first.w.dtype || tensors[i].g.dtype != first.g.dtype || tensors[i].m.dtype != first.m.dtype) {
-      for (int64_t k = 0; k < count; ++k) {
-        AdamArgs ak = a;
-        ak.write.tensor = tensors[k].tensor;
-        adam_update(tensors[k].w, tensors[k].g, tensors[k].m, tensors[k].v, tensors[k].n, ak);
-      }
-      return;
+  const ElementwiseTensor& first = tensors[0];
+  auto state_dtype = [](const ElementwiseTensor& t) { return t.nstates > 0 ? t.states[0].dtype : t.w.dtype; };
+  bool uniform = true;
+  for (int64_t i = 1; i < count; ++i) {
+    const ElementwiseTensor& t = tensors[i];
+    uniform = uniform && t.w.dtype == first.w.dtype && t.g.dtype == first.g.dtype && t.nstates == first.nstates && state_dtype(t) == state_dtype(first);
+  }
+  // The rule's Step and its kernels' names from the list; the dtypes from the first tensor of a launch.
+  auto with_step = [&](const ElementwiseTensor& t, auto&& launch_for) {
+    with_types(t.w.dtype, t.g.dtype, "elementwise_update", [&](auto* w, auto* g) {
+      with_type(state_dtype(t), [&](auto* st) {
+        switch (kind) {
+#define MULTINORM_CASE(kind_, Step, name, many_name) \
+  case kind_:                                      \
+    return launch_for(Step{}, w, g, st, name, many_name);
+          MULTINORM_ELEMENTWISE_RULES(MULTINORM_CASE)
+#undef MULTINORM_CASE
+        }
+      });
+    });
+  };
+  if (count == 1 || !uniform) {
+    for (int64_t i = 0; i < count; ++i) {
+      const ElementwiseTensor& t = tensors[i];
+      WriteBack wb = a.write;
+      wb.tensor = t.tensor;
+      with_step(t, [&](auto step, auto* w, auto* g, auto* st, const char* name, const char*) {
+        using T = std::remove_pointer_t<decltype(w)>;
+        using G = std::remove_pointer_t<decltype(g)>;
+        using S = std::remove_pointer_t<decltype(st)>;
+        ElementwiseStates<S> states{};
+        for (int k = 0; k < t.nstates; ++k) states.p[k] = as<S>(t.states[k]);
+        cuda::elementwise<decltype(step), T, G, S>(name, as<T>(t.w), as<G>(t.g), states, t.nstates, t.n, a.rule, wb, a.scalars, q_->issue());
+      });
     }
-  const RuleScalars r = optim_math::rule_scalars(a);
-  for (int64_t begin = 0; begin < count; begin += cuda_scratch::kAdamManyPerLaunch) {
-    const int64_t end = std::min(count, begin + cuda_scratch::kAdamManyPerLaunch);
+    return;
+  }
+  for (int64_t begin = 0; begin < count; begin += cuda_scratch::kElementwiseManyPerLaunch) {
+    const int64_t end = std::min(count, begin + cuda_scratch::kElementwiseManyPerLaunch);
     many_items_.clear();
     int64_t blocks = 0;
     for (int64_t i = begin; i < end; ++i) {
-      const AdamTensor& t = tensors[i];
-      many_items_.push_back({t.w.ptr, t.g.ptr, t.m.ptr, t.v.ptr, t.n, t.tensor, blocks});
-      blocks += (t.n + kAdamManyElementsPerBlock - 1) / kAdamManyElementsPerBlock;
+      const ElementwiseTensor& t = tensors[i];
+      many_items_.push_back({t.w.ptr, t.g.ptr, {t.states[0].ptr, t.states[1].ptr}, t.n, t.tensor, blocks});
+      blocks += (t.n + kElementwiseManyElementsPerBlock - 1) / kElementwiseManyElementsPerBlock;
     }
-    const auto* dev = static_cast<const AdamManyItem*>(descriptors(many_items_.data(), many_items_.size() * sizeof(AdamManyItem), "adam_update_many"));
-    with_types(first.w.dtype, first.g.dtype, "adam_update_many", [&](auto* t, auto* gt) {
-      using T = std::remove_pointer_t<decltype(t)>;
-      using G = std::remove_pointer_t<decltype(gt)>;
-      with_type(first.m.dtype, [&](auto* st) {
-        using S = std::remove_pointer_t<decltype(st)>;
-        cuda::adam_many<T, G, S>(dev, static_cast<int64_t>(many_items_.size()), blocks, r, a.write, a.scalars, q_->issue());
-      });
+    const auto* dev = static_cast<const ElementwiseManyItem*>(
+        descriptors(many_items_.data(), many_items_.size() * sizeof(ElementwiseManyItem), "elementwise_update_many"));
+    with_step(first, [&](auto step, auto* w, auto* g, auto* st, const char*, const char* many_name) {
+      using T = std::remove_pointer_t<decltype(w)>;
+      using G = std::remove_pointer_t<decltype(g)>;
+      using S = std::remove_pointer_t<decltype(st)>;
+      cuda::elementwise_many<decltype(step), T, G, S>(many_name, dev, first.nstates, static_cast<int64_t>(many_items_.size()), blocks, a.rule,
+                                                      a.write, a.scalars, q_->issue());
     });
   }
-}
-void CudaOptimizerKernels::sgd_update(Buf w, Buf g, Buf buf, int64_t n, const SgdArgs& a) {
-  with_types(w.dtype, g.dtype, "sgd_update", [&](auto* t, auto* gt) {
-    using T = std::remove_pointer_t<decltype(t)>;
-    using G = std::remove_pointer_t<decltype(gt)>;
-    with_type(buf.dtype, [&](auto* st) {
-      using S = std::remove_pointer_t<decltype(st)>;
-      cuda::sgd(as<T>(w), as<G>(g), as<S>(buf), n, optim_math::rule_scalars(a.lr, a.decoupled_decay), a.momentum, a.write, a.scalars, q_->issue());
-    });
-  });
 }
 
 }  // namespace multinorm::cuda

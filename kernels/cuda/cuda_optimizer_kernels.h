@@ -1,7 +1,7 @@
 // The CUDA backend's optimizer kernels (optimizer_kernels.h): every op queued on the backend's
 // stream, never a host wait but sum_squares' read; multi-tensor launches' descriptor tables through
 // the backend's DescriptorCache; SWAN's products on its cuBLASLt. The kernels: sinkgd.cu, swan.cu,
-// adam.cu (Adam and SGD), reduce.cu's sums of squares and the update's statistics.
+// elementwise.cu (Adam and SGD), convert.cu (the sums of squares, the update's statistics, clipping).
 #pragma once
 #include <memory>
 #include <vector>
@@ -28,9 +28,7 @@ class CudaOptimizerKernels final : public OptimizerKernels {
   void sinkgd_update(Buf w, Buf g, int64_t m, int64_t n, const SinkGDArgs& a) override;
   void sinkgd_update_many(const SinkGDTensor* tensors, int64_t count, const SinkGDArgs& a) override;
   void swan_update_many(const SwanTensor* tensors, int64_t count, const SwanArgs& a) override;
-  void adam_update(Buf w, Buf g, Buf m, Buf v, int64_t n, const AdamArgs& a) override;
-  void adam_update_many(const AdamTensor* tensors, int64_t count, const AdamArgs& a) override;
-  void sgd_update(Buf w, Buf g, Buf buf, int64_t n, const SgdArgs& a) override;
+  void elementwise_update_many(ElementwiseKind kind, const ElementwiseTensor* tensors, int64_t count, const ElementwiseArgs& a) override;
 
  private:
   void* scratch(std::unique_ptr<Scratch>& s, size_t bytes, const char* what) { return s->get(bytes, what); }
@@ -42,7 +40,7 @@ class CudaOptimizerKernels final : public OptimizerKernels {
   DescriptorCache& descriptors_;
   std::unique_ptr<Scratch> reduce_scratch_, opt_scratch_;
   std::unique_ptr<SwanStaging> swan_staging_;
-  std::vector<AdamManyItem> many_items_;
+  std::vector<ElementwiseManyItem> many_items_;
   std::vector<SinkgdManyItem> sinkgd_items_;
   std::vector<SumSquaresItem> sum_items_;
 };

@@ -114,33 +114,37 @@ void attention_backward_mma(bf16* dqkv, const bf16* dout, const bf16* qkv, const
 template <class T>
 void attention_decode(T* out, const T* qkv, T* k_cache, T* v_cache, int64_t pos, int64_t H, int64_t D, cudaStream_t stream);
 
-// ---- optimizers (adam.cu, sinkgd.cu, swan.cu) ----------------------------------------------------------
+// ---- optimizers (elementwise.cu, sinkgd.cu, swan.cu) -------------------------------------------------------
 // Every optimizer launcher takes its scalars (lr, keep, Adam's) as `r`, formed on the host exactly as
 // the CPU backend forms them (optim_math::rule_scalars), and an UpdateScalars slot `s`: when s.at is
 // set, the kernels read the scalars and the write step from there when they run and write nothing
 // for a skipped update (r and wb.step are then unused).
-// Adam/AdamW with torch semantics, one pass (reads w, g, m, v; writes w, m, v).
-template <class T, class G, class S>
-void adam(T* w, const G* g, S* m, S* v, int64_t n, const RuleScalars& r, const WriteBack& wb, ScalarsRef s, cudaStream_t stream);
-// Multi-tensor Adam: `items` (device memory) describes up to kAdamManyPerLaunch tensors sharing
-// dtypes and arguments; one launch of `blocks` blocks (each tensor's first block in its item).
-struct AdamManyItem {
+// An element-wise rule (its Step: kernels/common/elementwise_rules.h, shared with the CPU), one pass:
+// reads w, g and `states` state arrays (the Step's count, or none where its rule keeps its state
+// only sometimes), writes w and the states. `name`: the kernel's name in profiles (the list's).
+template <class S>
+struct ElementwiseStates {
+  S* p[kMaxElementwiseStates];
+};
+template <class Step, class T, class G, class S>
+void elementwise(const char* name, T* w, const G* g, ElementwiseStates<S> st, int states, int64_t n, const RuleScalars& r, const WriteBack& wb,
+                 ScalarsRef s, cudaStream_t stream);
+// Many tensors of one rule: `items` (device memory) describes up to kElementwiseManyPerLaunch tensors
+// sharing dtypes, state count and arguments; one launch of `blocks` blocks (each tensor's first block
+// in its item).
+struct ElementwiseManyItem {
   void* w;
   const void* g;
-  void* m;
-  void* v;
+  void* states[kMaxElementwiseStates];
   int64_t n;
   uint64_t tensor;       // stochastic-rounding tensor id
   int64_t first_block;   // this tensor's first block of the launch
 };
-static_assert(sizeof(AdamManyItem) == cuda_scratch::kAdamManyItemBytes, "the memory plan counts this size");
-constexpr int kAdamManyElementsPerBlock = 1024;
-template <class T, class G, class S>
-void adam_many(const AdamManyItem* items, int64_t count, int64_t blocks, const RuleScalars& r, const WriteBack& wb, ScalarsRef s,
-               cudaStream_t stream);
-// SGD (torch): buf = momentum buf + g (no buffer: buf = nullptr), w <- w keep - lr buf
-template <class T, class G, class S>
-void sgd(T* w, const G* g, S* buf, int64_t n, const RuleScalars& r, float momentum, const WriteBack& wb, ScalarsRef s, cudaStream_t stream);
+static_assert(sizeof(ElementwiseManyItem) == cuda_scratch::kElementwiseManyItemBytes, "the memory plan counts this size");
+constexpr int kElementwiseManyElementsPerBlock = 1024;
+template <class Step, class T, class G, class S>
+void elementwise_many(const char* name, const ElementwiseManyItem* items, int states, int64_t count, int64_t blocks, const RuleScalars& r,
+                      const WriteBack& wb, ScalarsRef s, cudaStream_t stream);
 
 // SinkGD on many W[m,n] at once, fused: L passes over each G (row scales u, column scales v in FP32),
 // then one pass writing W; each pass is one launch for every tensor of the call. `items` (device

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <map>
 
+#include "../../kernels/common/elementwise_rules.h"
 #include "multinorm/cuda_scratch.h"
 #include "multinorm/error.h"
 #include "multinorm/llama_model.h"
@@ -343,28 +344,39 @@ class CostRecorder final : public Backend, public OptimizerKernels {
       add("swan_statistics", CostUnit::Memory, 1, 64.0 * B, 0);
     }
   }
-  // w, g, m, v read; w, m, v written.
-  void adam_update(Buf w, Buf g, Buf m, Buf, int64_t n, const AdamArgs&) override {
-    if (n > 0) add("adam", CostUnit::Memory, 1, n * (2 * s_of(w) + s_of(g) + 4 * s_of(m)), 15.0 * n);
-  }
-  void adam_update_many(const AdamTensor* tensors, int64_t count, const AdamArgs& a) override {
+  // Every element-wise rule of the list: w, g and the states read; w and the states written; the
+  // launches as the CUDA backend makes them (one a tensor for one tensor or a mixed list, else one
+  // per kElementwiseManyPerLaunch tensors).
+  void elementwise_update_many(ElementwiseKind kind, const ElementwiseTensor* tensors, int64_t count, const ElementwiseArgs&) override {
     if (count == 0) return;
-    const AdamTensor& first = tensors[0];
-    for (int64_t i = 1; i < count; ++i)
-      if (tensors[i].w.dtype != first.w.dtype || tensors[i].g.dtype != first.g.dtype || tensors[i].m.dtype != first.m.dtype) {
-        for (int64_t k = 0; k < count; ++k) adam_update(tensors[k].w, tensors[k].g, tensors[k].m, tensors[k].v, tensors[k].n, a);
-        return;
-      }
-    for (int64_t begin = 0; begin < count; begin += cuda_scratch::kAdamManyPerLaunch) {
-      const int64_t end = std::min(count, begin + cuda_scratch::kAdamManyPerLaunch);
-      double bytes = 0, n = 0;
-      for (int64_t i = begin; i < end; ++i)
-        bytes += tensors[i].n * (2 * s_of(tensors[i].w) + s_of(tensors[i].g) + 4 * s_of(tensors[i].m)), n += tensors[i].n;
-      add("adam_many", CostUnit::Memory, 1, bytes, 15.0 * n);
+    const char *name = "", *many_name = "";
+    double flops_per_element = 0;
+    switch (kind) {
+#define MULTINORM_CASE(kind_, Step, name_, many_name_) \
+  case kind_:                                        \
+    name = name_, many_name = many_name_, flops_per_element = Step::kFlops;   \
+    break;
+      MULTINORM_ELEMENTWISE_RULES(MULTINORM_CASE)
+#undef MULTINORM_CASE
     }
-  }
-  void sgd_update(Buf w, Buf g, Buf buf, int64_t n, const SgdArgs&) override {
-    if (n > 0) add("sgd", CostUnit::Memory, 1, n * (2 * s_of(w) + s_of(g) + (buf.ptr ? 2 * s_of(buf) : 0.0)), 3.0 * n);
+    auto bytes_of = [&](const ElementwiseTensor& t) {
+      return t.n * (2 * s_of(t.w) + s_of(t.g) + (t.nstates > 0 ? 2.0 * t.nstates * s_of(t.states[0]) : 0.0));
+    };
+    bool uniform = true;
+    for (int64_t i = 1; i < count; ++i)
+      uniform = uniform && tensors[i].w.dtype == tensors[0].w.dtype && tensors[i].g.dtype == tensors[0].g.dtype &&
+                tensors[i].nstates == tensors[0].nstates && (tensors[i].nstates == 0 || tensors[i].states[0].dtype == tensors[0].states[0].dtype);
+    if (count == 1 || !uniform) {
+      for (int64_t i = 0; i < count; ++i)
+        if (tensors[i].n > 0) add(name, CostUnit::Memory, 1, bytes_of(tensors[i]), flops_per_element * tensors[i].n);
+      return;
+    }
+    for (int64_t begin = 0; begin < count; begin += cuda_scratch::kElementwiseManyPerLaunch) {
+      const int64_t end = std::min(count, begin + cuda_scratch::kElementwiseManyPerLaunch);
+      double bytes = 0, n = 0;
+      for (int64_t i = begin; i < end; ++i) bytes += bytes_of(tensors[i]), n += tensors[i].n;
+      add(many_name, CostUnit::Memory, 1, bytes, flops_per_element * n);
+    }
   }
 
  private:

@@ -10,18 +10,21 @@ class Sgd final : public TensorRule {
   explicit Sgd(const OptimizerConfig& c) : c_(c) {}
   std::string name() const override { return "sgd"; }
   int state_slots() const override { return c_.momentum > 0 ? 1 : 0; }
-  RuleScalars scalars(const UpdateContext& ctx) const override { return optim_math::rule_scalars(ctx.lr, static_cast<float>(c_.weight_decay)); }
+  RuleScalars scalars(const UpdateContext& ctx) const override { return optim_math::rule_scalars(args(ctx)); }
   void update(OptimizerKernels& kernels, const TensorSpec& t, Buf w, Buf g, Buf* states, const UpdateContext& ctx) const override {
+    kernels.sgd_update(w, g, c_.momentum > 0 ? states[0] : Buf{nullptr, w.dtype}, t.numel(), args(ctx));
+  }
+
+ private:
+  SgdArgs args(const UpdateContext& ctx) const {
     SgdArgs a;
     a.lr = ctx.lr;
     a.momentum = static_cast<float>(c_.momentum);
     a.decoupled_decay = static_cast<float>(c_.weight_decay);
     a.write = {ctx.stochastic, ctx.seed, static_cast<uint64_t>(ctx.update), ctx.tensor};
     a.scalars = ctx.scalars;
-    kernels.sgd_update(w, g, c_.momentum > 0 ? states[0] : Buf{nullptr, w.dtype}, t.numel(), a);
+    return a;
   }
-
- private:
   OptimizerConfig c_;
 };
 }  // namespace
