@@ -9,14 +9,6 @@ namespace multinorm::cpu {
 
 namespace {
 
-template <class Fn>
-void with_type(DType t, Fn&& fn) {
-  dispatch::with_type<bf16>(t, fn);
-}
-template <class Fn>
-void with_types(DType t, DType g, const char* op, Fn&& fn) {
-  dispatch::with_types<bf16>(t, g, op, fn);
-}
 using dispatch::as;
 
 // The update's scalars (host memory here) into an op's arguments: its slot's learning rate and the
@@ -36,11 +28,11 @@ bool resolve(Args& a) {
 
 double CpuOptimizerKernels::sum_squares(Buf x, int64_t n) {
   double r = 0;
-  with_type(x.dtype, [&](auto* t) { r = cpu::sum_squares(as<std::remove_pointer_t<decltype(t)>>(x), n); });
+  dispatch::with_type<bf16>(x.dtype, [&](auto* t) { r = cpu::sum_squares(as<std::remove_pointer_t<decltype(t)>>(x), n); });
   return r;
 }
 void CpuOptimizerKernels::scale(Buf x, int64_t n, float factor) {
-  with_type(x.dtype, [&](auto* t) { cpu::scale(as<std::remove_pointer_t<decltype(t)>>(x), n, factor); });
+  dispatch::with_type<bf16>(x.dtype, [&](auto* t) { cpu::scale(as<std::remove_pointer_t<decltype(t)>>(x), n, factor); });
 }
 void CpuOptimizerKernels::sum_squares_many(const Buf* xs, const int64_t* ns, int64_t count, double* out) {
   for (int64_t i = 0; i < count; ++i) out[i] = sum_squares(xs[i], ns[i]);
@@ -55,7 +47,7 @@ void CpuOptimizerKernels::clip_gradients(Buf x, int64_t n, const UpdateScalars* 
 void CpuOptimizerKernels::sinkgd_update(Buf w, Buf g, int64_t m, int64_t n, const SinkGDArgs& in) {
   SinkGDArgs args = in;
   if (!resolve(args)) return;
-  with_types(w.dtype, g.dtype, "sinkgd_update", [&](auto* t, auto* gt) {
+  dispatch::with_types<bf16>(w.dtype, g.dtype, "sinkgd_update", [&](auto* t, auto* gt) {
     using T = std::remove_pointer_t<decltype(t)>;
     using G = std::remove_pointer_t<decltype(gt)>;
     cpu::sinkgd_update(as<T>(w), as<G>(g), m, n, args, ws_);
@@ -71,7 +63,7 @@ void CpuOptimizerKernels::swan_update_many(const SwanTensor* tensors, int64_t co
   for (int64_t i = 0; i < count; ++i) {
     const SwanTensor& t = tensors[i];
     args.write.tensor = t.tensor;
-    with_types(t.w.dtype, t.g.dtype, "swan_update", [&](auto* w, auto* g) {
+    dispatch::with_types<bf16>(t.w.dtype, t.g.dtype, "swan_update", [&](auto* w, auto* g) {
       using T = std::remove_pointer_t<decltype(w)>;
       using G = std::remove_pointer_t<decltype(g)>;
       const cpu::SwanReport r = cpu::swan_update(as<T>(t.w), as<G>(t.g), t.m, t.n, args, gemm_, ws_);
@@ -95,10 +87,10 @@ void CpuOptimizerKernels::elementwise_update_many(ElementwiseKind kind, const El
     const ElementwiseTensor& t = tensors[i];
     wb.tensor = t.tensor;
     const DType state_dtype = t.nstates > 0 ? t.states[0].dtype : t.w.dtype;
-    with_types(t.w.dtype, t.g.dtype, "elementwise_update", [&](auto* w, auto* g) {
+    dispatch::with_types<bf16>(t.w.dtype, t.g.dtype, "elementwise_update", [&](auto* w, auto* g) {
       using T = std::remove_pointer_t<decltype(w)>;
       using G = std::remove_pointer_t<decltype(g)>;
-      with_type(state_dtype, [&](auto* st) {
+      dispatch::with_type<bf16>(state_dtype, [&](auto* st) {
         using S = std::remove_pointer_t<decltype(st)>;
         S* states[kMaxElementwiseStates] = {};
         for (int k = 0; k < t.nstates; ++k) states[k] = as<S>(t.states[k]);

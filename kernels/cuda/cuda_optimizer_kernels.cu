@@ -11,20 +11,7 @@
 
 namespace multinorm::cuda {
 
-namespace {
-
-template <class Fn>
-void with_type(DType t, Fn&& fn) {
-  dispatch::with_type<bf16>(t, fn);
-}
-template <class Fn>
-void with_types(DType t, DType g, const char* op, Fn&& fn) {
-  dispatch::with_types<bf16>(t, g, op, fn);
-}
 using dispatch::as;
-using dispatch::same_dtype;
-
-}  // namespace
 
 CudaOptimizerKernels::CudaOptimizerKernels(CudaQueue& q, LtGemm& gemm, DescriptorCache& descriptors)
     : q_(&q), gemm_(&gemm), descriptors_(descriptors), reduce_scratch_(std::make_unique<Scratch>(q)), opt_scratch_(std::make_unique<Scratch>(q)),
@@ -32,7 +19,7 @@ CudaOptimizerKernels::CudaOptimizerKernels(CudaQueue& q, LtGemm& gemm, Descripto
 
 double CudaOptimizerKernels::sum_squares(Buf x, int64_t n) {
   auto* d = static_cast<double*>(scratch(reduce_scratch_, cuda_scratch::sum_squares_bytes(), "sum_squares"));
-  with_type(x.dtype, [&](auto* t) { cuda::sum_squares(d, d + 1, as<std::remove_pointer_t<decltype(t)>>(x), n, q_->issue()); });
+  dispatch::with_type<bf16>(x.dtype, [&](auto* t) { cuda::sum_squares(d, d + 1, as<std::remove_pointer_t<decltype(t)>>(x), n, q_->issue()); });
   double r = 0;
   q_->read(&r, d, sizeof(double), "sum_squares");
   return r;
@@ -48,7 +35,7 @@ void CudaOptimizerKernels::sum_squares_many(const Buf* xs, const int64_t* ns, in
     sum_items_.clear();
     for (int64_t i = begin; i < end; ++i) sum_items_.push_back({xs[i].ptr, ns[i]});
     const auto* items = static_cast<const SumSquaresItem*>(descriptors(sum_items_.data(), sum_items_.size() * sizeof(SumSquaresItem), "sum_squares_many"));
-    with_type(xs[begin].dtype, [&](auto* t) {
+    dispatch::with_type<bf16>(xs[begin].dtype, [&](auto* t) {
       cuda::sum_squares_many<std::remove_pointer_t<decltype(t)>>(out + begin, partials, items, end - begin, q_->issue());
     });
     begin = end;
@@ -58,10 +45,10 @@ void CudaOptimizerKernels::update_statistics(UpdateScalars* s, const LossTotals*
   cuda::update_statistics(s, loss, squares, count, grad_clip, q_->issue());
 }
 void CudaOptimizerKernels::clip_gradients(Buf x, int64_t n, const UpdateScalars* s) {
-  with_type(x.dtype, [&](auto* t) { cuda::clip_gradients(as<std::remove_pointer_t<decltype(t)>>(x), n, s, q_->issue()); });
+  dispatch::with_type<bf16>(x.dtype, [&](auto* t) { cuda::clip_gradients(as<std::remove_pointer_t<decltype(t)>>(x), n, s, q_->issue()); });
 }
 void CudaOptimizerKernels::scale(Buf x, int64_t n, float factor) {
-  with_type(x.dtype, [&](auto* t) { cuda::scale(as<std::remove_pointer_t<decltype(t)>>(x), n, factor, q_->issue()); });
+  dispatch::with_type<bf16>(x.dtype, [&](auto* t) { cuda::scale(as<std::remove_pointer_t<decltype(t)>>(x), n, factor, q_->issue()); });
 }
 void CudaOptimizerKernels::sinkgd_update(Buf w, Buf g, int64_t m, int64_t n, const SinkGDArgs& a) {
   const SinkGDTensor t{w, g, m, n, a.write.tensor};
@@ -102,7 +89,7 @@ void CudaOptimizerKernels::sinkgd_update_many(const SinkGDTensor* tensors, int64
     const cuda::SinkgdLayout layout = cuda::sinkgd_layout(sinkgd_items_.data(), end - begin);
     const auto* dev = static_cast<const cuda::SinkgdManyItem*>(
         descriptors(sinkgd_items_.data(), sinkgd_items_.size() * sizeof(cuda::SinkgdManyItem), "sinkgd_update_many"));
-    with_types(tensors[begin].w.dtype, tensors[begin].g.dtype, "sinkgd_update_many", [&](auto* t, auto* gt) {
+    dispatch::with_types<bf16>(tensors[begin].w.dtype, tensors[begin].g.dtype, "sinkgd_update_many", [&](auto* t, auto* gt) {
       using T = std::remove_pointer_t<decltype(t)>;
       using G = std::remove_pointer_t<decltype(gt)>;
       cuda::sinkgd_many<T, G>(dev, end - begin, layout, a.iterations, a.eps, rule, a.write, a.scalars, q_->issue());
@@ -130,7 +117,7 @@ void CudaOptimizerKernels::swan_update_many(const SwanTensor* tensors, int64_t c
       jobs.push_back(swan_staging_->job(t.m, t.n));
     }
     const SwanTensor& first = tensors[plan.order[begin]];
-    with_types(first.w.dtype, first.g.dtype, "swan_update", [&](auto* t, auto* gt) {
+    dispatch::with_types<bf16>(first.w.dtype, first.g.dtype, "swan_update", [&](auto* t, auto* gt) {
       using T = std::remove_pointer_t<decltype(t)>;
       using G = std::remove_pointer_t<decltype(gt)>;
       cuda::swan_chunk<T, G>(items.data(), static_cast<int64_t>(items.size()), p, *gemm_, work, jobs.data(), q_->issue());
@@ -151,8 +138,8 @@ void CudaOptimizerKernels::elementwise_update_many(ElementwiseKind kind, const E
   }
   // The rule's Step and its kernels' names from the list; the dtypes from the first tensor of a launch.
   auto with_step = [&](const ElementwiseTensor& t, auto&& launch_for) {
-    with_types(t.w.dtype, t.g.dtype, "elementwise_update", [&](auto* w, auto* g) {
-      with_type(state_dtype(t), [&](auto* st) {
+    dispatch::with_types<bf16>(t.w.dtype, t.g.dtype, "elementwise_update", [&](auto* w, auto* g) {
+      dispatch::with_type<bf16>(state_dtype(t), [&](auto* st) {
         switch (kind) {
 #define MULTINORM_CASE(kind_, Step, name, many_name) \
   case kind_:                                      \
