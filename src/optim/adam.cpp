@@ -1,6 +1,6 @@
-// Adam and AdamW (torch.optim semantics): two state tensors, m and v. The fused kernel is
-// kernels/cpu/adam.cpp. `adam` applies optimizer.weight_decay as torch.optim.Adam does (L2, added
-// to the gradient); `adamw` decoupled, as torch.optim.AdamW.
+// Adam and AdamW (torch.optim semantics): two state tensors, m and v; the step is the element-wise
+// list's AdamStep (kernels/common/elementwise_rules.h). `adam` applies optimizer.weight_decay as
+// torch.optim.Adam does (L2, added to the gradient); `adamw` decoupled, as torch.optim.AdamW.
 #include "../../kernels/common/optim_math.h"
 #include "multinorm/optimizer.h"
 
