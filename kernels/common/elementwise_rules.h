@@ -45,6 +45,19 @@ struct SgdStep {
   X(ElementwiseKind::Adam, elementwise::AdamStep, "adam", "adam_many") \
   X(ElementwiseKind::Sgd, elementwise::SgdStep, "sgd", "sgd_many")
 
+// The dtype of a tensor's states (its weights' where it keeps none).
+inline DType state_dtype(const ElementwiseTensor& t) { return t.nstates > 0 ? t.states[0].dtype : t.w.dtype; }
+
+// Whether a device runs `count` tensors in multi-tensor launches: more than one, all of one weight,
+// gradient and state dtype and one state count. Otherwise a launch each (the CUDA backend, and the
+// cost recorder that counts its launches).
+inline bool in_multi_tensor_launches(const ElementwiseTensor* t, int64_t count) {
+  for (int64_t i = 1; i < count; ++i)
+    if (t[i].w.dtype != t[0].w.dtype || t[i].g.dtype != t[0].g.dtype || t[i].nstates != t[0].nstates || state_dtype(t[i]) != state_dtype(t[0]))
+      return false;
+  return count > 1;
+}
+
 static_assert(AdamStep::kStates <= kMaxElementwiseStates && SgdStep::kStates <= kMaxElementwiseStates, "ElementwiseTensor::states");
 
 }  // namespace multinorm::elementwise

@@ -86,11 +86,10 @@ void CpuOptimizerKernels::elementwise_update_many(ElementwiseKind kind, const El
   for (int64_t i = 0; i < count; ++i) {  // OpenMP parallelises within each tensor
     const ElementwiseTensor& t = tensors[i];
     wb.tensor = t.tensor;
-    const DType state_dtype = t.nstates > 0 ? t.states[0].dtype : t.w.dtype;
     dispatch::with_types<bf16>(t.w.dtype, t.g.dtype, "elementwise_update", [&](auto* w, auto* g) {
       using T = std::remove_pointer_t<decltype(w)>;
       using G = std::remove_pointer_t<decltype(g)>;
-      dispatch::with_type<bf16>(state_dtype, [&](auto* st) {
+      dispatch::with_type<bf16>(elementwise::state_dtype(t), [&](auto* st) {
         using S = std::remove_pointer_t<decltype(st)>;
         S* states[kMaxElementwiseStates] = {};
         for (int k = 0; k < t.nstates; ++k) states[k] = as<S>(t.states[k]);

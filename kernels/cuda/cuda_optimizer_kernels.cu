@@ -130,16 +130,10 @@ void CudaOptimizerKernels::elementwise_update_many(ElementwiseKind kind, const E
                                                    const ElementwiseArgs& a) {
   if (count == 0) return;
   const ElementwiseTensor& first = tensors[0];
-  auto state_dtype = [](const ElementwiseTensor& t) { return t.nstates > 0 ? t.states[0].dtype : t.w.dtype; };
-  bool uniform = true;
-  for (int64_t i = 1; i < count; ++i) {
-    const ElementwiseTensor& t = tensors[i];
-    uniform = uniform && t.w.dtype == first.w.dtype && t.g.dtype == first.g.dtype && t.nstates == first.nstates && state_dtype(t) == state_dtype(first);
-  }
   // The rule's Step and its kernels' names from the list; the dtypes from the first tensor of a launch.
   auto with_step = [&](const ElementwiseTensor& t, auto&& launch_for) {
     dispatch::with_types<bf16>(t.w.dtype, t.g.dtype, "elementwise_update", [&](auto* w, auto* g) {
-      dispatch::with_type<bf16>(state_dtype(t), [&](auto* st) {
+      dispatch::with_type<bf16>(elementwise::state_dtype(t), [&](auto* st) {
         switch (kind) {
 #define MULTINORM_CASE(kind_, Step, name, many_name) \
   case kind_:                                      \
@@ -150,7 +144,7 @@ void CudaOptimizerKernels::elementwise_update_many(ElementwiseKind kind, const E
       });
     });
   };
-  if (count == 1 || !uniform) {
+  if (!elementwise::in_multi_tensor_launches(tensors, count)) {
     for (int64_t i = 0; i < count; ++i) {
       const ElementwiseTensor& t = tensors[i];
       WriteBack wb = a.write;

@@ -362,11 +362,7 @@ class CostRecorder final : public Backend, public OptimizerKernels {
     auto bytes_of = [&](const ElementwiseTensor& t) {
       return t.n * (2 * s_of(t.w) + s_of(t.g) + (t.nstates > 0 ? 2.0 * t.nstates * s_of(t.states[0]) : 0.0));
     };
-    bool uniform = true;
-    for (int64_t i = 1; i < count; ++i)
-      uniform = uniform && tensors[i].w.dtype == tensors[0].w.dtype && tensors[i].g.dtype == tensors[0].g.dtype &&
-                tensors[i].nstates == tensors[0].nstates && (tensors[i].nstates == 0 || tensors[i].states[0].dtype == tensors[0].states[0].dtype);
-    if (count == 1 || !uniform) {
+    if (!elementwise::in_multi_tensor_launches(tensors, count)) {
       for (int64_t i = 0; i < count; ++i)
         if (tensors[i].n > 0) add(name, CostUnit::Memory, 1, bytes_of(tensors[i]), flops_per_element * tensors[i].n);
       return;
