@@ -19,7 +19,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
 #include <exception>
 #include <map>
 #include <memory>
@@ -112,9 +111,12 @@ struct AsyncCopy {
   unsigned char data[16] = {};
 };
 
+struct Block;
+
 struct Fiber {
   uint3 idx{};
   int linear = 0, lane = 0, warp = 0;
+  Block* block = nullptr;
   State state = State::Ready;
   racecheck::ThreadView view;  // its stack, and whether it runs the kernel's code yet (racecheck's reach)
   // warp collective mailbox
@@ -128,9 +130,10 @@ struct Fiber {
   Stack stack;
   const std::function<void()>* body = nullptr;
   std::string error;  // an exception thrown by the body
-  // cp.async: the copies since the last commit, and the committed groups, oldest first
+  // cp.async: the copies since the last commit, and the committed groups, oldest first (a vector, not
+  // a deque: a block resets each of its fibers to Fiber{}, and a default std::deque allocates)
   std::vector<AsyncCopy> async_open;
-  std::deque<std::vector<AsyncCopy>> async_groups;
+  std::vector<std::vector<AsyncCopy>> async_groups;
 #if CUDA_EMU_ASAN
   void* fake_stack = nullptr;
   const void* sched_bottom = nullptr;
@@ -147,6 +150,7 @@ struct Block {
   unsigned char* shared = nullptr;
   int barrier_generation = 0;
   std::vector<unsigned> warp_generation;  // per warp: collectives completed (TSan anchors alternate)
+  int at_warp = 0;                        // threads waiting at a warp collective (none: nothing to resolve)
   // per warp: the lanes' contributions to the last warp_exchange (lane k's bytes at k * bytes); read
   // by every lane before any of them can complete the warp's next collective
   std::vector<std::vector<unsigned char>> exchange;
@@ -211,9 +215,10 @@ thread_local void* t_scheduler_tsan_fiber = nullptr;
 // ---- switching ------------------------------------------------------------------------------------
 void fiber_entry(ctx::transfer_t t);
 
-void switch_to_fiber(Fiber& f) {
+// (t_fiber keeps pointing at the last fiber run until the block ends: the scheduler never reads it.)
+void switch_to_fiber(Fiber& f, racecheck::Worker& checks) {
   t_fiber = &f;
-  racecheck::enter_thread(f.linear, &f.view);
+  racecheck::enter_thread(checks, f.linear, &f.view);
 #if CUDA_EMU_ASAN
   void* fake = nullptr;
   __sanitizer_start_switch_fiber(&fake, f.stack.base, f.stack.bytes);
@@ -226,8 +231,7 @@ void switch_to_fiber(Fiber& f) {
   __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
 #endif
   f.fc = r.fctx;
-  t_fiber = nullptr;
-  racecheck::leave_thread();
+  racecheck::leave_thread(checks);
 }
 
 // Back to the scheduler; returns when the scheduler resumes this fiber.
@@ -252,6 +256,15 @@ void yield_to_scheduler(Fiber& f, bool finished) {
   __sanitizer_finish_switch_fiber(f.fake_stack, &f.sched_bottom, &f.sched_size);
 #endif
   EMU_BOOKKEEPING_END();
+}
+
+// The fiber's oldest committed cp.async groups land, until `pending` groups are left in flight.
+void land_async_groups(Fiber& f, int pending) {
+  auto& groups = f.async_groups;
+  size_t landed = 0;
+  for (; static_cast<int>(groups.size() - landed) > pending; ++landed)
+    for (const AsyncCopy& c : groups[landed]) racecheck::async_copy_landed(c.dst, 16), std::memcpy(c.dst, c.data, 16);
+  groups.erase(groups.begin(), groups.begin() + static_cast<std::ptrdiff_t>(landed));
 }
 
 void fiber_entry(ctx::transfer_t t) {
@@ -286,10 +299,7 @@ void fiber_entry(ctx::transfer_t t) {
   // A thread that ends with copies in flight: they land (a GPU completes them; no thread of its
   // block can wait for them any more).
   if (!f.async_open.empty()) f.async_groups.push_back(std::move(f.async_open)), f.async_open.clear();
-  while (!f.async_groups.empty()) {
-    for (const AsyncCopy& c : f.async_groups.front()) racecheck::async_copy_landed(c.dst, 16), std::memcpy(c.dst, c.data, 16);
-    f.async_groups.pop_front();
-  }
+  land_async_groups(f, 0);
   f.error = std::move(error);
   f.state = State::Done;
   EMU_BOOKKEEPING_END();
@@ -319,6 +329,7 @@ std::string mask_hex(unsigned m) {
 
 // Resolves every warp collective whose participants have all arrived. Returns true on progress.
 bool resolve_warps(Block& b, std::vector<Fiber>& fibers, int n) {
+  if (b.at_warp == 0) return false;
   bool progress = false;
   for (int w0 = 0; w0 < n; w0 += 32) {
     const int lanes = std::min(32, n - w0);
@@ -402,7 +413,7 @@ bool resolve_warps(Block& b, std::vector<Fiber>& fibers, int n) {
         }
       }
       for (int k = 0; k < lanes; ++k)
-        if (m >> k & 1u) fibers[w0 + k].state = State::Ready;
+        if (m >> k & 1u) fibers[w0 + k].state = State::Ready, --b.at_warp;
       // Only __syncwarp orders memory between lanes (the programming guide); shuffles and votes do not.
       if (f.op == WarpOp::Sync) racecheck::warp_synced(w0 / 32, m);
       ++b.warp_generation[w0 / 32];
@@ -447,6 +458,7 @@ void run_block(Block& b, const std::function<void()>& body, size_t shared_bytes,
 #endif
         f.idx = make_uint3(x, y, z);
         f.linear = i, f.lane = i % 32, f.warp = i / 32;
+        f.block = &b;
         f.stack = res.stacks[i];
         f.view.stack_lo = static_cast<const char*>(f.stack.base);
         f.view.stack_bytes = f.stack.bytes;
@@ -470,7 +482,7 @@ void run_block(Block& b, const std::function<void()>& body, size_t shared_bytes,
     for (int k = 0; k < n; ++k) order.push_back(order_kind == Order::Reverse ? n - 1 - k : k);
   }
   std::mt19937_64 rng(cfg.seed * 0x9e3779b97f4a7c15ULL + block_linear);
-  racecheck::begin_block(b.idx, b.dim, b.shared, shared_bytes);
+  racecheck::Worker& checks = racecheck::begin_block(b.idx, b.dim, b.shared, shared_bytes);
   t_block = &b;
 #if CUDA_EMU_TSAN
   t_scheduler_tsan_fiber = __tsan_get_current_fiber();
@@ -482,10 +494,10 @@ void run_block(Block& b, const std::function<void()>& body, size_t shared_bytes,
     for (int k : order) {
       Fiber& f = fibers[k];
       if (f.state != State::Ready) continue;
-      switch_to_fiber(f);
+      switch_to_fiber(f, checks);
       ran = true;
       if (!f.error.empty()) fail(where(b, &f) + ": " + f.error);
-      if (std::string e = racecheck::take_error(); !e.empty()) fail(where(b, &f) + ": " + e);
+      if (std::string e; racecheck::take_error(checks, &e)) fail(where(b, &f) + ": " + e);
     }
     if (resolve_warps(b, fibers, n) || ran) continue;
     int done = 0, at_barrier = 0;
@@ -517,6 +529,7 @@ void run_block(Block& b, const std::function<void()>& body, size_t shared_bytes,
   for (int k = 0; k < n; ++k) __tsan_destroy_fiber(fibers[k].tsan_fiber), fibers[k].tsan_fiber = nullptr;
 #endif
   t_block = nullptr;
+  t_fiber = nullptr;
 }
 
 // ---- worker pool ----------------------------------------------------------------------------------
@@ -627,11 +640,7 @@ void async_commit() {
 }
 void async_wait(int pending) {
   if (!t_fiber) throw std::runtime_error("cp.async.wait_group outside a kernel");
-  auto& groups = t_fiber->async_groups;
-  while (static_cast<int>(groups.size()) > pending) {
-    for (const AsyncCopy& c : groups.front()) racecheck::async_copy_landed(c.dst, 16), std::memcpy(c.dst, c.data, 16);
-    groups.pop_front();
-  }
+  land_async_groups(*t_fiber, pending);
 }
 
 const uint3& block_idx() { return t_block->idx; }
@@ -672,6 +681,7 @@ uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int arg, int 
   Fiber& f = *t_fiber;
   f.op = op, f.mask = mask, f.value = value, f.arg = arg, f.width = width;
   f.state = State::AtWarp;
+  ++f.block->at_warp;
   char* anchor = nullptr;
 #if CUDA_EMU_TSAN
   anchor = &t_block->anchors[2 + 2 * (f.warp % 32) + (t_block->warp_generation[f.warp] & 1)];
@@ -739,7 +749,8 @@ std::string run_grid(const char* name, dim3 grid, dim3 block, size_t shared_byte
         // The block's fibers are abandoned mid-flight; their stacks are reused by the next launch.
         t_resources.stacks_dirty = true;
         t_block = nullptr;
-        racecheck::leave_thread();
+        t_fiber = nullptr;
+        racecheck::leave_thread(racecheck::this_worker());
         std::lock_guard<std::mutex> l(err_mu);
         if (first_error.empty()) first_error = e.what();
       }

@@ -47,6 +47,8 @@ struct Cell {
   uint16_t pending_tid = 0;
 };
 
+}  // namespace
+
 struct Worker {
   int tid = -1;  // the CUDA thread running now; -1 while the scheduler runs
   const ThreadView* view = nullptr;  // its stack, and whether it is in the kernel's code
@@ -68,6 +70,8 @@ struct Worker {
   std::vector<uint32_t> vc;
   std::string error;
 };
+
+namespace {
 
 std::atomic<bool> g_active{false};  // a launch with the checks or the write journal on is running
 std::atomic<bool> g_checks{false};  // ... with the checks on
@@ -327,7 +331,9 @@ void end_launch() {
 }
 bool instrumented() { return g_instrumented; }
 
-void begin_block(uint3 block_idx, dim3 block, void* dynamic_shared, size_t dynamic_bytes) {
+Worker& this_worker() { return t_worker_state; }
+
+Worker& begin_block(uint3 block_idx, dim3 block, void* dynamic_shared, size_t dynamic_bytes) {
   Worker& w = t_worker_state;
   t_worker = &w;
   w.block_idx = block_idx;
@@ -346,6 +352,7 @@ void begin_block(uint3 block_idx, dim3 block, void* dynamic_shared, size_t dynam
   reset_clocks(w);
   w.error.clear();
   w.tid = -1;
+  return w;
 }
 
 // A cp.async's destination: checked as a write now (it must not overwrite bytes others still read),
@@ -375,13 +382,13 @@ void async_copy_landed(const void* p, size_t size) {
   check_access(&w, p, size, true, 16);
 }
 
-void enter_thread(int linear, const ThreadView* view) {
-  t_worker_state.tid = linear;
-  t_worker_state.view = view;
+void enter_thread(Worker& w, int linear, const ThreadView* view) {
+  w.tid = linear;
+  w.view = view;
 }
-void leave_thread() {
-  t_worker_state.tid = -1;
-  t_worker_state.view = nullptr;
+void leave_thread(Worker& w) {
+  w.tid = -1;
+  w.view = nullptr;
 }
 
 void barrier_completed() {
@@ -407,10 +414,11 @@ void warp_synced(int warp, unsigned mask) {
 
 void mark_instrumented() { g_instrumented = true; }
 
-std::string take_error() {
-  std::string e;
-  e.swap(t_worker_state.error);
-  return e;
+bool take_error(Worker& w, std::string* what) {
+  if (w.error.empty()) return false;
+  *what = std::move(w.error);
+  w.error.clear();
+  return true;
 }
 
 }  // namespace cuda_emu::racecheck

@@ -45,8 +45,13 @@ void end_launch();
 bool instrumented();
 void mark_instrumented();
 
-// A block starts on this worker: its shape, its dynamic shared memory.
-void begin_block(uint3 block_idx, dim3 block, void* dynamic_shared, size_t dynamic_bytes);
+// A worker thread's state (racecheck.cpp).
+struct Worker;
+// A block starts on this worker: its shape, its dynamic shared memory. Returns the worker's state,
+// which the scheduler hands to the calls it makes on every switch (a thread-local lookup in a shared
+// library is a call into the dynamic linker: once a block, not twice a switch).
+Worker& begin_block(uint3 block_idx, dim3 block, void* dynamic_shared, size_t dynamic_bytes);
+Worker& this_worker();
 // The CUDA thread (linear index in the block) the worker is about to run, and back to the scheduler.
 // `view` (owned by the scheduler's fiber) says where its stack is and whether it is in the kernel's
 // code yet.
@@ -59,8 +64,8 @@ struct ThreadView {
   size_t state_bytes[3] = {0, 0, 0};
   bool in_kernel = false;
 };
-void enter_thread(int linear, const ThreadView* view);
-void leave_thread();
+void enter_thread(Worker& w, int linear, const ThreadView* view);
+void leave_thread(Worker& w);
 // cp.async: the running thread issued a copy into shared memory [p, p + size) (checked as a write;
 // then a read or write of those bytes is an error until it lands), and it landed.
 void async_copy_issued(const void* p, size_t size);
@@ -69,7 +74,8 @@ void async_copy_landed(const void* p, size_t size);
 void barrier_completed();
 // The lanes of `mask` in warp `warp` completed a __syncwarp together.
 void warp_synced(int warp, unsigned mask);
-// The first error found in this worker's current block ("" if none); clears it.
-std::string take_error();
+// Moves the first error found in this worker's current block into *what and clears it; false (and
+// *what untouched) when there is none: the scheduler asks after every switch.
+bool take_error(Worker& w, std::string* what);
 
 }  // namespace cuda_emu::racecheck
