@@ -69,7 +69,10 @@ inline GemmExtents gemm_extents(const GemmStaging& st, int64_t N, int64_t K, boo
 constexpr int64_t kRmsnormBackwardBlocks = 256;      // fixed: the same reduction tree on every GPU
 constexpr int64_t kSinkgdChunks = 128;               // SinkGD's row chunks per pass
 constexpr int64_t kSumSquaresBlocks = 256;           // the FP64 sum of squares' fixed grid
-constexpr int64_t kSwanReduceBlocks = 64;            // SWAN's residual reduction
+constexpr int64_t kSwanReduceBlocks = 64;            // SWAN's residual reduction: at most, and its partials' stride
+// SWAN's residual reduction over a k x k matrix: a block per 256 elements up to the cap. A block
+// that would hold no element adds nothing (an exact zero), so the sums are those of the full grid.
+constexpr int64_t swan_reduce_blocks(int64_t k) { return std::min(kSwanReduceBlocks, (k * k + 255) / 256); }
 constexpr int kSwanPowerSteps = 12;                  // SWAN's power iteration for the largest eigenvalue
 
 // RMSNorm backward: per-block dw partials [min(N, 256), C], floats

@@ -123,8 +123,20 @@ __device__ double sum_squares_share(const T* x, int64_t n, int64_t block, int64_
   return s;
 }
 
+// Whether block `block`'s share is empty (a small tensor under the fixed grid): its partial is an exact
+// zero, written without the block's reduction (a GPU's idle blocks, and the emulation's, return at once).
+template <class T>
+__device__ bool sum_squares_share_empty(const T* x, int64_t n, int64_t block) {
+  const int64_t first = block * blockDim.x, done = aligned16(x) ? n / 8 * 8 : 0;
+  return 8 * first >= done && done + first >= n;
+}
+
 template <class T>
 __global__ void sum_squares_partial_kernel(double* partials, const T* x, int64_t n) {
+  if (sum_squares_share_empty(x, n, blockIdx.x)) {
+    if (threadIdx.x == 0) partials[blockIdx.x] = 0.0;
+    return;
+  }
   double s = sum_squares_share(x, n, blockIdx.x, gridDim.x);
   __shared__ double scratch[32];
   s = block_sum(s, scratch);
@@ -143,6 +155,10 @@ __global__ void sum_partials_kernel(double* result, const double* partials, int 
 template <class T>
 __global__ void sum_squares_many_partial_kernel(double* partials, const SumSquaresItem* items) {
   const SumSquaresItem it = items[blockIdx.y];
+  if (sum_squares_share_empty(static_cast<const T*>(it.x), it.n, blockIdx.x)) {
+    if (threadIdx.x == 0) partials[int64_t(blockIdx.y) * gridDim.x + blockIdx.x] = 0.0;
+    return;
+  }
   double s = sum_squares_share(static_cast<const T*>(it.x), it.n, blockIdx.x, gridDim.x);
   __shared__ double scratch[32];
   s = block_sum(s, scratch);

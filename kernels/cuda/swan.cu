@@ -58,6 +58,7 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kPowerSteps = cuda_scratch::kSwanPowerSteps;
 constexpr int64_t kReduceBlocks = cuda_scratch::kSwanReduceBlocks;
+static_assert(kThreads == 256, "cuda_scratch::swan_reduce_blocks counts 256 elements a block");
 
 template <class G>
 __global__ void normalize_rows_kernel(float* X, int64_t ldx, const G* g, int64_t n, bool standardize, float sqrt_n, float eps) {
@@ -86,7 +87,7 @@ __global__ void normalize_rows_kernel(float* X, int64_t ldx, const G* g, int64_t
   }
 }
 
-// Grid (kReduceBlocks, B): partial sums over matrix b's k x k elements (at M + b gram): of p^2
+// Grid (swan_reduce_blocks(k), B): partial sums over matrix b's k x k elements (at M + b gram): of p^2
 // (residual = false) or of (I - P)^2, then T = (3I - P) / 2 when T is given.
 __global__ void partial_sums_kernel(double* partials, float* T, const float* M, int64_t k, int64_t gram, bool residual) {
   __shared__ double scratch[32];
@@ -108,11 +109,11 @@ enum class Reduced : int { Frobenius, Residual, ResidualAtStep };
 // Grid (1, B): matrix b's partials added in a fixed order. Frobenius: ||A||_F^2; Residual: the
 // residual; ResidualAtStep: the residual of step `step`, and the decision the CPU makes there: under
 // the tolerance the matrix is done (its `step` iterations are what it applied), else it applies one more.
-__global__ void reduce_kernel(SwanState* st, const double* partials, int64_t k, Reduced what, int step, float tolerance) {
+__global__ void reduce_kernel(SwanState* st, const double* partials, int64_t blocks, int64_t k, Reduced what, int step, float tolerance) {
   __shared__ double scratch[32];
   const int64_t b = blockIdx.y;
   double s = 0;
-  for (int64_t i = threadIdx.x; i < kReduceBlocks; i += blockDim.x) s += partials[b * kReduceBlocks + i];
+  for (int64_t i = threadIdx.x; i < blocks; i += blockDim.x) s += partials[b * kReduceBlocks + i];
   s = block_sum(s, scratch);
   if (threadIdx.x != 0) return;
   SwanState& m = st[b];
@@ -320,10 +321,11 @@ Chunk chunk_layout(const SwanItem* items, int64_t B, void* scratch) {
 void inverse_sqrt_batched(Chunk& c, const SwanParams& a, LtGemm& gemm, cudaStream_t stream) {
   const int64_t B = c.B, k = c.k, gram = c.gram;
   const dim3 per_k(ceil_div(k, kThreads), static_cast<unsigned>(B)), per_gram(grid_for(k * k), static_cast<unsigned>(B));
-  const dim3 reduce_grid(static_cast<unsigned>(kReduceBlocks), static_cast<unsigned>(B)), one_per_matrix(1, static_cast<unsigned>(B));
+  const int64_t blocks = cuda_scratch::swan_reduce_blocks(k);
+  const dim3 reduce_grid(static_cast<unsigned>(blocks), static_cast<unsigned>(B)), one_per_matrix(1, static_cast<unsigned>(B));
   auto reduce = [&](const float* M, float* T_out, bool residual, Reduced what, int step) {
     launch("swan_partial_sums", partial_sums_kernel, reduce_grid, dim3(kThreads), 0, stream, c.partials, T_out, M, k, gram, residual);
-    launch("swan_reduce", reduce_kernel, one_per_matrix, dim3(kThreads), 0, stream, c.st, c.partials, k, what, step, a.ns_tolerance);
+    launch("swan_reduce", reduce_kernel, one_per_matrix, dim3(kThreads), 0, stream, c.st, c.partials, blocks, k, what, step, a.ns_tolerance);
   };
   reduce(c.Y, nullptr, false, Reduced::Frobenius, 0);
   launch("swan_regularize", regularize_kernel, per_k, dim3(kThreads), 0, stream, c.Y, k, gram, c.st, a.eps);

@@ -300,12 +300,12 @@ class CostRecorder final : public Backend, public OptimizerKernels {
     std::vector<cuda_scratch::SwanShape> shapes;
     for (int64_t i = 0; i < count; ++i) shapes.push_back({tensors[i].m, tensors[i].n, 0});
     const cuda_scratch::SwanPlan plan = cuda_scratch::swan_plan(shapes);
-    const double R = static_cast<double>(cuda_scratch::kSwanReduceBlocks);
     for (size_t c = 0, begin = 0; c < plan.ends.size(); begin = static_cast<size_t>(plan.ends[c++])) {
       const size_t end = static_cast<size_t>(plan.ends[c]);
       const double B = static_cast<double>(end - begin);
       const SwanTensor& first = tensors[plan.order[begin]];
       const double k = static_cast<double>(std::min(first.m, first.n)), kk = k * k;
+      const double R = static_cast<double>(cuda_scratch::swan_reduce_blocks(std::min(first.m, first.n)));
       for (size_t j = begin; j < end; ++j) {
         const SwanTensor& t = tensors[plan.order[j]];
         const double mn = double(t.m) * t.n;
