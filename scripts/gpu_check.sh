@@ -227,13 +227,13 @@ if [ "$dry" = 1 ]; then
   doctor_60m_only=(--only op --only checkpoint) doctor_1b_only=(--only op)
   step_batch=1 step_seq=16 step_steps=1 step_warmup=0 torch_device=cpu
   attention_seqs="32 64" attention_tokens=64 attention_width=128 attention_steps=1 attention_warmup=0
-  logits_tokens=16
+  logits_tokens=16 optim_steps=1
   # (Planted.CrashWhenAsked skips unless tests/gpu_check.sh plants its crash)
   tests_filter='Planted.CrashWhenAsked:Backends/Ops.RmsNormForwardBackward/cuda:Backends/OpsBf16.Attention/cuda:CudaBackend.LateCopiesArriveAtTheirFence'
   san_training=(--batch 1 --seq 16 --only checkpoint --no-bench)
   san_kernels_filter='Emulation/CudaVsCpu.RopeForwardBackward/forward_workers2'
   san_attention_filter='Backends/OpsBf16.Attention/cuda'
-  # the smoke: the tests' generated corpus and tokenizer, the tiny model, 6 updates; the CPU reference
+  # the smoke: the tests' generated corpus and tokenizer, the tiny model, 3 updates; the CPU reference
   # trained here
   smoke_optimizers=(sinkgd swan) smoke_reference=cpu
 else
@@ -243,7 +243,7 @@ else
   step_batch=32 step_seq=256 step_steps=10 step_warmup=3 torch_device=cuda
   # FlashAttention-2's benchmark: 16k tokens a call, width H x D = 2048
   attention_seqs="256 1024 2048" attention_tokens=16384 attention_width=2048 attention_steps=20 attention_warmup=3
-  logits_tokens=128
+  logits_tokens=128 optim_steps=3
   # docs/gpu-nodes.md's filter, and the tensor-core attention's shapes (named without "cuda")
   tests_filter='*cuda*:*Cuda*:LargeShapes*:*TensorCoreAttention*'
   san_training=(--batch 2 --seq 64 --only update --steps 1 --warmup 0)
@@ -454,7 +454,7 @@ if [ "$dry" = 1 ]; then
     (cd "$smoke_dir" && source "$root/tests/fixtures/tiny_shards.sh" && make_tiny_shards "$mn") >"$out/logs/smoke_data.log" 2>&1
     smoke_config=$smoke_dir/run.json
     smoke_sets=(--set data.train="$smoke_dir/shards/c4-train.*.tok" --set data.validation="$smoke_dir/shards/c4-validation.*.tok"
-                --set data.tokenizer="$smoke_dir/tok.model" --set optimizer.swan.ns_steps=10 --quiet)
+                --set data.tokenizer="$smoke_dir/tok.model" --set optimizer.swan.ns_steps=10 --set schedule.total_steps=3 --quiet)
   fi
 elif [ -d "$root/share/multinorm/smoke" ]; then
   smoke_dir=$root/share/multinorm/smoke
@@ -471,7 +471,7 @@ fi
 
 # One optimizer update of the whole model per optimizer (SWAN's beside SinkGD's and Adam's).
 optim_step() {  # SLOT MODEL_CONFIG LIMIT
-  run_step "optim_$1" optimizers "$3" bash -c '"$0" "$@" > "$out/raw/optim_'"$1"'.json"' "$mn" bench optim --backend cuda -c "$2" --steps 3 --json
+  run_step "optim_$1" optimizers "$3" bash -c '"$0" "$@" > "$out/raw/optim_'"$1"'.json"' "$mn" bench optim --backend cuda -c "$2" --steps $optim_steps --json
 }
 optim_step llama_60m "$model_60m" 30
 

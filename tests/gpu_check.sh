@@ -29,6 +29,9 @@
 set -uo pipefail
 src=$1
 export GPU_CHECK_MULTINORM=$2 GPU_CHECK_TESTS=$3 MULTINORM_CUDA_PLUGIN=$4 GPU_CHECK_PYTHON=/usr/bin/python3
+# The emulation's racecheck is off: the kernels are checked by it in the op and model tests; what is
+# tested here is the script (a fifth of its time was racecheck's).
+export MULTINORM_EMU_RACECHECK=0
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
 /usr/bin/python3 -c "import torch" 2>/dev/null || { echo "gpu_check: /usr/bin/python3 has no torch (python3-torch): skipped"; exit 77; }
@@ -143,7 +146,7 @@ assert (t["tests"], t["passed"], t["failed"], t["skipped"], t["failing"], t["com
 tr = s["training"]
 assert [x["optimizer"] for x in tr["runs"]] == ["sinkgd", "swan"], tr
 for x in tr["runs"]:
-    assert x["identical"] and x["differing"] == [] and x["updates"] == 6 and pos(x["val_ppl"]) and x["relative"] <= 0.02, x
+    assert x["identical"] and x["differing"] == [] and x["updates"] == 3 and pos(x["val_ppl"]) and x["relative"] <= 0.02, x
 op = s["optimizers"]["rows"]  # one update of each optimizer, SWAN's beside SinkGD's
 assert [x["slot"] for x in op] == ["llama_60m", "llama_1b"] and all(pos(x[k + "_step_s"]) for x in op for k in ("sinkgd", "swan", "adam")), op
 runs = s["sanitizer"]["runs"]
@@ -323,13 +326,13 @@ PY
 echo "gpu_check: a test that crashes the binary is recorded, and the tests after it run"
 
 # 9. The sanitizer's kernels and attention targets on a node launch every kernel of ours between
-# them (the emulation's launch log; racecheck off: these tests run under it elsewhere in the suite).
+# them (the emulation's launch log).
 filters=$(bash "$src/scripts/gpu_check.sh" --sanitizer-filters) || fail "--sanitizer-filters"
 launched=$tmp/launched.txt
 for target in kernels attention; do
   f=$(sed -n "s/^$target //p" <<<"$filters")
   [ -n "$f" ] || fail "no $target filter in: $filters"
-  MULTINORM_EMU_RACECHECK=0 MULTINORM_EMU_LAUNCH_LOG=$launched MULTINORM_TEST_CUDA_PLUGIN=$MULTINORM_CUDA_PLUGIN "$GPU_CHECK_TESTS" \
+  MULTINORM_EMU_LAUNCH_LOG=$launched MULTINORM_TEST_CUDA_PLUGIN=$MULTINORM_CUDA_PLUGIN "$GPU_CHECK_TESTS" \
     --gtest_filter="$f" > "$tmp/census_$target.txt" 2>&1 || { tail -30 "$tmp/census_$target.txt"; fail "the sanitizer's $target tests on the emulation"; }
 done
 grep -ho 'launch("[a-z_0-9]*"' "$src"/kernels/cuda/*.cu | sed 's/launch("//; s/"//' | sort -u > "$tmp/all_kernels.txt"
