@@ -445,10 +445,16 @@ TEST_P(CudaVsCpu, ConvertScaleAndSumSquares) {
     EXPECT_NEAR(sg, sc, 1e-12 * sc) << "FP64 accumulation of the same values";
     EXPECT_EQ(sg, cuda->optimizer_kernels().sum_squares(x.g.buf(), n)) << "deterministic";
     // The list form (no host wait) gives each tensor the bits of its own call: here the whole
-    // buffer, a 1-element slice and a slice of 1000 starting at an odd element. Its results go to
-    // backend memory, as the seam says (a host array there is what crashed on a GPU).
-    const Buf xs[3] = {x.g.buf(), x.g.buf().at(7), x.g.buf().at(11)};
-    const int64_t ns[3] = {n, 1, 1000};
+    // buffer, a 1-element slice and a slice of 1000 starting at an odd element (not 16-byte aligned:
+    // element by element, over 4 of the fixed grid's blocks, the others empty). Each call is the
+    // CPU's sum of its slice. Its results go to backend memory, as the seam says (a host array there
+    // is what crashed on a GPU).
+    const int64_t offsets[3] = {0, 7, 11}, ns[3] = {n, 1, 1000};
+    const Buf xs[3] = {x.g.buf(), x.g.buf().at(offsets[1]), x.g.buf().at(offsets[2])};
+    for (int i = 1; i < 3; ++i) {
+      const double c = cpu->optimizer_kernels().sum_squares(x.c.buf().at(offsets[i]), ns[i]);
+      EXPECT_NEAR(cuda->optimizer_kernels().sum_squares(xs[i], ns[i]), c, 1e-12 * c) << "slice " << i;
+    }
     auto* sums = static_cast<double*>(cuda->allocate(3 * sizeof(double)));
     cuda->optimizer_kernels().sum_squares_many(xs, ns, 3, sums);
     double many[3];
