@@ -575,6 +575,70 @@ TEST(CudaEmulation, CaptureRefusesPageableCopiesAndReplaysPinnedOnesFromTheirByt
   cudaStreamDestroy(stream);
 }
 
+// A device loop as the backend captures it (CudaQueue::device_loop): a WHILE node added to the
+// capture, its body captured on a second stream into the node's graph. The body's kernel counts and
+// clears the condition at `limit`: each launch of the graph runs it `limit` times (the default, 1, is
+// assigned at every launch), and work captured after the node runs after the loop. A body that never
+// clears its condition is an error naming it, not a hang.
+__global__ void count_until(int* counter, int limit, cudaGraphConditionalHandle loop) {
+  counter[0] += 1;
+  cudaGraphSetConditional(loop, limit == 0 || counter[0] % limit != 0 ? 1u : 0u);
+}
+__global__ void copy_first(int* out, const int* in) { out[0] = in[0]; }
+
+TEST(CudaEmulation, WhileNodeRunsItsBodyUntilAKernelClearsTheCondition) {
+  cudaStream_t stream = nullptr, body_stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&body_stream, cudaStreamNonBlocking), cudaSuccess);
+  for (const int limit : {5, 0}) {  // 0: never cleared
+    DeviceArray<int> counter(1, 0), after(1, -1);
+    ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    cudaGraph_t graph = nullptr;
+    cudaStreamCaptureStatus status{};
+    ASSERT_EQ(cudaStreamGetCaptureInfo(stream, &status, nullptr, &graph, nullptr, nullptr, nullptr), cudaSuccess);
+    ASSERT_EQ(status, cudaStreamCaptureStatusActive);
+    cudaGraphConditionalHandle handle = 0;
+    ASSERT_EQ(cudaGraphConditionalHandleCreate(&handle, graph, 1, cudaGraphCondAssignDefault), cudaSuccess);
+    cudaGraphNodeParams params{};
+    params.type = cudaGraphNodeTypeConditional;
+    params.conditional.handle = handle, params.conditional.type = cudaGraphCondTypeWhile, params.conditional.size = 1;
+    cudaGraphNode_t node = nullptr;
+    ASSERT_EQ(cudaGraphAddNode(&node, graph, nullptr, nullptr, 0, &params), cudaSuccess);
+    ASSERT_EQ(cudaStreamUpdateCaptureDependencies(stream, &node, nullptr, 1, cudaStreamSetCaptureDependencies), cudaSuccess);
+    ASSERT_EQ(cudaStreamBeginCaptureToGraph(body_stream, params.conditional.phGraph_out[0], nullptr, nullptr, 0, cudaStreamCaptureModeThreadLocal),
+              cudaSuccess);
+    launch("count_until", count_until, dim3(1), dim3(1), 0, body_stream, counter.p, limit, handle);
+    cudaGraph_t body = nullptr;
+    ASSERT_EQ(cudaStreamEndCapture(body_stream, &body), cudaSuccess);
+    launch("copy_first", copy_first, dim3(1), dim3(1), 0, stream, after.p, counter.p);
+    ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+    EXPECT_EQ(counter.get()[0], 0) << "captured work ran";
+    cudaGraphExec_t exec = nullptr;
+    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    cudaGraphDestroy(graph);  // the instantiated graph keeps the body
+    if (limit == 0) {
+      std::string error;
+      try {
+        cudaGraphLaunch(exec, stream);
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+      EXPECT_NE(error.find("nothing cleared its condition"), std::string::npos) << error;
+    } else {
+      const int64_t bodies = cuda_emu::conditional_bodies();
+      for (int launch_no = 1; launch_no <= 2; ++launch_no) {
+        ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+        EXPECT_EQ(counter.get()[0], limit * launch_no);
+        EXPECT_EQ(after.get()[0], limit * launch_no) << "the work after the node ran after the loop";
+      }
+      EXPECT_EQ(cuda_emu::conditional_bodies() - bodies, 2 * limit);
+    }
+    cudaGraphExecDestroy(exec);
+  }
+  cudaStreamDestroy(body_stream);
+  cudaStreamDestroy(stream);
+}
+
 // The pinned staging rings' bookkeeping (kernels/cuda/ring_spans.h): spans handed out in order and
 // given back oldest first never overlap a span still held and stay inside the ring, whatever the
 // sizes (those of a training run: tokens, targets, a mask and a small struct, in turn); a ring given

@@ -101,6 +101,8 @@ void kernel_exit();
 bool record_if_capturing(cudaStream_t stream, std::function<void()> work);
 // Graph launches so far (the tests count replays).
 int64_t graph_launches();
+// Runs of conditional (WHILE) node bodies so far (the tests count a device loop's iterations).
+int64_t conditional_bodies();
 // The emulated GPUs: MULTINORM_EMU_DEVICES of them (default 1; a sweep's placement test asks for
 // more), those CUDA_VISIBLE_DEVICES lists when it is set, as on a real machine. All share the host.
 int visible_devices();
@@ -214,6 +216,8 @@ inline float __expf(float x) { return std::exp(x); }
 inline float __logf(float x) { return std::log(x); }
 inline float __fdividef(float a, float b) { return a / b; }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+// A WHILE node's condition, set by a kernel of its graph (the device runtime's builtin under nvcc).
+void cudaGraphSetConditional(cudaGraphConditionalHandle handle, unsigned int value);
 template <class T>
 T __ldg(const T* p) {
   return *p;

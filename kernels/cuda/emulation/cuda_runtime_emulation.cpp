@@ -14,12 +14,29 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <map>
+#include <memory>
+#include <stdexcept>
 #include <mutex>
 
 #include "cuda_emulation.h"
 #include "device_memory.h"
 #include "launch_limits.h"
+
+// A graph: its recorded work in order, and the nodes it owns (a conditional node owns its body graph,
+// which the work that runs it shares, so an instantiated graph keeps it after the graph is destroyed).
+struct CUgraphNode_st {
+  std::shared_ptr<CUgraph_st> body;
+  cudaGraph_t body_handle[1];  // what cudaGraphNodeParams::conditional.phGraph_out points at
+};
+struct CUgraph_st {
+  std::vector<std::function<void()>> work;
+  std::vector<std::unique_ptr<CUgraphNode_st>> nodes;
+};
+struct CUgraphExec_st {
+  std::vector<std::function<void()>> work;
+};
 
 namespace {
 
@@ -50,7 +67,8 @@ std::string pointer_text(const char* role, const void* p) {
 // (device_memory.h) are the only host memory a captured copy may touch: a pageable copy is refused,
 // as CUDA refuses it.
 struct Capture {
-  std::vector<std::function<void()>> work;
+  CUgraph_st* graph;           // what the capture records into: its own new graph, or (cudaStreamBeginCaptureToGraph) one given
+  bool into_given_graph;
   std::string invalidated_by;  // the first call refused during the capture
 };
 std::mutex g_capture_mu;
@@ -84,10 +102,43 @@ bool cuda_emu::record_if_capturing(cudaStream_t stream, std::function<void()> wo
   std::lock_guard<std::mutex> lock(g_capture_mu);
   auto it = g_captures.find(stream);
   if (it == g_captures.end()) return false;
-  it->second.work.push_back(std::move(work));
+  it->second.graph->work.push_back(std::move(work));
   return true;
 }
 int64_t cuda_emu::graph_launches() { return g_graph_launches.load(); }
+
+namespace {
+// Conditional handles (cudaGraphConditionalHandleCreate): handle h is entry h - 1. A kernel sets the
+// value from any worker thread (cudaGraphSetConditional), the node reads it between body runs.
+struct Conditional {
+  std::atomic<unsigned> value{0};
+  unsigned default_value = 0;
+  bool assign_default = false;
+};
+std::mutex g_conditional_mu;
+std::deque<Conditional> g_conditionals;
+std::atomic<int64_t> g_conditional_bodies{0};
+// A WHILE node whose condition nothing clears is an error, not a hang: no loop of the backend runs
+// this many bodies (SWAN's runs ceil(ns_steps / 2)).
+constexpr int64_t kMaxWhileBodies = 10000;
+
+Conditional& conditional(cudaGraphConditionalHandle handle, const char* caller) {
+  std::lock_guard<std::mutex> lock(g_conditional_mu);
+  if (handle == 0 || handle > g_conditionals.size()) {
+    std::fprintf(stderr, "emulated CUDA: %s with conditional handle %llu, which no cudaGraphConditionalHandleCreate made\n", caller,
+                 static_cast<unsigned long long>(handle));
+    std::abort();
+  }
+  return g_conditionals[handle - 1];
+}
+}  // namespace
+int64_t cuda_emu::conditional_bodies() { return g_conditional_bodies.load(); }
+// The same count for tests that reach the emulation only through the loaded plugin (dlsym).
+extern "C" int64_t multinorm_emu_conditional_bodies(void) { return g_conditional_bodies.load(); }
+
+void cudaGraphSetConditional(cudaGraphConditionalHandle handle, unsigned int value) {
+  conditional(handle, "cudaGraphSetConditional").value = value;
+}
 
 namespace {
 // The physical ids of the visible emulated devices (cuda_emulation.h).
@@ -126,12 +177,6 @@ void cuda_emu::set_device_count_for_test(int n) {
   g_current_device = 0;
 }
 
-struct CUgraph_st {
-  std::vector<std::function<void()>> work;
-};
-struct CUgraphExec_st {
-  std::vector<std::function<void()>> work;
-};
 
 extern "C" {
 
@@ -249,7 +294,70 @@ cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t strea
 cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode) {
   std::lock_guard<std::mutex> lock(g_capture_mu);
   if (g_captures.count(stream)) return set(cudaErrorIllegalState);
-  g_captures[stream];
+  g_captures[stream] = Capture{new CUgraph_st, false, {}};
+  return cudaSuccess;
+}
+cudaError_t cudaStreamBeginCaptureToGraph(cudaStream_t stream, cudaGraph_t graph, const cudaGraphNode_t*, const cudaGraphEdgeData*, size_t,
+                                          cudaStreamCaptureMode) {
+  std::lock_guard<std::mutex> lock(g_capture_mu);
+  if (!graph) return set(cudaErrorInvalidValue);
+  if (g_captures.count(stream)) return set(cudaErrorIllegalState);
+  g_captures[stream] = Capture{graph, true, {}};
+  return cudaSuccess;
+}
+// The capture's graph; no dependencies (the emulation runs a stream's work in order).
+cudaError_t cudaStreamGetCaptureInfo(cudaStream_t stream, cudaStreamCaptureStatus* status, unsigned long long* id, cudaGraph_t* graph,
+                                     const cudaGraphNode_t** dependencies, const cudaGraphEdgeData** edges, size_t* count) {
+  std::lock_guard<std::mutex> lock(g_capture_mu);
+  auto it = g_captures.find(stream);
+  if (status) *status = it == g_captures.end() ? cudaStreamCaptureStatusNone : cudaStreamCaptureStatusActive;
+  if (id) *id = 0;
+  if (graph) *graph = it == g_captures.end() ? nullptr : it->second.graph;
+  if (dependencies) *dependencies = nullptr;
+  if (edges) *edges = nullptr;
+  if (count) *count = 0;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamUpdateCaptureDependencies(cudaStream_t stream, cudaGraphNode_t*, const cudaGraphEdgeData*, size_t, unsigned int) {
+  return capturing(stream) ? cudaSuccess : set(cudaErrorIllegalState);
+}
+cudaError_t cudaGraphConditionalHandleCreate(cudaGraphConditionalHandle* handle, cudaGraph_t graph, unsigned int default_value, unsigned int flags) {
+  if (!graph || !handle) return set(cudaErrorInvalidValue);
+  std::lock_guard<std::mutex> lock(g_conditional_mu);
+  Conditional& c = g_conditionals.emplace_back();
+  c.default_value = default_value;
+  c.assign_default = (flags & cudaGraphCondAssignDefault) != 0;
+  *handle = g_conditionals.size();
+  return cudaSuccess;
+}
+// Only what the backend adds by hand: a WHILE node, recorded as the work that runs its body while the
+// handle's value is non-zero. CUDA assigns the default (when asked) at each launch of the graph; the
+// node runs once per launch, so the emulation assigns it as the node starts. Anything else is refused.
+cudaError_t cudaGraphAddNode(cudaGraphNode_t* node, cudaGraph_t graph, const cudaGraphNode_t*, const cudaGraphEdgeData*, size_t,
+                             cudaGraphNodeParams* params) {
+  if (!graph || !node || !params || params->type != cudaGraphNodeTypeConditional || params->conditional.type != cudaGraphCondTypeWhile ||
+      params->conditional.size != 1)
+    return set(cudaErrorNotSupported);
+  const cudaGraphConditionalHandle handle = params->conditional.handle;
+  conditional(handle, "cudaGraphAddNode");
+  auto owned = std::make_unique<CUgraphNode_st>();
+  owned->body = std::make_shared<CUgraph_st>();
+  owned->body_handle[0] = owned->body.get();
+  params->conditional.phGraph_out = owned->body_handle;
+  std::shared_ptr<CUgraph_st> body = owned->body;
+  graph->work.push_back([body, handle] {
+    Conditional& c = conditional(handle, "a WHILE node");
+    if (c.assign_default) c.value = c.default_value;
+    for (int64_t runs = 0; c.value != 0; ++runs) {
+      if (runs == kMaxWhileBodies)
+        throw std::runtime_error("emulated CUDA: a WHILE node ran its body " + std::to_string(runs) +
+                                 " times: nothing cleared its condition (cudaGraphSetConditional)");
+      ++g_conditional_bodies;
+      for (const auto& work : body->work) work();
+    }
+  });
+  *node = owned.get();
+  graph->nodes.push_back(std::move(owned));
   return cudaSuccess;
 }
 cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
@@ -261,9 +369,10 @@ cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
   *graph = nullptr;
   if (!c.invalidated_by.empty()) {
     std::fprintf(stderr, "cuda emulation: the capture was invalidated by %s\n", c.invalidated_by.c_str());
+    if (!c.into_given_graph) delete c.graph;
     return set(cudaErrorStreamCaptureInvalidated);
   }
-  *graph = new CUgraph_st{std::move(c.work)};
+  *graph = c.graph;
   return cudaSuccess;
 }
 cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status) {
