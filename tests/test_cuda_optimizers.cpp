@@ -1,6 +1,8 @@
 // The CUDA backend's optimizer ops against the CPU backend's: SinkGD, SWAN, Adam, SGD one tensor
 // and many at a time, stochastic rounding; an update's statistics and clipping on the device; whole
 // training updates per optimizer, queued with no host wait.
+#include <dlfcn.h>
+
 #include <cstddef>
 #include <limits>
 
@@ -524,6 +526,18 @@ TEST(CudaBackend, UpdateStatisticsAndClippingWhereTheGradientsAre) {
   }
 }
 
+// The emulated device's count of WHILE-node body runs (a device loop's iterations), read through the
+// loaded plugin; -1 where there is none.
+static int64_t device_loop_bodies() {
+#ifdef MULTINORM_EMULATED_PLUGIN
+  void* plugin = dlopen(MULTINORM_EMULATED_PLUGIN, RTLD_NOW | RTLD_NOLOAD);
+  auto count = plugin ? reinterpret_cast<int64_t (*)()>(dlsym(plugin, "multinorm_emu_conditional_bodies")) : nullptr;
+  return count ? count() : -1;
+#else
+  return -1;
+#endif
+}
+
 // An update replayed from its graph (Optimizer::queue_step: its statistics on the device, the
 // kernels reading the clip factor and the skip flag there; on CUDA captured at the second update)
 // gives the bits of one launched op by op (graphs off), on both backends, for every optimizer (SWAN
@@ -531,6 +545,9 @@ TEST(CudaBackend, UpdateStatisticsAndClippingWhereTheGradientsAre) {
 // warm-up and cosine schedule, a clip that bites on some updates. A NaN planted in a gradient at
 // update 3 and a spike threshold under the loss at update 4 (with skip) make both skip them on the
 // device: no weight or state moves, SWAN counts no tensor, and Adam's next update uses t = 3.
+// SWAN's graph runs its Newton-Schulz steps as a device loop that ends with its slowest matrix (here
+// all in one chunk): an applied update ran steps / 2 + 1 bodies of two steps, fewer than the 15 an
+// eager update runs, with the same bits.
 TEST(CudaBackend, GraphedUpdatesEqualEagerOnesAndSkipOnTheDevice) {
   for (const std::string backend : {"cpu", "cuda"}) {
     auto be = make_test_backend(backend, 2);
@@ -557,8 +574,10 @@ TEST(CudaBackend, GraphedUpdatesEqualEagerOnesAndSkipOnTheDevice) {
         }
         const SpikeTest spike{update == 4 ? 0.0 : std::numeric_limits<double>::infinity(), true};
         const StepStats a = eager.step(update, applied + 1, spike);
+        const int64_t bodies_before = device_loop_bodies();
         graphed.queue_step(update, applied + 1, spike);
         const StepStats b = graphed.wait_for_step();
+        const int64_t bodies = device_loop_bodies() - bodies_before;
         EXPECT_EQ(a.skipped, update == 3 || update == 4) << backend << " " << name;
         EXPECT_EQ(a.skip_reason, update == 3 ? kNonFiniteNorm : update == 4 ? kLossSpike : kNotSkipped) << backend << " " << name;
         EXPECT_EQ(b.skipped, a.skipped) << backend << " " << name << " update " << update;
@@ -576,6 +595,10 @@ TEST(CudaBackend, GraphedUpdatesEqualEagerOnesAndSkipOnTheDevice) {
         }
         EXPECT_EQ(b.grad_norm, a.grad_norm) << backend << " " << name << " update " << update;
         EXPECT_EQ(b.clipped, a.clipped) << backend << " " << name << " update " << update;
+        if (backend == "cuda" && std::string(name) == "swan" && update >= 2 && bodies_before >= 0) {  // 2: captured and run
+          ASSERT_LT(a.swan.steps, run.optimizer.swan.ns_steps - 2) << "converged early, or the loop has nothing to end";
+          EXPECT_EQ(bodies, a.swan.steps / 2 + 1) << "update " << update;
+        }
         clipped += a.clipped;
         ++applied;
         before = after;

@@ -109,6 +109,7 @@ void CudaOptimizerKernels::swan_update_many(const SwanTensor* tensors, int64_t c
   const cuda::SwanParams p{a.lr, a.decoupled_decay, a.eps, a.ns_tolerance, a.ns_steps, a.standardize, a.exact, a.write, a.scalars, a.stats};
   std::vector<cuda::SwanItem> items;
   std::vector<cuda::SwanExactJob*> jobs;
+  const cuda::DeviceLoop loop = [this](const cuda::DeviceLoopBody& body) { return q_->device_loop(body); };
   for (size_t c = 0, begin = 0; c < plan.ends.size(); begin = static_cast<size_t>(plan.ends[c++])) {
     items.clear(), jobs.clear();
     for (size_t j = begin; j < static_cast<size_t>(plan.ends[c]); ++j) {
@@ -120,7 +121,7 @@ void CudaOptimizerKernels::swan_update_many(const SwanTensor* tensors, int64_t c
     dispatch::with_types<bf16>(first.w.dtype, first.g.dtype, "swan_update", [&](auto* t, auto* gt) {
       using T = std::remove_pointer_t<decltype(t)>;
       using G = std::remove_pointer_t<decltype(gt)>;
-      cuda::swan_chunk<T, G>(items.data(), static_cast<int64_t>(items.size()), p, *gemm_, work, jobs.data(), q_->issue());
+      cuda::swan_chunk<T, G>(items.data(), static_cast<int64_t>(items.size()), p, *gemm_, work, jobs.data(), loop, q_->issue());
     });
   }
 }

@@ -2,6 +2,7 @@
 #include "cuda_queue.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 
 #include "check.h"
@@ -9,7 +10,10 @@
 
 namespace multinorm::cuda {
 
-CudaQueue::CudaQueue() { MN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "creating the backend's stream"); }
+CudaQueue::CudaQueue() {
+  MN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "creating the backend's stream");
+  MN_CUDA_CHECK(cudaStreamCreateWithFlags(&loop_stream_, cudaStreamNonBlocking), "creating the backend's stream for device loops");
+}
 
 CudaQueue::~CudaQueue() {
   cudaStreamSynchronize(stream_);  // errors ignored: the late copies' destinations may be gone
@@ -22,6 +26,7 @@ CudaQueue::~CudaQueue() {
   for (const RetiredRing& r : retired_) cudaFreeHost(r.ring);
   if (late_ring_) cudaFreeHost(late_ring_);
   if (upload_ring_) cudaFreeHost(upload_ring_);
+  cudaStreamDestroy(loop_stream_);
   cudaStreamDestroy(stream_);
 }
 
@@ -187,6 +192,58 @@ void CudaQueue::upload(void* device_dst, const void* host_src, int64_t bytes, co
 // error, not a silently broken graph (NCCL's own threads stay free to call the runtime). Not while
 // profiling (its events would be graph nodes). A graph remembers buffer_moves() at its capture and is
 // not replayed once it changed.
+
+// The WHILE node is added to the graph being captured after the captured work so far, and the
+// stream's capture continues after it; the body is captured into the node's own graph on the second
+// stream (cudaStreamBeginCaptureToGraph), so the work issued in `body` lands there, in order.
+// CUDA 12 runtimes spell these calls differently: there the loop is not captured (false), and the
+// caller's fixed count runs.
+bool CudaQueue::device_loop(const std::function<void(cudaStream_t, cudaGraphConditionalHandle)>& body) {
+#if CUDART_VERSION >= 13000
+  if (!capturing_) return false;
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  cudaGraph_t graph = nullptr;
+  const cudaGraphNode_t* deps = nullptr;
+  const cudaGraphEdgeData* edges = nullptr;
+  size_t count = 0;
+  MN_CUDA_CHECK(cudaStreamGetCaptureInfo(stream_, &status, nullptr, &graph, &deps, &edges, &count), "a device loop: the capture's graph");
+  cudaGraphConditionalHandle handle = 0;
+  cudaGraphNodeParams params{};
+  cudaGraphNode_t node = nullptr;
+  cudaError_t e = cudaGraphConditionalHandleCreate(&handle, graph, 1, cudaGraphCondAssignDefault);
+  if (e == cudaSuccess) {
+    params.type = cudaGraphNodeTypeConditional;
+    params.conditional.handle = handle;
+    params.conditional.type = cudaGraphCondTypeWhile;
+    params.conditional.size = 1;
+    e = cudaGraphAddNode(&node, graph, deps, edges, count, &params);
+  }
+  if (e != cudaSuccess) {  // no node was added: the capture goes on, with the caller's fixed count in it
+    cudaGetLastError();
+    if (!device_loops_refused_++)
+      std::fprintf(stderr, "multinorm: CUDA graph conditional nodes refused (%s): device loops run all their steps\n", cudaGetErrorString(e));
+    return false;
+  }
+  // From here a failure must end the capture: a WHILE node whose body never clears would never end.
+  MN_CUDA_CHECK(cudaStreamUpdateCaptureDependencies(stream_, &node, nullptr, 1, cudaStreamSetCaptureDependencies),
+                "a device loop: the capture continuing after its node");
+  MN_CUDA_CHECK(cudaStreamBeginCaptureToGraph(loop_stream_, params.conditional.phGraph_out[0], nullptr, nullptr, 0, cudaStreamCaptureModeThreadLocal),
+                "a device loop: capturing its body");
+  cudaGraph_t captured = nullptr;
+  try {
+    body(loop_stream_, handle);
+  } catch (...) {
+    cudaStreamEndCapture(loop_stream_, &captured);
+    cudaGetLastError();
+    throw;
+  }
+  MN_CUDA_CHECK(cudaStreamEndCapture(loop_stream_, &captured), "a device loop: ending its body's capture");
+  return true;
+#else
+  (void)body;
+  return false;
+#endif
+}
 
 bool CudaQueue::begin_capture() {
   if (profiler::g_on) return false;

@@ -6,6 +6,7 @@
 #pragma once
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,11 @@ class CudaQueue final : public WorkQueue {
   void wait(int64_t fence) override;
   void copy_to_host_later(void* host_dst, const void* device_src, int64_t bytes) override;
 
+  // The device loop of kernels.h (DeviceLoop): while capturing, `body` becomes the body of a CUDA
+  // graph WHILE node (a conditional node, CUDA 12.4+), captured on the queue's second stream, and
+  // true is returned; otherwise false. Its condition starts at 1 at each launch of the graph.
+  bool device_loop(const std::function<void(cudaStream_t, cudaGraphConditionalHandle)>& body);
+
   bool begin_capture() override;
   int64_t end_capture() override;
   void abandon_capture() override;
@@ -89,6 +95,8 @@ class CudaQueue final : public WorkQueue {
   cudaEvent_t take_event();
 
   cudaStream_t stream_ = nullptr;
+  cudaStream_t loop_stream_ = nullptr;  // captures device loops' bodies into their WHILE nodes; never runs work itself
+  int64_t device_loops_refused_ = 0;    // captures whose WHILE node the runtime refused (warned once)
   int64_t work_ = 0, moves_ = 0, full_waits_ = 0;
   QueueCounters counters_;
   // late copies

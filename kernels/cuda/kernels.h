@@ -5,6 +5,7 @@
 // each entry point says how much it needs.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 
 #include "../common/optim_math.h"
@@ -198,8 +199,15 @@ struct SwanItem {
 struct SwanExactJob;
 SwanExactJob* swan_exact_job(void* pinned, int64_t m, int64_t n);
 void swan_exact_job_free(SwanExactJob* job);
+// A loop the device may end early (CudaQueue::device_loop): while the stream captures a graph, the
+// body is captured once as a WHILE node's body, on the stream it is given, and true is returned; its
+// last kernel says with cudaGraphSetConditional(handle, more) whether it runs again. Otherwise false:
+// the caller runs the body its full count of times on its own stream, with handle 0 (nothing to set).
+using DeviceLoopBody = std::function<void(cudaStream_t, cudaGraphConditionalHandle)>;
+using DeviceLoop = std::function<bool(const DeviceLoopBody&)>;
+
 template <class T, class G>
 void swan_chunk(const SwanItem* items, int64_t count, const SwanParams& a, LtGemm& gemm, void* scratch, SwanExactJob* const* jobs,
-                cudaStream_t stream);
+                const DeviceLoop& loop, cudaStream_t stream);
 
 }  // namespace multinorm::cuda

@@ -12,8 +12,10 @@
 //   - convergence: each step's residual ||I - Z Y||_F / sqrt(k) is reduced per matrix; a matrix whose
 //     residual is under ns_tolerance is done, where the CPU would stop, and from then on its T is the
 //     identity, so Y T = Y and T Z = Z exactly (FP32 products with 0 and 1) and its iterate stays
-//     as it was. The steps still run for the chunk (a graph's launches are fixed): ns_steps is
-//     what a step costs, whichever matrix needs them (docs/optimizers.md gives the counts measured).
+//     as it was. In a graph the steps are a device loop (a WHILE node, two steps a body) that ends
+//     once every matrix of the chunk is done: the chunk pays its slowest matrix's steps, rounded up
+//     to even, not ns_steps. Run eagerly (no graph: profiling, a CUDA 12 runtime) every one of
+//     ns_steps runs, frozen matrices unchanged, so the results are the same bits either way.
 //   - the fallback: a matrix whose residual or U is not finite takes the exact path. Its apply kernel
 //     copies X into pinned host memory and raises a flag there; a host function in stream order
 //     (cudaLaunchHostFunc: a host node in a graph) computes the FP64 polar factor on the host
@@ -41,6 +43,7 @@ namespace multinorm::cuda {
 struct SwanState {
   double frob2, lambda, c, residual;
   uint32_t done, steps, nonfinite, fallback;  // fallback: 0 none, 2 the exact result applied, 3 the exact path failed
+  uint32_t chunk_step;  // the first matrix's only: the chunk's Newton-Schulz step, advanced on the device
 };
 static_assert(sizeof(SwanState) <= cuda_scratch::kSwanStateBytes, "SwanState fits its slot");
 
@@ -107,9 +110,11 @@ __global__ void partial_sums_kernel(double* partials, float* T, const float* M, 
 enum class Reduced : int { Frobenius, Residual, ResidualAtStep };
 
 // Grid (1, B): matrix b's partials added in a fixed order. Frobenius: ||A||_F^2; Residual: the
-// residual; ResidualAtStep: the residual of step `step`, and the decision the CPU makes there: under
-// the tolerance the matrix is done (its `step` iterations are what it applied), else it applies one more.
-__global__ void reduce_kernel(SwanState* st, const double* partials, int64_t blocks, int64_t k, Reduced what, int step, float tolerance) {
+// residual; ResidualAtStep: the residual at the chunk's step (its first state's chunk_step), and the
+// decision the CPU makes there: under the tolerance the matrix is done (its `step` iterations are what
+// it applied), else it applies one more. A step past ns_steps (a device loop's body is two steps, so
+// an odd count ends on one) decides nothing: it is frozen (freeze_kernel).
+__global__ void reduce_kernel(SwanState* st, const double* partials, int64_t blocks, int64_t k, Reduced what, int ns_steps, float tolerance) {
   __shared__ double scratch[32];
   const int64_t b = blockIdx.y;
   double s = 0;
@@ -122,9 +127,10 @@ __global__ void reduce_kernel(SwanState* st, const double* partials, int64_t blo
     return;
   }
   m.residual = sqrt(s / double(k));
-  if (what != Reduced::ResidualAtStep || m.done) return;
-  if (tolerance > 0 && m.residual < tolerance) m.done = 1, m.steps = static_cast<uint32_t>(step);
-  else m.steps = static_cast<uint32_t>(step + 1);
+  const uint32_t step = st[0].chunk_step;
+  if (what != Reduced::ResidualAtStep || m.done || step >= uint32_t(ns_steps)) return;
+  if (tolerance > 0 && m.residual < tolerance) m.done = 1, m.steps = step;
+  else m.steps = step + 1;
 }
 
 // Grid (ceil(k / threads), B): A_b[i,i] += 1e-6 ||A_b||_F + eps
@@ -182,17 +188,29 @@ __global__ void ns_init_kernel(float* Y, float* Z, int64_t k, int64_t gram, Swan
   }
   if (blockIdx.x == 0 && threadIdx.x == 0) {
     st[b].c = cc;
-    st[b].done = st[b].steps = st[b].nonfinite = st[b].fallback = 0;
+    st[b].done = st[b].steps = st[b].nonfinite = st[b].fallback = st[b].chunk_step = 0;
   }
 }
 
-// Grid (g, B): a done matrix's T is the identity (its iterate stays as it is).
-__global__ void freeze_kernel(float* T, int64_t k, int64_t gram, const SwanState* st) {
+// Grid (g, B): a done matrix's T is the identity (its iterate stays as it is), and every matrix's
+// at a step past ns_steps.
+__global__ void freeze_kernel(float* T, int64_t k, int64_t gram, const SwanState* st, int ns_steps) {
   const int64_t b = blockIdx.y;
-  if (!st[b].done) return;
+  if (!st[b].done && st[0].chunk_step < uint32_t(ns_steps)) return;
   const int64_t total = k * k;
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x)
     T[b * gram + e] = e / k == e % k ? 1.0f : 0.0f;
+}
+
+// One thread, at the end of a Newton-Schulz step: the chunk's step advances. At the end of a device
+// loop's body (`decide`, with a loop's handle) it says whether the body runs again: while a step is
+// left and some matrix is not done. Those are the steps the CPU would run for its slowest matrix.
+__global__ void ns_step_end_kernel(SwanState* st, int64_t B, int ns_steps, cudaGraphConditionalHandle loop, int decide) {
+  const uint32_t step = ++st[0].chunk_step;
+  if (!decide || loop == 0) return;
+  bool more = false;
+  for (int64_t b = 0; b < B && step < uint32_t(ns_steps); ++b) more = more || !st[b].done;
+  cudaGraphSetConditional(loop, more ? 1u : 0u);
 }
 
 // Non-finite entries of U [m, ld] -> st->nonfinite (deterministic: an integer count)
@@ -317,19 +335,23 @@ Chunk chunk_layout(const SwanItem* items, int64_t B, void* scratch) {
 }
 
 // The chunk's Gram matrices (in Y) to their inverse square roots (scaled by sqrt(c): in Z), every
-// matrix's decisions on the device; its residual and steps in its state.
-void inverse_sqrt_batched(Chunk& c, const SwanParams& a, LtGemm& gemm, cudaStream_t stream) {
+// matrix's decisions on the device; its residual and steps in its state. The steps run in bodies of
+// two: Y trades places with P and Z with spare at every step, so after two each buffer is where it
+// started and one body serves every run. In a graph the bodies are a device loop (a WHILE node) that
+// ends once every matrix is done; run eagerly, all ceil(ns_steps / 2) bodies run (done matrices
+// frozen), with the same results.
+void inverse_sqrt_batched(Chunk& c, const SwanParams& a, LtGemm& gemm, const DeviceLoop& loop, cudaStream_t stream) {
   const int64_t B = c.B, k = c.k, gram = c.gram;
   const dim3 per_k(ceil_div(k, kThreads), static_cast<unsigned>(B)), per_gram(grid_for(k * k), static_cast<unsigned>(B));
   const int64_t blocks = cuda_scratch::swan_reduce_blocks(k);
   const dim3 reduce_grid(static_cast<unsigned>(blocks), static_cast<unsigned>(B)), one_per_matrix(1, static_cast<unsigned>(B));
-  auto reduce = [&](const float* M, float* T_out, bool residual, Reduced what, int step) {
-    launch("swan_partial_sums", partial_sums_kernel, reduce_grid, dim3(kThreads), 0, stream, c.partials, T_out, M, k, gram, residual);
-    launch("swan_reduce", reduce_kernel, one_per_matrix, dim3(kThreads), 0, stream, c.st, c.partials, blocks, k, what, step, a.ns_tolerance);
+  auto reduce = [&](const float* M, float* T_out, bool residual, Reduced what, cudaStream_t s) {
+    launch("swan_partial_sums", partial_sums_kernel, reduce_grid, dim3(kThreads), 0, s, c.partials, T_out, M, k, gram, residual);
+    launch("swan_reduce", reduce_kernel, one_per_matrix, dim3(kThreads), 0, s, c.st, c.partials, blocks, k, what, a.ns_steps, a.ns_tolerance);
   };
-  reduce(c.Y, nullptr, false, Reduced::Frobenius, 0);
+  reduce(c.Y, nullptr, false, Reduced::Frobenius, stream);
   launch("swan_regularize", regularize_kernel, per_k, dim3(kThreads), 0, stream, c.Y, k, gram, c.st, a.eps);
-  reduce(c.Y, nullptr, false, Reduced::Frobenius, 0);  // ||A||_F after regularisation, as on the CPU
+  reduce(c.Y, nullptr, false, Reduced::Frobenius, stream);  // ||A||_F after regularisation, as on the CPU
   launch("swan_power_init", power_init_kernel, per_k, dim3(kThreads), 0, stream, c.vectors, k);
   for (int it = 0; it < kPowerSteps; ++it) {
     launch("swan_power_matvec", power_matvec_kernel, dim3(ceil_div(k, kThreads / 32), static_cast<unsigned>(B)), dim3(kThreads), 0, stream,
@@ -337,23 +359,29 @@ void inverse_sqrt_batched(Chunk& c, const SwanParams& a, LtGemm& gemm, cudaStrea
     launch("swan_power_normalize", power_normalize_kernel, one_per_matrix, dim3(kThreads), 0, stream, c.vectors, c.st, k);
   }
   launch("swan_ns_init", ns_init_kernel, per_gram, dim3(kThreads), 0, stream, c.Y, c.Z, k, gram, c.st);
-  for (int s = 0; s < a.ns_steps; ++s) {
-    gemm.run_batched(c.P, c.Z, c.Y, k, k, k, B, gram, stream);  // P = Z Y
-    reduce(c.P, c.T, true, Reduced::ResidualAtStep, s);         // and T = (3I - P) / 2; done?
-    launch("swan_freeze", freeze_kernel, per_gram, dim3(kThreads), 0, stream, c.T, k, gram, c.st);
-    gemm.run_batched(c.spare, c.Y, c.T, k, k, k, B, gram, stream);  // Y <- Y T
-    std::swap(c.Y, c.spare);
-    gemm.run_batched(c.spare, c.T, c.Z, k, k, k, B, gram, stream);  // Z <- T Z
+  auto step = [&](cudaStream_t s, cudaGraphConditionalHandle handle, bool body_end) {
+    gemm.run_batched(c.P, c.Z, c.Y, k, k, k, B, gram, s);  // P = Z Y
+    reduce(c.P, c.T, true, Reduced::ResidualAtStep, s);    // and T = (3I - P) / 2; done?
+    launch("swan_freeze", freeze_kernel, per_gram, dim3(kThreads), 0, s, c.T, k, gram, c.st, a.ns_steps);
+    gemm.run_batched(c.P, c.Y, c.T, k, k, k, B, gram, s);  // Y <- Y T, into P (T holds all P was needed for)
+    std::swap(c.Y, c.P);
+    gemm.run_batched(c.spare, c.T, c.Z, k, k, k, B, gram, s);  // Z <- T Z
     std::swap(c.Z, c.spare);
-  }
+    launch("swan_ns_step_end", ns_step_end_kernel, dim3(1), dim3(1), 0, s, c.st, B, a.ns_steps, handle, body_end ? 1 : 0);
+  };
+  auto body = [&](cudaStream_t s, cudaGraphConditionalHandle handle) { step(s, handle, false), step(s, handle, true); };
+  const int bodies = (a.ns_steps + 1) / 2;
+  if (bodies > 0 && !(loop && loop(body)))
+    for (int i = 0; i < bodies; ++i) body(stream, 0);
   gemm.run_batched(c.P, c.Z, c.Y, k, k, k, B, gram, stream);  // the final iterate's residual (a done matrix's: the same)
-  reduce(c.P, nullptr, true, Reduced::Residual, 0);
+  reduce(c.P, nullptr, true, Reduced::Residual, stream);
 }
 
 }  // namespace
 
 template <class T, class G>
-void swan_chunk(const SwanItem* items, int64_t B, const SwanParams& a, LtGemm& gemm, void* scratch, SwanExactJob* const* jobs, cudaStream_t stream) {
+void swan_chunk(const SwanItem* items, int64_t B, const SwanParams& a, LtGemm& gemm, void* scratch, SwanExactJob* const* jobs, const DeviceLoop& loop,
+                cudaStream_t stream) {
   Chunk c = chunk_layout(items, B, scratch);
   const int64_t k = c.k;
   for (int64_t b = 0; b < B; ++b) {
@@ -365,7 +393,7 @@ void swan_chunk(const SwanItem* items, int64_t B, const SwanParams& a, LtGemm& g
     if (m <= n) gemm.run(A, k, CUDA_R_32F, c.X[b], ld, c.X[b], ld, CUDA_R_32F, m, m, n, false, true, false, stream);  // A = X X^T
     else gemm.run(A, k, CUDA_R_32F, c.X[b], ld, c.X[b], ld, CUDA_R_32F, n, n, m, true, false, false, stream);        // A = X^T X
   }
-  if (!a.exact) inverse_sqrt_batched(c, a, gemm, stream);
+  if (!a.exact) inverse_sqrt_batched(c, a, gemm, loop, stream);
   const RuleScalars rule = optim_math::rule_scalars(a.lr, a.decoupled_decay);
   for (int64_t b = 0; b < B; ++b) {
     const SwanItem& t = items[b];
@@ -392,7 +420,8 @@ void swan_chunk(const SwanItem* items, int64_t B, const SwanParams& a, LtGemm& g
 }
 
 #define MULTINORM_INSTANTIATE(T, G)                                                                                                  \
-  template void swan_chunk<T, G>(const SwanItem*, int64_t, const SwanParams&, LtGemm&, void*, SwanExactJob* const*, cudaStream_t);
+  template void swan_chunk<T, G>(const SwanItem*, int64_t, const SwanParams&, LtGemm&, void*, SwanExactJob* const*, const DeviceLoop&, \
+                                 cudaStream_t);
 MULTINORM_INSTANTIATE(float, float)
 MULTINORM_INSTANTIATE(bf16, bf16)
 MULTINORM_INSTANTIATE(bf16, float)

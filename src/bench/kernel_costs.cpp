@@ -290,9 +290,11 @@ class CostRecorder final : public Backend, public OptimizerKernels {
   }
   // SWAN as swan.cu runs it, chunk by chunk (cuda_scratch::swan_plan): per tensor its rows
   // normalised into X (FP32) and A = X X^T (k = min(m, n)); per chunk of B matrices ||A||_F twice, the
-  // regularisation, a power iteration, then every one of ns_steps (all run on the device: a done
-  // matrix's T is the identity) P = Z Y, its residual and T, the freeze, Y <- Y T and Z <- T Z as
-  // strided-batched FP32 GEMMs, the final iterate's P and residual; per tensor U = Z X, a finiteness
+  // regularisation, a power iteration, then the Newton-Schulz steps in bodies of two (ns_steps
+  // rounded up to even: what an eager run pays; in a graph the device loop stops once every matrix
+  // is done, which depends on the data, so this is its upper bound): P = Z Y, its residual and T,
+  // the freeze, Y <- Y T and Z <- T Z as strided-batched FP32 GEMMs, the step's end (one thread
+  // reading the states); the final iterate's P and residual; per tensor U = Z X, a finiteness
   // count, the apply and the exact path's apply (which returns at once unless a matrix fell back: its
   // host function is no device work); the statistics.
   void swan_update_many(const SwanTensor* tensors, int64_t count, const SwanArgs& a) override {
@@ -324,11 +326,12 @@ class CostRecorder final : public Backend, public OptimizerKernels {
       add("swan_power_matvec", CostUnit::Memory, cuda_scratch::kSwanPowerSteps, P * B * (4.0 * kk + 16.0 * k), P * B * 2.0 * kk);
       add("swan_power_normalize", CostUnit::Memory, cuda_scratch::kSwanPowerSteps, P * B * 24.0 * k, P * B * 4.0 * k);
       add("swan_ns_init", CostUnit::Memory, 1, B * 12.0 * kk, B * kk);
-      for (int s = 0; s < a.ns_steps; ++s) {
+      for (int s = 0; s < (a.ns_steps + 1) / 2 * 2; ++s) {
         gemm_fp32_batched(k, k, k, B);  // P = Z Y
         reduce(8.0 * kk);               // reads P, writes T
         add("swan_freeze", CostUnit::Memory, 1, B * 4.0 * kk, 0);  // the worst case: every matrix done, its T rewritten
         gemm_fp32_batched(k, k, k, B), gemm_fp32_batched(k, k, k, B);
+        add("swan_ns_step_end", CostUnit::Memory, 1, 64.0 * B, 0);
       }
       gemm_fp32_batched(k, k, k, B);  // the final iterate
       reduce(4.0 * kk);
