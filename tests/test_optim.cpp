@@ -7,6 +7,7 @@
 #include <cstring>
 #include <random>
 
+#include "../kernels/common/optim_math.h"
 #include "../kernels/common/rounding.h"
 #include "../kernels/cpu/cpu_kernels.h"
 #include "multinorm/optimizer.h"
@@ -531,6 +532,45 @@ TEST(Swan, NewtonSchulzReportsItsResidualNeverSilently) {
   EXPECT_EQ(bad.unconverged, 1u);
   EXPECT_EQ(bad.steps, 3u);
   EXPECT_GT(bad.worst_residual, 1e-2);
+}
+
+// The scaled Newton-Schulz steps (optim_math::ns_step) reach the tolerance within the bound their
+// schedule gives (ns_steps_bound: 10 at 1e-4), whatever the spectrum: a diagonally dominant gradient,
+// singular values spread over 1e-3 and 1e-5, a rank-3 one, a square Gaussian one (its smallest
+// singular value near 0), wide and tall. The plain iteration (T = (3I - P) / 2) needs 17-21 on the
+// spread ones, over the bound (mutation check: alpha = 1 fails here).
+TEST(Swan, ScaledNewtonSchulzConvergesWithinItsBound) {
+  auto be = make_cpu_backend(2);
+  const int bound = optim_math::ns_steps_bound(1e-4);
+  EXPECT_EQ(bound, 10);
+  struct Case {
+    const char* name;
+    int64_t m, n;
+    Vec g;
+  };
+  Vec dominant = random_vec(24 * 40, 39, 0.5), rank3(16 * 32, 0.0);
+  for (int64_t i = 0; i < 24; ++i) dominant[i * 40 + i] += 6.0;
+  const Vec a = random_vec(16 * 3, 34), b = random_vec(3 * 32, 35);
+  for (int64_t i = 0; i < 16; ++i)
+    for (int64_t j = 0; j < 32; ++j)
+      for (int64_t r = 0; r < 3; ++r) rank3[i * 32 + j] += a[i * 3 + r] * b[r * 32 + j];
+  const Case cases[] = {{"dominant", 24, 40, dominant},
+                        {"spread 1e-3", 24, 40, ill_conditioned(24, 40, 1e-3, 40)},
+                        {"spread 1e-5 tall", 40, 24, ill_conditioned(40, 24, 1e-5, 38)},
+                        {"rank 3", 16, 32, rank3},
+                        {"square gaussian", 48, 48, random_vec(48 * 48, 41)}};
+  for (const Case& c : cases) {
+    DeviceBuffer W(*be, Vec(c.m * c.n, 0.0), DType::F32), G(*be, c.g, DType::F32);
+    SwanArgs args;
+    args.lr = 0.5f, args.ns_steps = 30, args.ns_tolerance = 1e-4f;
+    SwanStats stats;
+    args.stats = &stats;
+    be->optimizer_kernels().swan_update(W.buf(), G.buf(), c.m, c.n, args);
+    EXPECT_EQ(stats.unconverged, 0u) << c.name;
+    EXPECT_EQ(stats.fallbacks, 0u) << c.name;
+    EXPECT_LE(stats.steps, static_cast<uint32_t>(bound)) << c.name;
+    EXPECT_LT(stats.worst_residual, 1e-4) << c.name;
+  }
 }
 
 TEST(Swan, RankDeficientGradientsStayFinite) {

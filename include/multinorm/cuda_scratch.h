@@ -73,7 +73,6 @@ constexpr int64_t kSwanReduceBlocks = 64;            // SWAN's residual reductio
 // SWAN's residual reduction over a k x k matrix: a block per 256 elements up to the cap. A block
 // that would hold no element adds nothing (an exact zero), so the sums are those of the full grid.
 constexpr int64_t swan_reduce_blocks(int64_t k) { return std::min(kSwanReduceBlocks, (k * k + 255) / 256); }
-constexpr int kSwanPowerSteps = 12;                  // SWAN's power iteration for the largest eigenvalue
 
 // RMSNorm backward: per-block dw partials [min(N, 256), C], floats
 inline int64_t rmsnorm_backward_floats(int64_t N, int64_t C) { return std::min(N, kRmsnormBackwardBlocks) * C; }
@@ -127,8 +126,7 @@ int64_t sinkgd_many_launch_end(int64_t begin, int64_t count, const Shape& shape,
 // SWAN (swan.cu) runs its tensors in chunks: tensors of one Gram size k = min(m, n) (and one dtype
 // pair), whose Newton-Schulz products are strided-batched GEMMs. A chunk's scratch, per tensor: X
 // and U (FP32, rows padded to 128 bytes for cuBLASLt), the k x k matrices Y (first the Gram matrix),
-// Z, P, T and a ping-pong spare, the power iteration's two vectors (FP64), the residual's partial
-// sums and the tensor's state (64 bytes). A chunk holds tensors while its scratch stays within
+// Z, P, T and a ping-pong spare, the residual's partial sums and the tensor's state (64 bytes). A chunk holds tensors while its scratch stays within
 // kSwanChunkBytes (a larger tensor alone). The exact path stages one tensor at a time in pinned
 // host memory: a flag and 8 bytes an element (X as floats, then U as doubles).
 constexpr int64_t kSwanChunkBytes = int64_t(1) << 30;
@@ -138,7 +136,7 @@ inline int64_t swan_x_floats(int64_t m, int64_t n) { return (m * swan_ld(n) + 63
 inline int64_t swan_gram_floats(int64_t k) { return (k * k + 63) / 64 * 64; }
 inline int64_t swan_tensor_bytes(int64_t m, int64_t n) {
   const int64_t k = std::min(m, n);
-  return 8 * swan_x_floats(m, n) + 20 * swan_gram_floats(k) + 16 * k + 8 * kSwanReduceBlocks + kSwanStateBytes;
+  return 8 * swan_x_floats(m, n) + 20 * swan_gram_floats(k) + 8 * kSwanReduceBlocks + kSwanStateBytes;
 }
 inline int64_t swan_pinned_bytes(int64_t m, int64_t n) { return 64 + 8 * m * n; }
 // The order SWAN runs a call's tensors in (stable by dtype pair `kind`, then k) and each chunk's end

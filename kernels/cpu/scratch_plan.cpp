@@ -56,7 +56,6 @@ int64_t cpu_backend_scratch_bytes(const ModelConfig& m, int64_t B, int64_t T, DT
       } else {
         for (int s : {31, 32, 33, 34, 35}) need(s, k * k);  // A Y Z P T
         need(36, r * c);                  // U
-        need(37, 4 * k);                  // power iteration (FP64)
       }
     }
   }

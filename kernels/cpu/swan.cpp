@@ -6,8 +6,10 @@
 //   normalised projections have Frobenius norm sqrt(mn); the polar factor alone has sqrt(min(m, n)))
 //   W <- W (1 - lr wd) - lr U
 // (A)^(-1/2), A the k x k Gram matrix, comes from the coupled Newton-Schulz iteration in FP32 on the
-// backend's GEMMs: Y0 = A / c, Z0 = I, T = (3I - Z Y) / 2, Y <- Y T, Z <- T Z, so Z -> (A / c)^(-1/2).
-// The iteration starts from c = 1.25 x a power-iteration estimate of the top eigenvalue.
+// backend's GEMMs: Y0 = A / c, Z0 = I, T = a I - b Z Y, Y <- Y T, Z <- T Z, so Z -> (A / c)^(-1/2),
+// scaled: (a, b) from a lower bound of the spectrum (optim_math::ns_step; (3/2, 1/2) is the plain
+// iteration). c = min(||A||_F, the largest absolute row sum of A) bounds A's largest eigenvalue, so the
+// spectrum of A / c is in (0, 1] and no eigenvalue can leave the iteration's basin.
 // Guards: A is regularised by 1e-6 ||A||_F I (FP32 rounding can make a rank-deficient Gram matrix
 // slightly indefinite, where the iteration diverges), and a non-finite result falls back to the
 // exact path. The residual ||I - Z Y||_F / sqrt(k) after the last step is returned, so the caller
@@ -21,6 +23,7 @@
 #include <limits>
 #include <vector>
 
+#include "../common/optim_math.h"
 #include "../common/polar_exact.h"
 #include "cpu_kernels.h"
 #include "matmul_onednn.h"
@@ -47,40 +50,26 @@ void polar_exact(double* Ud, const float* X, int64_t m, int64_t n, Workspace& ws
   polar_exact_fp64(Ud, X, m, n, doubles(ws, m * n, kXd), doubles(ws, k * k + k, kAd), doubles(ws, k * k, kBd), doubles(ws, k * k, kEig));
 }
 
-// A scale c with the eigenvalues of A / c in (0, 1.6): 1.25 x a power-iteration estimate of the
-// largest eigenvalue, capped by ||A||_F (which bounds it). ||A||_F alone can exceed the top
-// eigenvalue by sqrt(k), which costs Newton-Schulz several steps on the small eigenvalues.
-double spectral_scale(const float* A, int64_t k, Workspace& ws) {
-  double* x = doubles(ws, 2 * k, kEig);
-  double* y = x + k;
-  for (int64_t i = 0; i < k; ++i) x[i] = 1.0 / std::sqrt(static_cast<double>(k)) * (1.0 + 0.01 * (i % 7));
-  double lambda = 0;
-  for (int it = 0; it < 12; ++it) {
-    double norm = 0, rq = 0;
-    for (int64_t i = 0; i < k; ++i) {
-      double s = 0;
-      for (int64_t j = 0; j < k; ++j) s += A[i * k + j] * x[j];
-      y[i] = s;
-      rq += x[i] * s;
-      norm += s * s;
-    }
-    lambda = rq;  // Rayleigh quotient (x has unit norm)
-    norm = std::sqrt(norm);
-    if (norm == 0) break;
-    for (int64_t i = 0; i < k; ++i) x[i] = y[i] / norm;
+// The largest absolute row sum of the symmetric A (FP64): an upper bound of its largest eigenvalue,
+// tight where A is near diagonal (where ||A||_F exceeds it by up to sqrt(k)).
+double max_abs_row_sum(const float* A, int64_t k) {
+  double most = 0;
+  for (int64_t i = 0; i < k; ++i) {
+    double s = 0;
+    for (int64_t j = 0; j < k; ++j) s += std::fabs(static_cast<double>(A[i * k + j]));
+    most = std::max(most, s);
   }
-  const double frob = frobenius(A, k * k);
-  return lambda > 0 ? std::min(frob, 1.25 * lambda) : frob;
+  return most;
 }
 
-// ||I - P||_F / sqrt(k), and (optionally) T = (3I - P) / 2.
-double residual(const float* P, int64_t k, float* T) {
+// ||I - P||_F / sqrt(k), and (optionally) T = step.identity I - step.product P.
+double residual(const float* P, int64_t k, float* T, const optim_math::NsStep& step) {
   double r2 = 0;
   for (int64_t i = 0; i < k; ++i)
     for (int64_t j = 0; j < k; ++j) {
       const double p = P[i * k + j], eye = i == j ? 1.0 : 0.0;
       r2 += (eye - p) * (eye - p);
-      if (T) T[i * k + j] = static_cast<float>(0.5 * (3.0 * eye - p));
+      if (T) T[i * k + j] = static_cast<float>(step.identity * eye - step.product * p);
     }
   return std::sqrt(r2 / static_cast<double>(k));
 }
@@ -94,7 +83,8 @@ double inverse_sqrt_newton_schulz(float* out, float* A, int64_t k, const SwanArg
   float* T = ws.floats(k * k, kT);
   const double reg = 1e-6 * frobenius(A, k * k) + args.eps;
   for (int64_t i = 0; i < k; ++i) A[i * k + i] += static_cast<float>(reg);
-  const double c = spectral_scale(A, k, ws);
+  const double c = std::min(frobenius(A, k * k), max_abs_row_sum(A, k));
+  double lower = std::sqrt(static_cast<double>(static_cast<float>(reg)) / c);  // A's eigenvalues are at least the regularisation
   for (int64_t i = 0; i < k * k; ++i) Y[i] = static_cast<float>(A[i] / c);
   float* Z = out;
   std::memset(Z, 0, k * k * sizeof(float));
@@ -103,7 +93,8 @@ double inverse_sqrt_newton_schulz(float* out, float* A, int64_t k, const SwanArg
   *steps = args.ns_steps;
   for (int s = 0; s < args.ns_steps; ++s) {
     gemm.run(f32(P), f32(Z), f32(Y), k, k, k, false, false, false);  // P = Z Y
-    resid = residual(P, k, T);
+    const optim_math::NsStep step = optim_math::ns_step(lower);
+    resid = residual(P, k, T, step);
     if (args.ns_tolerance > 0 && resid < args.ns_tolerance) {
       *steps = s;
       break;
@@ -112,11 +103,12 @@ double inverse_sqrt_newton_schulz(float* out, float* A, int64_t k, const SwanArg
     std::memcpy(Y, P, k * k * sizeof(float));
     gemm.run(f32(P), f32(T), f32(Z), k, k, k, false, false, false);  // Z <- T Z
     std::memcpy(Z, P, k * k * sizeof(float));
+    lower = step.next_lower;
     resid = -1;
   }
   if (resid < 0) {  // every step ran: measure the final iterate
     gemm.run(f32(P), f32(Z), f32(Y), k, k, k, false, false, false);
-    resid = residual(P, k, nullptr);
+    resid = residual(P, k, nullptr, optim_math::ns_step(lower));
   }
   const float scale = static_cast<float>(1.0 / std::sqrt(c));
   bool finite = std::isfinite(resid);

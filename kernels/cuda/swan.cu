@@ -2,8 +2,9 @@
 // its guards and its CPU twin: kernels/cpu/swan.cpp). Per matrix, as the CPU does it:
 //   X = row-normalised G (l2 to sqrt(n), or standardised), FP32        one kernel, a block per row
 //   A = X X^T (m <= n) or X^T X (m > n)                                  cuBLASLt, FP32
-//   A += (1e-6 ||A||_F + eps) I; c = min(||A||_F, 1.25 lambda_max)       12 power-iteration steps, FP64
-//   Newton-Schulz: Y0 = A / c, Z0 = I; P = Z Y, T = (3I - P) / 2, Y <- Y T, Z <- T Z
+//   A += (1e-6 ||A||_F + eps) I; c = min(||A||_F, max_i sum_j |A_ij|)   FP64 reductions
+//   Newton-Schulz: Y0 = A / c, Z0 = I; P = Z Y, T = a I - b P, Y <- Y T, Z <- T Z
+//     scaled: (a, b) from the spectrum's lower bound, sqrt(reg / c) at first (optim_math::ns_step)
 //   U = sqrt(max(m, n)) Z X (or X Z) / sqrt(c);  W <- W (1 - lr wd) - lr U
 // Batched: every k x k step is one strided-batched cuBLASLt call for the whole chunk (a kernel's
 // grid has a y-row per matrix), so a model's matrices take a handful of launches a step, not one
@@ -41,7 +42,10 @@ namespace multinorm::cuda {
 
 // One matrix's state on the device (cuda_scratch::kSwanStateBytes).
 struct SwanState {
-  double frob2, lambda, c, residual;
+  double frob2, c, residual;
+  double lower;                 // the Newton-Schulz spectrum's lower bound before the next step (optim_math::ns_step)
+  unsigned long long row_max;   // A's largest absolute row sum, FP64 bits (non-negative: ordered as integers)
+  float reg;                    // what the regularisation added to A's diagonal
   uint32_t done, steps, nonfinite, fallback;  // fallback: 0 none, 2 the exact result applied, 3 the exact path failed
   uint32_t chunk_step;  // the first matrix's only: the chunk's Newton-Schulz step, advanced on the device
 };
@@ -59,7 +63,6 @@ struct SwanExactJob {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kPowerSteps = cuda_scratch::kSwanPowerSteps;
 constexpr int64_t kReduceBlocks = cuda_scratch::kSwanReduceBlocks;
 static_assert(kThreads == 256, "cuda_scratch::swan_reduce_blocks counts 256 elements a block");
 
@@ -91,16 +94,17 @@ __global__ void normalize_rows_kernel(float* X, int64_t ldx, const G* g, int64_t
 }
 
 // Grid (swan_reduce_blocks(k), B): partial sums over matrix b's k x k elements (at M + b gram): of p^2
-// (residual = false) or of (I - P)^2, then T = (3I - P) / 2 when T is given.
-__global__ void partial_sums_kernel(double* partials, float* T, const float* M, int64_t k, int64_t gram, bool residual) {
+// (residual = false) or of (I - P)^2, then T = a I - b P (the step's scaled coefficients) when T is given.
+__global__ void partial_sums_kernel(double* partials, float* T, const float* M, int64_t k, int64_t gram, bool residual, const SwanState* st) {
   __shared__ double scratch[32];
   const int64_t b = blockIdx.y, total = k * k;
   const float* P = M + b * gram;
+  const optim_math::NsStep step = optim_math::ns_step(T ? st[b].lower : 1.0);
   double r2 = 0;
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
     const double p = P[e], eye = residual && e / k == e % k ? 1.0 : 0.0;
     r2 += (eye - p) * (eye - p);
-    if (T) T[b * gram + e] = float(0.5 * (3.0 * (e / k == e % k ? 1.0 : 0.0) - p));
+    if (T) T[b * gram + e] = float(step.identity * (e / k == e % k ? 1.0 : 0.0) - step.product * p);
   }
   r2 = block_sum(r2, scratch);
   if (threadIdx.x == 0) partials[b * kReduceBlocks + blockIdx.x] = r2;
@@ -124,6 +128,7 @@ __global__ void reduce_kernel(SwanState* st, const double* partials, int64_t blo
   SwanState& m = st[b];
   if (what == Reduced::Frobenius) {
     m.frob2 = s;
+    m.row_max = 0;  // row_sums_kernel's maximum starts here
     return;
   }
   m.residual = sqrt(s / double(k));
@@ -133,54 +138,34 @@ __global__ void reduce_kernel(SwanState* st, const double* partials, int64_t blo
   else m.steps = step + 1;
 }
 
-// Grid (ceil(k / threads), B): A_b[i,i] += 1e-6 ||A_b||_F + eps
-__global__ void regularize_kernel(float* A, int64_t k, int64_t gram, const SwanState* st, float eps) {
+// Grid (ceil(k / threads), B): A_b[i,i] += 1e-6 ||A_b||_F + eps (kept in the state: the spectrum's floor)
+__global__ void regularize_kernel(float* A, int64_t k, int64_t gram, SwanState* st, float eps) {
   const int64_t b = blockIdx.y, i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < k) A[b * gram + i * k + i] += float(1e-6 * sqrt(st[b].frob2) + eps);
+  const float reg = float(1e-6 * sqrt(st[b].frob2) + eps);
+  if (i < k) A[b * gram + i * k + i] += reg;
+  if (i == 0) st[b].reg = reg;
 }
 
-// Grid (ceil(k / threads), B): the power iteration's start (x: B vectors of 2k doubles, x then y)
-__global__ void power_init_kernel(double* vectors, int64_t k) {
-  const int64_t b = blockIdx.y, i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < k) vectors[b * 2 * k + i] = 1.0 / sqrt(double(k)) * (1.0 + 0.01 * double(i % 7));
-}
-
-// Grid (ceil(k / warps), B): y = A x, a warp per row, FP64
-__global__ void power_matvec_kernel(double* vectors, const float* A, int64_t k, int64_t gram) {
+// Grid (ceil(k / warps), B): the largest absolute row sum of A_b, a warp per row in FP64; the maximum
+// over rows by an integer atomicMax on the bits (non-negative doubles order as their bits do, and a
+// maximum does not depend on the order: deterministic).
+__global__ void row_sums_kernel(SwanState* st, const float* A, int64_t k, int64_t gram) {
   const int64_t b = blockIdx.y, i = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (i >= k) return;
-  const double* x = vectors + b * 2 * k;
-  const float* Ab = A + b * gram;
+  const float* row = A + b * gram + i * k;
   const int lane = threadIdx.x % 32;
   double s = 0;
-  for (int64_t j = lane; j < k; j += 32) s += double(Ab[i * k + j]) * x[j];
+  for (int64_t j = lane; j < k; j += 32) s += fabs(double(row[j]));
   s = warp_sum(s);
-  if (lane == 0) vectors[b * 2 * k + k + i] = s;
+  if (lane == 0) atomicMax(&st[b].row_max, static_cast<unsigned long long>(__double_as_longlong(s)));
 }
 
-// Grid (1, B): lambda = x . y (the Rayleigh quotient: x has unit norm), x = y / ||y||
-__global__ void power_normalize_kernel(double* vectors, SwanState* st, int64_t k) {
-  __shared__ double scratch[32];
-  const int64_t b = blockIdx.y;
-  double* x = vectors + b * 2 * k;
-  const double* y = x + k;
-  double rq = 0, nn = 0;
-  for (int64_t i = threadIdx.x; i < k; i += blockDim.x) rq += x[i] * y[i], nn += y[i] * y[i];
-  rq = block_sum(rq, scratch);
-  nn = block_sum(nn, scratch);
-  __syncthreads();  // every x[i] is read before it is overwritten
-  if (threadIdx.x == 0) st[b].lambda = rq;
-  const double norm = sqrt(nn);
-  if (norm == 0) return;
-  for (int64_t i = threadIdx.x; i < k; i += blockDim.x) x[i] = y[i] / norm;
-}
-
-// Grid (g, B): c = lambda > 0 ? min(||A||_F, 1.25 lambda) : ||A||_F; Y = A / c in place; Z = I; the
-// matrix's state starts.
+// Grid (g, B): c = min(||A||_F, largest absolute row sum), both bounds of A's largest eigenvalue; Y =
+// A / c in place; Z = I; the spectrum's lower bound sqrt(reg / c); the matrix's state starts.
 __global__ void ns_init_kernel(float* Y, float* Z, int64_t k, int64_t gram, SwanState* st) {
   const int64_t b = blockIdx.y;
-  const double frob = sqrt(st[b].frob2), l = st[b].lambda;
-  const double cc = l > 0 ? fmin(frob, 1.25 * l) : frob;
+  const double frob = sqrt(st[b].frob2), rows = __longlong_as_double(static_cast<long long>(st[b].row_max));
+  const double cc = fmin(frob, rows);
   const int64_t total = k * k;
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
     Y[b * gram + e] = float(Y[b * gram + e] / cc);
@@ -188,6 +173,7 @@ __global__ void ns_init_kernel(float* Y, float* Z, int64_t k, int64_t gram, Swan
   }
   if (blockIdx.x == 0 && threadIdx.x == 0) {
     st[b].c = cc;
+    st[b].lower = sqrt(double(st[b].reg) / cc);
     st[b].done = st[b].steps = st[b].nonfinite = st[b].fallback = st[b].chunk_step = 0;
   }
 }
@@ -202,10 +188,12 @@ __global__ void freeze_kernel(float* T, int64_t k, int64_t gram, const SwanState
     T[b * gram + e] = e / k == e % k ? 1.0f : 0.0f;
 }
 
-// One thread, at the end of a Newton-Schulz step: the chunk's step advances. At the end of a device
-// loop's body (`decide`, with a loop's handle) it says whether the body runs again: while a step is
-// left and some matrix is not done. Those are the steps the CPU would run for its slowest matrix.
+// One thread, at the end of a Newton-Schulz step: every matrix's spectrum bound and the chunk's step
+// advance. At the end of a device loop's body (`decide`, with a loop's handle) it says whether the body
+// runs again: while a step is left and some matrix is not done. Those are the steps the CPU would run
+// for its slowest matrix.
 __global__ void ns_step_end_kernel(SwanState* st, int64_t B, int ns_steps, cudaGraphConditionalHandle loop, int decide) {
+  for (int64_t b = 0; b < B; ++b) st[b].lower = optim_math::ns_step(st[b].lower).next_lower;
   const uint32_t step = ++st[0].chunk_step;
   if (!decide || loop == 0) return;
   bool more = false;
@@ -316,8 +304,8 @@ namespace {
 struct Chunk {
   int64_t B, k, gram;
   std::vector<float*> X, U;
-  float *Y, *Z, *P, *T, *spare;  // Y holds the Gram matrices first; spare: Y's and Z's ping-pong partner
-  double *vectors, *partials;
+  float *Y, *Z, *P, *T, *spare;  // Y holds the Gram matrices first; P is Y's ping-pong partner, spare Z's
+  double* partials;
   SwanState* st;
 };
 Chunk chunk_layout(const SwanItem* items, int64_t B, void* scratch) {
@@ -328,8 +316,7 @@ Chunk chunk_layout(const SwanItem* items, int64_t B, void* scratch) {
   for (int64_t b = 0; b < B; ++b) c.X.push_back(cursor), cursor += cs::swan_x_floats(items[b].m, items[b].n);
   for (int64_t b = 0; b < B; ++b) c.U.push_back(cursor), cursor += cs::swan_x_floats(items[b].m, items[b].n);
   c.Y = cursor, c.Z = c.Y + B * c.gram, c.P = c.Z + B * c.gram, c.T = c.P + B * c.gram, c.spare = c.T + B * c.gram;
-  c.vectors = reinterpret_cast<double*>(c.spare + B * c.gram);
-  c.partials = c.vectors + B * 2 * c.k;
+  c.partials = reinterpret_cast<double*>(c.spare + B * c.gram);
   c.st = reinterpret_cast<SwanState*>(c.partials + B * kReduceBlocks);
   return c;
 }
@@ -346,18 +333,14 @@ void inverse_sqrt_batched(Chunk& c, const SwanParams& a, LtGemm& gemm, const Dev
   const int64_t blocks = cuda_scratch::swan_reduce_blocks(k);
   const dim3 reduce_grid(static_cast<unsigned>(blocks), static_cast<unsigned>(B)), one_per_matrix(1, static_cast<unsigned>(B));
   auto reduce = [&](const float* M, float* T_out, bool residual, Reduced what, cudaStream_t s) {
-    launch("swan_partial_sums", partial_sums_kernel, reduce_grid, dim3(kThreads), 0, s, c.partials, T_out, M, k, gram, residual);
+    launch("swan_partial_sums", partial_sums_kernel, reduce_grid, dim3(kThreads), 0, s, c.partials, T_out, M, k, gram, residual, c.st);
     launch("swan_reduce", reduce_kernel, one_per_matrix, dim3(kThreads), 0, s, c.st, c.partials, blocks, k, what, a.ns_steps, a.ns_tolerance);
   };
   reduce(c.Y, nullptr, false, Reduced::Frobenius, stream);
   launch("swan_regularize", regularize_kernel, per_k, dim3(kThreads), 0, stream, c.Y, k, gram, c.st, a.eps);
   reduce(c.Y, nullptr, false, Reduced::Frobenius, stream);  // ||A||_F after regularisation, as on the CPU
-  launch("swan_power_init", power_init_kernel, per_k, dim3(kThreads), 0, stream, c.vectors, k);
-  for (int it = 0; it < kPowerSteps; ++it) {
-    launch("swan_power_matvec", power_matvec_kernel, dim3(ceil_div(k, kThreads / 32), static_cast<unsigned>(B)), dim3(kThreads), 0, stream,
-           c.vectors, c.Y, k, gram);
-    launch("swan_power_normalize", power_normalize_kernel, one_per_matrix, dim3(kThreads), 0, stream, c.vectors, c.st, k);
-  }
+  launch("swan_row_sums", row_sums_kernel, dim3(ceil_div(k, kThreads / 32), static_cast<unsigned>(B)), dim3(kThreads), 0, stream, c.st, c.Y, k,
+         gram);
   launch("swan_ns_init", ns_init_kernel, per_gram, dim3(kThreads), 0, stream, c.Y, c.Z, k, gram, c.st);
   auto step = [&](cudaStream_t s, cudaGraphConditionalHandle handle, bool body_end) {
     gemm.run_batched(c.P, c.Z, c.Y, k, k, k, B, gram, s);  // P = Z Y

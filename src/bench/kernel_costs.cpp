@@ -290,9 +290,11 @@ class CostRecorder final : public Backend, public OptimizerKernels {
   }
   // SWAN as swan.cu runs it, chunk by chunk (cuda_scratch::swan_plan): per tensor its rows
   // normalised into X (FP32) and A = X X^T (k = min(m, n)); per chunk of B matrices ||A||_F twice, the
-  // regularisation, a power iteration, then the Newton-Schulz steps in bodies of two (ns_steps
-  // rounded up to even: what an eager run pays; in a graph the device loop stops once every matrix
-  // is done, which depends on the data, so this is its upper bound): P = Z Y, its residual and T,
+  // regularisation, the largest absolute row sums, then the Newton-Schulz steps in bodies of two,
+  // all ceil(ns_steps / 2) of them as an eager (profiled) run pays them; the update's graph ends its
+  // device loop with the body where every matrix is done, within the scaled iteration's bound
+  // (optim_math::ns_steps_bound: 10 steps at 1e-4, 6 bodies), which depends on no data but the
+  // tolerance, yet is not what a profiled step runs: P = Z Y, its residual and T,
   // the freeze, Y <- Y T and Z <- T Z as strided-batched FP32 GEMMs, the step's end (one thread
   // reading the states); the final iterate's P and residual; per tensor U = Z X, a finiteness
   // count, the apply and the exact path's apply (which returns at once unless a matrix fell back: its
@@ -321,10 +323,7 @@ class CostRecorder final : public Backend, public OptimizerKernels {
       reduce(4.0 * kk);
       add("swan_regularize", CostUnit::Memory, 1, B * 8.0 * k, B * k);
       reduce(4.0 * kk);
-      add("swan_power_init", CostUnit::Memory, 1, B * 8.0 * k, 0);
-      const double P = cuda_scratch::kSwanPowerSteps;
-      add("swan_power_matvec", CostUnit::Memory, cuda_scratch::kSwanPowerSteps, P * B * (4.0 * kk + 16.0 * k), P * B * 2.0 * kk);
-      add("swan_power_normalize", CostUnit::Memory, cuda_scratch::kSwanPowerSteps, P * B * 24.0 * k, P * B * 4.0 * k);
+      add("swan_row_sums", CostUnit::Memory, 1, B * 4.0 * kk, B * 2.0 * kk);
       add("swan_ns_init", CostUnit::Memory, 1, B * 12.0 * kk, B * kk);
       for (int s = 0; s < (a.ns_steps + 1) / 2 * 2; ++s) {
         gemm_fp32_batched(k, k, k, B);  // P = Z Y

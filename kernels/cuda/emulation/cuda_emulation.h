@@ -216,6 +216,16 @@ inline float __expf(float x) { return std::exp(x); }
 inline float __logf(float x) { return std::log(x); }
 inline float __fdividef(float a, float b) { return a / b; }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+inline long long __double_as_longlong(double x) {
+  long long r;
+  std::memcpy(&r, &x, sizeof r);
+  return r;
+}
+inline double __longlong_as_double(long long x) {
+  double r;
+  std::memcpy(&r, &x, sizeof r);
+  return r;
+}
 // A WHILE node's condition, set by a kernel of its graph (the device runtime's builtin under nvcc).
 void cudaGraphSetConditional(cudaGraphConditionalHandle handle, unsigned int value);
 template <class T>
