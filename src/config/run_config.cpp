@@ -78,7 +78,7 @@ const Schema& run_schema() {
       positive("optimizer.sinkgd.eps", 1e-8, "floor on row/column norms, so zero rows/columns give zero updates", 1),
       choice("optimizer.swan.row_norm", "l2", choice_names(SwanRowNorm{}), "l2: rows to norm sqrt(n) (this paper); standardize: subtract mean, divide by std (SWAN paper)"),
       choice("optimizer.swan.whitening", "newton_schulz", choice_names(SwanWhitening{}), "(X X^T)^(-1/2) by Newton-Schulz (FP32) or an exact FP64 eigendecomposition"),
-      integer("optimizer.swan.ns_steps", 30, "Newton-Schulz iterations (an upper bound when ns_tolerance > 0); 10 leave square layers far from whitened", 1, 1000),
+      integer("optimizer.swan.ns_steps", 30, "Newton-Schulz iterations (a ceiling when ns_tolerance > 0: the scaled steps reach 1e-4 within 10)", 1, 1000),
       number("optimizer.swan.ns_tolerance", 1e-4, "stop Newton-Schulz once ||I - Z Y||_F / sqrt(k) falls below; 0 = run every step", 0, 1),
       positive("optimizer.swan.eps", 1e-8, "floor on row norms and the Gram scaling", 1),
       below("optimizer.adam.beta1", 0.9, "Adam first-moment decay (< 1: the bias correction divides by 1 - beta1^t)", 0, 1),
