@@ -252,9 +252,16 @@ t = json.load(open(sys.argv[1]))['sections']['tests']
 assert t['status'] == 'skipped' and 'out of time' in t['reason'], t" "$tmp/late/gpu_check.json" || fail "the budget run's report"
 
 # 5. Stopped from outside mid-step: the running step is stopped and recorded, the reports written.
+# The signal goes once the training smoke (tens of seconds) has started: a fixed delay could land
+# between steps, on the smoke's shard preparation, when no step is running (the first steps take
+# 3-5 s, depending on the machine).
 bash "$src/scripts/gpu_check.sh" --dry "$tmp/stopped" > "$tmp/stopped.txt" 2>&1 &
 pid=$!
-sleep 4
+for _ in $(seq 600); do
+  grep -q '^gpu_check: training_smoke (at most' "$tmp/stopped.txt" && break
+  sleep 0.1
+done
+grep -q '^gpu_check: training_smoke (at most' "$tmp/stopped.txt" || fail "the stopped run never reached its training smoke"
 kill -TERM $pid
 wait $pid
 rc=$?
