@@ -196,34 +196,45 @@ void CudaQueue::upload(void* device_dst, const void* host_src, int64_t bytes, co
 // The WHILE node is added to the graph being captured after the captured work so far, and the
 // stream's capture continues after it; the body is captured into the node's own graph on the second
 // stream (cudaStreamBeginCaptureToGraph), so the work issued in `body` lands there, in order.
-// CUDA 12 runtimes spell these calls differently: there the loop is not captured (false), and the
-// caller's fixed count runs.
+// The calls are CUDA 13's (CUDA 12.4-12.9 spell GetCaptureInfo and AddNode differently): built with
+// CUDA 12 the loop is not captured (false), and the caller's fixed count runs inside the graph.
+// A runtime that refuses the loop turns loops off for this queue: refused before anything joined the
+// graph, the capture goes on without it; after (a handle whose node failed stays in the graph, and
+// may fail its instantiation), the capture fails, and the next one runs without loops.
 bool CudaQueue::device_loop(const std::function<void(cudaStream_t, cudaGraphConditionalHandle)>& body) {
 #if CUDART_VERSION >= 13000
-  if (!capturing_) return false;
+  if (!capturing_ || device_loops_off_) return false;
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   cudaGraph_t graph = nullptr;
   const cudaGraphNode_t* deps = nullptr;
   const cudaGraphEdgeData* edges = nullptr;
   size_t count = 0;
   MN_CUDA_CHECK(cudaStreamGetCaptureInfo(stream_, &status, nullptr, &graph, &deps, &edges, &count), "a device loop: the capture's graph");
-  cudaGraphConditionalHandle handle = 0;
-  cudaGraphNodeParams params{};
-  cudaGraphNode_t node = nullptr;
-  cudaError_t e = cudaGraphConditionalHandleCreate(&handle, graph, 1, cudaGraphCondAssignDefault);
-  if (e == cudaSuccess) {
-    params.type = cudaGraphNodeTypeConditional;
-    params.conditional.handle = handle;
-    params.conditional.type = cudaGraphCondTypeWhile;
-    params.conditional.size = 1;
-    e = cudaGraphAddNode(&node, graph, deps, edges, count, &params);
-  }
-  if (e != cudaSuccess) {  // no node was added: the capture goes on, with the caller's fixed count in it
+  if (status != cudaStreamCaptureStatusActive) return false;  // an invalidated capture fails at its end anyway
+  auto refused = [&](cudaError_t e, const char* what) {
     cudaGetLastError();
-    if (!device_loops_refused_++)
-      std::fprintf(stderr, "multinorm: CUDA graph conditional nodes refused (%s): device loops run all their steps\n", cudaGetErrorString(e));
+    device_loops_off_ = true;
+    std::fprintf(stderr, "multinorm: CUDA graph conditional nodes refused (%s: %s): device loops run all their steps from now on\n", what,
+                 cudaGetErrorString(e));
+  };
+  cudaGraphConditionalHandle handle = 0;
+  cudaError_t e = cudaGraphConditionalHandleCreate(&handle, graph, 1, cudaGraphCondAssignDefault);
+  if (e != cudaSuccess) {
+    refused(e, "its condition");
     return false;
   }
+  cudaGraphNodeParams params{};
+  params.type = cudaGraphNodeTypeConditional;
+  params.conditional.handle = handle;
+  params.conditional.type = cudaGraphCondTypeWhile;
+  params.conditional.size = 1;
+  cudaGraphNode_t node = nullptr;
+  e = cudaGraphAddNode(&node, graph, deps, edges, count, &params);
+  if (e != cudaSuccess) {
+    refused(e, "its WHILE node");
+    throw Error("a device loop: the runtime refused its WHILE node; the capture is abandoned and the next runs without device loops");
+  }
+  ++loops_in_capture_;
   // From here a failure must end the capture: a WHILE node whose body never clears would never end.
   MN_CUDA_CHECK(cudaStreamUpdateCaptureDependencies(stream_, &node, nullptr, 1, cudaStreamSetCaptureDependencies),
                 "a device loop: the capture continuing after its node");
@@ -247,6 +258,7 @@ bool CudaQueue::device_loop(const std::function<void(cudaStream_t, cudaGraphCond
 
 bool CudaQueue::begin_capture() {
   if (profiler::g_on) return false;
+  loops_in_capture_ = 0;
   MN_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "beginning a graph capture");
   capturing_ = true;
   return true;
@@ -259,6 +271,11 @@ int64_t CudaQueue::end_capture() {
   cudaGraphExec_t exec = nullptr;
   const cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
   cudaGraphDestroy(graph);
+  if (e != cudaSuccess && loops_in_capture_ > 0 && !device_loops_off_) {  // the next capture without them
+    device_loops_off_ = true;
+    std::fprintf(stderr, "multinorm: a graph with device loops (WHILE nodes) failed to instantiate (%s): device loops run all their steps from now on\n",
+                 cudaGetErrorString(e));
+  }
   MN_CUDA_CHECK(e, "instantiating a captured graph");
   graphs_.push_back({exec, moves_});
   return static_cast<int64_t>(graphs_.size()) - 1;

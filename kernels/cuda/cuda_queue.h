@@ -54,8 +54,8 @@ class CudaQueue final : public WorkQueue {
   void copy_to_host_later(void* host_dst, const void* device_src, int64_t bytes) override;
 
   // The device loop of kernels.h (DeviceLoop): while capturing, `body` becomes the body of a CUDA
-  // graph WHILE node (a conditional node, CUDA 12.4+), captured on the queue's second stream, and
-  // true is returned; otherwise false. Its condition starts at 1 at each launch of the graph.
+  // graph WHILE node (a conditional node: built with CUDA 13), captured on the queue's second stream,
+  // and true is returned; otherwise false. Its condition starts at 1 at each launch of the graph.
   bool device_loop(const std::function<void(cudaStream_t, cudaGraphConditionalHandle)>& body);
 
   bool begin_capture() override;
@@ -96,7 +96,8 @@ class CudaQueue final : public WorkQueue {
 
   cudaStream_t stream_ = nullptr;
   cudaStream_t loop_stream_ = nullptr;  // captures device loops' bodies into their WHILE nodes; never runs work itself
-  int64_t device_loops_refused_ = 0;    // captures whose WHILE node the runtime refused (warned once)
+  bool device_loops_off_ = false;       // the runtime refused a WHILE node (or a graph holding one): none from then on
+  int64_t loops_in_capture_ = 0;        // WHILE nodes in the capture under way
   int64_t work_ = 0, moves_ = 0, full_waits_ = 0;
   QueueCounters counters_;
   // late copies

@@ -14,9 +14,10 @@
 //     residual is under ns_tolerance is done, where the CPU would stop, and from then on its T is the
 //     identity, so Y T = Y and T Z = Z exactly (FP32 products with 0 and 1) and its iterate stays
 //     as it was. In a graph the steps are a device loop (a WHILE node, two steps a body) that ends
-//     once every matrix of the chunk is done: the chunk pays its slowest matrix's steps, rounded up
-//     to even, not ns_steps. Run eagerly (no graph: profiling, a CUDA 12 runtime) every one of
-//     ns_steps runs, frozen matrices unchanged, so the results are the same bits either way.
+//     once every matrix of the chunk is done: the chunk pays its slowest matrix's steps plus one or
+//     two, not ns_steps. Run eagerly (profiling, no graphs) or where the loop is not captured (a
+//     CUDA 12 build, a runtime refusing it) every one of ns_steps runs, frozen matrices unchanged,
+//     so the results are the same bits either way.
 //   - the fallback: a matrix whose residual or U is not finite takes the exact path. Its apply kernel
 //     copies X into pinned host memory and raises a flag there; a host function in stream order
 //     (cudaLaunchHostFunc: a host node in a graph) computes the FP64 polar factor on the host
@@ -344,7 +345,7 @@ void inverse_sqrt_batched(Chunk& c, const SwanParams& a, LtGemm& gemm, const Dev
   launch("swan_ns_init", ns_init_kernel, per_gram, dim3(kThreads), 0, stream, c.Y, c.Z, k, gram, c.st);
   auto step = [&](cudaStream_t s, cudaGraphConditionalHandle handle, bool body_end) {
     gemm.run_batched(c.P, c.Z, c.Y, k, k, k, B, gram, s);  // P = Z Y
-    reduce(c.P, c.T, true, Reduced::ResidualAtStep, s);    // and T = (3I - P) / 2; done?
+    reduce(c.P, c.T, true, Reduced::ResidualAtStep, s);    // and T = a I - b P; done?
     launch("swan_freeze", freeze_kernel, per_gram, dim3(kThreads), 0, s, c.T, k, gram, c.st, a.ns_steps);
     gemm.run_batched(c.P, c.Y, c.T, k, k, k, B, gram, s);  // Y <- Y T, into P (T holds all P was needed for)
     std::swap(c.Y, c.P);
