@@ -17,8 +17,8 @@
 #include <deque>
 #include <map>
 #include <memory>
-#include <stdexcept>
 #include <mutex>
+#include <stdexcept>
 
 #include "cuda_emulation.h"
 #include "device_memory.h"
@@ -176,7 +176,6 @@ void cuda_emu::set_device_count_for_test(int n) {
   g_test_device_count = n;
   g_current_device = 0;
 }
-
 
 extern "C" {
 
