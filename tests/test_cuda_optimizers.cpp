@@ -575,6 +575,40 @@ static int64_t device_loop_bodies() {
 #endif
 }
 
+// A runtime that refuses the WHILE node (planted: MULTINORM_EMU_REFUSE_WHILE) costs one capture, not
+// the update's graph: the capture that met the refusal is abandoned (that update runs eagerly), device
+// loops are off for the queue from then on, and the next capture holds every step unrolled. SWAN's
+// weights equal the eager optimizer's at every update, and no WHILE body ever runs.
+TEST(CudaBackend, RefusedDeviceLoopLeavesSwansUpdateGraphedWithEveryStep) {
+  auto be = make_test_backend("cuda", 2);
+  if (!be) GTEST_SKIP() << "no CUDA backend";
+  ::setenv("MULTINORM_EMU_REFUSE_WHILE", "1", 1);
+  const RunConfig run = update_test_run("swan", 60.0);
+  LlamaModel ma(*be, run.model, DType::BF16, 2, 19), mb(*be, run.model, DType::BF16, 2, 19);
+  ma.init_random(4);
+  mb.init_random(4);
+  Optimizer eager(ma.store(), run), graphed(mb.store(), run);
+  graphed.set_graphs(true);
+  const int64_t bodies_before = device_loop_bodies();
+  for (int64_t update = 1; update <= 5; ++update) {
+    std::vector<int32_t> tokens = random_ids(38, 101, 70 + update), targets = random_ids(38, 101, 80 + update);
+    const MicroBatch batch{tokens.data(), targets.data(), nullptr, 2, 19};
+    for (LlamaModel* m : {&ma, &mb}) {
+      m->zero_grads();
+      m->queue_forward_backward(batch, 1.0f);
+    }
+    const StepStats a = eager.step(update, update);
+    graphed.queue_step(update, update);
+    const StepStats b = graphed.wait_for_step();
+    EXPECT_EQ(mb.params_to_host(), ma.params_to_host()) << "update " << update;
+    EXPECT_EQ(b.swan.steps, a.swan.steps) << "update " << update;
+  }
+  ::unsetenv("MULTINORM_EMU_REFUSE_WHILE");
+  EXPECT_EQ(device_loop_bodies(), bodies_before);
+  EXPECT_EQ(graphed.graphs().captures(), 1);  // the second try, without the loop
+  EXPECT_GE(graphed.graphs().replays(), 2);
+}
+
 // An update replayed from its graph (Optimizer::queue_step: its statistics on the device, the
 // kernels reading the clip factor and the skip flag there; on CUDA captured at the second update)
 // gives the bits of one launched op by op (graphs off), on both backends, for every optimizer (SWAN

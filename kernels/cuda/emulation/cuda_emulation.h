@@ -23,6 +23,8 @@
 //                          tests, which compare only those blocks' rows
 //   MULTINORM_EMU_PLANT    a kernel name: its launches skip their last block (a planted wrong kernel,
 //                          which `multinorm doctor` must catch and name; tests only)
+//   MULTINORM_EMU_REFUSE_WHILE 1: cudaGraphAddNode refuses WHILE nodes, as a driver without them
+//                          would (tests of the backend's way around it)
 //   MULTINORM_EMU_RACECHECK 0 turns off the race, initialisation and alignment checks (racecheck.h)
 //   MULTINORM_EMU_STACK_KB fiber stack size (default 256)
 //   MULTINORM_EMU_LAUNCH_LOG a file: the name of each kernel launched, once per process, appended

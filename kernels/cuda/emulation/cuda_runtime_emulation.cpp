@@ -337,6 +337,7 @@ cudaError_t cudaGraphAddNode(cudaGraphNode_t* node, cudaGraph_t graph, const cud
   if (!graph || !node || !params || params->type != cudaGraphNodeTypeConditional || params->conditional.type != cudaGraphCondTypeWhile ||
       params->conditional.size != 1)
     return set(cudaErrorNotSupported);
+  if (const char* e = std::getenv("MULTINORM_EMU_REFUSE_WHILE"); e && *e == '1') return set(cudaErrorNotSupported);  // a driver without them
   const cudaGraphConditionalHandle handle = params->conditional.handle;
   conditional(handle, "cudaGraphAddNode");
   auto owned = std::make_unique<CUgraphNode_st>();
