@@ -607,6 +607,9 @@ TEST(CudaBackend, RefusedDeviceLoopLeavesSwansUpdateGraphedWithEveryStep) {
   EXPECT_EQ(device_loop_bodies(), bodies_before);
   EXPECT_EQ(graphed.graphs().captures(), 1);  // the second try, without the loop
   EXPECT_GE(graphed.graphs().replays(), 2);
+  const QueueCounters q = be->queue().counters();  // what result.json reports
+  EXPECT_EQ(q.device_loops_refused, 1);
+  EXPECT_EQ(q.device_loops, 0);
 }
 
 // An update replayed from its graph (Optimizer::queue_step: its statistics on the device, the
@@ -632,6 +635,7 @@ TEST(CudaBackend, GraphedUpdatesEqualEagerOnesAndSkipOnTheDevice) {
       mb.init_random(4);
       Optimizer eager(ma.store(), run), graphed(mb.store(), run);
       graphed.set_graphs(true);
+      const int64_t loops_before = be->queue().counters().device_loops;
       int64_t applied = 0, clipped = 0;
       std::vector<float> before = mb.params_to_host();
       for (int64_t update = 1; update <= 5; ++update) {
@@ -690,6 +694,10 @@ TEST(CudaBackend, GraphedUpdatesEqualEagerOnesAndSkipOnTheDevice) {
       if (backend == "cuda") {
         EXPECT_EQ(graphed.graphs().captures(), 1) << name;
         EXPECT_EQ(graphed.graphs().replays(), 4) << name;
+        // one WHILE node (the model's matrices are one chunk) in SWAN's one graph; on a GPU, a
+        // refusal here is the driver's (the run goes on with every step: this says it happened)
+        EXPECT_EQ(be->queue().counters().device_loops - loops_before, swan ? 1 : 0) << name;
+        EXPECT_EQ(be->queue().counters().device_loops_refused, 0) << name;
       }
       EXPECT_EQ(eager.graphs().captures(), 0) << name;
     }

@@ -17,6 +17,8 @@ struct QueueCounters {
   int64_t host_drains = 0;  // of those, the waits after which the device had nothing queued: it idles
                             // until the host issues more
   int64_t graph_replays = 0;
+  int64_t device_loops = 0;          // loops the device ends (CUDA graph WHILE nodes) in the graphs instantiated
+  int64_t device_loops_refused = 0;  // the runtime refused one (then every loop runs all its steps)
 };
 
 class WorkQueue {

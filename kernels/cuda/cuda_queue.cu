@@ -214,6 +214,7 @@ bool CudaQueue::device_loop(const std::function<void(cudaStream_t, cudaGraphCond
   auto refused = [&](cudaError_t e, const char* what) {
     cudaGetLastError();
     device_loops_off_ = true;
+    ++counters_.device_loops_refused;
     std::fprintf(stderr, "multinorm: CUDA graph conditional nodes refused (%s: %s): device loops run all their steps from now on\n", what,
                  cudaGetErrorString(e));
   };
@@ -273,10 +274,12 @@ int64_t CudaQueue::end_capture() {
   cudaGraphDestroy(graph);
   if (e != cudaSuccess && loops_in_capture_ > 0 && !device_loops_off_) {  // the next capture without them
     device_loops_off_ = true;
+    ++counters_.device_loops_refused;
     std::fprintf(stderr, "multinorm: a graph with device loops (WHILE nodes) failed to instantiate (%s): device loops run all their steps from now on\n",
                  cudaGetErrorString(e));
   }
   MN_CUDA_CHECK(e, "instantiating a captured graph");
+  counters_.device_loops += loops_in_capture_;
   graphs_.push_back({exec, moves_});
   return static_cast<int64_t>(graphs_.size()) - 1;
 }

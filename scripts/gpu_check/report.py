@@ -433,6 +433,19 @@ def training(r):
     return dict({"status": status, "reason": reason}, **({"bound": d.get("bound"), "runs": d.get("runs", [])} if d else {}))
 
 
+def update_graph(g):
+    """result.json's cuda_graphs in a few words: the update's captures and replays, and its device loops
+    (SWAN's Newton-Schulz ended by WHILE nodes) or the runtime's refusal of them."""
+    if not g:
+        return ""
+    words = f"{g.get('update_captures')} captured, {g.get('updates_replayed')} replayed"
+    if g.get("device_loops_refused"):
+        words += ", device loops refused"
+    elif g.get("device_loops"):
+        words += f", {g['device_loops']} device loop(s)"
+    return words + (f"; gave up: {g['gave_up']}" if g.get("gave_up") else "")
+
+
 # How compute-sanitizer says it cannot run here (a device or driver it does not support, no permission).
 REFUSED = re.compile(r"not supported|Unable to|unsupported|No CUDA-capable|insufficient permissions|ERR_NVGPUCTRPERM", re.I)
 
@@ -609,9 +622,11 @@ def markdown(rep):
     tr = s["training"]
     md += ["", "## Training smoke (the quickstart on the GPU, twice per optimizer)", "",
            f"status {tr.get('status')}{': ' + tr['reason'] if tr.get('reason') else ''}.", ""]
-    md += table(["optimizer", "updates", "two runs", "validation perplexity", "CPU backend's", "apart", "seconds a run", "tokens/s"],
+    md += table(["optimizer", "updates", "two runs", "validation perplexity", "CPU backend's", "apart", "seconds a run", "tokens/s", "update ms",
+                 "update graph"],
                 [[x.get("optimizer"), fmt(x.get("updates")), "byte-identical" if x.get("identical") else "differ: " + ", ".join(x.get("differing") or []),
-                  fmt(x.get("val_ppl"), 5), fmt(x.get("reference_ppl"), 5), pct(x.get("relative")), fmt(x.get("seconds")), fmt(x.get("tokens_per_s"))]
+                  fmt(x.get("val_ppl"), 5), fmt(x.get("reference_ppl"), 5), pct(x.get("relative")), fmt(x.get("seconds")), fmt(x.get("tokens_per_s")),
+                  ms(x.get("update_s")), update_graph(x.get("cuda_graphs"))]
                  for x in tr.get("runs", [])])
     md += ["", "## compute-sanitizer", "", f"status {s['sanitizer'].get('status')}{': ' + s['sanitizer']['reason'] if s['sanitizer'].get('reason') else ''}.", ""]
     md += table(["tool", "target", "status", "errors", "warnings", "why"],

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 
 #include "multinorm/error.h"
 #include "multinorm/memory_estimate.h"
@@ -249,6 +250,14 @@ bool TrainingRun::on_trip(const DivergenceTrip& trip, int64_t k) {
   return true;
 }
 
+// The closing line's word on device loops (SWAN's Newton-Schulz ended by a WHILE node in the update's
+// graph): how many the graphs hold, or that the runtime refused them and every step ran.
+static std::string device_loops_said(const QueueCounters& q) {
+  if (q.device_loops_refused > 0) return "; device loops refused by the runtime (every Newton-Schulz step ran)";
+  if (q.device_loops > 0) return ", holding " + std::to_string(q.device_loops) + " device loop(s)";
+  return "";
+}
+
 TrainResult TrainingRun::finish() {
   log().end();
   if (stopped_by_) {  // the last update's checkpoint, unless it has one
@@ -262,8 +271,10 @@ TrainResult TrainingRun::finish() {
   if (mg.captures() > 0)
     log().say("  CUDA graphs: %lld capture(s), %lld micro-batches replayed%s%s\n", (long long)mg.captures(), (long long)mg.replays(),
               mg.gave_up().empty() ? "" : "; turned off: ", mg.gave_up().c_str());
+  const QueueCounters q = parts_.backend->queue().counters();
   if (og.captures() > 0)
-    log().say("  CUDA graphs: the optimizer's update %lld capture(s), %lld updates replayed\n", (long long)og.captures(), (long long)og.replays());
+    log().say("  CUDA graphs: the optimizer's update %lld capture(s), %lld updates replayed%s\n", (long long)og.captures(), (long long)og.replays(),
+              device_loops_said(q).c_str());
   sum_up();
   if (state_.step == run_.schedule.total_steps) write_result(json());  // complete: sweeps skip it from now on
   return result_;
@@ -291,9 +302,11 @@ void TrainingRun::write_result(const json& divergence) {
               {"backend_choice", parts_.choice.reason}, {"ranks", world_}, {"gradient_communicator", parts_.grad_comm->name()}};
   if (result_.eval.batches) res["final_val_loss"] = result_.eval.loss, res["final_val_ppl"] = result_.eval.perplexity();
   // What this process replayed from CUDA graphs (GraphCache; zeros where the backend has none).
+  const QueueCounters q = parts_.backend->queue().counters();
   res["cuda_graphs"] = {{"micro_batch_captures", mg.captures()}, {"micro_batches_replayed", mg.replays()},
                         {"update_captures", og.captures()}, {"updates_replayed", og.replays()},
-                        {"gave_up", mg.gave_up().empty() ? og.gave_up() : mg.gave_up()}};
+                        {"gave_up", mg.gave_up().empty() ? og.gave_up() : mg.gave_up()},
+                        {"device_loops", q.device_loops}, {"device_loops_refused", q.device_loops_refused}};
   if (!divergence.is_null()) res["divergence"] = divergence, res["last_good_checkpoint"] = result_.last_checkpoint;
   log().result(res);
 }
