@@ -139,6 +139,34 @@ TEST(Resume, MicroBatchAndScheduleChanges) {
   EXPECT_EQ(train(tiny_run(dir.path(), "adam", dir.path() + "/mbm", {"schedule.total_steps=12"}), allow).updates, 10);
 }
 
+// A checkpoint is compared with the settings its run uses: a SinkGD run resumes after SWAN's
+// ns_steps changed (a default that moved between versions), a SWAN run is refused naming the key.
+TEST(ResumeSettings, AnUnusedOptimizersSettingsDoNotStopAResume) {
+  TempDir dir;
+  write_shards(dir.path());
+  TrainOptions first = quiet(), resume = quiet();
+  first.max_updates = 2;
+  resume.resume = true;
+  for (const std::string opt : {"sinkgd", "swan"}) {
+    const std::string out = dir.path() + "/" + opt;
+    train(tiny_run(dir.path(), opt, out, {"optimizer.swan.ns_steps=30"}), first);
+    if (opt == "sinkgd") {
+      EXPECT_EQ(train(tiny_run(dir.path(), opt, out, {"optimizer.swan.ns_steps=12"}), resume).updates, 6);
+    } else {
+      multinorm::testing::expect_error<ConfigError>([&] { train(tiny_run(dir.path(), opt, out, {"optimizer.swan.ns_steps=12"}), resume); },
+                                                    {"optimizer.swan.ns_steps: 30 -> 12", "--allow-config-change"});
+    }
+  }
+  // A checkpoint of an earlier multinorm, whose fingerprint holds every optimizer's settings.
+  const RunConfig sinkgd = tiny_run(dir.path(), "sinkgd", dir.path() + "/x");
+  json stored = json::parse(config_fingerprint(sinkgd));
+  ASSERT_FALSE(stored["optimizer"].contains("swan"));
+  stored["optimizer"]["swan"] = {{"ns_steps", 30}};
+  EXPECT_TRUE(fingerprint_diff(stored.dump(), config_fingerprint(sinkgd)).empty());
+  stored["optimizer"]["sinkgd"]["iterations"] = 3;
+  EXPECT_EQ(fingerprint_diff(stored.dump(), config_fingerprint(sinkgd)), std::vector<std::string>{"optimizer.sinkgd.iterations: 3 -> 5"});
+}
+
 INSTANTIATE_TEST_SUITE_P(Optimizers, Resume, ::testing::Values("sinkgd", "swan", "adam", "adamw", "sgd"));
 
 TEST(Trainer, CheckpointsAreAtomicKeptAndCheckedForCompatibility) {

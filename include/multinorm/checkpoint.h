@@ -34,11 +34,12 @@ struct TrainerState {
 // schedule, precision, data layout, seed), as a stable string. Left out: what does not change the
 // run's math, such as batch.micro_batch under token_mean loss normalisation (the same sequences make
 // each update, only grouped differently); under micro_batch_mean it weighs tokens differently, so
-// it stays in.
+// it stays in. Likewise the settings of optimizers the run does not use (a SinkGD run's optimizer.swan).
 std::string config_fingerprint(const RunConfig& run);
 
-// "optimizer.lr: 0.02 -> 0.01" lines for every leaf that differs between two fingerprints (a key
-// absent from the older one, written by an earlier multinorm, is not compared).
+// "optimizer.lr: 0.02 -> 0.01" lines for every leaf that differs between two fingerprints. Compared:
+// the keys the current one holds (one the stored lacks, in a section it has, as "(unset) -> v"); a
+// stored key the current leaves out is not (a setting this run does not use, or that is gone).
 std::vector<std::string> fingerprint_diff(const std::string& stored, const std::string& current);
 
 // The run config a checkpoint was written with: its own run_config.json, or (checkpoints of earlier

@@ -73,11 +73,26 @@ void remove_stale_checkpoint_temporaries(const std::string& run_dir) {
   }
 }
 
+// The optimizer's settings section a kind reads ("" for none: SGD's momentum is a top-level key).
+static std::string optimizer_section(OptimizerKind k) {
+  switch (k) {
+    case OptimizerKind::SinkGD: return "sinkgd";
+    case OptimizerKind::Swan: return "swan";
+    case OptimizerKind::Adam:
+    case OptimizerKind::AdamW: return "adam";
+    case OptimizerKind::Sgd: return "";
+  }
+  return "";
+}
+
 std::string config_fingerprint(const RunConfig& run) {
   const json& r = run.resolved;
   json batch = r["batch"];
   if (run.batch.loss_normalization == LossNormalization::TokenMean) batch.erase("micro_batch");
-  json f = {{"model", r["model"]["config"]}, {"batch", batch},          {"optimizer", r["optimizer"]},
+  json optimizer = r["optimizer"];  // without the settings of optimizers the run does not use
+  for (const std::string section : {"sinkgd", "swan", "adam"})
+    if (section != optimizer_section(run.optimizer.name) && section != optimizer_section(run.optimizer.fallback)) optimizer.erase(section);
+  json f = {{"model", r["model"]["config"]}, {"batch", batch},          {"optimizer", optimizer},
             {"schedule", r["schedule"]},      {"precision", r["precision"]}, {"layout", r["data"]["layout"]},
             {"seed", r["seed"]}};
   return f.dump();
@@ -101,13 +116,10 @@ std::vector<std::string> fingerprint_diff(const std::string& stored, const std::
   for (const auto& [k, v] : a) sections.insert(k.substr(0, k.find('.')));
   std::vector<std::string> out;
   for (const auto& [k, v] : a) {
+    // A key the current fingerprint leaves out (micro_batch under token_mean, an optimizer's
+    // settings the run does not use) is not a difference.
     const auto it = b.find(k);
-    if (it == b.end()) {
-      // A key the current fingerprint leaves out (micro_batch under token_mean) is not a difference.
-      if (k != "batch.micro_batch") out.push_back(k + ": " + v + " -> (unset)");
-    } else if (it->second != v) {
-      out.push_back(k + ": " + v + " -> " + it->second);
-    }
+    if (it != b.end() && it->second != v) out.push_back(k + ": " + v + " -> " + it->second);
   }
   for (const auto& [k, v] : b)
     if (!a.count(k) && sections.count(k.substr(0, k.find('.'))) && k != "batch.micro_batch")
