@@ -11,6 +11,7 @@
 #include "../kernels/common/rounding.h"
 #include "../kernels/cpu/cpu_kernels.h"
 #include "multinorm/optimizer.h"
+#include "multinorm/run_config.h"
 #include "multinorm/schedule.h"
 #include "test_support.h"
 
@@ -543,6 +544,14 @@ TEST(Swan, ScaledNewtonSchulzConvergesWithinItsBound) {
   auto be = make_cpu_backend(2);
   const int bound = optim_math::ns_steps_bound(1e-4);
   EXPECT_EQ(bound, 10);
+  // The default ceiling (a run config's, and the struct's) leaves FP32 rounding two steps past the
+  // bound of the default tolerance.
+  const SwanConfig defaults;
+  EXPECT_EQ(defaults.ns_steps, optim_math::ns_steps_bound(defaults.ns_tolerance) + 2);
+  const RunConfig parsed = run_config_from_json(json::parse(R"({"model": {"config": {"vocab_size": 101, "hidden_size": 32,
+      "intermediate_size": 40, "num_hidden_layers": 1, "num_attention_heads": 2, "max_position_embeddings": 256}}})"), "test");
+  EXPECT_EQ(parsed.optimizer.swan.ns_steps, defaults.ns_steps);
+  EXPECT_EQ(parsed.optimizer.swan.ns_tolerance, defaults.ns_tolerance);
   struct Case {
     const char* name;
     int64_t m, n;

@@ -38,7 +38,7 @@ struct SinkGDConfig {
 struct SwanConfig {
   SwanRowNorm row_norm = SwanRowNorm::L2;  // l2 (the multi-normalization paper) or standardize (SWAN paper)
   SwanWhitening whitening = SwanWhitening::NewtonSchulz;  // or eigh (exact, FP64)
-  int64_t ns_steps = 30;
+  int64_t ns_steps = 12;  // a ceiling: the scaled steps reach 1e-4 within 10 from any start (optim_math::ns_steps_bound)
   double ns_tolerance = 1e-4;
   double eps = 1e-8;
 };

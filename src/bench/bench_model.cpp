@@ -141,8 +141,11 @@ void bench_model_predict(const ModelBenchOptions& o) {
       g.optimizer.swan.ns_steps = graphed;
       const double ug = secs(record_step_costs(g, dt, B, T).update, all);
       char text[160];
-      std::snprintf(text, sizeof text, " (%lld Newton-Schulz steps, as run eagerly; in the trainer's graph %lld, the scaled steps' bound: %.3f ms)", (long long)eager,
-                    (long long)graphed, ug * 1e3);
+      if (graphed == eager)
+        std::snprintf(text, sizeof text, " (%lld Newton-Schulz steps, eagerly and in the trainer's graph)", (long long)eager);
+      else
+        std::snprintf(text, sizeof text, " (%lld Newton-Schulz steps, as run eagerly; in the trainer's graph %lld, the scaled steps' bound: %.3f ms)",
+                      (long long)eager, (long long)graphed, ug * 1e3);
       note = text;
     }
     std::printf(" %s %.3f ms%s", choice_name(kind).c_str(), u * 1e3, note.c_str());
