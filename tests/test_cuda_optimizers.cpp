@@ -22,8 +22,11 @@ TEST_P(CudaVsCpu, SinkGDUpdateOnTallWideSquareAndVectorShapes) {
     int64_t m, n;
   };
   // 300 rows: more than the 128 row chunks, so a chunk owns several rows; 1 x n and m x 1: degenerate;
-  // 13,824 columns (a 13B model's MLP): a column partial above 48 KB of shared memory (the opt-in)
-  for (const Shape s : {Shape{7, 13}, Shape{13, 7}, Shape{16, 16}, Shape{1, 37}, Shape{37, 1}, Shape{300, 40}, Shape{3, 13824}})
+  // 13,824 columns (a 13B model's MLP): a column partial above 48 KB of shared memory (the opt-in).
+  // 4096: two 16-byte loads a thread a row (BF16), four (FP32); 5461 (llama_1b's down projection)
+  // and 7001: rows off 16 bytes, read element by element, 22 and 28 a thread.
+  for (const Shape s : {Shape{7, 13}, Shape{13, 7}, Shape{16, 16}, Shape{1, 37}, Shape{37, 1}, Shape{300, 40}, Shape{3, 13824}, Shape{4, 4096},
+                        Shape{5, 5461}, Shape{3, 7001}})
     for (const auto& [wt, gt] : kWeightGrad)
       for (bool stochastic : {false, true}) {
         Pair w(*cpu, *cuda, random_vec(s.m * s.n, 1, 0.1), wt), g(*cpu, *cuda, random_vec(s.m * s.n, 2, 0.01), gt);
