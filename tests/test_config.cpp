@@ -269,6 +269,11 @@ TEST(Configs, PaperFigureFollowsTheRecipe) {
   EXPECT_FALSE(figure("llama_60m_sinkgd.json", {"schedule.total_steps=5000"}).has_value());
   EXPECT_FALSE(figure("llama_60m_sinkgd.json", {"model.config=llama_130m"}).has_value());
   EXPECT_FALSE(figure("llama_60m_adam.json", {"optimizer.lr=0.005"}).has_value());
+  // ... and the settings of the optimizers the run uses, not another's (a run directory of a version
+  // whose SWAN default differed is still SinkGD's row).
+  EXPECT_TRUE(figure("llama_60m_sinkgd.json", {"optimizer.swan.ns_steps=30"}).has_value());
+  EXPECT_FALSE(figure("llama_60m_sinkgd.json", {"optimizer.sinkgd.iterations=3"}).has_value());
+  EXPECT_FALSE(figure("llama_60m_sinkgd.json", {"optimizer.adam.beta2=0.99"}).has_value());  // its fallback's
   EXPECT_DOUBLE_EQ(figure("llama_130m_swan_dagger.json", {})->perplexity, 22.83);
   EXPECT_FALSE(figure("llama_7b_sinkgd.json", {}).has_value());  // no paper figure for it
 }

@@ -165,6 +165,14 @@ TEST(ResumeSettings, AnUnusedOptimizersSettingsDoNotStopAResume) {
   EXPECT_TRUE(fingerprint_diff(stored.dump(), config_fingerprint(sinkgd)).empty());
   stored["optimizer"]["sinkgd"]["iterations"] = 3;
   EXPECT_EQ(fingerprint_diff(stored.dump(), config_fingerprint(sinkgd)), std::vector<std::string>{"optimizer.sinkgd.iterations: 3 -> 5"});
+  // A key gone from a section the run uses still counts; a SinkGD checkpoint resumed as SWAN names
+  // the optimizer, not each SWAN setting its fingerprint never held.
+  stored["optimizer"]["sinkgd"]["iterations"] = 5;
+  stored["optimizer"]["sinkgd"]["retired"] = 1;
+  EXPECT_EQ(fingerprint_diff(stored.dump(), config_fingerprint(sinkgd)), std::vector<std::string>{"optimizer.sinkgd.retired: 1 -> (unset)"});
+  const RunConfig swan = tiny_run(dir.path(), "swan", dir.path() + "/x");
+  EXPECT_EQ(fingerprint_diff(config_fingerprint(sinkgd), config_fingerprint(swan)),
+            std::vector<std::string>{"optimizer.name: \"sinkgd\" -> \"swan\""});
 }
 
 INSTANTIATE_TEST_SUITE_P(Optimizers, Resume, ::testing::Values("sinkgd", "swan", "adam", "adamw", "sgd"));

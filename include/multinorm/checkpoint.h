@@ -37,9 +37,10 @@ struct TrainerState {
 // it stays in. Likewise the settings of optimizers the run does not use (a SinkGD run's optimizer.swan).
 std::string config_fingerprint(const RunConfig& run);
 
-// "optimizer.lr: 0.02 -> 0.01" lines for every leaf that differs between two fingerprints. Compared:
-// the keys the current one holds (one the stored lacks, in a section it has, as "(unset) -> v"); a
-// stored key the current leaves out is not (a setting this run does not use, or that is gone).
+// "optimizer.lr: 0.02 -> 0.01" lines for every leaf that differs between two fingerprints. A key one
+// holds alone counts ("v -> (unset)", "(unset) -> v") where the other holds the object it sits in;
+// a whole object one leaves out (an unused optimizer's settings, an object a later version added)
+// does not, nor does batch.micro_batch (left out under token_mean).
 std::vector<std::string> fingerprint_diff(const std::string& stored, const std::string& current);
 
 // The run config a checkpoint was written with: its own run_config.json, or (checkpoints of earlier

@@ -143,6 +143,11 @@ RunConfig run_config_from_json(const json& doc, const std::string& source,
 // (ConfigError naming the config and the numbers). `train` checks it at start, `info --ranks` too.
 void check_batch_over_ranks(const RunConfig& run, int64_t ranks);
 
+// A resolved config's "optimizer" section without the settings of optimizers the run does not use
+// (a SinkGD run's "swan"): what two runs must share to be the same optimizer (a checkpoint's
+// fingerprint, the paper's recipes), so a default of an unused optimizer may move between versions.
+json used_optimizer_settings(const json& resolved_optimizer);
+
 // True when the file at `path` is a model config (has "hidden_size") rather than a run config.
 bool is_model_config(const json& doc);
 

@@ -141,6 +141,16 @@ void check_batch_over_ranks(const RunConfig& run, int64_t ranks) {
 
 bool is_model_config(const json& doc) { return doc.is_object() && doc.contains("hidden_size"); }
 
+json used_optimizer_settings(const json& o) {
+  // the settings section each optimizer reads; SGD's momentum is a top-level key
+  const auto section = [](const std::string& name) { return name == "adamw" ? std::string("adam") : name == "sgd" ? std::string() : name; };
+  const std::string mine = section(o.at("name").get<std::string>()), fallback = section(o.at("fallback").get<std::string>());
+  json used = o;
+  for (const char* s : {"sinkgd", "swan", "adam"})
+    if (s != mine && s != fallback) used.erase(s);
+  return used;
+}
+
 RunConfig run_config_from_json(const json& doc_in, const std::string& source, const std::vector<std::string>& overrides) {
   const Schema& schema = run_schema();
   if (!doc_in.is_object()) throw ConfigError(source + ": expected a JSON object at the top level");

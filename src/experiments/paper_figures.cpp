@@ -17,7 +17,7 @@ json recipe_of(const json& r) {
           {"global_batch", r["batch"]["global_batch"]},
           {"seq_len", r["batch"]["seq_len"]},
           {"loss_normalization", r["batch"]["loss_normalization"]},
-          {"optimizer", r["optimizer"]},
+          {"optimizer", used_optimizer_settings(r["optimizer"])},
           {"schedule", r["schedule"]},
           {"params", r["precision"]["params"]},
           {"layout", r["data"]["layout"]}};

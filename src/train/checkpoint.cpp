@@ -10,7 +10,6 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
-#include <set>
 
 #include "multinorm/checksum.h"
 #include "multinorm/error.h"
@@ -73,26 +72,11 @@ void remove_stale_checkpoint_temporaries(const std::string& run_dir) {
   }
 }
 
-// The optimizer's settings section a kind reads ("" for none: SGD's momentum is a top-level key).
-static std::string optimizer_section(OptimizerKind k) {
-  switch (k) {
-    case OptimizerKind::SinkGD: return "sinkgd";
-    case OptimizerKind::Swan: return "swan";
-    case OptimizerKind::Adam:
-    case OptimizerKind::AdamW: return "adam";
-    case OptimizerKind::Sgd: return "";
-  }
-  return "";
-}
-
 std::string config_fingerprint(const RunConfig& run) {
   const json& r = run.resolved;
   json batch = r["batch"];
   if (run.batch.loss_normalization == LossNormalization::TokenMean) batch.erase("micro_batch");
-  json optimizer = r["optimizer"];  // without the settings of optimizers the run does not use
-  for (const std::string section : {"sinkgd", "swan", "adam"})
-    if (section != optimizer_section(run.optimizer.name) && section != optimizer_section(run.optimizer.fallback)) optimizer.erase(section);
-  json f = {{"model", r["model"]["config"]}, {"batch", batch},          {"optimizer", optimizer},
+  json f = {{"model", r["model"]["config"]}, {"batch", batch},          {"optimizer", used_optimizer_settings(r["optimizer"])},
             {"schedule", r["schedule"]},      {"precision", r["precision"]}, {"layout", r["data"]["layout"]},
             {"seed", r["seed"]}};
   return f.dump();
@@ -106,24 +90,33 @@ void flatten(const json& j, const std::string& prefix, std::map<std::string, std
     out[prefix] = j.dump();
   }
 }
+
+// Whether a flattened fingerprint holds the object a key sits in ("optimizer.swan" for
+// "optimizer.swan.ns_steps"; the whole fingerprint for a top-level key).
+bool holds_parent(const std::map<std::string, std::string>& f, const std::string& key) {
+  const size_t dot = key.rfind('.');
+  if (dot == std::string::npos) return !f.empty();
+  const std::string prefix = key.substr(0, dot + 1);
+  const auto it = f.lower_bound(prefix);
+  return it != f.end() && it->first.compare(0, prefix.size(), prefix) == 0;
+}
 }  // namespace
 
 std::vector<std::string> fingerprint_diff(const std::string& stored, const std::string& current) {
   std::map<std::string, std::string> a, b;
   flatten(json::parse(stored), "", a);
   flatten(json::parse(current), "", b);
-  std::set<std::string> sections;  // top-level keys the stored fingerprint has
-  for (const auto& [k, v] : a) sections.insert(k.substr(0, k.find('.')));
+  // A key one side holds alone differs only where the other holds the object it sits in: an object
+  // left out (the settings of an optimizer one run does not use) or new in a later version is not a
+  // difference, and micro_batch (left out under token_mean) is none either way.
   std::vector<std::string> out;
   for (const auto& [k, v] : a) {
-    // A key the current fingerprint leaves out (micro_batch under token_mean, an optimizer's
-    // settings the run does not use) is not a difference.
     const auto it = b.find(k);
-    if (it != b.end() && it->second != v) out.push_back(k + ": " + v + " -> " + it->second);
+    if (it != b.end() ? it->second != v : k != "batch.micro_batch" && holds_parent(b, k))
+      out.push_back(k + ": " + v + " -> " + (it != b.end() ? it->second : "(unset)"));
   }
   for (const auto& [k, v] : b)
-    if (!a.count(k) && sections.count(k.substr(0, k.find('.'))) && k != "batch.micro_batch")
-      out.push_back(k + ": (unset) -> " + v);
+    if (!a.count(k) && k != "batch.micro_batch" && holds_parent(a, k)) out.push_back(k + ": (unset) -> " + v);
   return out;
 }
 
