@@ -24,8 +24,8 @@ fails=0
 # Adam: 1e-2 (measured 2.6e-3 at update 4): its first updates are about lr x sign(g), so a near-zero
 # gradient element whose last bit differs moves its weight by 2 lr, and the runs then converge again.
 checks=0
-# SWAN with 10 Newton-Schulz steps (30 by default: each step's three GEMMs are the emulation's
-# slowest part of these runs).
+# SWAN with 10 Newton-Schulz steps (12 by default, the bound's 10 and two; eagerly every one runs,
+# and each step's three GEMMs are the emulation's slowest part of these runs).
 "$bin" config -c run.json --set optimizer.swan.ns_steps=10 -o run.json
 for opt in sinkgd swan adam; do
   tol=2e-4

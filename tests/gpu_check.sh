@@ -149,7 +149,7 @@ for x in tr["runs"]:
     assert x["identical"] and x["differing"] == [] and x["updates"] == 3 and pos(x["val_ppl"]) and x["relative"] <= 0.02, x
     # the update's graph, and SWAN's Newton-Schulz in it ended by device loops (WHILE nodes)
     g = x["cuda_graphs"]
-    assert pos(x["update_s"]) and g["update_captures"] == 1 and g["device_loops_refused"] == 0, x
+    assert pos(x["step_s"]) and g["update_captures"] == 1 and g["device_loops_refused"] == 0, x
     assert (g["device_loops"] > 0) == (x["optimizer"] == "swan"), x
 assert "device loop(s)" in md and md.count("1 captured, ") == 2, md
 op = s["optimizers"]["rows"]  # one update of each optimizer, SWAN's beside SinkGD's

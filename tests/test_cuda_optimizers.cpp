@@ -700,9 +700,12 @@ TEST(CudaBackend, GraphedUpdatesEqualEagerOnesAndSkipOnTheDevice) {
       if (backend == "cuda") {
         EXPECT_EQ(graphed.graphs().captures(), 1) << name;
         EXPECT_EQ(graphed.graphs().replays(), 4) << name;
-        // one WHILE node (the model's matrices are one chunk) in SWAN's one graph; on a GPU, a
-        // refusal here is the driver's (the run goes on with every step: this says it happened)
-        EXPECT_EQ(be->queue().counters().device_loops - loops_before, swan ? 1 : 0) << name;
+        // one WHILE node (the model's matrices are one chunk) in SWAN's one graph; on a GPU, none
+        // where the plugin was built with CUDA 12 (its loop is not captured), and a refusal here is
+        // the driver's (the run goes on with every step: this says it happened)
+        const int64_t loops = be->queue().counters().device_loops - loops_before;
+        if (device_loop_bodies() >= 0) EXPECT_EQ(loops, swan ? 1 : 0) << name;
+        else EXPECT_LE(loops, swan ? 1 : 0) << name;
         EXPECT_EQ(be->queue().counters().device_loops_refused, 0) << name;
       }
       EXPECT_EQ(eager.graphs().captures(), 0) << name;

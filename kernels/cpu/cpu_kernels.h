@@ -248,9 +248,9 @@ int64_t sinkgd_one_core_floats(int64_t m, int64_t n);
 void sinkgd_update_many(const SinkGDTensor* tensors, int64_t count, const SinkGDArgs& args, Workspace& ws,
                         int64_t one_core_bytes = 0);
 template <class T, class G> SwanReport swan_update(T* w, const G* g, int64_t m, int64_t n, const SwanArgs& a, OneDnnMatmul& gemm, Workspace& ws);
-// Adam with its step's scalars (optim_math::adam_scalars, or the update's UpdateScalars slot)
 // One element-wise rule (its Step: kernels/common/elementwise_rules.h) over a tensor: nstates state
-// arrays (the Step's count, or none where its rule keeps its state only sometimes). elementwise.cpp
+// arrays (the Step's count, or none where its rule keeps its state only sometimes); w, g and the
+// states must not overlap (the loop is vectorised on that promise). elementwise.cpp
 template <class Step, class T, class G, class S>
 void elementwise_update(T* w, const G* g, S* const* states, int nstates, int64_t n, const RuleScalars& r, const WriteBack& wb);
 template <class T> double sum_squares(const T* x, int64_t n);

@@ -622,11 +622,11 @@ def markdown(rep):
     tr = s["training"]
     md += ["", "## Training smoke (the quickstart on the GPU, twice per optimizer)", "",
            f"status {tr.get('status')}{': ' + tr['reason'] if tr.get('reason') else ''}.", ""]
-    md += table(["optimizer", "updates", "two runs", "validation perplexity", "CPU backend's", "apart", "seconds a run", "tokens/s", "update ms",
+    md += table(["optimizer", "updates", "two runs", "validation perplexity", "CPU backend's", "apart", "seconds a run", "tokens/s", "step ms",
                  "update graph"],
                 [[x.get("optimizer"), fmt(x.get("updates")), "byte-identical" if x.get("identical") else "differ: " + ", ".join(x.get("differing") or []),
                   fmt(x.get("val_ppl"), 5), fmt(x.get("reference_ppl"), 5), pct(x.get("relative")), fmt(x.get("seconds")), fmt(x.get("tokens_per_s")),
-                  ms(x.get("update_s")), update_graph(x.get("cuda_graphs"))]
+                  ms(x.get("step_s")), update_graph(x.get("cuda_graphs"))]
                  for x in tr.get("runs", [])])
     md += ["", "## compute-sanitizer", "", f"status {s['sanitizer'].get('status')}{': ' + s['sanitizer']['reason'] if s['sanitizer'].get('reason') else ''}.", ""]
     md += table(["tool", "target", "status", "errors", "warnings", "why"],

@@ -11,7 +11,7 @@
 # the CPU backend here to make it (the dry run's tiny model). The --set arguments go to every run
 # (the data paths; output_dir and backend are set here). OUT_JSON: {"bound": 0.02, "runs": [{"optimizer",
 # "identical", "differing", "val_ppl", "reference_ppl", "relative", "ok", "seconds", "tokens_per_s",
-# "update_s" (one training update, averaged), "cuda_graphs" (result.json's: replays, device loops)}]}.
+# "step_s" (a training step, micro-batches and update, averaged), "cuda_graphs" (result.json's: replays, device loops)}]}.
 # Exits 0 when every optimizer passed, 1 otherwise.
 set -uo pipefail
 [ $# -ge 6 ] || { sed -n '2,14p' "$0" >&2; exit 2; }
@@ -77,7 +77,7 @@ for row in rows:
     ok_all &= ok
     runs.append({"optimizer": opt, "identical": not differing, "differing": differing, "val_ppl": ppl, "reference_ppl": ref_ppl,
                  "relative": rel, "ok": ok, "updates": a.get("updates"), "seconds": a.get("wall_s"), "tokens_per_s": a.get("tokens_per_s"),
-                 "update_s": a["update_s"] / a["updates"] if a.get("updates") else None, "cuda_graphs": a.get("cuda_graphs"),
+                 "step_s": a["update_s"] / a["updates"] if a.get("updates") else None, "cuda_graphs": a.get("cuda_graphs"),
                  "reference": "the CPU backend, trained here" if ref is None else (ref.get(opt) or {}).get("measured", "")})
     print(f"{opt}: runs {'byte-identical' if not differing else 'differ in ' + ', '.join(differing)}; validation perplexity {ppl} "
           f"against the CPU's {ref_ppl} ({'%.2f%%' % (100 * rel) if rel is not None else 'n/a'}, bound {100 * BOUND:.0f}%)")

@@ -137,15 +137,16 @@ void bench_model_predict(const ModelBenchOptions& o) {
     if (kind == OptimizerKind::Swan) {
       const int64_t eager = (r.optimizer.swan.ns_steps + 1) / 2 * 2, tolerance_steps = optim_math::ns_steps_bound(r.optimizer.swan.ns_tolerance);
       const int64_t graphed = r.optimizer.swan.ns_tolerance > 0 ? std::min(eager, (tolerance_steps / 2 + 1) * 2) : eager;
-      RunConfig g = r;
-      g.optimizer.swan.ns_steps = graphed;
-      const double ug = secs(record_step_costs(g, dt, B, T).update, all);
       char text[160];
-      if (graphed == eager)
+      if (graphed == eager) {
         std::snprintf(text, sizeof text, " (%lld Newton-Schulz steps, eagerly and in the trainer's graph)", (long long)eager);
-      else
+      } else {
+        RunConfig g = r;
+        g.optimizer.swan.ns_steps = graphed;
+        const double ug = secs(record_step_costs(g, dt, B, T).update, all);
         std::snprintf(text, sizeof text, " (%lld Newton-Schulz steps, as run eagerly; in the trainer's graph %lld, the scaled steps' bound: %.3f ms)",
                       (long long)eager, (long long)graphed, ug * 1e3);
+      }
       note = text;
     }
     std::printf(" %s %.3f ms%s", choice_name(kind).c_str(), u * 1e3, note.c_str());
