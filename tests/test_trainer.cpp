@@ -139,6 +139,30 @@ TEST(Resume, MicroBatchAndScheduleChanges) {
   EXPECT_EQ(train(tiny_run(dir.path(), "adam", dir.path() + "/mbm", {"schedule.total_steps=12"}), allow).updates, 10);
 }
 
+// An update's step_s holds its own micro-batches. The loop queues update k + 1's before it settles
+// k, which on the CPU runs them then: without the correction the first update held two updates'
+// forward and backward and the last none (its step_s under its own last micro-batch's forward).
+// The run's update_s is still their sum.
+TEST(Trainer, EachUpdatesStepTimeHoldsItsOwnMicroBatches) {
+  TempDir dir;
+  write_shards(dir.path());
+  const std::string out = dir.path() + "/run";
+  const TrainResult result = train(tiny_run(dir.path(), "sinkgd", out, {"checkpoint.every=0", "eval.every=0"}), quiet());
+  std::ifstream in(out + "/metrics.jsonl");
+  std::string line;
+  double sum = 0;
+  int updates = 0;
+  while (std::getline(in, line)) {
+    const json j = json::parse(line);
+    if (j["type"] != "train") continue;
+    const double step = j["step_s"].get<double>(), own = j["forward_s"].get<double>() + j["backward_s"].get<double>();
+    EXPECT_GE(step, own) << line;
+    sum += step, ++updates;
+  }
+  EXPECT_EQ(updates, 8);
+  EXPECT_NEAR(sum, result.update_seconds, 1e-9 * sum);
+}
+
 // A checkpoint is compared with the settings its run uses: a SinkGD run resumes after SWAN's
 // ns_steps changed (a default that moved between versions), a SWAN run is refused naming the key.
 TEST(ResumeSettings, AnUnusedOptimizersSettingsDoNotStopAResume) {

@@ -110,7 +110,8 @@ void TrainingRun::describe() const {
 // ---- an update ----------------------------------------------------------------------------------
 
 std::optional<QueuedUpdate> TrainingRun::queue_micro_batches(int64_t k) {
-  if (k == first_) t_loop_ = t_last_end_ = Clock::now(), counted_ = parts_.backend->queue().counters();
+  const Clock::time_point t0 = Clock::now();
+  if (k == first_) t_loop_ = t_last_end_ = t0, counted_ = parts_.backend->queue().counters();
   if (stopped_by_) return std::nullopt;
   QueuedUpdate u;
   u.k = k;
@@ -134,6 +135,7 @@ std::optional<QueuedUpdate> TrainingRun::queue_micro_batches(int64_t k) {
   std::vector<MicroBatch> views;
   for (const Batch& b : batches) views.push_back(b.view());
   parts_.pipeline->queue_micro_batches(views, /*total_count=*/sums[0], &u.times);
+  queued_k_ = k, queued_s_ = since(t0);
   return u;
 }
 
@@ -142,7 +144,10 @@ void TrainingRun::queue_step(QueuedUpdate& u) {
   parts_.pipeline->queue_step(u.k, u.k - state_.skipped, monitor_.spike_test(), &u.times);  // the skipped count covers every update before k
 }
 
-void TrainingRun::discard(QueuedUpdate&) { parts_.pipeline->discard(); }
+void TrainingRun::discard(QueuedUpdate&) {
+  parts_.pipeline->discard();
+  queued_k_ = -1, owed_s_ = 0.0;  // a rollback: the run goes on from its checkpoint
+}
 
 bool TrainingRun::settle(const QueuedUpdate& u) {
   Comm::set_activity("the statistics of update " + std::to_string(u.k));
@@ -185,7 +190,9 @@ void TrainingRun::record(const QueuedUpdate& u, const StepStats& st) {
   state_.tokens_seen += r.raw_tokens;
   tokens_this_run_ += r.raw_tokens;
   r.tokens_seen = state_.tokens_seen;
-  r.step_s = since(t_last_end_);
+  const double next_queue_s = queued_k_ == u.k + 1 ? queued_s_ : 0.0;  // update k + 1's, queued in this interval
+  r.step_s = since(t_last_end_) - next_queue_s + owed_s_;
+  owed_s_ = next_queue_s;
   result_.update_seconds += r.step_s;
   r.times = u.times;
   const QueueCounters now = parts_.backend->queue().counters();

@@ -77,6 +77,12 @@ class TrainingRun {
   StopSignals stop_signals_;  // while the run lives: SIGTERM, SIGINT, SIGUSR1 stop it after an update
   int stopped_by_ = 0;        // the signal every rank stops for (0: none)
   Clock::time_point t_loop_, t_last_end_;
+  // An update's step_s is the time from the last record to its own, moved by the host time of
+  // queuing micro-batches: the loop queues update k + 1's before it settles k, so that time falls in
+  // k's interval and is owed to k + 1 (on the CPU it is k + 1's forward and backward).
+  int64_t queued_k_ = -1;     // the update whose micro-batches were queued last
+  double queued_s_ = 0.0;     // ... and the host time that took
+  double owed_s_ = 0.0;       // queuing time the next record adds (moved out of the last one)
   QueueCounters counted_;  // the queue's counters at the last record
   int64_t tokens_this_run_ = 0, swan_warnings_ = 0;
 };
