@@ -347,6 +347,58 @@ TEST_P(CudaVsCpu, SwiGLUForwardBackward) {
     }
 }
 
+// Rows whose strides are whole 16-byte packs but whose width F is not (the plan's padded MLP rows at
+// llama_1b's F = 5461): the up half starts r = F % P elements off a pack in every row, and the kernel
+// moves it (and dup) through shared memory as whole aligned packs. Against the CPU on dense rows, at
+// BF16 shifts 1, 3, 6, 5 and FP32 shifts 1, 3, 2, 1, a row in 1 to 6 spans of 256 packs; NaN planted in
+// the inputs' padding (never used), a sentinel in the outputs' (never written).
+TEST_P(CudaVsCpu, SwiGLUOverPaddedRowsOffAPack) {
+  const int64_t N = 3;
+  for (DType t : kTypes)
+    for (int64_t F : {41, 2051, 4102, 5461}) {
+      const int64_t s = dtype_bytes(t);
+      auto padded = [s](int64_t cols) { return (cols * s + 127) / 128 * 128 / s; };  // 128-byte rows
+      const int64_t lg = padded(2 * F), lf = padded(F);
+      // dense [N, cols] values into rows of `ld`, `fill` in the padding; and back
+      auto pad = [N](const Vec& dense, int64_t cols, int64_t ld, double fill) {
+        Vec v(static_cast<size_t>(N * ld), fill);
+        for (int64_t n = 0; n < N; ++n) std::copy_n(dense.begin() + n * cols, cols, v.begin() + n * ld);
+        return v;
+      };
+      auto unpad = [N](const Vec& rows, int64_t cols, int64_t ld) {
+        Vec v(static_cast<size_t>(N * cols));
+        for (int64_t n = 0; n < N; ++n) std::copy_n(rows.begin() + n * ld, cols, v.begin() + n * cols);
+        return v;
+      };
+      auto padding_holds = [N](const Vec& rows, int64_t cols, int64_t ld, double fill) {
+        for (int64_t n = 0; n < N; ++n)
+          for (int64_t c = cols; c < ld; ++c)
+            if (rows[static_cast<size_t>(n * ld + c)] != fill) return false;
+        return true;
+      };
+      const double kSentinel = 7.0;
+      const Vec gu = random_vec(N * 2 * F, 1, 2.0), dout = random_vec(N * F, 2);
+      Pair out(*cpu, *cuda, Vec(N * F, 0.0), t), dgu(*cpu, *cuda, Vec(N * 2 * F, 0.0), t), out2(*cpu, *cuda, Vec(N * F, 0.0), t);
+      DeviceBuffer gu_c(*cpu, gu, t), dout_c(*cpu, dout, t);
+      DeviceBuffer gu_g(*cuda, pad(gu, 2 * F, lg, NAN), t), dout_g(*cuda, pad(dout, F, lf, NAN), t);
+      DeviceBuffer out_g(*cuda, pad(Vec(N * F, 0.0), F, lf, kSentinel), t), out2_g(*cuda, pad(Vec(N * F, 0.0), F, lf, kSentinel), t),
+          dgu_g(*cuda, pad(Vec(N * 2 * F, 0.0), 2 * F, lg, kSentinel), t);
+      auto rows = [](const DeviceBuffer& b, int64_t ld) { return Buf{b.buf().ptr, b.buf().dtype, ld}; };
+      const std::string what = std::string(dtype_name(t)) + " F " + std::to_string(F);
+
+      cpu->swiglu_forward(out.c.buf(), gu_c.buf(), N, F);
+      cuda->swiglu_forward(rows(out_g, lf), rows(gu_g, lg), N, F);
+      EXPECT_TRUE(close(unpad(out_g.get(), F, lf), out.c.get(), tol(t))) << what;
+      EXPECT_TRUE(padding_holds(out_g.get(), F, lf, kSentinel)) << what;
+
+      cpu->swiglu_backward(dgu.c.buf(), out2.c.buf(), dout_c.buf(), gu_c.buf(), N, F);
+      cuda->swiglu_backward(rows(dgu_g, lg), rows(out2_g, lf), rows(dout_g, lf), rows(gu_g, lg), N, F);
+      EXPECT_TRUE(close(unpad(dgu_g.get(), 2 * F, lg), dgu.c.get(), tol(t))) << what;
+      EXPECT_TRUE(padding_holds(dgu_g.get(), 2 * F, lg, kSentinel)) << what;
+      EXPECT_EQ(out2_g.get(), out_g.get()) << what;  // the recomputed forward: the forward's bits, padding included
+    }
+}
+
 // A row whose first logits are -inf (a masked vocabulary): they add nothing, and -inf - -inf never
 // makes the row NaN.
 TEST_P(CudaVsCpu, CrossEntropyWithMinusInfinityLogits) {

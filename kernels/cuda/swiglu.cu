@@ -1,8 +1,14 @@
 // SwiGLU on gate_up[N, 2F] = [gate | up] (formulas: kernels/common/op_math.h). Each array has a row
 // stride of its own (SwigluStrides: the CUDA plan pads the MLP's rows to 128 bytes where their width
-// is off 16 bytes, for the GEMMs). Elementwise, one 16-byte pack per thread when F and every stride
-// allow it; else (llama_1b's F = 5461: the up half starts off 16 bytes in any row) a (F/256, rows)
-// grid, a thread per element of a row, with no division.
+// is off 16 bytes, for the GEMMs). Elementwise; three paths by layout:
+//   - F and every stride whole 16-byte packs: a flat grid-stride, one pack per thread;
+//   - every stride whole packs, F not (llama_1b's F = 5461 in the plan's padded rows): gate, dout,
+//     out and dgate rows start on 16 bytes and move as packs, but the up half starts r = F % P
+//     elements past a pack boundary in every row. A block takes a span of one row (256 packs of
+//     columns, rows strided over blockIdx.y) and moves the span's up (and dup) as whole aligned
+//     packs through shared memory, shifted by r there; only a row's last, partial pack of each half
+//     goes element by element. The same DRAM bytes as the flat path, 16 bytes a load and a store;
+//   - anything else: a (F/256, rows) grid, a thread per element of a row, with no division.
 //   forward:  reads 2 N F, writes N F elements of T; ~6 N F FLOPs (sigmoid as one exp)
 //   backward: reads 3 N F, writes 2 N F elements of T; ~12 N F FLOPs; with `out` (the forward's
 //             output, recomputed for the weight gradient) N F more written and ~2 N F FLOPs, which
@@ -100,6 +106,134 @@ __global__ void swiglu_backward_rows_kernel(T* dgate_up, T* out, const T* dout, 
   if (f >= F) return;
   for (int64_t n = blockIdx.y; n < N; n += gridDim.y) swiglu_backward_span<T, 1>(dgate_up, out, dout, gate_up, n, f, F, ld);
 }
+// ---- rows of whole-pack strides, F not a whole number of packs ------------------------------------
+constexpr int kSpanThreads = 256;  // a block: kSpanThreads packs of one row
+constexpr int kWindowBytes = (kSpanThreads + 1) * 16;  // a span's packs and the one its shift reaches
+
+// Up to P values of row + f0 as FP32 (`valid` of them; a whole aligned pack when valid == P).
+template <class T>
+__device__ __forceinline__ void load_partial(const T* row, int64_t f0, int valid, float (&x)[Pack<T>::kSize]) {
+  constexpr int P = Pack<T>::kSize;
+  if (valid == P) {
+    load_values<T, P>(row, f0, x);
+    return;
+  }
+#pragma unroll
+  for (int k = 0; k < P; ++k) x[k] = k < valid ? to_float(row[f0 + k]) : 0.0f;
+}
+// The first `valid` of P values to row + f0 (a whole aligned pack when valid == P): a row's
+// padding is never written.
+template <class T>
+__device__ __forceinline__ void store_partial(T* row, int64_t f0, int valid, const T (&x)[Pack<T>::kSize]) {
+  constexpr int P = Pack<T>::kSize;
+  if (valid == P) {
+    store_packs<T, P>(row, f0, x);
+    return;
+  }
+#pragma unroll
+  for (int k = 0; k < P; ++k)
+    if (k < valid) row[f0 + k] = x[k];
+}
+
+// Row elements [c0, c_end) through a shared window of kSpanThreads + 1 aligned packs, the window's
+// element i being the row's element c0 / P * P + i (so element c of the span sits at c - c0 + c0 % P).
+// load_window: every pack holding one of them, whole (a row's packs past c_end lie in its padding,
+// the stride being whole packs, and are not read).
+template <class T>
+__device__ __forceinline__ void load_window(T* window, const T* row, int64_t c0, int64_t c_end) {
+  constexpr int P = Pack<T>::kSize;
+  const int64_t a0 = c0 / P * P;
+  for (int p = threadIdx.x; p <= kSpanThreads; p += blockDim.x)
+    if (a0 + int64_t(p) * P < c_end) reinterpret_cast<Pack<T>*>(window)[p] = *reinterpret_cast<const Pack<T>*>(row + a0 + int64_t(p) * P);
+}
+// store_window: the window's elements back to [c0, c_end) of the row, a pack whole where all of it
+// lies inside, else element by element (the neighbours' elements are another block's or the padding).
+template <class T>
+__device__ __forceinline__ void store_window(T* row, const T* window, int64_t c0, int64_t c_end) {
+  constexpr int P = Pack<T>::kSize;
+  const int64_t a0 = c0 / P * P;
+  for (int p = threadIdx.x; p <= kSpanThreads; p += blockDim.x) {
+    const int64_t e = a0 + int64_t(p) * P;
+    if (e >= c0 && e + P <= c_end) {
+      *reinterpret_cast<Pack<T>*>(row + e) = reinterpret_cast<const Pack<T>*>(window)[p];
+    } else {
+#pragma unroll
+      for (int k = 0; k < P; ++k)
+        if (e + k >= c0 && e + k < c_end) row[e + k] = window[p * P + k];
+    }
+  }
+}
+
+// A block's span of row columns [span, span + kSpanThreads P) and thread's part of it: columns f0 ..
+// f0 + valid - 1, the up half's at F + f0 .., window index `at` (F + span being the window's c0).
+struct SpanPart {
+  int64_t span, f0, up_end;
+  int valid, at;
+};
+template <class T>
+__device__ __forceinline__ SpanPart span_part(int64_t F) {
+  constexpr int P = Pack<T>::kSize;
+  SpanPart s;
+  s.span = int64_t(blockIdx.x) * kSpanThreads * P;
+  s.f0 = s.span + int64_t(P) * threadIdx.x;
+  s.valid = int(std::max<int64_t>(0, std::min<int64_t>(P, F - s.f0)));
+  s.up_end = F + std::min<int64_t>(F, s.span + int64_t(kSpanThreads) * P);
+  s.at = int((F + s.span) % P) + P * int(threadIdx.x);
+  return s;
+}
+
+template <class T>
+__global__ void swiglu_forward_shifted_kernel(T* out, const T* gate_up, int64_t N, int64_t F, SwigluStrides ld) {
+  constexpr int P = Pack<T>::kSize;
+  MN_DYNAMIC_SHARED(T, up);  // kWindowBytes
+  const SpanPart s = span_part<T>(F);
+  for (int64_t n = blockIdx.y; n < N; n += gridDim.y) {
+    const T* g = gate_up + n * ld.gate_up;
+    load_window(up, g, F + s.span, s.up_end);
+    __syncthreads();
+    float gf[P];
+    load_partial(g, s.f0, s.valid, gf);
+    T o[P];
+#pragma unroll
+    for (int k = 0; k < P; ++k) o[k] = from_float<T>(op_math::swiglu(gf[k], sigmoid(gf[k]), k < s.valid ? to_float(up[s.at + k]) : 0.0f));
+    store_partial(out + n * ld.out, s.f0, s.valid, o);
+    __syncthreads();  // the window is refilled for the next row
+  }
+}
+
+template <class T>
+__global__ void
+    swiglu_backward_shifted_kernel(T* dgate_up, T* out, const T* dout, const T* gate_up, int64_t N, int64_t F, SwigluStrides ld) {
+  constexpr int P = Pack<T>::kSize;
+  MN_DYNAMIC_SHARED(T, up);  // 2 kWindowBytes: up's window, then dup's
+  T* dup = up + kWindowBytes / sizeof(T);
+  const SpanPart s = span_part<T>(F);
+  for (int64_t n = blockIdx.y; n < N; n += gridDim.y) {
+    const T* g = gate_up + n * ld.gate_up;
+    T* dg = dgate_up + n * ld.dgate_up;
+    load_window(up, g, F + s.span, s.up_end);
+    __syncthreads();
+    float gf[P], df[P];
+    load_partial(g, s.f0, s.valid, gf);
+    load_partial(dout + n * ld.dout, s.f0, s.valid, df);
+    T dgv[P], ov[P];
+#pragma unroll
+    for (int k = 0; k < P; ++k) {
+      const float uf = k < s.valid ? to_float(up[s.at + k]) : 0.0f, sig = sigmoid(gf[k]);
+      float a, b;
+      op_math::swiglu_grad(gf[k], sig, uf, df[k], a, b);
+      dgv[k] = from_float<T>(a);
+      ov[k] = from_float<T>(op_math::swiglu(gf[k], sig, uf));
+      if (k < s.valid) dup[s.at + k] = from_float<T>(b);
+    }
+    store_partial(dg, s.f0, s.valid, dgv);
+    if (out) store_partial(out + n * ld.out, s.f0, s.valid, ov);
+    __syncthreads();
+    store_window(dg, dup, F + s.span, s.up_end);
+    __syncthreads();  // both windows are refilled for the next row
+  }
+}
+
 // The packed path: F and every stride a whole number of packs (each row of each array 16-byte aligned).
 template <class T>
 bool packable(int64_t F, const SwigluStrides& ld) {
@@ -108,11 +242,14 @@ bool packable(int64_t F, const SwigluStrides& ld) {
 }
 
 unsigned grid_for(int64_t work) { return static_cast<unsigned>(std::min<int64_t>(ceil_div(work, 256), 8192)); }
-// The rows grid: F/256 column spans x up to 8192 / spans rows at a time (~8192 blocks, as grid_for).
-dim3 rows_grid(int64_t N, int64_t F) {
-  const int64_t spans = ceil_div(F, 256);
+// `spans` column spans x up to 8192 / spans rows at a time (~8192 blocks, as grid_for).
+dim3 spans_x_rows(int64_t N, int64_t spans) {
   return dim3(static_cast<unsigned>(spans), static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(N, std::min<int64_t>(65535, 8192 / spans + 1)))));
 }
+// The rows grid: F/256 column spans.
+dim3 rows_grid(int64_t N, int64_t F) { return spans_x_rows(N, ceil_div(F, 256)); }
+// The shifted path's grid: spans of kSpanThreads packs.
+dim3 spans_grid(int64_t N, int64_t F, int64_t P) { return spans_x_rows(N, ceil_div(F, kSpanThreads * P)); }
 
 }  // namespace
 
@@ -120,8 +257,11 @@ template <class T>
 void swiglu_forward(T* out, const T* gate_up, int64_t N, int64_t F, const SwigluStrides& ld, cudaStream_t stream) {
   constexpr int P = Pack<T>::kSize;
   if (N * F == 0) return;
-  if (packable<T>(F, ld) && aligned16(out) && aligned16(gate_up))
+  const bool aligned = aligned16(out) && aligned16(gate_up);
+  if (packable<T>(F, ld) && aligned)
     launch("swiglu_forward", swiglu_forward_kernel<T>, dim3(grid_for(N * F / P)), dim3(256), 0, stream, out, gate_up, N, F, ld);
+  else if (packable<T>(0, ld) && aligned)
+    launch("swiglu_forward", swiglu_forward_shifted_kernel<T>, spans_grid(N, F, P), dim3(kSpanThreads), kWindowBytes, stream, out, gate_up, N, F, ld);
   else
     launch("swiglu_forward", swiglu_forward_rows_kernel<T>, rows_grid(N, F), dim3(256), 0, stream, out, gate_up, N, F, ld);
 }
@@ -130,8 +270,12 @@ template <class T>
 void swiglu_backward(T* dgate_up, T* out, const T* dout, const T* gate_up, int64_t N, int64_t F, const SwigluStrides& ld, cudaStream_t stream) {
   constexpr int P = Pack<T>::kSize;
   if (N * F == 0) return;
-  if (packable<T>(F, ld) && aligned16(dgate_up) && aligned16(dout) && aligned16(gate_up) && (!out || aligned16(out)))
+  const bool aligned = aligned16(dgate_up) && aligned16(dout) && aligned16(gate_up) && (!out || aligned16(out));
+  if (packable<T>(F, ld) && aligned)
     launch("swiglu_backward", swiglu_backward_kernel<T>, dim3(grid_for(N * F / P)), dim3(256), 0, stream, dgate_up, out, dout, gate_up, N, F, ld);
+  else if (packable<T>(0, ld) && aligned)
+    launch("swiglu_backward", swiglu_backward_shifted_kernel<T>, spans_grid(N, F, P), dim3(kSpanThreads), 2 * kWindowBytes, stream, dgate_up, out, dout,
+           gate_up, N, F, ld);
   else
     launch("swiglu_backward", swiglu_backward_rows_kernel<T>, rows_grid(N, F), dim3(256), 0, stream, dgate_up, out, dout, gate_up, N, F, ld);
 }
