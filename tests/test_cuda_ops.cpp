@@ -77,6 +77,37 @@ TEST_P(CudaVsCpu, MatmulLayoutsAccumulateAndOddWidths) {
   }
 }
 
+// A residual projection (out = residual + a b^T) on the CUDA backend reads the residual as cuBLASLt's
+// addend: the bits of the default (residual copied into out, then the accumulating GEMM), no convert
+// launched, the residual untouched; a residual whose base is off 16 bytes takes the copy. Both within
+// the GEMM bound of the exact sum, as the CPU's.
+TEST_P(CudaVsCpu, ResidualProjectionReadsTheResidualAsTheGemmsAddend) {
+  const int64_t M = 5, N = 64, K = 40;
+  for (DType t : kTypes)
+    for (int64_t offset : {0, 1}) {  // elements into the residual's buffer
+      Pair a(*cpu, *cuda, random_vec(M * K, 1), t), b(*cpu, *cuda, random_vec(N * K, 2), t), r(*cpu, *cuda, random_vec(M * N + offset, 3), t),
+          fused(*cpu, *cuda, Vec(M * N, 0.0), t), unfused(*cpu, *cuda, Vec(M * N, 0.0), t);
+      const Vec before = r.c.get();
+      const Buf rg = r.g.buf().at(offset), rc = r.c.buf().at(offset);
+      cuda->set_profiling(true);
+      cuda->take_profile();
+      cuda->matmul_residual(fused.g.buf(), rg, a.g.buf(), b.g.buf(), M, N, K, false, true);
+      int64_t converts = 0;
+      for (const KernelTime& k : cuda->take_profile())
+        if (k.name == "convert") converts += k.launches;
+      cuda->set_profiling(false);
+      const std::string what = std::string(dtype_name(t)) + " offset " + std::to_string(offset);
+      EXPECT_EQ(converts, offset ? 1 : 0) << what;
+      cuda->Backend::matmul_residual(unfused.g.buf(), rg, a.g.buf(), b.g.buf(), M, N, K, false, true);
+      EXPECT_EQ(fused.g.get(), unfused.g.get()) << what;
+      EXPECT_EQ(r.g.get(), before) << what;
+      cpu->matmul_residual(fused.c.buf(), rc, a.c.buf(), b.c.buf(), M, N, K, false, true);
+      const Vec residual(before.begin() + offset, before.end());
+      EXPECT_TRUE(gemm_within_bound(fused.g.get(), a.c.get(), b.c.get(), residual, M, N, K, false, true, true, t)) << "cuda " << what;
+      EXPECT_TRUE(gemm_within_bound(fused.c.get(), a.c.get(), b.c.get(), residual, M, N, K, false, true, true, t)) << "cpu " << what;
+    }
+}
+
 // cuBLASLt runs slowly on operands whose rows or base are off 16 bytes (llama_1b's MLP width 5461 in
 // BF16: 133 TFLOP/s against 725 on an H100). The backend stages such an operand through 128-byte rows
 // (cuda_scratch::gemm_staging, a copy_rows launch each way): the same product, within the FP32
@@ -243,12 +274,20 @@ TEST_P(CudaVsCpu, RmsNormForwardBackward) {
         cuda->rmsnorm_forward(y.g.buf(), r.g.f32(), x.g.buf(), w.g.buf(), s.N, s.C, 1e-5f);
         EXPECT_TRUE(y.same(tol(t)));
         EXPECT_TRUE(r.same(kF32));
+        // Accumulating, dx's rounded copy (the next projection's operand) too: each backend's copy
+        // holds the bits its own convert gives dx.
+        Pair copy(*cpu, *cuda, Vec(s.N * s.C, 0.0), t), converted(*cpu, *cuda, Vec(s.N * s.C, 0.0), t);
         for (bool accumulate : {false, true}) {
-          cpu->rmsnorm_backward(dx.c.f32(), dw.c.buf(), dy.c.f32(), x.c.buf(), w.c.buf(), r.c.f32(), s.N, s.C, accumulate);
-          cuda->rmsnorm_backward(dx.g.f32(), dw.g.buf(), dy.g.f32(), x.g.buf(), w.g.buf(), r.g.f32(), s.N, s.C, accumulate);
+          const Buf cc = accumulate ? copy.c.buf() : Buf{}, cg = accumulate ? copy.g.buf() : Buf{};
+          cpu->rmsnorm_backward(dx.c.f32(), cc, dw.c.buf(), dy.c.f32(), x.c.buf(), w.c.buf(), r.c.f32(), s.N, s.C, accumulate);
+          cuda->rmsnorm_backward(dx.g.f32(), cg, dw.g.buf(), dy.g.f32(), x.g.buf(), w.g.buf(), r.g.f32(), s.N, s.C, accumulate);
           EXPECT_TRUE(dx.same(kF32)) << "N " << s.N << " accumulate " << accumulate;
           EXPECT_TRUE(dw.same(tol(g))) << "N " << s.N << " " << dtype_name(t) << "/" << dtype_name(g);
         }
+        cpu->convert(converted.c.buf(), Buf{dx.c.f32(), DType::F32}, s.N * s.C);
+        cuda->convert(converted.g.buf(), Buf{dx.g.f32(), DType::F32}, s.N * s.C);
+        EXPECT_EQ(copy.c.get(), converted.c.get()) << "N " << s.N << " " << dtype_name(t);
+        EXPECT_EQ(copy.g.get(), converted.g.get()) << "N " << s.N << " " << dtype_name(t);
       }
   }
 }

@@ -153,7 +153,7 @@ TEST(LaunchLimits, RmsNormBackwardOnRowsWiderThan48KbOfShared) {
   float *dx = up(std::vector<float>(N * C)), *dw = up(std::vector<float>(C, 0.0f)), *dx_in = up(x), *w_d = up(w), *dout_d = up(dout),
         *rstd_d = up(rstd);
   float* scratch = up(std::vector<float>(multinorm::cuda::rmsnorm_backward_scratch(N, C)));
-  multinorm::cuda::rmsnorm_backward<float, float>(dx, dw, dout_d, dx_in, w_d, rstd_d, N, C, false, scratch, nullptr);
+  multinorm::cuda::rmsnorm_backward<float, float>(dx, nullptr, dw, dout_d, dx_in, w_d, rstd_d, N, C, false, scratch, nullptr);
   std::vector<float> dw_h(C);
   cudaMemcpy(dw_h.data(), dw, C * 4, cudaMemcpyDeviceToHost);
   for (int64_t c = 0; c < C; c += 1531) {

@@ -99,13 +99,13 @@ TEST_P(Ops, RmsNormForwardBackward) {
       DY(*be, dy, f32);
   be->rmsnorm_forward(Y.buf(), R.f32(), X.buf(), W.buf(), N, C, static_cast<float>(eps));
   EXPECT_TRUE(close(Y.get(), ref::rmsnorm(x, w.data(), N, C, eps), 1e-6));
-  be->rmsnorm_backward(DX.f32(), DW.buf(), DY.f32(), X.buf(), W.buf(), R.f32(), N, C, false);
+  be->rmsnorm_backward(DX.f32(), Buf{}, DW.buf(), DY.f32(), X.buf(), W.buf(), R.f32(), N, C, false);
   const Vec gx = numeric_grad([&](const Vec& v) { return dot(dy, ref::rmsnorm(v, w.data(), N, C, eps)); }, x);
   const Vec gw = numeric_grad([&](const Vec& v) { return dot(dy, ref::rmsnorm(x, v.data(), N, C, eps)); }, w);
   EXPECT_TRUE(close(DX.get(), gx, 1e-5));
   EXPECT_TRUE(close(DW.get(), gw, 1e-5));
   // dx accumulates on request; dw always accumulates.
-  be->rmsnorm_backward(DX.f32(), DW.buf(), DY.f32(), X.buf(), W.buf(), R.f32(), N, C, true);
+  be->rmsnorm_backward(DX.f32(), Buf{}, DW.buf(), DY.f32(), X.buf(), W.buf(), R.f32(), N, C, true);
   Vec gx2 = gx, gw2 = gw;
   for (auto& v : gx2) v *= 2;
   for (auto& v : gw2) v *= 2;
@@ -481,7 +481,7 @@ TEST_P(OpsBf16, RmsNorm) {
   const Vec x = X.get(), w = W.get(), dy = DY.get();
   be->rmsnorm_forward(Y.buf(), R.f32(), X.buf(), W.buf(), N, C, static_cast<float>(eps));
   EXPECT_TRUE(close(Y.get(), ref::rmsnorm(x, w.data(), N, C, eps), 4e-3));  // measured 1.4e-3
-  be->rmsnorm_backward(DX.f32(), DW.buf(), DY.f32(), X.buf(), W.buf(), R.f32(), N, C, false);
+  be->rmsnorm_backward(DX.f32(), Buf{}, DW.buf(), DY.f32(), X.buf(), W.buf(), R.f32(), N, C, false);
   const Vec gx = numeric_grad([&](const Vec& v) { return dot(dy, ref::rmsnorm(v, w.data(), N, C, eps)); }, x);
   const Vec gw = numeric_grad([&](const Vec& v) { return dot(dy, ref::rmsnorm(x, v.data(), N, C, eps)); }, w);
   EXPECT_TRUE(close(DX.get(), gx, 1e-6));  // FP32 output from BF16 inputs; measured 3.3e-8

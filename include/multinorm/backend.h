@@ -77,6 +77,14 @@ class Backend {
   // (bf16 x bf16 -> fp32 is the mixed-precision path). FP32 accumulation always.
   virtual void matmul(Buf out, Buf a, Buf b, int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b,
                       bool accumulate) = 0;
+  // out[M,N] = residual[M,N] + op(a) op(b): a residual connection's projection, which keeps the stream
+  // it adds to (both are saved for the backward pass). out and residual: one dtype, dense rows. The
+  // default copies residual into out, then accumulates; a backend may read residual as the GEMM's
+  // addend instead (the CUDA backend: cuBLASLt's C operand, one pass over out instead of three).
+  virtual void matmul_residual(Buf out, Buf residual, Buf a, Buf b, int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b) {
+    convert(out, residual, M * N);
+    matmul(out, a, b, M, N, K, trans_a, trans_b, true);
+  }
 
   // ---- model ops (BT rows of width C unless noted) --------------------------------------------
   // out[BT,C] = wte[tokens[i], :]
@@ -87,8 +95,9 @@ class Backend {
   // out = x * rstd * w, rstd[i] = 1/sqrt(mean(x_i^2) + eps)
   virtual void rmsnorm_forward(Buf out, float* rstd, Buf x, Buf w, int64_t N, int64_t C, float eps) = 0;
   // dx (=, or += when accumulate_dx) and dw (+=) from dout; dout and dx are FP32 (GEMM outputs and
-  // the residual-stream gradient)
-  virtual void rmsnorm_backward(float* dx, Buf dw, const float* dout, Buf x, Buf w, const float* rstd, int64_t N,
+  // the residual-stream gradient). With dx_copy.ptr set (x's dtype), dx's new values are also written
+  // there, rounded (RNE): the next projection's operand, without a pass of its own.
+  virtual void rmsnorm_backward(float* dx, Buf dx_copy, Buf dw, const float* dout, Buf x, Buf w, const float* rstd, int64_t N,
                                 int64_t C, bool accumulate_dx) = 0;
   // In place on the q and k sections of qkv[B*T, 3*H*D]: rotate-half RoPE, cos_sin[T, D/2, 2]
   virtual void rope_forward(Buf qkv, const float* cos_sin, int64_t B, int64_t T, int64_t H, int64_t D) = 0;

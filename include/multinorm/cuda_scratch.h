@@ -66,6 +66,12 @@ inline GemmExtents gemm_extents(const GemmStaging& st, int64_t N, int64_t K, boo
   if (!trans_b && ((N * in_bytes) % 16 != 0 || (N * out_bytes) % 16 != 0)) e.N = std::max(N, std::min(st.b.ld, st.out.ld));
   return e;
 }
+// A residual projection (out = residual + op(a) op(b), Backend::matmul_residual) reads its residual
+// as cuBLASLt's addend (C) where the output is not staged (its dense rows then sit on 16 bytes) and
+// the residual's base is on 16 bytes too; else the residual is copied into out and the GEMM accumulates.
+inline bool gemm_reads_residual(const GemmStaging& st, int64_t M, int64_t N, int64_t K, uintptr_t residual_address) {
+  return M > 0 && N > 0 && K > 0 && !st.out.staged && residual_address % 16 == 0;
+}
 constexpr int64_t kRmsnormBackwardBlocks = 256;      // fixed: the same reduction tree on every GPU
 constexpr int64_t kSinkgdChunks = 128;               // SinkGD's row chunks per pass
 constexpr int64_t kSumSquaresBlocks = 256;           // the FP64 sum of squares' fixed grid

@@ -1,7 +1,7 @@
 // A projection of the model, y[N, out] = x[N, in] W^T with W stored [out, in] (Hugging Face's
 // layout): the one place the model asks a backend for its GEMMs, three per projection:
 //
-//   forward          y[N, out]  = x W^T   (+ y: a residual added in place)   matmul(x, W, trans_b)
+//   forward          y[N, out]  = x W^T   (+ r: a residual stream)           matmul(x, W, trans_b)
 //   backward_input   dx[N, in]  = dy W                                       matmul(dy, W)
 //   backward_weight  dW[out, in] += dy^T x                                   matmul(dy, x, trans_a)
 //
@@ -30,7 +30,9 @@ struct Linear {
   Buf w, dw;  // the weight [out, in] and its gradient (the gradient arena's dtype)
   int64_t in = 0, out = 0;
 
-  void forward(Backend& be, Buf y, Buf x, int64_t N, bool accumulate) const { be.matmul(y, x, w, N, out, in, false, true, accumulate); }
+  void forward(Backend& be, Buf y, Buf x, int64_t N) const { be.matmul(y, x, w, N, out, in, false, true, false); }
+  // A residual connection's projection: y = r + x W^T, r kept as it was (Backend::matmul_residual).
+  void forward_residual(Backend& be, Buf y, Buf r, Buf x, int64_t N) const { be.matmul_residual(y, r, x, w, N, out, in, false, true); }
   // The gate/up projection (out = 2F): y = [gate | up] = x W^T, then s[N, F] = silu(gate) * up.
   void forward_swiglu(Backend& be, Buf s, Buf y, Buf x, int64_t N) const { be.matmul_swiglu(s, y, x, w, N, out / 2, in); }
   // The loss head (out = V): the logits and their cross-entropy, dlogits when given (Backend::linear_cross_entropy).

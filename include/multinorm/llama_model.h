@@ -27,7 +27,7 @@ struct LossSum {
 };
 
 // Wall time per op kind, for `bench model` (host-side timing: exact on the CPU backend).
-enum class Op { Embedding, RmsNorm, Matmul, Rope, Attention, MatmulSwiGLU, LossHead, Copy, kCount };
+enum class Op { Embedding, RmsNorm, Matmul, Rope, Attention, MatmulSwiGLU, LossHead, kCount };
 const char* op_name(Op op);
 struct OpProfile {
   std::array<double, static_cast<size_t>(Op::kCount)> seconds{};

@@ -98,7 +98,7 @@ class CpuBackend final : public Backend {
       cpu::rmsnorm_forward(as<T>(out), rstd, as<T>(x), as<T>(w), N, C, eps);
     });
   }
-  void rmsnorm_backward(float* dx, Buf dw, const float* dout, Buf x, Buf w, const float* rstd, int64_t N, int64_t C,
+  void rmsnorm_backward(float* dx, Buf dx_copy, Buf dw, const float* dout, Buf x, Buf w, const float* rstd, int64_t N, int64_t C,
                         bool accumulate_dx) override {
     same_dtype({x, w}, "rmsnorm_backward");
     with_types(w.dtype, dw.dtype, "rmsnorm_backward", [&](auto* t, auto* g) {
@@ -106,6 +106,7 @@ class CpuBackend final : public Backend {
       using G = std::remove_pointer_t<decltype(g)>;
       cpu::rmsnorm_backward(dx, as<G>(dw), dout, as<T>(x), as<T>(w), rstd, N, C, accumulate_dx, ws_);
     });
+    if (dx_copy.ptr) convert(dx_copy, Buf{dx, DType::F32}, N * C);  // a pass of its own: the CPU's rows are in cache
   }
   void rope_forward(Buf qkv, const float* cs, int64_t B, int64_t T_, int64_t H, int64_t D) override {
     with_type(qkv.dtype, [&](auto* t) { cpu::rope_forward(as<std::remove_pointer_t<decltype(t)>>(qkv), cs, B, T_, H, D, false); });

@@ -133,25 +133,13 @@ class CudaBackend final : public Backend {
   // A padded operand (Buf::ld) is taken as it is. Where every operand carrying K (or N) as its rows'
   // length is padded, the GEMM runs over the padding, zeros (cuda_scratch::gemm_extents).
   void matmul(Buf out, Buf a, Buf b, int64_t M, int64_t N, int64_t K, bool ta, bool tb, bool acc) override {
-    if (a.dtype != b.dtype) throw Error("matmul: operands must share a dtype");
-    if (a.dtype == DType::F32 && out.dtype != DType::F32) throw Error("matmul: fp32 operands need an fp32 output");
-    const int64_t si = dtype_bytes(a.dtype), so = dtype_bytes(out.dtype);
-    const cuda_scratch::GemmStaging st =
-        cuda_scratch::gemm_staging(M, N, K, ta, tb, si, so, reinterpret_cast<uintptr_t>(a.ptr), reinterpret_cast<uintptr_t>(b.ptr),
-                                   reinterpret_cast<uintptr_t>(out.ptr), a.ld, b.ld, out.ld);
-    const bool staged = M > 0 && N > 0 && K > 0 && (st.a.staged || st.b.staged || st.out.staged);
-    auto stage = [&](const cuda_scratch::GemmOperand& o, std::unique_ptr<Scratch>& s, const void* p, int64_t bytes, bool copy_in) -> void* {
-      if (!staged || !o.staged) return const_cast<void*>(p);
-      void* copy = scratch(s, static_cast<size_t>(o.staged_bytes(bytes)), "a GEMM operand's 128-byte rows");
-      if (copy_in) cuda::copy_rows(copy, o.ld, p, o.stride, o.rows, o.cols, static_cast<int>(bytes), q_->issue());
-      return copy;
-    };
-    void* sa = stage(st.a, gemm_stage_[0], a.ptr, si, true);
-    void* sb = stage(st.b, gemm_stage_[1], b.ptr, si, true);
-    void* sout = stage(st.out, gemm_stage_[2], out.ptr, so, acc);
-    const cuda_scratch::GemmExtents e = cuda_scratch::gemm_extents(st, N, K, ta, tb, si, so);  // over zero padding
-    gemm_->run(sout, st.out.ld, lt_type(out.dtype), sa, st.a.ld, sb, st.b.ld, lt_type(a.dtype), M, e.N, e.K, ta, tb, acc, q_->issue());
-    if (staged && st.out.staged) cuda::copy_rows(out.ptr, st.out.stride, sout, st.out.ld, M, N, static_cast<int>(so), q_->issue());
+    gemm(out, nullptr, a, b, M, N, K, ta, tb, acc);
+  }
+  // The residual as cuBLASLt's addend (C), read once, where the GEMM's output is not staged
+  // (cuda_scratch::gemm_reads_residual); else the default's copy into out, then accumulate.
+  void matmul_residual(Buf out, Buf residual, Buf a, Buf b, int64_t M, int64_t N, int64_t K, bool ta, bool tb) override {
+    if (residual.dtype != out.dtype || residual.ld || out.ld) throw Error("matmul_residual: out and residual need one dtype and dense rows");
+    gemm(out, &residual, a, b, M, N, K, ta, tb, true);
   }
 
   // ---- model ops ------------------------------------------------------------------------------------
@@ -178,8 +166,10 @@ class CudaBackend final : public Backend {
       cuda::rmsnorm_forward(as<T>(out), rstd, as<T>(x), as<T>(w), N, C, eps, q_->issue());
     });
   }
-  void rmsnorm_backward(float* dx, Buf dw, const float* dout, Buf x, Buf w, const float* rstd, int64_t N, int64_t C, bool accumulate_dx) override {
+  void rmsnorm_backward(float* dx, Buf dx_copy, Buf dw, const float* dout, Buf x, Buf w, const float* rstd, int64_t N, int64_t C,
+                        bool accumulate_dx) override {
     same_dtype({x, w}, "rmsnorm_backward");
+    if (dx_copy.ptr) same_dtype({dx_copy, x}, "rmsnorm_backward");
     if (C > cuda::kSharedOptInFloats)
       throw Error("rmsnorm_backward: width " + std::to_string(C) + " exceeds the " + std::to_string(cuda::kSharedOptInFloats) +
                   " channels of one block's shared partial (an A100's 163 KB)");
@@ -187,7 +177,8 @@ class CudaBackend final : public Backend {
     with_types(w.dtype, dw.dtype, "rmsnorm_backward", [&](auto* t, auto* g) {
       using T = std::remove_pointer_t<decltype(t)>;
       using G = std::remove_pointer_t<decltype(g)>;
-      cuda::rmsnorm_backward(dx, as<G>(dw), dout, as<T>(x), as<T>(w), rstd, N, C, accumulate_dx, partials, q_->issue());
+      cuda::rmsnorm_backward(dx, dx_copy.ptr ? as<T>(dx_copy) : nullptr, as<G>(dw), dout, as<T>(x), as<T>(w), rstd, N, C, accumulate_dx, partials,
+                             q_->issue());
     });
   }
   void rope_forward(Buf qkv, const float* cs, int64_t B, int64_t T_, int64_t H, int64_t D) override {
@@ -279,6 +270,34 @@ class CudaBackend final : public Backend {
   int device_;
   std::unique_ptr<CudaQueue> q_;
   std::unique_ptr<LtGemm> gemm_;
+  // out = op(a) op(b) (+ out when acc; + *residual instead, when given).
+  void gemm(Buf out, const Buf* residual, Buf a, Buf b, int64_t M, int64_t N, int64_t K, bool ta, bool tb, bool acc) {
+    if (a.dtype != b.dtype) throw Error("matmul: operands must share a dtype");
+    if (a.dtype == DType::F32 && out.dtype != DType::F32) throw Error("matmul: fp32 operands need an fp32 output");
+    const int64_t si = dtype_bytes(a.dtype), so = dtype_bytes(out.dtype);
+    const cuda_scratch::GemmStaging st =
+        cuda_scratch::gemm_staging(M, N, K, ta, tb, si, so, reinterpret_cast<uintptr_t>(a.ptr), reinterpret_cast<uintptr_t>(b.ptr),
+                                   reinterpret_cast<uintptr_t>(out.ptr), a.ld, b.ld, out.ld);
+    const bool staged = M > 0 && N > 0 && K > 0 && (st.a.staged || st.b.staged || st.out.staged);
+    const void* addend = nullptr;
+    if (residual) {
+      if (cuda_scratch::gemm_reads_residual(st, M, N, K, reinterpret_cast<uintptr_t>(residual->ptr))) addend = residual->ptr;
+      else convert(out, *residual, M * N);
+    }
+    auto stage = [&](const cuda_scratch::GemmOperand& o, std::unique_ptr<Scratch>& s, const void* p, int64_t bytes, bool copy_in) -> void* {
+      if (!staged || !o.staged) return const_cast<void*>(p);
+      void* copy = scratch(s, static_cast<size_t>(o.staged_bytes(bytes)), "a GEMM operand's 128-byte rows");
+      if (copy_in) cuda::copy_rows(copy, o.ld, p, o.stride, o.rows, o.cols, static_cast<int>(bytes), q_->issue());
+      return copy;
+    };
+    void* sa = stage(st.a, gemm_stage_[0], a.ptr, si, true);
+    void* sb = stage(st.b, gemm_stage_[1], b.ptr, si, true);
+    void* sout = stage(st.out, gemm_stage_[2], out.ptr, so, acc);
+    const cuda_scratch::GemmExtents e = cuda_scratch::gemm_extents(st, N, K, ta, tb, si, so);  // over zero padding
+    gemm_->run(sout, st.out.ld, lt_type(out.dtype), sa, st.a.ld, sb, st.b.ld, lt_type(a.dtype), M, e.N, e.K, ta, tb, acc, q_->issue(), addend);
+    if (staged && st.out.staged) cuda::copy_rows(out.ptr, st.out.stride, sout, st.out.ld, M, N, static_cast<int>(so), q_->issue());
+  }
+
   std::unique_ptr<Scratch> gemm_stage_[3];  // a GEMM's staged a, b and out (cuda_scratch::gemm_staging)
   std::unique_ptr<Scratch> rms_scratch_, attn_scratch_, bucket_scratch_, head_scratch_;
   std::unique_ptr<DescriptorCache> descriptors_;

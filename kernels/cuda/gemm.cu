@@ -89,20 +89,24 @@ LtGemm::Plan& LtGemm::plan(const Key& key) {
 }
 
 void LtGemm::run(void* out, int64_t ld_out, cudaDataType out_type, const void* a, int64_t ld_a, const void* b, int64_t ld_b, cudaDataType in_type,
-                 int64_t M, int64_t N, int64_t K, bool ta, bool tb, bool accumulate, cudaStream_t stream) {
+                 int64_t M, int64_t N, int64_t K, bool ta, bool tb, bool accumulate, cudaStream_t stream, const void* addend) {
   if (M == 0 || N == 0) return;
+  if (addend && (!accumulate || K == 0)) throw_cublas_error("a matmul's addend needs accumulate and K > 0", CUBLAS_STATUS_INVALID_VALUE);
   if (K == 0) {  // an empty sum: out = 0, or unchanged when accumulating (the backend passes ld_out = N here)
     if (!accumulate) {
       MN_CUDA_CHECK(cudaMemsetAsync(out, 0, M * ld_out * (out_type == CUDA_R_16BF ? 2 : 4), stream), "matmul with K = 0");
     }
     return;
   }
-  const Plan& p = plan(Key{M, N, K, ta, tb, static_cast<int>(in_type), static_cast<int>(out_type), alignment_of(out), alignment_of(a), alignment_of(b),
-                           ld_out, ld_a, ld_b, int64_t{1}, int64_t{0}});
+  // C and D share a layout and an alignment preference: the addend's, where it is less aligned than out.
+  const uint32_t align_out = addend ? std::min(alignment_of(out), alignment_of(addend)) : alignment_of(out);
+  const Plan& p = plan(Key{M, N, K, ta, tb, static_cast<int>(in_type), static_cast<int>(out_type), align_out, alignment_of(a), alignment_of(b), ld_out,
+                           ld_a, ld_b, int64_t{1}, int64_t{0}});
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   const bool timed = profiler::g_on;
   if (timed) profiler::begin(in_type == CUDA_R_16BF ? "gemm bf16 (cuBLASLt)" : "gemm fp32 (cuBLASLt)", stream);
-  MN_CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, b, p.a, a, p.b, &beta, out, p.c, out, p.c, &p.algo, workspace_, kWorkspaceBytes, stream),
+  MN_CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, b, p.a, a, p.b, &beta, addend ? addend : out, p.c, out, p.c, &p.algo, workspace_,
+                                 kWorkspaceBytes, stream),
                   "matmul M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K));
   if (timed) profiler::end(stream);
 }

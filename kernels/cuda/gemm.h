@@ -24,9 +24,10 @@ class LtGemm {
   // stored [K,M] (a) or [N,K] (b). Inputs share `in_type`; `out_type` may differ (BF16 x BF16 ->
   // FP32 is the mixed-precision path). ld_*: each operand's row stride in elements, at least its
   // row width: any stride works, but cuBLASLt is fast only where rows and bases are 16-byte aligned
-  // (the backend stages the others: cuda_scratch::gemm_staging).
+  // (the backend stages the others: cuda_scratch::gemm_staging). With `addend` (and accumulate), out =
+  // addend + op(a) op(b): cuBLASLt's C operand, out's type, row stride and alignment.
   void run(void* out, int64_t ld_out, cudaDataType out_type, const void* a, int64_t ld_a, const void* b, int64_t ld_b, cudaDataType in_type,
-           int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, bool accumulate, cudaStream_t stream);
+           int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, bool accumulate, cudaStream_t stream, const void* addend = nullptr);
   // `batch` products of dense row-major matrices in FP32, matrix i of each operand `stride` elements
   // after matrix i - 1 (one strided-batched cuBLASLt call: SWAN's Newton-Schulz on many k x k).
   void run_batched(float* out, const float* a, const float* b, int64_t M, int64_t N, int64_t K, int64_t batch, int64_t stride, cudaStream_t stream);

@@ -61,7 +61,7 @@ void rmsnorm_forward(T* out, float* rstd, const T* x, const T* w, int64_t N, int
 // scratch: rmsnorm_backward_scratch(N, C) floats
 int64_t rmsnorm_backward_scratch(int64_t N, int64_t C);
 template <class T, class G>
-void rmsnorm_backward(float* dx, G* dw, const float* dout, const T* x, const T* w, const float* rstd, int64_t N, int64_t C,
+void rmsnorm_backward(float* dx, T* dx_copy, G* dw, const float* dout, const T* x, const T* w, const float* rstd, int64_t N, int64_t C,
                       bool accumulate_dx, float* scratch, cudaStream_t stream);
 
 // ---- rope.cu -----------------------------------------------------------------------------------------

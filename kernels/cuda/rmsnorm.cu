@@ -63,10 +63,11 @@ __global__ void rmsnorm_forward_kernel(T* out, float* rstd, const T* x, const T*
 constexpr int kBackwardWarps = kBackwardThreads / 32;  // rows taken at a time by a block
 constexpr int kDwGroups = 8;                             // partial groups of the dw reduction
 
-// dx of one row by one warp: mean = sum(dout w xhat) / C, then dx = rstd (dout w - xhat mean).
-// P = 8: runs of 8 channels as 16-byte packs (dout, dx: two; x, w: one in BF16, two in FP32).
+// dx of one row by one warp: mean = sum(dout w xhat) / C, then dx = rstd (dout w - xhat mean), and
+// its copy rounded to T where asked. P = 8: runs of 8 channels as 16-byte packs (dout, dx: two; x, w,
+// the copy: one in BF16, two in FP32).
 template <class T, int P>
-__device__ void rmsnorm_dx_row(float* dx, const float* d, const T* x, const T* w, float r, int64_t C, bool accumulate, int lane) {
+__device__ void rmsnorm_dx_row(float* dx, T* dx_copy, const float* d, const T* x, const T* w, float r, int64_t C, bool accumulate, int lane) {
   float dot = 0.0f;
   for (int64_t c = int64_t(P) * lane; c < C; c += 32 * P) {
     float dv[P], xv[P], wv[P];
@@ -85,20 +86,26 @@ __device__ void rmsnorm_dx_row(float* dx, const float* d, const T* x, const T* w
       out[k] = accumulate ? out[k] + v : v;
     }
     store_packs<float, P>(dx, c, out);
+    if (dx_copy) {
+      T rounded[P];
+#pragma unroll
+      for (int k = 0; k < P; ++k) rounded[k] = from_float<T>(out[k]);
+      store_packs<T, P>(dx_copy, c, rounded);
+    }
   }
 }
 
 // The block's rows begin..end-1: dx a warp per row, and dout xhat into the thread-owned channels of
 // the shared dw partial (P consecutive channels a thread and step).
 template <class T, int P>
-__device__ void rmsnorm_backward_rows(float* dx, float* dw_local, const float* dout, const T* x, const T* w, const float* rstd, int64_t begin,
-                                      int64_t end, int64_t C, bool accumulate_dx) {
+__device__ void rmsnorm_backward_rows(float* dx, T* dx_copy, float* dw_local, const float* dout, const T* x, const T* w, const float* rstd,
+                                      int64_t begin, int64_t end, int64_t C, bool accumulate_dx) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const float zeros[P] = {};
   for (int64_t c = int64_t(P) * threadIdx.x; c < C; c += int64_t(P) * blockDim.x) store_packs<float, P>(dw_local, c, zeros);
   for (int64_t g = begin; g < end; g += kBackwardWarps) {
     const int64_t i = g + warp;
-    if (i < end) rmsnorm_dx_row<T, P>(dx + i * C, dout + i * C, x + i * C, w, rstd[i], C, accumulate_dx, lane);
+    if (i < end) rmsnorm_dx_row<T, P>(dx + i * C, dx_copy ? dx_copy + i * C : nullptr, dout + i * C, x + i * C, w, rstd[i], C, accumulate_dx, lane);
     const int64_t last = g + kBackwardWarps < end ? g + kBackwardWarps : end;
     for (int64_t c = int64_t(P) * threadIdx.x; c < C; c += int64_t(P) * blockDim.x) {
       float acc[P];
@@ -118,14 +125,14 @@ __device__ void rmsnorm_backward_rows(float* dx, float* dw_local, const float* d
 // Block b handles rows [b * rows_per_block, ...); dynamic shared memory: C floats of dw partial,
 // each channel touched by one thread only (no barrier, no atomics).
 template <class T>
-__global__ void rmsnorm_backward_rows_kernel(float* dx, float* partials, const float* dout, const T* x, const T* w, const float* rstd,
+__global__ void rmsnorm_backward_rows_kernel(float* dx, T* dx_copy, float* partials, const float* dout, const T* x, const T* w, const float* rstd,
                                              int64_t N, int64_t C, int64_t rows_per_block, bool accumulate_dx, bool packed) {
   MN_DYNAMIC_SHARED(float, dw_local);
   const int64_t begin = int64_t(blockIdx.x) * rows_per_block, end = begin + rows_per_block < N ? begin + rows_per_block : N;
   if (packed)
-    rmsnorm_backward_rows<T, 8>(dx, dw_local, dout, x, w, rstd, begin, end, C, accumulate_dx);
+    rmsnorm_backward_rows<T, 8>(dx, dx_copy, dw_local, dout, x, w, rstd, begin, end, C, accumulate_dx);
   else
-    rmsnorm_backward_rows<T, 1>(dx, dw_local, dout, x, w, rstd, begin, end, C, accumulate_dx);
+    rmsnorm_backward_rows<T, 1>(dx, dx_copy, dw_local, dout, x, w, rstd, begin, end, C, accumulate_dx);
   const int P = packed ? 8 : 1;  // the channel ownership of the loops above
   for (int64_t c = int64_t(P) * threadIdx.x; c < C; c += int64_t(P) * blockDim.x)
     for (int k = 0; k < P; ++k) partials[int64_t(blockIdx.x) * C + c + k] = dw_local[c + k];
@@ -161,25 +168,25 @@ void rmsnorm_forward(T* out, float* rstd, const T* x, const T* w, int64_t N, int
 int64_t rmsnorm_backward_scratch(int64_t N, int64_t C) { return cuda_scratch::rmsnorm_backward_floats(N, C); }
 
 template <class T, class G>
-void rmsnorm_backward(float* dx, G* dw, const float* dout, const T* x, const T* w, const float* rstd, int64_t N, int64_t C, bool accumulate_dx,
-                      float* scratch, cudaStream_t stream) {
+void rmsnorm_backward(float* dx, T* dx_copy, G* dw, const float* dout, const T* x, const T* w, const float* rstd, int64_t N, int64_t C,
+                      bool accumulate_dx, float* scratch, cudaStream_t stream) {
   if (N == 0) return;
   const int64_t rows_per_block = (N + kBackwardBlocks - 1) / kBackwardBlocks;
   const int64_t blocks = (N + rows_per_block - 1) / rows_per_block;
   // 8 channels a thread where every row starts on 16 bytes: C a multiple of 8 and the bases aligned.
-  const bool packed = C % 8 == 0 && aligned16(dx) && aligned16(dout) && aligned16(x) && aligned16(w);
+  const bool packed = C % 8 == 0 && aligned16(dx) && aligned16(dout) && aligned16(x) && aligned16(w) && (!dx_copy || aligned16(dx_copy));
   launch("rmsnorm_backward_rows", rmsnorm_backward_rows_kernel<T>, dim3(static_cast<unsigned>(blocks)), dim3(kBackwardThreads), C * sizeof(float),
-         stream, dx, scratch, dout, x, w, rstd, N, C, rows_per_block, accumulate_dx, packed);
+         stream, dx, dx_copy, scratch, dout, x, w, rstd, N, C, rows_per_block, accumulate_dx, packed);
   launch("rmsnorm_backward_dw", rmsnorm_backward_dw_kernel<G>, dim3(ceil_div(C, 32)), dim3(32 * kDwGroups), 0, stream, dw, scratch, blocks, C);
 }
 
 template void rmsnorm_forward<float>(float*, float*, const float*, const float*, int64_t, int64_t, float, cudaStream_t);
 template void rmsnorm_forward<bf16>(bf16*, float*, const bf16*, const bf16*, int64_t, int64_t, float, cudaStream_t);
-template void rmsnorm_backward<float, float>(float*, float*, const float*, const float*, const float*, const float*, int64_t, int64_t, bool, float*,
+template void rmsnorm_backward<float, float>(float*, float*, float*, const float*, const float*, const float*, const float*, int64_t, int64_t, bool, float*,
                                              cudaStream_t);
-template void rmsnorm_backward<bf16, bf16>(float*, bf16*, const float*, const bf16*, const bf16*, const float*, int64_t, int64_t, bool, float*,
+template void rmsnorm_backward<bf16, bf16>(float*, bf16*, bf16*, const float*, const bf16*, const bf16*, const float*, int64_t, int64_t, bool, float*,
                                            cudaStream_t);
-template void rmsnorm_backward<bf16, float>(float*, float*, const float*, const bf16*, const bf16*, const float*, int64_t, int64_t, bool, float*,
+template void rmsnorm_backward<bf16, float>(float*, bf16*, float*, const float*, const bf16*, const bf16*, const float*, int64_t, int64_t, bool, float*,
                                             cudaStream_t);
 
 }  // namespace multinorm::cuda

@@ -93,6 +93,13 @@ class CostRecorder final : public Backend, public OptimizerKernels {
         2.0 * M * e.N * e.K);
     record_staging(st, s_of(a), s_of(out), accumulate, false);
   }
+  // The residual read as the GEMM's addend (the same bytes as accumulating into out), or copied into
+  // out first where the backend does that (cuda_scratch::gemm_reads_residual).
+  void matmul_residual(Buf out, Buf residual, Buf a, Buf b, int64_t M, int64_t N, int64_t K, bool ta, bool tb) override {
+    if (!cuda_scratch::gemm_reads_residual(staging(out, a, b, M, N, K, ta, tb), M, N, K, reinterpret_cast<uintptr_t>(residual.ptr)))
+      convert(out, residual, M * N);
+    matmul(out, a, b, M, N, K, ta, tb, true);
+  }
   static cuda_scratch::GemmStaging staging(Buf out, Buf a, Buf b, int64_t M, int64_t N, int64_t K, bool ta, bool tb) {
     return cuda_scratch::gemm_staging(M, N, K, ta, tb, dtype_bytes(a.dtype), dtype_bytes(out.dtype), reinterpret_cast<uintptr_t>(a.ptr),
                                       reinterpret_cast<uintptr_t>(b.ptr), reinterpret_cast<uintptr_t>(out.ptr), a.ld, b.ld, out.ld);
@@ -142,13 +149,14 @@ class CostRecorder final : public Backend, public OptimizerKernels {
   void rmsnorm_forward(Buf out, float*, Buf x, Buf w, int64_t N, int64_t C, float) override {
     if (N > 0) add("rmsnorm_forward", CostUnit::Memory, 1, N * C * (s_of(x) + s_of(out)) + C * s_of(w) + 4.0 * N, 4.0 * N * C);
   }
-  // Rows: dout (FP32) and x read, dx (FP32) written (and read when accumulating), each block's dw
-  // partial written; then the partials of min(N, 256) blocks summed into dw.
-  void rmsnorm_backward(float*, Buf dw, const float*, Buf x, Buf w, const float*, int64_t N, int64_t C, bool accumulate_dx) override {
+  // Rows: dout (FP32) and x read, dx (FP32) written (and read when accumulating), its rounded copy
+  // written where asked, each block's dw partial written; then the partials of min(N, 256) blocks
+  // summed into dw.
+  void rmsnorm_backward(float*, Buf dx_copy, Buf dw, const float*, Buf x, Buf w, const float*, int64_t N, int64_t C, bool accumulate_dx) override {
     if (N == 0) return;
     const double P = static_cast<double>(std::min(N, cuda_scratch::kRmsnormBackwardBlocks));
-    add("rmsnorm_backward_rows", CostUnit::Memory, 1, N * C * (8.0 + s_of(x) + (accumulate_dx ? 4.0 : 0.0)) + C * s_of(w) + 4.0 * N + 4.0 * P * C,
-        8.0 * N * C);
+    const double per_element = 8.0 + s_of(x) + (accumulate_dx ? 4.0 : 0.0) + (dx_copy.ptr ? s_of(dx_copy) : 0.0);
+    add("rmsnorm_backward_rows", CostUnit::Memory, 1, N * C * per_element + C * s_of(w) + 4.0 * N + 4.0 * P * C, 8.0 * N * C);
     add("rmsnorm_backward_dw", CostUnit::Memory, 1, 4.0 * P * C + 2.0 * C * s_of(dw), P * C);
   }
   // The q and k sections (2 C of each 3 C row) read and written.

@@ -215,8 +215,8 @@ void DoctorChecks::ops(DType t) {
     Twin dout(c, g, BT * C, DType::F32, 7), dx(c, g, BT * C, DType::F32), dw(c, g, C, t);
     c.rmsnorm_forward(o.c(), r.cf(), x.c(), w.c(), BT, C, 1e-6f);
     g.rmsnorm_forward(o.g(), r.gf(), x.g(), w.g(), BT, C, 1e-6f);
-    c.rmsnorm_backward(dx.cf(), dw.c(), dout.cf(), x.c(), w.c(), r.cf(), BT, C, false);
-    g.rmsnorm_backward(dx.gf(), dw.g(), dout.gf(), x.g(), w.g(), r.gf(), BT, C, false);
+    c.rmsnorm_backward(dx.cf(), Buf{}, dw.c(), dout.cf(), x.c(), w.c(), r.cf(), BT, C, false);
+    g.rmsnorm_backward(dx.gf(), Buf{}, dw.g(), dout.gf(), x.g(), w.g(), r.gf(), BT, C, false);
     // dx and dw: FP32 sums over a row and over BT rows, in another order: 1e-4 (as the large-shape tests)
     return std::vector<Output>{{"out", o.host(g, o.g().ptr), o.host(c, o.c().ptr)},
                                {"rstd", r.host(g, r.g().ptr), r.host(c, r.c().ptr), kF32},

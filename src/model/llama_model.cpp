@@ -24,7 +24,7 @@
 namespace multinorm {
 
 const char* op_name(Op op) {
-  static const char* names[] = {"embedding", "rmsnorm", "matmul", "rope", "attention", "matmul_swiglu", "loss_head", "copy"};
+  static const char* names[] = {"embedding", "rmsnorm", "matmul", "rope", "attention", "matmul_swiglu", "loss_head"};
   return names[static_cast<size_t>(op)];
 }
 
@@ -234,15 +234,13 @@ void LlamaModel::forward_layers(int64_t B, int64_t T) {
     const Layer& L = layers_[l];
     Buf out = l + 1 < a_.size() ? a_[l + 1].input : act("final.input");
     { auto t = time(Op::RmsNorm);   be_.rmsnorm_forward(A.ln1, A.ln1_rstd, A.input, L.input_norm, BT, C, eps); }
-    { auto t = time(Op::Matmul);    L.qkv.forward(be_, A.qkv, A.ln1, BT, false); }  // [BT,3C]
+    { auto t = time(Op::Matmul);    L.qkv.forward(be_, A.qkv, A.ln1, BT); }  // [BT,3C]
     { auto t = time(Op::Rope);      be_.rope_forward(A.qkv, rope_, B, T, H, D); }
     { auto t = time(Op::Attention); be_.attention_forward(A.attn_out, A.lse, A.qkv, B, T, H, D); }  // [BT,C]
-    { auto t = time(Op::Copy);      be_.convert(A.mid, A.input, BT * C); }
-    { auto t = time(Op::Matmul);    L.o.forward(be_, A.mid, A.attn_out, BT, true); }  // mid = x + attn Wo^T
+    { auto t = time(Op::Matmul);    L.o.forward_residual(be_, A.mid, A.input, A.attn_out, BT); }  // mid = x + attn Wo^T
     { auto t = time(Op::RmsNorm);   be_.rmsnorm_forward(A.ln2, A.ln2_rstd, A.mid, L.post_norm, BT, C, eps); }
     { auto t = time(Op::MatmulSwiGLU); L.gate_up.forward_swiglu(be_, swiglu, A.gate_up, A.ln2, BT); }  // gate_up [BT,2F], s [BT,F]
-    { auto t = time(Op::Copy);      be_.convert(out, A.mid, BT * C); }
-    { auto t = time(Op::Matmul);    L.down.forward(be_, out, swiglu, BT, true); }  // out = mid + s Wdown^T
+    { auto t = time(Op::Matmul);    L.down.forward_residual(be_, out, A.mid, swiglu, BT); }  // out = mid + s Wdown^T
   }
   auto t = time(Op::RmsNorm);
   be_.rmsnorm_forward(act("final.ln"), act_f32("final.rstd"), act("final.input"), wnorm_, BT, C, eps);
@@ -260,7 +258,7 @@ void LlamaModel::head(int64_t BT, bool backward, float grad_scale, float* host_l
     const int64_t rows = plan_.find("logits").elements / V;
     for (int64_t r0 = 0; r0 < BT; r0 += rows) {
       const int64_t R = std::min(rows, BT - r0);
-      { auto t = time(Op::Matmul); lm_head_.forward(be_, logits, lnf.at(r0 * C), R, false); }  // [R,V] f32
+      { auto t = time(Op::Matmul); lm_head_.forward(be_, logits, lnf.at(r0 * C), R); }  // [R,V] f32
       be_.to_host(host_logits + r0 * V, logits.ptr, R * V * 4);
     }
     return;
@@ -353,10 +351,11 @@ void LlamaModel::backward_layers(int64_t B, int64_t T) {
       d_gate_up = act("d_gate_up");
   // SwiGLU's ds[BT,F]: not in the plan when the backend's fused backward never stores it.
   const Buf d_swiglu = plan_.has("d_swiglu") ? act("d_swiglu") : Buf{nullptr, dtype()};
-  const Buf d_resid_buf{d_resid, DType::F32};
+  // Each RMSNorm backward writes d_resid (FP32) and its copy d_ln in the GEMM dtype: the residual
+  // stream's gradient as the next projection's operand.
   {
     auto t = time(Op::RmsNorm);  // final norm: d_x holds d_lnf from the head
-    be_.rmsnorm_backward(d_resid, dwnorm_, d_x, act("final.input"), wnorm_, act_f32("final.rstd"), BT, C, false);
+    be_.rmsnorm_backward(d_resid, d_ln, dwnorm_, d_x, act("final.input"), wnorm_, act_f32("final.rstd"), BT, C, false);
   }
   // Arena ranges final so far, reported in the store's gradient_ready_order().
   GradientListener* listener = store_.gradient_listener();
@@ -372,8 +371,7 @@ void LlamaModel::backward_layers(int64_t B, int64_t T) {
   for (size_t l = a_.size(); l-- > 0;) {
     const LayerActs& A = a_[l];
     const Layer& L = layers_[l];
-    // MLP branch: out = mid + swiglu(ln2 Wgu^T) Wdown^T
-    { auto t = time(Op::Copy);    be_.convert(d_ln, d_resid_buf, BT * C); }  // d_out in the GEMM dtype
+    // MLP branch: out = mid + swiglu(ln2 Wgu^T) Wdown^T; d_ln holds d_out
     // d_s[BT,F] = d_out Wdown, then d_gate_up and s = swiglu(gate_up), recomputed (not stored), in one pass
     { auto t = time(Op::MatmulSwiGLU); L.down.backward_input_swiglu(be_, d_gate_up, swiglu, d_swiglu, d_ln, A.gate_up, BT); }
     { auto t = time(Op::Matmul);  L.down.backward_weight(be_, d_ln, swiglu, BT); }  // dWdown[C,F] += d_out^T s
@@ -383,10 +381,9 @@ void LlamaModel::backward_layers(int64_t B, int64_t T) {
       L.gate_up.backward_weight(be_, d_gate_up, A.ln2, BT);                 // dWgu += d_gu^T ln2
       L.gate_up.backward_input(be_, Buf{d_x, DType::F32}, d_gate_up, BT);  // d_ln2 = d_gu Wgu
     }
-    { auto t = time(Op::RmsNorm); be_.rmsnorm_backward(d_resid, L.d_post_norm, d_x, A.mid, L.post_norm, A.ln2_rstd, BT, C, true); }
+    { auto t = time(Op::RmsNorm); be_.rmsnorm_backward(d_resid, d_ln, L.d_post_norm, d_x, A.mid, L.post_norm, A.ln2_rstd, BT, C, true); }
     progress();
-    // Attention branch: mid = x + attention(RoPE(ln1 Wqkv^T)) Wo^T
-    { auto t = time(Op::Copy);    be_.convert(d_ln, d_resid_buf, BT * C); }
+    // Attention branch: mid = x + attention(RoPE(ln1 Wqkv^T)) Wo^T; d_ln holds d_mid
     {
       auto t = time(Op::Matmul);
       L.o.backward_weight(be_, d_ln, A.attn_out, BT);     // dWo += d_mid^T attn
@@ -401,10 +398,9 @@ void LlamaModel::backward_layers(int64_t B, int64_t T) {
       L.qkv.backward_weight(be_, d_qkv, A.ln1, BT);                 // dWqkv += d_qkv^T ln1
       L.qkv.backward_input(be_, Buf{d_x, DType::F32}, d_qkv, BT);  // d_ln1 = d_qkv Wqkv
     }
-    { auto t = time(Op::RmsNorm); be_.rmsnorm_backward(d_resid, L.d_input_norm, d_x, A.input, L.input_norm, A.ln1_rstd, BT, C, true); }
+    { auto t = time(Op::RmsNorm); be_.rmsnorm_backward(d_resid, d_ln, L.d_input_norm, d_x, A.input, L.input_norm, A.ln1_rstd, BT, C, true); }
     report();  // layer l
   }
-  { auto t = time(Op::Copy);      be_.convert(d_ln, d_resid_buf, BT * C); }
   { auto t = time(Op::Embedding); be_.embedding_backward(dwte_, d_ln, tokens_, BT, C); }
   report();  // the embedding (and the tied lm_head)
 }
@@ -441,20 +437,18 @@ void LlamaModel::decode_step(int32_t token, float* host_logits) {
     const Buf out = l + 1 < a_.size() ? a_[l + 1].input : act("final.input");
     const Buf k_cache = cache.at((2 * l) * max_seq_ * C), v_cache = cache.at((2 * l + 1) * max_seq_ * C);
     be_.rmsnorm_forward(A.ln1, A.ln1_rstd, A.input, L.input_norm, 1, C, eps);
-    L.qkv.forward(be_, A.qkv, A.ln1, 1, false);          // [1,3C]
+    L.qkv.forward(be_, A.qkv, A.ln1, 1);                 // [1,3C]
     be_.rope_forward(A.qkv, rope_ + p * D, 1, 1, H, D);  // the table's row for position p
     be_.attention_decode(A.attn_out, A.qkv, k_cache, v_cache, p, H, D);
-    be_.convert(A.mid, A.input, C);
-    L.o.forward(be_, A.mid, A.attn_out, 1, true);
+    L.o.forward_residual(be_, A.mid, A.input, A.attn_out, 1);
     be_.rmsnorm_forward(A.ln2, A.ln2_rstd, A.mid, L.post_norm, 1, C, eps);
-    L.gate_up.forward(be_, A.gate_up, A.ln2, 1, false);
+    L.gate_up.forward(be_, A.gate_up, A.ln2, 1);
     be_.swiglu_forward(swiglu, A.gate_up, 1, F);
-    be_.convert(out, A.mid, C);
-    L.down.forward(be_, out, swiglu, 1, true);
+    L.down.forward_residual(be_, out, A.mid, swiglu, 1);
   }
   be_.rmsnorm_forward(act("final.ln"), act_f32("final.rstd"), act("final.input"), wnorm_, 1, C, eps);
   const Buf logits = act("logits");
-  lm_head_.forward(be_, logits, act("final.ln"), 1, false);  // [1,V] f32
+  lm_head_.forward(be_, logits, act("final.ln"), 1);  // [1,V] f32
   be_.to_host(host_logits, logits.ptr, V * 4);
   ++decode_pos_;
 }
