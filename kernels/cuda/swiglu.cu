@@ -106,6 +106,7 @@ __global__ void swiglu_backward_rows_kernel(T* dgate_up, T* out, const T* dout, 
   if (f >= F) return;
   for (int64_t n = blockIdx.y; n < N; n += gridDim.y) swiglu_backward_span<T, 1>(dgate_up, out, dout, gate_up, n, f, F, ld);
 }
+
 // ---- rows of whole-pack strides, F not a whole number of packs ------------------------------------
 constexpr int kSpanThreads = 256;  // a block: kSpanThreads packs of one row
 constexpr int kWindowBytes = (kSpanThreads + 1) * 16;  // a span's packs and the one its shift reaches
@@ -137,8 +138,8 @@ __device__ __forceinline__ void store_partial(T* row, int64_t f0, int valid, con
 
 // Row elements [c0, c_end) through a shared window of kSpanThreads + 1 aligned packs, the window's
 // element i being the row's element c0 / P * P + i (so element c of the span sits at c - c0 + c0 % P).
-// load_window: every pack holding one of them, whole (a row's packs past c_end lie in its padding,
-// the stride being whole packs, and are not read).
+// load_window: every pack holding one of them, whole; the last may reach past c_end (into the next
+// span's elements or the row's padding: still the row's, its stride being whole packs).
 template <class T>
 __device__ __forceinline__ void load_window(T* window, const T* row, int64_t c0, int64_t c_end) {
   constexpr int P = Pack<T>::kSize;
