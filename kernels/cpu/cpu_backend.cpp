@@ -106,7 +106,7 @@ class CpuBackend final : public Backend {
       using G = std::remove_pointer_t<decltype(g)>;
       cpu::rmsnorm_backward(dx, as<G>(dw), dout, as<T>(x), as<T>(w), rstd, N, C, accumulate_dx, ws_);
     });
-    if (dx_copy.ptr) convert(dx_copy, Buf{dx, DType::F32}, N * C);  // a pass of its own: the CPU's rows are in cache
+    if (dx_copy.ptr) convert(dx_copy, Buf{dx, DType::F32}, N * C);  // a pass of its own here (the same bits as a fused store)
   }
   void rope_forward(Buf qkv, const float* cs, int64_t B, int64_t T_, int64_t H, int64_t D) override {
     with_type(qkv.dtype, [&](auto* t) { cpu::rope_forward(as<std::remove_pointer_t<decltype(t)>>(qkv), cs, B, T_, H, D, false); });
