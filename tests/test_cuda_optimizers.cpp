@@ -24,19 +24,25 @@ TEST_P(CudaVsCpu, SinkGDUpdateOnTallWideSquareAndVectorShapes) {
   // 300 rows: more than the 128 row chunks, so a chunk owns several rows; 1 x n and m x 1: degenerate;
   // 13,824 columns (a 13B model's MLP): a column partial above 48 KB of shared memory (the opt-in).
   // 4096: two 16-byte loads a thread a row (BF16), four (FP32); 5461 (llama_1b's down projection)
-  // and 7001: rows off 16 bytes, read element by element, 22 and 28 a thread.
-  for (const Shape s : {Shape{7, 13}, Shape{13, 7}, Shape{16, 16}, Shape{1, 37}, Shape{37, 1}, Shape{300, 40}, Shape{3, 13824}, Shape{4, 4096},
-                        Shape{5, 5461}, Shape{3, 7001}})
+  // and 7001: rows off 16 bytes, read as the aligned packs that hold each row. offset: elements into
+  // the buffers, a tensor whose base is off 16 bytes (an arena's), read so too.
+  struct Case {
+    Shape s;
+    int64_t offset;
+  };
+  for (const Case c : {Case{{7, 13}, 0}, Case{{13, 7}, 0}, Case{{16, 16}, 0}, Case{{1, 37}, 0}, Case{{37, 1}, 0}, Case{{300, 40}, 0},
+                       Case{{3, 13824}, 0}, Case{{4, 4096}, 0}, Case{{5, 5461}, 0}, Case{{3, 7001}, 0}, Case{{4, 4096}, 1}, Case{{7, 13}, 3}})
     for (const auto& [wt, gt] : kWeightGrad)
       for (bool stochastic : {false, true}) {
-        Pair w(*cpu, *cuda, random_vec(s.m * s.n, 1, 0.1), wt), g(*cpu, *cuda, random_vec(s.m * s.n, 2, 0.01), gt);
+        const Shape s = c.s;
+        Pair w(*cpu, *cuda, random_vec(s.m * s.n + c.offset, 1, 0.1), wt), g(*cpu, *cuda, random_vec(s.m * s.n + c.offset, 2, 0.01), gt);
         SinkGDArgs a;
         a.lr = 0.01f, a.decoupled_decay = 0.1f, a.iterations = 5;
         a.write = WriteBack{stochastic, 7, 3, 11};
-        cpu->optimizer_kernels().sinkgd_update(w.c.buf(), g.c.buf(), s.m, s.n, a);
-        cuda->optimizer_kernels().sinkgd_update(w.g.buf(), g.g.buf(), s.m, s.n, a);
-        EXPECT_TRUE(w.same(wt == DType::F32 ? 1e-6 : kBf16))
-            << s.m << "x" << s.n << " " << dtype_name(wt) << "/" << dtype_name(gt) << (stochastic ? " stochastic" : "");
+        cpu->optimizer_kernels().sinkgd_update(w.c.buf().at(c.offset), g.c.buf().at(c.offset), s.m, s.n, a);
+        cuda->optimizer_kernels().sinkgd_update(w.g.buf().at(c.offset), g.g.buf().at(c.offset), s.m, s.n, a);
+        EXPECT_TRUE(w.same(wt == DType::F32 ? 1e-6 : kBf16)) << s.m << "x" << s.n << " offset " << c.offset << " " << dtype_name(wt) << "/"
+                                                            << dtype_name(gt) << (stochastic ? " stochastic" : "");
       }
 }
 

@@ -72,6 +72,11 @@ inline GemmExtents gemm_extents(const GemmStaging& st, int64_t N, int64_t K, boo
 inline bool gemm_reads_residual(const GemmStaging& st, int64_t M, int64_t N, int64_t K, uintptr_t residual_address) {
   return M > 0 && N > 0 && K > 0 && !st.out.staged && residual_address % 16 == 0;
 }
+// SinkGD's rows pass reads a tensor by the columns each thread owns, 16 bytes at a time, where its
+// base is on 16 bytes and its rows are whole packs (sinkgd.cu's sinkgd_rows); any other tensor (llama_1b's
+// 5461-wide down projection) by the aligned packs that hold each row (sinkgd_rows_spanning), in a
+// launch of its own: one rule for the launches and the cost model's count of them.
+inline bool sinkgd_rows_packed(uintptr_t g_address, int64_t n, int64_t g_bytes) { return g_address % 16 == 0 && (n * g_bytes) % 16 == 0; }
 constexpr int64_t kRmsnormBackwardBlocks = 256;      // fixed: the same reduction tree on every GPU
 constexpr int64_t kSinkgdChunks = 128;               // SinkGD's row chunks per pass
 constexpr int64_t kSumSquaresBlocks = 256;           // the FP64 sum of squares' fixed grid

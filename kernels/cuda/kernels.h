@@ -164,11 +164,13 @@ struct SinkgdManyItem {
 };
 static_assert(sizeof(SinkgdManyItem) == cuda_scratch::kSinkgdManyItemBytes, "the memory plan counts this size");
 SinkgdManyItem sinkgd_item(void* w, const void* g, int64_t m, int64_t n, float* scratch, uint64_t tensor);
-// The blocks of the three launches for items[0..count) (each item's first blocks set here).
+// The blocks of the three passes for items[0..count) (each item's first blocks set here), after
+// ordering the items: those the rows pass reads packed (cuda_scratch::sinkgd_rows_packed, G of
+// g_bytes) first, their row blocks [0, packed_row_blocks), a launch of their own.
 struct SinkgdLayout {
-  int64_t row_blocks = 0, col_blocks = 0, apply_blocks = 0, max_n = 0;
+  int64_t row_blocks = 0, packed_row_blocks = 0, col_blocks = 0, apply_blocks = 0, max_n = 0;
 };
-SinkgdLayout sinkgd_layout(SinkgdManyItem* items, int64_t count);
+SinkgdLayout sinkgd_layout(SinkgdManyItem* items, int64_t count, int64_t g_bytes);
 template <class T, class G>
 void sinkgd_many(const SinkgdManyItem* items, int64_t count, const SinkgdLayout& layout, int iterations, float eps, const RuleScalars& r,
                  const WriteBack& wb, ScalarsRef s, cudaStream_t stream);

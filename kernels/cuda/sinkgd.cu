@@ -12,10 +12,11 @@
 //   G and W once and writes W.
 // Bytes: L x (|G| + chunks n 4 x 2) + |G| + 2 |W|; with BF16 G and W that is 2L + 6 bytes per element
 // (L = 5: 16 B/element) against Adam's 12 (BF16 w, g, m, v read; w, m, v written) — and no state.
-// The row's second read (for the column partial) hits L1: a BF16 row of 5461 is 11 KB. Rows whose
-// base is 16-byte aligned and whose width is a multiple of 8 (BF16) or 4 (FP32) values are read 16
-// bytes per thread (LDG.128), and the W write moves W and G in 16-byte packs on the same condition;
-// others (llama_1b's 5461-wide down projection) element by element.
+// The row's second read (for the column partial) hits L1: a BF16 row of 5461 is 11 KB. The rows pass
+// reads G 16 bytes per thread (LDG.128): rows whose base is 16-byte aligned and whose width is a
+// multiple of 8 (BF16) or 4 (FP32) values by columns a thread owns (sinkgd_rows), others (llama_1b's
+// 5461-wide down projection) as the aligned packs that hold each row (sinkgd_rows_spanning). The W
+// write moves W and G in 16-byte packs where rows are aligned, else element by element.
 // A block finds its tensor by a binary search of the launch's descriptors (at most kSinkgdManyPerLaunch, in L2).
 #include <cmath>
 
@@ -33,14 +34,14 @@ constexpr int64_t kApplyElementsPerBlock = 4096;
 
 int64_t chunks_for(int64_t m) { return std::min<int64_t>(m, kChunks); }
 
-// The item whose range of one launch's blocks (starting at first(item), non-decreasing) holds this
-// block: the last item starting at or before it, by binary search over the launch's descriptors.
+// The item whose range of one pass's blocks (starting at first(item), non-decreasing) holds `block`:
+// the last item starting at or before it, by binary search over the launch's descriptors.
 template <class First>
-__device__ int64_t item_of_block(const SinkgdManyItem* items, int64_t count, First first) {
+__device__ int64_t item_of_block(const SinkgdManyItem* items, int64_t count, int64_t block, First first) {
   int64_t lo = 0, hi = count - 1;
   while (lo < hi) {
     const int64_t mid = (lo + hi + 1) / 2;
-    if (first(items[mid]) <= int64_t(blockIdx.x)) lo = mid;
+    if (first(items[mid]) <= block) lo = mid;
     else hi = mid - 1;
   }
   return lo;
@@ -67,7 +68,7 @@ __device__ __forceinline__ int64_t partial_index(int64_t j, int64_t n, int P) {
 // One row pass over rows begin..end-1 of one tensor: u from v, and the chunk's column partial of
 // u^2 G^2. Groups of S threads (row_group_threads) take blockDim / S rows at a time, each group with
 // its own column partial in shared memory (col + group n): thread t of a group owns columns
-// P t + P S k .. + P - 1, reading G 16 bytes at a time with P > 1. A row's norm is its group's warp
+// P t + P S k .. + P - 1, reading G 16 bytes at a time (P: a pack). A row's norm is its group's warp
 // sums added in warp order after one barrier a round (the round's scratch half alternates, so no
 // second barrier). The caller adds the groups' partials in group order.
 template <class G, int P>
@@ -104,43 +105,107 @@ __device__ void sinkgd_rows(const G* g, float* u, const float* v, float* col, fl
     for (int64_t j = int64_t(P) * gt; j < n; j += stride) {
       float x[P];
       load_values<G, P>(gi, j, x);
-      if constexpr (P == 1) {
-        colg[j] += u2 * x[0] * x[0];
-      } else {
 #pragma unroll
-        for (int q = 0; q < P; q += 4) {
-          Pack<float>& c = *reinterpret_cast<Pack<float>*>(colg + partial_index(j + q, n, P));
+      for (int q = 0; q < P; q += 4) {
+        Pack<float>& c = *reinterpret_cast<Pack<float>*>(colg + partial_index(j + q, n, P));
 #pragma unroll
-          for (int p = 0; p < 4; ++p) c.v[p] += u2 * x[q + p] * x[q + p];
-        }
+        for (int p = 0; p < 4; ++p) c.v[p] += u2 * x[q + p] * x[q + p];
       }
     }
   }
 }
 
-// One row pass of one tensor's chunk (a block): u from v, and the chunk's column partial of u^2 G^2,
-// 16 bytes at a time where the rows allow (packable: base aligned, n a multiple of the pack).
+// The row pass where rows are off 16 bytes (n not a whole number of packs, as llama_1b's 5461-wide
+// down projection, or a base off 16 bytes): a row is read as the aligned packs that hold it, thread
+// gt of a group taking packs gt, gt + S, ..., the elements outside the row masked, so G moves 16
+// bytes a load as in the packed path (element by element only where a pack reaches past the
+// tensor). A column's owner changes from row to row; the round's barrier orders its partial's
+// updates. Sums as in sinkgd_rows: a thread's values in column order, its group's warps in order.
 template <class G>
-__global__ void sinkgd_rows_kernel(const SinkgdManyItem* items, int64_t count, bool first_pass, float eps, const UpdateScalars* scalars) {
+__device__ void sinkgd_rows_spanning(const G* g, float* u, const float* v, float* col, float* scratch, int64_t begin, int64_t end, int64_t m,
+                                     int64_t n, bool first_pass, float sqrt_n, float eps, int S) {
+  constexpr int P = Pack<G>::kSize;
+  const int group = threadIdx.x / S, gt = threadIdx.x % S, groups = blockDim.x / S;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, group_warps = S / 32;
+  float* colg = col + int64_t(group) * n;
+  // Elements counted from the aligned pack at or below g: the tensor is [shift, shift + m n).
+  const int64_t shift = int64_t(reinterpret_cast<uintptr_t>(g) % 16 / sizeof(G)), total = shift + m * n;
+  const G* base = g - shift;
+  // Pack k's values (0 outside the tensor).
+  auto load_pack = [&](int64_t k, float (&x)[P]) {
+    const int64_t e0 = k * P;
+    if (e0 >= shift && e0 + P <= total) {
+      load_values<G, P>(base, e0, x);
+    } else {
+#pragma unroll
+      for (int p = 0; p < P; ++p) x[p] = e0 + p >= shift && e0 + p < total ? to_float(base[e0 + p]) : 0.0f;
+    }
+  };
+  int half = 0;
+  for (int64_t r0 = begin; r0 < end; r0 += groups, half ^= 1) {
+    const int64_t i = r0 + group;
+    const bool live = i < end;  // group-uniform: a group past the chunk's last row still meets the barrier
+    const int64_t row0 = shift + i * n, first = row0 / P, last = (row0 + n - 1) / P;
+    float r = 0.0f;
+    for (int64_t k = first + gt; live && k <= last; k += S) {
+      float x[P];
+      load_pack(k, x);
+#pragma unroll
+      for (int p = 0; p < P; ++p) {
+        const int64_t j = k * P + p - row0;
+        if (j < 0 || j >= n) continue;
+        const float y = first_pass ? x[p] : x[p] * v[j];  // v = 1 before the first pass
+        r += y * y;
+      }
+    }
+    r = warp_sum(r);
+    if (lane == 0) scratch[32 * half + warp] = r;
+    __syncthreads();
+    if (!live) continue;
+    r = 0.0f;
+    for (int w = 0; w < group_warps; ++w) r += scratch[32 * half + group * group_warps + w];
+    const float ui = sqrt_n / fmaxf(sqrtf(r), eps);
+    if (gt == 0) u[i] = ui;
+    const float u2 = ui * ui;
+    for (int64_t k = first + gt; k <= last; k += S) {
+      float x[P];
+      load_pack(k, x);
+#pragma unroll
+      for (int p = 0; p < P; ++p) {
+        const int64_t j = k * P + p - row0;
+        if (j >= 0 && j < n) colg[j] += u2 * x[p] * x[p];
+      }
+    }
+  }
+}
+
+// One row pass of one tensor's chunk (a block): u from v, and the chunk's column partial of u^2 G^2.
+// The packed tensors' blocks come first (cuda_scratch::sinkgd_rows_packed: the layout orders them so)
+// and each kind has a launch of its own, its blocks from `first_block`: the spanning path's registers
+// are not the packed path's occupancy.
+template <class G, bool kSpanning>
+__global__ void sinkgd_rows_kernel(const SinkgdManyItem* items, int64_t count, int64_t first_block, bool first_pass, float eps,
+                                   const UpdateScalars* scalars) {
   if (scalars && scalars->stats.skip) return;  // a skipped update: no pass (the scratch is not read after)
   MN_DYNAMIC_SHARED(float, col);
   __shared__ float scratch[64];
-  const SinkgdManyItem& it = items[item_of_block(items, count, [](const SinkgdManyItem& x) { return x.first_row_block; })];
+  const int64_t block = first_block + int64_t(blockIdx.x);
+  const SinkgdManyItem& it = items[item_of_block(items, count, block, [](const SinkgdManyItem& x) { return x.first_row_block; })];
   const G* g = static_cast<const G*>(it.g);
-  const int64_t m = it.m, n = it.n, chunk = int64_t(blockIdx.x) - it.first_row_block;
+  const int64_t m = it.m, n = it.n, chunk = block - it.first_row_block;
   float* u = it.scratch;
   const float* v = u + m;
   float* partials = u + m + n;
-  const bool packed = packable<G>(g, n);
-  const int S = row_group_threads(n, packed ? Pack<G>::kSize : 1), groups = blockDim.x / S;
+  constexpr bool packed = !kSpanning;
+  const int S = row_group_threads(n, Pack<G>::kSize), groups = blockDim.x / S;
   for (int64_t j = threadIdx.x; j < groups * n; j += blockDim.x) col[j] = 0.0f;
   __syncthreads();  // a thread's columns differ between this loop and the passes below
   const int64_t begin = chunk * it.rows_per_chunk;
   const int64_t end = begin + it.rows_per_chunk < m ? begin + it.rows_per_chunk : m;
-  if (packed)
+  if constexpr (packed)
     sinkgd_rows<G, Pack<G>::kSize>(g, u, v, col, scratch, begin, end, n, first_pass, it.sqrt_n, eps, S);
   else
-    sinkgd_rows<G, 1>(g, u, v, col, scratch, begin, end, n, first_pass, it.sqrt_n, eps, S);
+    sinkgd_rows_spanning<G>(g, u, v, col, scratch, begin, end, m, n, first_pass, it.sqrt_n, eps, S);
   __syncthreads();
   for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
     float s = 0.0f;
@@ -152,7 +217,7 @@ __global__ void sinkgd_rows_kernel(const SinkgdManyItem* items, int64_t count, b
 
 __global__ void sinkgd_cols_kernel(const SinkgdManyItem* items, int64_t count, float eps, const UpdateScalars* scalars) {
   if (scalars && scalars->stats.skip) return;
-  const SinkgdManyItem& it = items[item_of_block(items, count, [](const SinkgdManyItem& x) { return x.first_col_block; })];
+  const SinkgdManyItem& it = items[item_of_block(items, count, blockIdx.x, [](const SinkgdManyItem& x) { return x.first_col_block; })];
   const int64_t n = it.n, j = (int64_t(blockIdx.x) - it.first_col_block) * blockDim.x + threadIdx.x;
   if (j >= n) return;
   float* v = it.scratch + it.m;
@@ -202,7 +267,7 @@ __global__ void sinkgd_apply_kernel(const SinkgdManyItem* items, int64_t count, 
                                     int slot) {
   if (!take_update_scalars(s, slot, r, wb)) return;
   const float lr = r.lr, keep = r.keep;
-  const SinkgdManyItem& it = items[item_of_block(items, count, [](const SinkgdManyItem& x) { return x.first_apply_block; })];
+  const SinkgdManyItem& it = items[item_of_block(items, count, blockIdx.x, [](const SinkgdManyItem& x) { return x.first_apply_block; })];
   T* w = static_cast<T*>(it.w);
   const G* g = static_cast<const G*>(it.g);
   const float* u = it.scratch;
@@ -236,7 +301,11 @@ SinkgdManyItem sinkgd_item(void* w, const void* g, int64_t m, int64_t n, float* 
   return it;
 }
 
-SinkgdLayout sinkgd_layout(SinkgdManyItem* items, int64_t count) {
+SinkgdLayout sinkgd_layout(SinkgdManyItem* items, int64_t count, int64_t g_bytes) {
+  // The packed tensors first, in their order, then the others (each tensor's sums are its own: the
+  // order changes no bits).
+  const auto packed = [g_bytes](const SinkgdManyItem& it) { return cuda_scratch::sinkgd_rows_packed(reinterpret_cast<uintptr_t>(it.g), it.n, g_bytes); };
+  std::stable_partition(items, items + count, packed);
   SinkgdLayout l;
   for (int64_t i = 0; i < count; ++i) {
     SinkgdManyItem& it = items[i];
@@ -246,6 +315,7 @@ SinkgdLayout sinkgd_layout(SinkgdManyItem* items, int64_t count) {
                              " of one block's shared column partial (an A100's 163 KB)");
     it.first_row_block = l.row_blocks, it.first_col_block = l.col_blocks, it.first_apply_block = l.apply_blocks;
     l.row_blocks += it.m * it.n > 0 ? it.chunks : 0;
+    if (packed(it)) l.packed_row_blocks = l.row_blocks;
     l.col_blocks += ceil_div(it.n, kThreads);
     l.apply_blocks += ceil_div(it.m * it.n, kApplyElementsPerBlock);
     l.max_n = std::max(l.max_n, it.n);
@@ -257,9 +327,15 @@ template <class T, class G>
 void sinkgd_many(const SinkgdManyItem* items, int64_t count, const SinkgdLayout& l, int iterations, float eps, const RuleScalars& r,
                  const WriteBack& wb, ScalarsRef s, cudaStream_t stream) {
   if (count == 0 || l.apply_blocks == 0) return;
+  const size_t shared = rows_shared_floats(l) * sizeof(float);
+  const int64_t spanning_blocks = l.row_blocks - l.packed_row_blocks;
   for (int it = 0; it < iterations; ++it) {
-    launch("sinkgd_rows", sinkgd_rows_kernel<G>, dim3(static_cast<unsigned>(l.row_blocks)), dim3(kThreads), rows_shared_floats(l) * sizeof(float),
-           stream, items, count, it == 0, eps, s.at);
+    if (l.packed_row_blocks > 0)
+      launch("sinkgd_rows", sinkgd_rows_kernel<G, false>, dim3(static_cast<unsigned>(l.packed_row_blocks)), dim3(kThreads), shared, stream, items,
+             count, int64_t{0}, it == 0, eps, s.at);
+    if (spanning_blocks > 0)
+      launch("sinkgd_rows", sinkgd_rows_kernel<G, true>, dim3(static_cast<unsigned>(spanning_blocks)), dim3(kThreads), shared, stream, items, count,
+             l.packed_row_blocks, it == 0, eps, s.at);
     launch("sinkgd_cols", sinkgd_cols_kernel, dim3(static_cast<unsigned>(l.col_blocks)), dim3(kThreads), 0, stream, items, count, eps, s.at);
   }
   launch("sinkgd_apply", sinkgd_apply_kernel<T, G>, dim3(static_cast<unsigned>(l.apply_blocks)), dim3(kThreads), 0, stream, items, count,
