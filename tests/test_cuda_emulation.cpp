@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "../kernels/cuda/cuda_compat.h"
+#include "../kernels/cuda/device_utils.cuh"
 #include "../kernels/cuda/ring_spans.h"
 #include "../kernels/cuda/emulation/device_memory.h"
 #include "emulated_device.h"
@@ -134,6 +135,21 @@ __global__ void pack_load(float* out, const __nv_bfloat16* row, int offset_eleme
   };
   const Pack p = *reinterpret_cast<const Pack*>(row + offset_elements);
   out[threadIdx.x] = __bfloat162float(p.v[threadIdx.x % 8]);
+}
+
+// The kernels' own packs (device_utils.cuh) `offset_elements` bf16s past a 16-byte aligned row: every
+// value used, so g++ splits the copy into 2-byte loads (and the store into 2-byte stores), which
+// only the pack's own check sees as the 16-byte access the GPU makes.
+__global__ void kernel_pack_load(float* out, const __nv_bfloat16* row, int offset_elements) {
+  float x[8];
+  multinorm::cuda::load_values<__nv_bfloat16, 8>(row + offset_elements, 0, x);
+  float s = 0.0f;
+  for (float v : x) s += v;
+  out[threadIdx.x] = s;
+}
+__global__ void kernel_pack_store(__nv_bfloat16* row, int offset_elements) {
+  const __nv_bfloat16 x[8] = {};
+  if (threadIdx.x == 0) multinorm::cuda::store_packs<__nv_bfloat16, 8>(row + offset_elements, 0, x);
 }
 
 // A float read `offset_bytes` past a float row (the CPU loads a misaligned float without a fault).
@@ -344,6 +360,24 @@ TEST(CudaEmulation, MisalignedAccessesAreErrorsAsOnTheGpu) {
   EXPECT_DEATH(launch("pack_load", pack_load, dim3(1), dim3(32), 0, nullptr, out.p, row.p, 3),
                "kernel pack_load faulted .* in block \\(0,0,0\\) thread \\(0,0,0\\), after: misaligned 16-byte load at 0x[0-9a-f]+ "
                "\\(address % 16 = 6\\)");
+}
+
+// A pack that g++ copies element by element is still one 16-byte access: misaligned, an error naming
+// the kernel and the thread, as cudaErrorMisalignedAddress on a GPU. (Without the pack's own check,
+// Pack's copy constructor in device_utils.cuh, both launches below pass.)
+TEST(CudaEmulation, KernelPacksCopiedElementByElementAreCheckedAsOneSixteenByteAccess) {
+  if (!kRacecheck) GTEST_SKIP() << "built without racecheck's instrumentation (a sanitizer build)";
+  DeviceArray<float> out(32);
+  DeviceArray<__nv_bfloat16> row(64, __float2bfloat16(1.0f));
+  EXPECT_EQ(error_of([&] { launch("kernel_pack_load", kernel_pack_load, dim3(1), dim3(32), 0, nullptr, out.p, row.p, 8); }), "");
+  std::string e = error_of([&] { launch("kernel_pack_load", kernel_pack_load, dim3(1), dim3(32), 0, nullptr, out.p, row.p, 1); });
+  EXPECT_NE(e.find("kernel_pack_load"), std::string::npos) << e;
+  EXPECT_NE(e.find("thread (0,0,0): misaligned 16-byte load at 0x"), std::string::npos) << e;
+  EXPECT_NE(e.find("(address % 16 = 2)"), std::string::npos) << e;
+  EXPECT_EQ(error_of([&] { launch("kernel_pack_store", kernel_pack_store, dim3(1), dim3(32), 0, nullptr, row.p, 16); }), "");
+  e = error_of([&] { launch("kernel_pack_store", kernel_pack_store, dim3(1), dim3(32), 0, nullptr, row.p, 3); });
+  EXPECT_NE(e.find("misaligned 16-byte store at 0x"), std::string::npos) << e;
+  EXPECT_NE(e.find("(address % 16 = 6)"), std::string::npos) << e;
 }
 
 TEST(CudaEmulation, DeviceMemoryIsGuardedAndPoisoned) {

@@ -54,11 +54,31 @@ __device__ __forceinline__ bool take_update_scalars(const UpdateScalars* s, int 
   return true;
 }
 
+#if defined(MULTINORM_EMU_RACECHECK) && !defined(__CUDACC__)
+extern "C" void __tsan_read16(void*);   // racecheck's hooks (emulation/racecheck.cpp)
+extern "C" void __tsan_write16(void*);
+#endif
+
 // 16 bytes of T: one vectorised load/store (LDG.128 / STG.128) on the GPU.
 template <class T>
 struct alignas(16) Pack {
   static constexpr int kSize = 16 / sizeof(T);
   T v[kSize];
+#if defined(MULTINORM_EMU_RACECHECK) && !defined(__CUDACC__)
+  // g++ may split a pack's copy into element accesses (it keeps only the values used), which pass
+  // racecheck's alignment check where the GPU's 16-byte access faults (cudaErrorMisalignedAddress):
+  // a pack read from or written to memory is checked here as the one 16-byte access it is there.
+  Pack() = default;
+  Pack(const Pack& o) {
+    __tsan_read16(const_cast<Pack*>(&o));
+    for (int k = 0; k < kSize; ++k) v[k] = o.v[k];
+  }
+  Pack& operator=(const Pack& o) {
+    __tsan_write16(this);
+    for (int k = 0; k < kSize; ++k) v[k] = o.v[k];
+    return *this;
+  }
+#endif
 };
 // Whether p may take a 16-byte pack path (launchers and kernels alike).
 MN_HOST_DEVICE bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
