@@ -147,6 +147,9 @@ __global__ void kernel_pack_load(float* out, const __nv_bfloat16* row, int offse
   for (float v : x) s += v;
   out[threadIdx.x] = s;
 }
+__global__ void kernel_pack_assign(multinorm::cuda::Pack<__nv_bfloat16>* out, const __nv_bfloat16* row, int offset_elements) {
+  if (threadIdx.x == 0) out[0] = *reinterpret_cast<const multinorm::cuda::Pack<__nv_bfloat16>*>(row + offset_elements);
+}
 __global__ void kernel_pack_store(__nv_bfloat16* row, int offset_elements) {
   const __nv_bfloat16 x[8] = {};
   if (threadIdx.x == 0) multinorm::cuda::store_packs<__nv_bfloat16, 8>(row + offset_elements, 0, x);
@@ -374,6 +377,12 @@ TEST(CudaEmulation, KernelPacksCopiedElementByElementAreCheckedAsOneSixteenByteA
   EXPECT_NE(e.find("kernel_pack_load"), std::string::npos) << e;
   EXPECT_NE(e.find("thread (0,0,0): misaligned 16-byte load at 0x"), std::string::npos) << e;
   EXPECT_NE(e.find("(address % 16 = 2)"), std::string::npos) << e;
+  // an assignment's source (a global pack read into shared or global memory)
+  DeviceArray<multinorm::cuda::Pack<__nv_bfloat16>> packs(1);
+  EXPECT_EQ(error_of([&] { launch("kernel_pack_assign", kernel_pack_assign, dim3(1), dim3(32), 0, nullptr, packs.p, row.p, 8); }), "");
+  e = error_of([&] { launch("kernel_pack_assign", kernel_pack_assign, dim3(1), dim3(32), 0, nullptr, packs.p, row.p, 5); });
+  EXPECT_NE(e.find("misaligned 16-byte load at 0x"), std::string::npos) << e;
+  EXPECT_NE(e.find("(address % 16 = 10)"), std::string::npos) << e;
   EXPECT_EQ(error_of([&] { launch("kernel_pack_store", kernel_pack_store, dim3(1), dim3(32), 0, nullptr, row.p, 16); }), "");
   e = error_of([&] { launch("kernel_pack_store", kernel_pack_store, dim3(1), dim3(32), 0, nullptr, row.p, 3); });
   EXPECT_NE(e.find("misaligned 16-byte store at 0x"), std::string::npos) << e;

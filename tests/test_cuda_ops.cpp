@@ -277,20 +277,19 @@ TEST_P(CudaVsCpu, RmsNormForwardBackward) {
         cuda->rmsnorm_forward(y.g.buf(), r.g.f32(), x.g.buf(), w.g.buf(), s.N, s.C, 1e-5f);
         EXPECT_TRUE(y.same(tol(t)));
         EXPECT_TRUE(r.same(kF32));
-        // Accumulating, dx's rounded copy (the next projection's operand) too: each backend's copy
-        // holds the bits its own convert gives dx.
+        // dx's rounded copy (the next projection's operand) too: each backend's copy holds the bits
+        // its own convert gives dx.
         Pair copy(*cpu, *cuda, Vec(s.N * s.C, 0.0), t), converted(*cpu, *cuda, Vec(s.N * s.C, 0.0), t);
         for (bool accumulate : {false, true}) {
-          const Buf cc = accumulate ? copy.c.buf() : Buf{}, cg = accumulate ? copy.g.buf() : Buf{};
-          cpu->rmsnorm_backward(dx.c.f32(), cc, dw.c.buf(), dy.c.f32(), x.c.buf(), w.c.buf(), r.c.f32(), s.N, s.C, accumulate);
-          cuda->rmsnorm_backward(dx.g.f32(), cg, dw.g.buf(), dy.g.f32(), x.g.buf(), w.g.buf(), r.g.f32(), s.N, s.C, accumulate);
+          cpu->rmsnorm_backward(dx.c.f32(), copy.c.buf(), dw.c.buf(), dy.c.f32(), x.c.buf(), w.c.buf(), r.c.f32(), s.N, s.C, accumulate);
+          cuda->rmsnorm_backward(dx.g.f32(), copy.g.buf(), dw.g.buf(), dy.g.f32(), x.g.buf(), w.g.buf(), r.g.f32(), s.N, s.C, accumulate);
           EXPECT_TRUE(dx.same(kF32)) << "N " << s.N << " accumulate " << accumulate;
           EXPECT_TRUE(dw.same(tol(g))) << "N " << s.N << " " << dtype_name(t) << "/" << dtype_name(g);
+          cpu->convert(converted.c.buf(), Buf{dx.c.f32(), DType::F32}, s.N * s.C);
+          cuda->convert(converted.g.buf(), Buf{dx.g.f32(), DType::F32}, s.N * s.C);
+          EXPECT_EQ(copy.c.get(), converted.c.get()) << "N " << s.N << " " << dtype_name(t) << " accumulate " << accumulate;
+          EXPECT_EQ(copy.g.get(), converted.g.get()) << "N " << s.N << " " << dtype_name(t) << " accumulate " << accumulate;
         }
-        cpu->convert(converted.c.buf(), Buf{dx.c.f32(), DType::F32}, s.N * s.C);
-        cuda->convert(converted.g.buf(), Buf{dx.g.f32(), DType::F32}, s.N * s.C);
-        EXPECT_EQ(copy.c.get(), converted.c.get()) << "N " << s.N << " " << dtype_name(t);
-        EXPECT_EQ(copy.g.get(), converted.g.get()) << "N " << s.N << " " << dtype_name(t);
       }
   }
 }
@@ -392,12 +391,13 @@ TEST_P(CudaVsCpu, SwiGLUForwardBackward) {
 // Rows whose strides are whole 16-byte packs but whose width F is not (the plan's padded MLP rows at
 // llama_1b's F = 5461): the up half starts r = F % P elements off a pack in every row, and the kernel
 // moves it (and dup) through shared memory as whole aligned packs. Against the CPU on dense rows, at
-// BF16 shifts 1, 3, 6, 5 and FP32 shifts 1, 3, 2, 1, a row in 1 to 6 spans of 256 packs; NaN planted in
-// the inputs' padding (never used), a sentinel in the outputs' (never written).
+// BF16 shifts 3, 1, 3, 6, 5 and FP32 shifts 3, 1, 3, 2, 1, a row in 1 to 6 spans of 256 packs (F = 3:
+// less than a pack); NaN planted in the inputs' padding (never used), a sentinel in the outputs' (never
+// written).
 TEST_P(CudaVsCpu, SwiGLUOverPaddedRowsOffAPack) {
   const int64_t N = 3;
   for (DType t : kTypes)
-    for (int64_t F : {41, 2051, 4102, 5461}) {
+    for (int64_t F : {3, 41, 2051, 4102, 5461}) {
       const int64_t s = dtype_bytes(t);
       auto padded = [s](int64_t cols) { return (cols * s + 127) / 128 * 128 / s; };  // 128-byte rows
       const int64_t lg = padded(2 * F), lf = padded(F);
@@ -438,6 +438,10 @@ TEST_P(CudaVsCpu, SwiGLUOverPaddedRowsOffAPack) {
       EXPECT_TRUE(close(unpad(dgu_g.get(), 2 * F, lg), dgu.c.get(), tol(t))) << what;
       EXPECT_TRUE(padding_holds(dgu_g.get(), 2 * F, lg, kSentinel)) << what;
       EXPECT_EQ(out2_g.get(), out_g.get()) << what;  // the recomputed forward: the forward's bits, padding included
+      // without the recomputed forward: the same gradient
+      DeviceBuffer dgu2_g(*cuda, pad(Vec(N * 2 * F, 0.0), 2 * F, lg, kSentinel), t);
+      cuda->swiglu_backward(rows(dgu2_g, lg), Buf{nullptr, t}, rows(dout_g, lf), rows(gu_g, lg), N, F);
+      EXPECT_EQ(dgu2_g.get(), dgu_g.get()) << what;
     }
 }
 

@@ -101,6 +101,7 @@ class CpuBackend final : public Backend {
   void rmsnorm_backward(float* dx, Buf dx_copy, Buf dw, const float* dout, Buf x, Buf w, const float* rstd, int64_t N, int64_t C,
                         bool accumulate_dx) override {
     same_dtype({x, w}, "rmsnorm_backward");
+    if (dx_copy.ptr) same_dtype({dx_copy, x}, "rmsnorm_backward");
     with_types(w.dtype, dw.dtype, "rmsnorm_backward", [&](auto* t, auto* g) {
       using T = std::remove_pointer_t<decltype(t)>;
       using G = std::remove_pointer_t<decltype(g)>;

@@ -67,13 +67,15 @@ struct alignas(16) Pack {
 #if defined(MULTINORM_EMU_RACECHECK) && !defined(__CUDACC__)
   // g++ may split a pack's copy into element accesses (it keeps only the values used), which pass
   // racecheck's alignment check where the GPU's 16-byte access faults (cudaErrorMisalignedAddress):
-  // a pack read from or written to memory is checked here as the one 16-byte access it is there.
+  // a pack read from or written to memory (the source of a copy or an assignment, the destination
+  // of an assignment) is checked here as the one 16-byte access it is there.
   Pack() = default;
   Pack(const Pack& o) {
     __tsan_read16(const_cast<Pack*>(&o));
     for (int k = 0; k < kSize; ++k) v[k] = o.v[k];
   }
   Pack& operator=(const Pack& o) {
+    __tsan_read16(const_cast<Pack*>(&o));
     __tsan_write16(this);
     for (int k = 0; k < kSize; ++k) v[k] = o.v[k];
     return *this;

@@ -67,7 +67,8 @@ LtGemm::Plan& LtGemm::plan(const Key& key) {
   MN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref), what);
   const uint64_t ws = kWorkspaceBytes;
   MN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)), what);
-  // cuBLASLt's first operand is b, its second a (the column-major view); C and D are `out`.
+  // cuBLASLt's first operand is b, its second a (the column-major view); D is `out`, C `out` or the
+  // residual addend (one layout, one alignment preference).
   const uint32_t alignments[4] = {align_b, align_a, align_out, align_out};
   const cublasLtMatmulPreferenceAttributes_t attrs[4] = {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
                                                           CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};

@@ -25,7 +25,8 @@ class LtGemm {
   // FP32 is the mixed-precision path). ld_*: each operand's row stride in elements, at least its
   // row width: any stride works, but cuBLASLt is fast only where rows and bases are 16-byte aligned
   // (the backend stages the others: cuda_scratch::gemm_staging). With `addend` (and accumulate), out =
-  // addend + op(a) op(b): cuBLASLt's C operand, out's type, row stride and alignment.
+  // addend + op(a) op(b): cuBLASLt's C operand, with out's type and row stride (the plan takes the
+  // lesser of their alignments).
   void run(void* out, int64_t ld_out, cudaDataType out_type, const void* a, int64_t ld_a, const void* b, int64_t ld_b, cudaDataType in_type,
            int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, bool accumulate, cudaStream_t stream, const void* addend = nullptr);
   // `batch` products of dense row-major matrices in FP32, matrix i of each operand `stride` elements

@@ -6,8 +6,9 @@
 //     out and dgate rows start on 16 bytes and move as packs, but the up half starts r = F % P
 //     elements past a pack boundary in every row. A block takes a span of one row (256 packs of
 //     columns, rows strided over blockIdx.y) and moves the span's up (and dup) as whole aligned
-//     packs through shared memory, shifted by r there; only a row's last, partial pack of each half
-//     goes element by element. The same DRAM bytes as the flat path, 16 bytes a load and a store;
+//     packs through shared memory, shifted by r there; element by element go only a row's last,
+//     partial pack of each half, and the dup packs a span boundary (or the gate's tail) shares with a
+//     neighbour (disjoint elements). The same DRAM bytes as the flat path, 16 bytes a load and a store;
 //   - anything else: a (F/256, rows) grid, a thread per element of a row, with no division.
 //   forward:  reads 2 N F, writes N F elements of T; ~6 N F FLOPs (sigmoid as one exp)
 //   backward: reads 3 N F, writes 2 N F elements of T; ~12 N F FLOPs; with `out` (the forward's
@@ -235,11 +236,11 @@ __global__ void
   }
 }
 
-// The packed path: F and every stride a whole number of packs (each row of each array 16-byte aligned).
+// Whether every row of an array starts on 16 bytes: its base aligned, its row stride whole packs
+// (each launcher asks it of the arrays its kernel touches).
 template <class T>
-bool packable(int64_t F, const SwigluStrides& ld) {
-  constexpr int64_t P = Pack<T>::kSize;
-  return F % P == 0 && ld.gate_up % P == 0 && ld.out % P == 0 && ld.dout % P == 0 && ld.dgate_up % P == 0;
+bool rows_on_packs(const void* p, int64_t stride) {
+  return aligned16(p) && stride % Pack<T>::kSize == 0;
 }
 
 unsigned grid_for(int64_t work) { return static_cast<unsigned>(std::min<int64_t>(ceil_div(work, 256), 8192)); }
@@ -258,10 +259,10 @@ template <class T>
 void swiglu_forward(T* out, const T* gate_up, int64_t N, int64_t F, const SwigluStrides& ld, cudaStream_t stream) {
   constexpr int P = Pack<T>::kSize;
   if (N * F == 0) return;
-  const bool aligned = aligned16(out) && aligned16(gate_up);
-  if (packable<T>(F, ld) && aligned)
+  const bool rows = rows_on_packs<T>(out, ld.out) && rows_on_packs<T>(gate_up, ld.gate_up);
+  if (rows && F % P == 0)
     launch("swiglu_forward", swiglu_forward_kernel<T>, dim3(grid_for(N * F / P)), dim3(256), 0, stream, out, gate_up, N, F, ld);
-  else if (packable<T>(0, ld) && aligned)
+  else if (rows)
     launch("swiglu_forward", swiglu_forward_shifted_kernel<T>, spans_grid(N, F, P), dim3(kSpanThreads), kWindowBytes, stream, out, gate_up, N, F, ld);
   else
     launch("swiglu_forward", swiglu_forward_rows_kernel<T>, rows_grid(N, F), dim3(256), 0, stream, out, gate_up, N, F, ld);
@@ -271,10 +272,11 @@ template <class T>
 void swiglu_backward(T* dgate_up, T* out, const T* dout, const T* gate_up, int64_t N, int64_t F, const SwigluStrides& ld, cudaStream_t stream) {
   constexpr int P = Pack<T>::kSize;
   if (N * F == 0) return;
-  const bool aligned = aligned16(dgate_up) && aligned16(dout) && aligned16(gate_up) && (!out || aligned16(out));
-  if (packable<T>(F, ld) && aligned)
+  const bool rows = rows_on_packs<T>(dgate_up, ld.dgate_up) && rows_on_packs<T>(dout, ld.dout) && rows_on_packs<T>(gate_up, ld.gate_up) &&
+                    (!out || rows_on_packs<T>(out, ld.out));
+  if (rows && F % P == 0)
     launch("swiglu_backward", swiglu_backward_kernel<T>, dim3(grid_for(N * F / P)), dim3(256), 0, stream, dgate_up, out, dout, gate_up, N, F, ld);
-  else if (packable<T>(0, ld) && aligned)
+  else if (rows)
     launch("swiglu_backward", swiglu_backward_shifted_kernel<T>, spans_grid(N, F, P), dim3(kSpanThreads), 2 * kWindowBytes, stream, dgate_up, out, dout,
            gate_up, N, F, ld);
   else
