@@ -65,6 +65,24 @@ __device__ __forceinline__ int64_t partial_index(int64_t j, int64_t n, int P) {
   return (k < 4 ? 0 : n / 2) + j / 8 * 4 + k % 4;
 }
 
+// Called by every thread of the block once a round (its barrier): the round's row norms from the
+// threads' partial sums r (warp sums into the round's half of scratch, a group's warps added in warp
+// order), u_i = sqrt(n) / max(norm, eps) for a live row (written by its group's first thread), and
+// u_i^2 returned (0 for a group past the chunk's rows).
+__device__ __forceinline__ float row_scale_squared(float r, float* scratch, int half, int group, int group_warps, int gt, bool live, int64_t i,
+                                                   float* u, float sqrt_n, float eps) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  r = warp_sum(r);
+  if (lane == 0) scratch[32 * half + warp] = r;
+  __syncthreads();
+  if (!live) return 0.0f;
+  r = 0.0f;
+  for (int w = 0; w < group_warps; ++w) r += scratch[32 * half + group * group_warps + w];
+  const float ui = sqrt_n / fmaxf(sqrtf(r), eps);
+  if (gt == 0) u[i] = ui;
+  return ui * ui;
+}
+
 // One row pass over rows begin..end-1 of one tensor: u from v, and the chunk's column partial of
 // u^2 G^2. Groups of S threads (row_group_threads) take blockDim / S rows at a time, each group with
 // its own column partial in shared memory (col + group n): thread t of a group owns columns
@@ -75,7 +93,7 @@ template <class G, int P>
 __device__ void sinkgd_rows(const G* g, float* u, const float* v, float* col, float* scratch, int64_t begin, int64_t end, int64_t n,
                             bool first_pass, float sqrt_n, float eps, int S) {
   const int group = threadIdx.x / S, gt = threadIdx.x % S, groups = blockDim.x / S;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, group_warps = S / 32;
+  const int group_warps = S / 32;
   float* colg = col + int64_t(group) * n;
   const int64_t stride = int64_t(P) * S;
   int half = 0;
@@ -93,15 +111,8 @@ __device__ void sinkgd_rows(const G* g, float* u, const float* v, float* col, fl
         r += y * y;
       }
     }
-    r = warp_sum(r);
-    if (lane == 0) scratch[32 * half + warp] = r;
-    __syncthreads();
+    const float u2 = row_scale_squared(r, scratch, half, group, group_warps, gt, live, i, u, sqrt_n, eps);
     if (!live) continue;
-    r = 0.0f;
-    for (int w = 0; w < group_warps; ++w) r += scratch[32 * half + group * group_warps + w];
-    const float ui = sqrt_n / fmaxf(sqrtf(r), eps);
-    if (gt == 0) u[i] = ui;
-    const float u2 = ui * ui;
     for (int64_t j = int64_t(P) * gt; j < n; j += stride) {
       float x[P];
       load_values<G, P>(gi, j, x);
@@ -126,7 +137,7 @@ __device__ void sinkgd_rows_spanning(const G* g, float* u, const float* v, float
                                      int64_t n, bool first_pass, float sqrt_n, float eps, int S) {
   constexpr int P = Pack<G>::kSize;
   const int group = threadIdx.x / S, gt = threadIdx.x % S, groups = blockDim.x / S;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, group_warps = S / 32;
+  const int group_warps = S / 32;
   float* colg = col + int64_t(group) * n;
   // Elements counted from the aligned pack at or below g: the tensor is [shift, shift + m n).
   const int64_t shift = int64_t(reinterpret_cast<uintptr_t>(g) % 16 / sizeof(G)), total = shift + m * n;
@@ -158,15 +169,8 @@ __device__ void sinkgd_rows_spanning(const G* g, float* u, const float* v, float
         r += y * y;
       }
     }
-    r = warp_sum(r);
-    if (lane == 0) scratch[32 * half + warp] = r;
-    __syncthreads();
+    const float u2 = row_scale_squared(r, scratch, half, group, group_warps, gt, live, i, u, sqrt_n, eps);
     if (!live) continue;
-    r = 0.0f;
-    for (int w = 0; w < group_warps; ++w) r += scratch[32 * half + group * group_warps + w];
-    const float ui = sqrt_n / fmaxf(sqrtf(r), eps);
-    if (gt == 0) u[i] = ui;
-    const float u2 = ui * ui;
     for (int64_t k = first + gt; k <= last; k += S) {
       float x[P];
       load_pack(k, x);
