@@ -67,6 +67,95 @@ class BandwidthCopy {
   std::vector<char> host_a_, host_b_;
   Buf a_{}, b_{};
 };
+// One optimizer's timings: its full step (Optimizer, every tensor) and the matrix parameters alone
+// through its rule's multi-tensor entry (`items`, each with its own states), the best over rounds.
+struct OptimRow {
+  OptimizerKind kind;
+  std::string name;
+  std::unique_ptr<Optimizer> opt;
+  std::unique_ptr<TensorRule> rule;
+  RunConfig run;
+  std::vector<void*> states;                   // the matrices' optimizer states (allocations)
+  std::vector<std::array<Buf, 2>> state_bufs;  // ... per matrix
+  std::vector<RuleItem> items;                 // one per matrix
+  double full_s = 1e30, matrix_s = 1e30, one_by_one_s = 1e30;
+};
+
+bool is_matrix(const TensorSpec& t) { return t.group() == TensorGroup::Attention || t.group() == TensorGroup::Mlp; }
+
+// Adam, SinkGD and SWAN over the model, warmed up (workspace sizing, primitive creation), each with
+// its matrix items and their states built once, outside the timings.
+std::vector<OptimRow> make_rows(Backend& be, LlamaModel& model, const RunConfig& base) {
+  std::vector<OptimRow> rows;
+  const int64_t sb = dtype_bytes(base.precision.optimizer_states);
+  for (const OptimizerKind kind : {OptimizerKind::Adam, OptimizerKind::SinkGD, OptimizerKind::Swan}) {
+    OptimRow r;
+    r.kind = kind;
+    r.name = choice_name(kind);
+    r.run = base;
+    r.run.optimizer.name = kind;
+    r.opt = std::make_unique<Optimizer>(model.store(), r.run);
+    r.opt->step(1, 1);
+    r.rule = make_rule(kind, r.run.optimizer);
+    for (const auto& t : model.tensors()) {
+      if (!is_matrix(t)) continue;
+      std::array<Buf, 2>& st = r.state_bufs.emplace_back();
+      for (int k = 0; k < r.rule->state_slots(); ++k) {
+        r.states.push_back(be.allocate(t.numel() * sb));
+        st[k] = Buf{r.states.back(), r.run.precision.optimizer_states};
+      }
+      UpdateContext ctx;
+      ctx.lr = 1e-3f;
+      ctx.update = 2;
+      ctx.tensor = r.items.size();
+      r.items.push_back({&t, model.param(t), model.grad(t), nullptr, ctx});
+    }
+    for (size_t i = 0; i < r.items.size(); ++i) r.items[i].states = r.state_bufs[i].data();  // state_bufs no longer grows
+    rows.push_back(std::move(r));
+  }
+  return rows;
+}
+
+// The ratios and bandwidths of the timed rows (Adam, SinkGD, SWAN), as JSON or text.
+void report(const OptimBenchOptions& o, const RunConfig& base, int threads, const std::vector<OptimRow>& rows, int64_t matrix_elems,
+            double copy_s) {
+  const int64_t pb = dtype_bytes(base.precision.params), sb = dtype_bytes(base.precision.optimizer_states);
+  const double copy_gbs = 2.0 * BandwidthCopy::kBytes / copy_s / 1e9;
+  const int L = static_cast<int>(base.optimizer.sinkgd.iterations);
+  // Bytes each kernel must move per matrix element: Adam reads g, m, v, w and writes m, v, w;
+  // SinkGD reads g L + 1 times and reads and writes w.
+  const double adam_bytes = static_cast<double>(matrix_elems) * (2 * pb + 5 * sb);
+  const double sinkgd_bytes = static_cast<double>(matrix_elems) * ((L + 1) * pb + 2 * pb);
+  // Where g's rows stay in cache between passes, memory sees one read of g and the read and write of
+  // w: the time that takes at the copy bandwidth is the floor of a SinkGD step.
+  const double floor_s = static_cast<double>(matrix_elems) * 3 * pb / (copy_gbs * 1e9);
+  const OptimRow &adam = rows[0], &sinkgd = rows[1], &swan = rows[2];
+  if (o.json) {
+    json j = {{"model", base.model.name}, {"precision", o.precision}, {"threads", threads}, {"copy_gb_s", copy_gbs}};
+    for (const auto& r : rows)
+      j["optimizers"][r.name] = {{"step_s", r.full_s}, {"matrix_params_s", r.matrix_s}, {"state_bytes", r.opt->state_bytes()},
+                                 {"matrix_state_bytes", r.opt->matrix_state_bytes()}};
+    j["sinkgd_over_adam"] = sinkgd.full_s / adam.full_s;
+    j["sinkgd_over_adam_matrix_params"] = sinkgd.matrix_s / adam.matrix_s;
+    j["sinkgd_one_tensor_per_call_s"] = sinkgd.one_by_one_s;
+    j["swan_over_sinkgd"] = swan.full_s / sinkgd.full_s;
+    j["sinkgd_gb_s"] = sinkgd_bytes / sinkgd.matrix_s / 1e9;
+    j["adam_gb_s"] = adam_bytes / adam.matrix_s / 1e9;
+    j["sinkgd_memory_floor_s"] = floor_s;
+    std::printf("%s\n", j.dump(2).c_str());
+    return;
+  }
+  std::printf("  SinkGD / Adam: %.2f (full step; target <= 1.0), %.2f (matrix params)\n", sinkgd.full_s / adam.full_s,
+              sinkgd.matrix_s / adam.matrix_s);
+  std::printf("  SinkGD matrices one tensor per call: %.4f s; the multi-tensor op takes %.2fx that\n", sinkgd.one_by_one_s,
+              sinkgd.matrix_s / sinkgd.one_by_one_s);
+  std::printf("  SWAN / SinkGD: %.1f\n", swan.full_s / sinkgd.full_s);
+  std::printf("  memory copy: %.1f GB/s; SinkGD moves %.1f GB/s (%.0f%% of copy, L = %d, L + 1 reads of g counted), "
+              "Adam %.1f GB/s (%.0f%%)\n",
+              copy_gbs, sinkgd_bytes / sinkgd.matrix_s / 1e9, 100 * sinkgd_bytes / sinkgd.matrix_s / 1e9 / copy_gbs, L,
+              adam_bytes / adam.matrix_s / 1e9, 100 * adam_bytes / adam.matrix_s / 1e9 / copy_gbs);
+  std::printf("  SinkGD memory floor (g once, w read and written): %.4f s; the step takes %.1fx it\n", floor_s, sinkgd.matrix_s / floor_s);
+}
 }  // namespace
 
 void bench_optim(const OptimBenchOptions& o) {
@@ -84,53 +173,13 @@ void bench_optim(const OptimBenchOptions& o) {
   fill_gradients(*be, model);
   int64_t matrix_elems = 0;
   for (const auto& t : model.tensors())
-    if (t.group() == TensorGroup::Attention || t.group() == TensorGroup::Mlp) matrix_elems += t.numel();
+    if (is_matrix(t)) matrix_elems += t.numel();
 
   BandwidthCopy copy(*be);
-  struct Row {
-    OptimizerKind kind;
-    std::string name;
-    std::unique_ptr<Optimizer> opt;
-    std::unique_ptr<TensorRule> rule;
-    RunConfig run;
-    std::vector<void*> states;                   // the matrices' optimizer states (allocations)
-    std::vector<std::array<Buf, 2>> state_bufs;  // ... per matrix
-    std::vector<RuleItem> items;                 // one per matrix
-    double full_s = 1e30, matrix_s = 1e30, one_by_one_s = 1e30;
-  };
-  std::vector<Row> rows;
-  const int64_t pb = dtype_bytes(base.precision.params), sb = dtype_bytes(base.precision.optimizer_states);
-  for (const OptimizerKind kind : {OptimizerKind::Adam, OptimizerKind::SinkGD, OptimizerKind::Swan}) {
-    Row r;
-    r.kind = kind;
-    r.name = choice_name(kind);
-    r.run = base;
-    r.run.optimizer.name = kind;
-    r.opt = std::make_unique<Optimizer>(model.store(), r.run);
-    r.opt->step(1, 1);  // warm-up: workspace sizing, primitive creation
-    r.rule = make_rule(kind, r.run.optimizer);
-    rows.push_back(std::move(r));
-  }
-  // The matrix parameters alone, through the same rule and its multi-tensor entry (as the optimizer
-  // calls it), or one tensor per call (`one_by_one`: what the multi-tensor entry buys). The items and
-  // their states are built once, outside the timings.
-  for (Row& r : rows) {
-    for (const auto& t : model.tensors()) {
-      if (!(t.group() == TensorGroup::Attention || t.group() == TensorGroup::Mlp)) continue;
-      std::array<Buf, 2>& st = r.state_bufs.emplace_back();
-      for (int k = 0; k < r.rule->state_slots(); ++k) {
-        r.states.push_back(be->allocate(t.numel() * sb));
-        st[k] = Buf{r.states.back(), r.run.precision.optimizer_states};
-      }
-      UpdateContext ctx;
-      ctx.lr = 1e-3f;
-      ctx.update = 2;
-      ctx.tensor = r.items.size();
-      r.items.push_back({&t, model.param(t), model.grad(t), nullptr, ctx});
-    }
-    for (size_t i = 0; i < r.items.size(); ++i) r.items[i].states = r.state_bufs[i].data();  // state_bufs no longer grows
-  }
-  auto matrix_step = [&](Row& r, bool one_by_one) {
+  // The matrix parameters alone go through the same rule and its multi-tensor entry (as the optimizer
+  // calls it), or one tensor per call (`one_by_one`: what the multi-tensor entry buys).
+  std::vector<OptimRow> rows = make_rows(*be, model, base);
+  auto matrix_step = [&](OptimRow& r, bool one_by_one) {
     if (!one_by_one) return r.rule->update_many(be->optimizer_kernels(), r.items);
     for (const RuleItem& it : r.items) r.rule->update(be->optimizer_kernels(), *it.tensor, it.w, it.g, it.states, it.ctx);
   };
@@ -140,15 +189,16 @@ void bench_optim(const OptimBenchOptions& o) {
   // own (three; one on a device). Each optimizer's line is printed as it finishes (on stderr with
   // --json, whose document comes at the end).
   FILE* progress = o.json ? stderr : stdout;
+  const int swan_rounds = be->host_memory() ? std::min(o.steps, 3) : 1;
   if (!o.json)
     std::printf("bench optim: %s, %s weights and states, %d threads, best of %d interleaved rounds (SWAN: %d)\n", base.model.name.c_str(),
-                o.precision.c_str(), be->threads(), o.steps, be->host_memory() ? std::min(o.steps, 3) : 1);
-  auto print_row = [&](const Row& r) {
+                o.precision.c_str(), be->threads(), o.steps, swan_rounds);
+  auto print_row = [&](const OptimRow& r) {
     std::fprintf(progress, "  %-8s %10.4f s full step %10.4f s matrix params %10.1f MiB state (matrices: %.1f MiB)\n", r.name.c_str(), r.full_s,
                  r.matrix_s, r.opt->state_bytes() / 1048576.0, r.opt->matrix_state_bytes() / 1048576.0);
     std::fflush(progress);
   };
-  auto time_rule = [&](Row& r) {
+  auto time_rule = [&](OptimRow& r) {
     r.full_s = std::min(r.full_s, timed(*be, [&] { r.opt->step(2, 2); }));
     r.matrix_s = std::min(r.matrix_s, timed(*be, [&] { matrix_step(r, false); }));
     if (r.kind == OptimizerKind::SinkGD) r.one_by_one_s = std::min(r.one_by_one_s, timed(*be, [&] { matrix_step(r, true); }));
@@ -161,46 +211,11 @@ void bench_optim(const OptimBenchOptions& o) {
   }
   for (const auto& r : rows)
     if (r.kind != OptimizerKind::Swan) print_row(r);
-  for (int round = 0; round < (be->host_memory() ? std::min(o.steps, 3) : 1); ++round) time_rule(rows[2]);
+  for (int round = 0; round < swan_rounds; ++round) time_rule(rows[2]);
   print_row(rows[2]);
   for (auto& r : rows)
     for (void* p : r.states) be->release(p);
-  const double copy_gbs = 2.0 * BandwidthCopy::kBytes / copy_s / 1e9;
-  const int L = static_cast<int>(base.optimizer.sinkgd.iterations);
-  // Bytes each kernel must move per matrix element: Adam reads g, m, v, w and writes m, v, w;
-  // SinkGD reads g L + 1 times and reads and writes w.
-  const double adam_bytes = static_cast<double>(matrix_elems) * (2 * pb + 5 * sb);
-  const double sinkgd_bytes = static_cast<double>(matrix_elems) * ((L + 1) * pb + 2 * pb);
-  const Row &adam = rows[0], &sinkgd = rows[1], &swan = rows[2];
-  if (o.json) {
-    json j = {{"model", base.model.name}, {"precision", o.precision}, {"threads", be->threads()}, {"copy_gb_s", copy_gbs}};
-    for (const auto& r : rows)
-      j["optimizers"][r.name] = {{"step_s", r.full_s}, {"matrix_params_s", r.matrix_s}, {"state_bytes", r.opt->state_bytes()},
-                                 {"matrix_state_bytes", r.opt->matrix_state_bytes()}};
-    j["sinkgd_over_adam"] = sinkgd.full_s / adam.full_s;
-    j["sinkgd_over_adam_matrix_params"] = sinkgd.matrix_s / adam.matrix_s;
-    j["sinkgd_one_tensor_per_call_s"] = sinkgd.one_by_one_s;
-    j["swan_over_sinkgd"] = swan.full_s / sinkgd.full_s;
-    j["sinkgd_gb_s"] = sinkgd_bytes / sinkgd.matrix_s / 1e9;
-    j["adam_gb_s"] = adam_bytes / adam.matrix_s / 1e9;
-    j["sinkgd_memory_floor_s"] = static_cast<double>(matrix_elems) * 3 * pb / (copy_gbs * 1e9);
-    std::printf("%s\n", j.dump(2).c_str());
-    return;
-  }
-  std::printf("  SinkGD / Adam: %.2f (full step; target <= 1.0), %.2f (matrix params)\n", sinkgd.full_s / adam.full_s,
-              sinkgd.matrix_s / adam.matrix_s);
-  std::printf("  SinkGD matrices one tensor per call: %.4f s; the multi-tensor op takes %.2fx that\n", sinkgd.one_by_one_s,
-              sinkgd.matrix_s / sinkgd.one_by_one_s);
-  std::printf("  SWAN / SinkGD: %.1f\n", swan.full_s / sinkgd.full_s);
-  std::printf("  memory copy: %.1f GB/s; SinkGD moves %.1f GB/s (%.0f%% of copy, L = %d, L + 1 reads of g counted), "
-              "Adam %.1f GB/s (%.0f%%)\n",
-              copy_gbs, sinkgd_bytes / sinkgd.matrix_s / 1e9, 100 * sinkgd_bytes / sinkgd.matrix_s / 1e9 / copy_gbs, L,
-              adam_bytes / adam.matrix_s / 1e9, 100 * adam_bytes / adam.matrix_s / 1e9 / copy_gbs);
-  // Where g's rows stay in cache between passes, memory sees one read of g and the read and write of
-  // w: the time that takes at the copy bandwidth is the floor of a SinkGD step.
-  const double floor_s = static_cast<double>(matrix_elems) * 3 * pb / (copy_gbs * 1e9);
-  std::printf("  SinkGD memory floor (g once, w read and written): %.4f s; the step takes %.1fx it\n", floor_s,
-              sinkgd.matrix_s / floor_s);
+  report(o, base, be->threads(), rows, matrix_elems, copy_s);
 }
 
 }  // namespace multinorm
