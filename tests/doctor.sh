@@ -25,7 +25,7 @@ assert env["plugin"]["emulated"] is True and env["devices"][0]["cc"] == "8.0", e
 sections = {c["section"] for c in r["checks"]}
 assert sections == {"op", "optimizer", "update", "checkpoint"}, sections
 names = {c["name"] for c in r["checks"]}
-for n in ["matmul", "embedding_backward", "rmsnorm_forward_backward", "rope_forward_backward", "attention_forward_backward",
+for n in ["matmul", "matmul_residual", "embedding_backward", "rmsnorm_forward_backward", "rope_forward_backward", "attention_forward_backward",
           "attention_decode", "swiglu_forward_backward", "cross_entropy", "linear_cross_entropy", "sum_squares_scale_convert",
           "sinkgd", "swan", "sinkgd_many", "adam", "sgd", "adam_many", "two updates, sinkgd", "round trip cuda -> cpu"]:
     assert n in names, n

@@ -194,6 +194,14 @@ void DoctorChecks::ops(DType t) {
       return std::vector<Output>{{"out", o.host(g, o.g().ptr), o.host(c, o.c().ptr)}};
     });
   }
+  // The residual projections (o and down: out = residual + x W^T), the residual read as the GEMM's addend
+  for (const int64_t K : {C, F})
+    check("op", "matmul_residual", t, dims({BT, C, K}), bound, [&] {
+      Twin x(c, g, BT * K, t, 1), w(c, g, C * K, t, 2), r(c, g, BT * C, t, 3), o(c, g, BT * C, t);
+      c.matmul_residual(o.c(), r.c(), x.c(), w.c(), BT, C, K, false, true);
+      g.matmul_residual(o.g(), r.g(), x.g(), w.g(), BT, C, K, false, true);
+      return std::vector<Output>{{"out", o.host(g, o.g().ptr), o.host(c, o.c().ptr)}};
+    });
   std::vector<int32_t> ids(BT);
   for (int64_t i = 0; i < BT; ++i) ids[i] = static_cast<int32_t>((i * 7919 + 11) % V);
   ids[BT - 1] = static_cast<int32_t>(V - 1);
@@ -212,15 +220,17 @@ void DoctorChecks::ops(DType t) {
   });
   check("op", "rmsnorm_forward_backward", t, dims({BT, C}), bound, [&] {
     Twin x(c, g, BT * C, t, 5), w(c, g, C, t, 6), o(c, g, BT * C, t), r(c, g, BT, DType::F32);
-    Twin dout(c, g, BT * C, DType::F32, 7), dx(c, g, BT * C, DType::F32), dw(c, g, C, t);
+    Twin dout(c, g, BT * C, DType::F32, 7), dx(c, g, BT * C, DType::F32), dx_copy(c, g, BT * C, t), dw(c, g, C, t);
     c.rmsnorm_forward(o.c(), r.cf(), x.c(), w.c(), BT, C, 1e-6f);
     g.rmsnorm_forward(o.g(), r.gf(), x.g(), w.g(), BT, C, 1e-6f);
-    c.rmsnorm_backward(dx.cf(), Buf{}, dw.c(), dout.cf(), x.c(), w.c(), r.cf(), BT, C, false);
-    g.rmsnorm_backward(dx.gf(), Buf{}, dw.g(), dout.gf(), x.g(), w.g(), r.gf(), BT, C, false);
-    // dx and dw: FP32 sums over a row and over BT rows, in another order: 1e-4 (as the large-shape tests)
+    c.rmsnorm_backward(dx.cf(), dx_copy.c(), dw.c(), dout.cf(), x.c(), w.c(), r.cf(), BT, C, false);
+    g.rmsnorm_backward(dx.gf(), dx_copy.g(), dw.g(), dout.gf(), x.g(), w.g(), r.gf(), BT, C, false);
+    // dx and dw: FP32 sums over a row and over BT rows, in another order: 1e-4 (as the large-shape tests);
+    // dx's copy in the activation dtype (the next projection's operand): dx's bound and its rounding
     return std::vector<Output>{{"out", o.host(g, o.g().ptr), o.host(c, o.c().ptr)},
                                {"rstd", r.host(g, r.g().ptr), r.host(c, r.c().ptr), kF32},
                                {"dx", dx.host(g, dx.g().ptr), dx.host(c, dx.c().ptr), std::max(1e-4, bound)},
+                               {"dx_copy", dx_copy.host(g, dx_copy.g().ptr), dx_copy.host(c, dx_copy.c().ptr), std::max(1e-4, bound)},
                                {"dw", dw.host(g, dw.g().ptr), dw.host(c, dw.c().ptr), std::max(1e-4, bound)}};
   });
   std::vector<float> cs(T * D);
