@@ -171,19 +171,18 @@ void DoctorChecks::check(const std::string& section, const std::string& name, DT
 void DoctorChecks::run_all(const std::vector<std::string>& only) {
   auto wanted = [&](const char* s) { return only.empty() || std::find(only.begin(), only.end(), s) != only.end(); };
   if (wanted("op"))
-    for (DType t : {DType::F32, DType::BF16}) ops(t);
+    for (DType t : {DType::F32, DType::BF16}) gemm_ops(t), ops(t);
   if (wanted("optimizer")) optimizers();
   if (wanted("update")) training_updates();
   if (wanted("checkpoint")) checkpoint_round_trip();
 }
 
-void DoctorChecks::ops(DType t) {
-  const int64_t C = cfg_.hidden_size, F = cfg_.intermediate_size, H = cfg_.num_attention_heads, D = cfg_.head_dim(), V = cfg_.vocab_size;
-  const int64_t B = B_, T = T_, BT = B * T;
+// The GEMMs: every shape of a training step (forward, and both gradients), and the residual
+// projections with their addend.
+void DoctorChecks::gemm_ops(DType t) {
+  const int64_t C = cfg_.hidden_size, F = cfg_.intermediate_size, BT = B_ * T_;
   const double bound = tol(t);
   Backend &c = cpu_, &g = gpu_;
-
-  // GEMMs: every shape of a training step (forward, and both gradients)
   std::set<std::tuple<int64_t, int64_t, int64_t, bool, bool>> seen;
   for (const GemmShape& s : training_step_gemms(cfg_, BT)) {
     if (!seen.insert({s.M, s.N, s.K, s.trans_a, s.trans_b}).second) continue;
@@ -202,6 +201,14 @@ void DoctorChecks::ops(DType t) {
       g.matmul_residual(o.g(), r.g(), x.g(), w.g(), BT, C, K, false, true);
       return std::vector<Output>{{"out", o.host(g, o.g().ptr), o.host(c, o.c().ptr)}};
     });
+}
+
+void DoctorChecks::ops(DType t) {
+  const int64_t C = cfg_.hidden_size, F = cfg_.intermediate_size, H = cfg_.num_attention_heads, D = cfg_.head_dim(), V = cfg_.vocab_size;
+  const int64_t B = B_, T = T_, BT = B * T;
+  const double bound = tol(t);
+  Backend &c = cpu_, &g = gpu_;
+
   std::vector<int32_t> ids(BT);
   for (int64_t i = 0; i < BT; ++i) ids[i] = static_cast<int32_t>((i * 7919 + 11) % V);
   ids[BT - 1] = static_cast<int32_t>(V - 1);

@@ -40,6 +40,7 @@ class DoctorChecks {
   const std::vector<DoctorCheck>& results() const { return results_; }
 
   // The parts of run_all.
+  void gemm_ops(DType t);
   void ops(DType t);
   void optimizers();
   void training_updates();
