@@ -1,16 +1,16 @@
 // Causal attention on tensor cores (mma.sync m16n8k16, BF16 in, FP32 accumulate): FlashAttention-2's
 // algorithm, as the SIMT kernels of attention.cu, for BF16 storage and head sizes 64 and 128.
-// Forward: a block of 8 warps takes 128 queries (16 per warp) and streams 64-key tiles of K and V
+// Forward: a block of 4 warps takes 128 queries (32 per warp) and streams 64-key tiles of K and V
 // through shared memory; S = Q K^T and O += P V are warp-level mma's, the online softmax runs on the
 // accumulator fragments, and P goes from S's accumulators to the A operand of P V in registers
 // (warp_matrix.cuh). Backward, deterministic, no atomics: one kernel per 64 keys (dK, dV; streams
 // query tiles from the diagonal on), one per 64 queries (dQ; streams key tiles up to the diagonal);
 // each recomputes P from the saved log-sum-exp.
 //
-// Every streamed tile is double-buffered with cp.async: tile j + 1's copies are issued right after
-// the one barrier of step j, so they run under step j's mma's; the barrier both publishes tile j
-// (each thread first waits for its own copies) and ends every read of the buffer the next copies
-// overwrite. Exponentials are 2^x with the softmax scale and log2 e folded into one FMA
+// Streamed tiles arrive by cp.async under the mma's: the backward's are double-buffered (tile j + 1's
+// copies issued right after the one barrier of step j, which both publishes tile j, each thread first
+// waiting for its own copies, and ends every read of the buffer the next copies overwrite); the
+// forward loads K and V into one buffer each in turns (see its kernel). Exponentials are 2^x with the softmax scale and log2 e folded into one FMA
 // (fast_exp2); the causal mask is applied on the tiles that cross a warp's diagonal only; query
 // blocks with the longest causal rows are launched first (the forward and dQ grids run backwards),
 // so the short ones fill the tail of the wave.
@@ -37,9 +37,6 @@ namespace {
 
 constexpr int kWarps = 4, kThreads = 32 * kWarps;
 constexpr int kBlockRows = 16 * kWarps;  // queries (dQ) or keys (dK/dV) per backward block
-constexpr int kFwdWarps = 8, kFwdThreads = 32 * kFwdWarps;
-constexpr int kFwdRows = 16 * kFwdWarps;  // queries per forward block: 8 warps share each K/V tile
-static_assert(kFwdRows == 2 * 64, "the forward's Q region is the second K/V buffer (two 64-key tiles)");
 
 // Rows [row0, row0 + rows) of one head's section (`base` points at row 0's first element of it;
 // rows `stride` elements apart) into a [rows][D + 8] shared tile by cp.async, 16 bytes at a time:
@@ -68,45 +65,89 @@ __device__ __forceinline__ void load_a_fragments(uint32_t (&f)[D / 16][4], const
   for (int ks = 0; ks < D / 16; ++ks) ldmatrix_x4(f[ks], tile + (row0 + lane % 16) * kLd + ks * 16 + (lane / 16) * 8);
 }
 
-// acc[nt] += A x^T over D for the 8-row groups nt of a [rows][D + 8] tile x: with A = this warp's
-// 16 rows (fragments a) it forms the 16 x (8 NT) products (S = Q K^T, dP = dO V^T, S^T = K Q^T).
-template <int D, int NT>
-__device__ __forceinline__ void mma_abt(float (&acc)[NT][4], const uint32_t (&a)[D / 16][4], const bf16* x, int live_tiles) {
+// Where mma_abt finds its A fragments, step ks for each of the warp's kM 16-row slabs: held in
+// registers across the tiles (the backward's one slab of K, V, Q or dO), or read from a shared tile
+// at every step (the forward's 32 query rows: 32-64 more registers beside its accumulators otherwise).
+template <int D>
+struct FragmentsInRegisters {
+  const uint32_t (&f)[D / 16][4];
+  __device__ __forceinline__ void operator()(int ks, uint32_t (&a)[1][4]) const {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) a[0][i] = f[ks][i];
+  }
+};
+template <int D, int kM>
+struct FragmentsFromShared {
+  const bf16* tile;  // [rows][D + 8]
+  int row0;          // the first slab's first row
+  __device__ __forceinline__ void operator()(int ks, uint32_t (&a)[kM][4]) const {
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int m = 0; m < kM; ++m) ldmatrix_x4(a[m], tile + (row0 + 16 * m + lane % 16) * (D + 8) + ks * 16 + (lane / 16) * 8);
+  }
+};
+
+// acc[m][nt] = A_m x^T over D for the 8-row groups nt of a [rows][D + 8] tile x, with A_m the warp's
+// kM 16-row slabs (fragments from load_a): the 16 x (8 NT) products S = Q K^T, dP = dO V^T,
+// S^T = K Q^T. Each B fragment loaded serves all kM slabs; every acc[m][nt] sums its 16-column steps
+// in ascending order whatever kM is. Groups are taken in pairs (one ldmatrix), so with live_tiles odd
+// the pair's second group is formed too: its keys are masked by the caller like any other.
+template <int D, int NT, int kM, class LoadA>
+__device__ __forceinline__ void mma_abt(float (&acc)[kM][NT][4], const LoadA& load_a, const bf16* x, int live_tiles) {
+  static_assert(NT % 2 == 0, "8-row groups in pairs");
   constexpr int kLd = D + 8;
   const int lane = threadIdx.x % 32;
 #pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
+  for (int m = 0; m < kM; ++m)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) acc[nt][i] = 0.0f;
-    if (nt >= live_tiles) continue;  // warp-uniform: every key of the tile is masked for every row
+    for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-    for (int ks = 0; ks < D / 16; ks += 2) {
-      uint32_t b[4];  // B fragments of steps ks and ks + 1
-      ldmatrix_x4(b, x + (nt * 8 + lane % 8) * kLd + ks * 16 + (lane / 8) * 8);
-      mma_bf16_16816(acc[nt], a[ks], {b[0], b[1]});
-      mma_bf16_16816(acc[nt], a[ks + 1], {b[2], b[3]});
+      for (int i = 0; i < 4; ++i) acc[m][nt][i] = 0.0f;
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks) {
+    uint32_t a[kM][4];
+    load_a(ks, a);
+#pragma unroll
+    for (int nt = 0; nt < NT; nt += 2) {
+      if (nt >= live_tiles) continue;  // warp-uniform: every key of the pair is masked for every row
+      uint32_t b[4];                   // B fragments of groups nt and nt + 1 at step ks
+      ldmatrix_x4(b, x + (nt * 8 + (lane / 16) * 8 + lane % 8) * kLd + ks * 16 + (lane / 8) % 2 * 8);
+#pragma unroll
+      for (int m = 0; m < kM; ++m) {
+        mma_bf16_16816(acc[m][nt], a[m], {b[0], b[1]});
+        mma_bf16_16816(acc[m][nt + 1], a[m], {b[2], b[3]});
+      }
     }
   }
 }
 
-// acc[nd] += P y over the K16 16-row steps of a [16 K16][D + 8] tile y, with P the warp's 16 x 16 K16
-// matrix held as accumulator fragments p[nt] (columns 8 nt .. 8 nt + 7): O += P V, dV += P^T dO,
-// dK += dS^T Q, dQ += dS K.
-template <int D, int NT>
-__device__ __forceinline__ void mma_py(float (&acc)[D / 8][4], const float (&p)[NT][4], const bf16* y, int live_tiles) {
+// acc[m][nd] += P_m y over the K16 16-row steps of a [16 K16][D + 8] tile y, with P_m the warp's
+// slab m of a 16 x 16 K16 matrix held as accumulator fragments p[m][nt] (columns 8 nt .. 8 nt + 7):
+// O += P V, dV += P^T dO, dK += dS^T Q, dQ += dS K. Each B fragment serves all kM slabs.
+template <int D, int NT, int kM>
+__device__ __forceinline__ void mma_py(float (&acc)[kM][D / 8][4], const float (&p)[kM][NT][4], const bf16* y, int live_tiles) {
   constexpr int kLd = D + 8;
   const int lane = threadIdx.x % 32;
 #pragma unroll
   for (int kk = 0; kk < NT / 2; ++kk) {
     if (2 * kk >= live_tiles) continue;
-    const uint32_t a[4] = {pack_bf16x2(p[2 * kk][0], p[2 * kk][1]), pack_bf16x2(p[2 * kk][2], p[2 * kk][3]),
-                           pack_bf16x2(p[2 * kk + 1][0], p[2 * kk + 1][1]), pack_bf16x2(p[2 * kk + 1][2], p[2 * kk + 1][3])};
+    uint32_t a[kM][4];
+#pragma unroll
+    for (int m = 0; m < kM; ++m) {
+      a[m][0] = pack_bf16x2(p[m][2 * kk][0], p[m][2 * kk][1]);
+      a[m][1] = pack_bf16x2(p[m][2 * kk][2], p[m][2 * kk][3]);
+      a[m][2] = pack_bf16x2(p[m][2 * kk + 1][0], p[m][2 * kk + 1][1]);
+      a[m][3] = pack_bf16x2(p[m][2 * kk + 1][2], p[m][2 * kk + 1][3]);
+    }
 #pragma unroll
     for (int nd = 0; nd < D / 8; nd += 2) {
       uint32_t b[4];  // B fragments of column groups nd and nd + 1
       ldmatrix_x4_trans(b, y + (kk * 16 + lane % 16) * kLd + nd * 8 + (lane / 16) * 8);
-      mma_bf16_16816(acc[nd], a, {b[0], b[1]});
-      mma_bf16_16816(acc[nd + 1], a, {b[2], b[3]});
+#pragma unroll
+      for (int m = 0; m < kM; ++m) {
+        mma_bf16_16816(acc[m][nd], a[m], {b[0], b[1]});
+        mma_bf16_16816(acc[m][nd + 1], a[m], {b[2], b[3]});
+      }
     }
   }
 }
@@ -134,99 +175,135 @@ __device__ __forceinline__ int live_column_tiles(int64_t last_row, int64_t k0, i
   return n < tiles ? static_cast<int>(n) : tiles;
 }
 
-// ---- forward ----------------------------------------------------------------------------------
-// grid (ceil(T / 128), B * H), 256 threads (8 warps of 16 queries: each K/V tile is loaded once for
-// 128 queries); shared: Q [128][D + 8], then the first K/V buffer [64][D + 8] x 2; once every warp
-// holds its Q fragments (one more barrier, at the first tile), Q's region is the second buffer's K
-// and V (36.9 / 69.6 KB at D = 64 / 128).
-// scale2 = log2 e / sqrt(D): S is kept in the log2 domain (m too); lse is written in natural log.
-template <int D>
-__global__ void attention_forward_mma_kernel(bf16* out, float* lse, const bf16* qkv, int64_t T_, int H, float scale2) {
-  constexpr int kLd = D + 8, kKeys = 64, kNt = kKeys / 8;
-  MN_DYNAMIC_SHARED(bf16, smem);
-  bf16* qs = smem;
-  // buffer i's K and V (selects, not arrays: a runtime index into an array of pointers spills it)
-  auto kbuf = [&](int i) { return smem + (i ? 0 : 2 * kKeys) * kLd; };
-  auto vbuf = [&](int i) { return smem + (i ? 1 : 3) * kKeys * kLd; };
-  const int b = blockIdx.y / H, h = blockIdx.y % H;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int64_t C = int64_t(H) * D, stride = 3 * C;
-  const bf16* q_base = qkv + int64_t(b) * T_ * stride + h * D;
-  const int64_t q0 = int64_t(gridDim.x - 1 - blockIdx.x) * kFwdRows, w0 = q0 + 16 * warp;  // the longest rows first
-  const int64_t rows[2] = {w0 + g, w0 + g + 8};
-  const int64_t last_q = q0 + kFwdRows - 1 < T_ - 1 ? q0 + kFwdRows - 1 : T_ - 1;
-  const int tiles = static_cast<int>(last_q / kKeys) + 1;
-
-  copy_rows_async<D>(qs, q_base, stride, q0, kFwdRows, T_);
-  copy_rows_async<D>(kbuf(0), q_base + C, stride, 0, kKeys, T_);
-  copy_rows_async<D>(vbuf(0), q_base + 2 * C, stride, 0, kKeys, T_);
-  cp_async_commit();
-  uint32_t qf[D / 16][4];
-  float o[D / 8][4];
+// One key tile of the online softmax on the accumulator fragments of a warp's kM slabs: S (times
+// scale2, the keys after each row masked) becomes P = 2^(S - m_new), each row's running max m and
+// partial sum l move to this tile, and O is rescaled by 2^(m_old - m_new). `first_row`: the warp's
+// first query less the tile's first key (its row i of the tile masks columns past first_row + i; kNt
+// x 8 or more where the tile is wholly before every row). 32-bit offsets: 64-bit rows and keys cost
+// the forward the registers it has none to spare of.
+template <int kM, int kNt, int kNd>
+__device__ __forceinline__ void online_softmax(float (&s)[kM][kNt][4], float (&o)[kM][kNd][4], float (&mrow)[kM][2], float (&l)[kM][2],
+                                               int first_row, float scale2) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
 #pragma unroll
-  for (int nd = 0; nd < D / 8; ++nd)
-    for (int i = 0; i < 4; ++i) o[nd][i] = 0.0f;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // per row, log2 domain; l is this lane's partial sum
-
-  for (int j = 0; j < tiles; ++j) {
-    cp_async_wait<0>();
-    __syncthreads();  // tile j is in for every thread, and nobody reads tile j - 1's buffer any more
-    if (j == 0) {
-      load_a_fragments<D>(qf, qs, 16 * warp);
-      __syncthreads();  // every warp holds its Q: R0 is the second buffer's from here on
-    }
-    if (j + 1 < tiles) {
-      copy_rows_async<D>(kbuf((j + 1) & 1), q_base + C, stride, int64_t(j + 1) * kKeys, kKeys, T_);
-      copy_rows_async<D>(vbuf((j + 1) & 1), q_base + 2 * C, stride, int64_t(j + 1) * kKeys, kKeys, T_);
-      cp_async_commit();
-    }
-    const int64_t k0 = int64_t(j) * kKeys;
-    const bf16* ks = kbuf(j & 1);
-    const int live = live_column_tiles(w0 + 15, k0, kNt);
-    if (live == 0) continue;  // the whole tile is after this warp's queries
-    float s[kNt][4];
-    mma_abt<D, kNt>(s, qf, ks, live);
-    const bool diagonal = k0 + kKeys - 1 > w0;  // a key after the warp's first query: mask (warp-uniform)
+  for (int m = 0; m < kM; ++m) {
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int nt = 0; nt < kNt; ++nt)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const int64_t key = k0 + nt * 8 + 2 * t + (i & 1);
-        s[nt][i] = diagonal && key > rows[i / 2] ? -INFINITY : s[nt][i] * scale2;
-        mx[i / 2] = fmaxf(mx[i / 2], s[nt][i]);
+        const int column = nt * 8 + 2 * t + (i & 1), row = first_row + 16 * m + g + 8 * (i / 2);
+        s[m][nt][i] = column > row ? -INFINITY : s[m][nt][i] * scale2;
+        mx[i / 2] = fmaxf(mx[i / 2], s[m][nt][i]);
       }
     float alpha[2], m_use[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       for (int o_ = 1; o_ < 4; o_ <<= 1) mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], o_));  // the row's 4 lanes
-      const float m_new = fmaxf(m[r], mx[r]);
+      const float m_new = fmaxf(mrow[m][r], mx[r]);
       m_use[r] = m_new == -INFINITY ? 0.0f : m_new;  // a row with no key yet
-      alpha[r] = fast_exp2(m[r] - m_use[r]);
-      m[r] = m_new;
-      l[r] *= alpha[r];
+      alpha[r] = fast_exp2(mrow[m][r] - m_use[r]);
+      mrow[m][r] = m_new;
+      l[m][r] *= alpha[r];
     }
 #pragma unroll
     for (int nt = 0; nt < kNt; ++nt)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        s[nt][i] = fast_exp2(s[nt][i] - m_use[i / 2]);
-        l[i / 2] += s[nt][i];
+        s[m][nt][i] = fast_exp2(s[m][nt][i] - m_use[i / 2]);
+        l[m][i / 2] += s[m][nt][i];
       }
 #pragma unroll
+    for (int nd = 0; nd < kNd; ++nd)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) o[m][nd][i] *= alpha[i / 2];
+  }
+}
+
+// ---- forward ----------------------------------------------------------------------------------
+// FlashAttention-2's forward shape for sm80 (its kernel traits; 8 warps of 16 rows measured 18-28%
+// slower there at T = 2048): a block of 4 warps takes 128 queries, 32 a warp as two 16-row slabs, so
+// each K and V fragment a warp loads from shared memory serves two mma's, and two blocks (8 warps)
+// share an SM out of step, one's softmax under the other's products. Key tiles of 64 (FlashAttention-2
+// takes 128 at D = 64; here that spills, ptxas CUDA 13.0). K and V have one buffer each, loaded in
+// turns (FlashAttention-2's schedule): V_j lands while S_j = Q K_j^T and its softmax run, K_j+1 while
+// O += P V_j runs; a barrier before each product publishes its tile and ends every read of the buffer
+// the next copy overwrites. Q stays in shared memory, its fragments read at each 16-column step.
+template <int D>
+struct ForwardShape {
+  static constexpr int kWarps = 4, kThreads = 32 * kWarps;
+  static constexpr int kSlabs = 2;                    // 16-row slabs a warp
+  static constexpr int kRows = 16 * kSlabs * kWarps;  // queries a block
+  static constexpr int kKeys = 64;                    // keys a tile
+  // Q [kRows][D + 8], K and V [kKeys][D + 8]: 36.9 / 69.6 KB at D = 64 / 128 (two blocks an SM on an A100)
+  static constexpr size_t smem() { return sizeof(bf16) * size_t(kRows + 2 * kKeys) * (D + 8); }
+};
+
+// grid (ceil(T / 128), B * H), 128 threads. scale2 = log2 e / sqrt(D): S is kept in the log2 domain
+// (m too); lse is written in natural log.
+template <int D>
+__global__ void attention_forward_mma_kernel(bf16* out, float* lse, const bf16* qkv, int64_t T_, int H, float scale2) {
+  using Shape = ForwardShape<D>;
+  constexpr int kM = Shape::kSlabs, kKeys = Shape::kKeys, kNt = kKeys / 8, kLd = D + 8;
+  MN_DYNAMIC_SHARED(bf16, smem);
+  bf16* const qs = smem;
+  bf16* const ks = qs + Shape::kRows * kLd;
+  bf16* const vs = ks + kKeys * kLd;
+  const int b = blockIdx.y / H, h = blockIdx.y % H;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int64_t C = int64_t(H) * D, stride = 3 * C;
+  const bf16* q_base = qkv + int64_t(b) * T_ * stride + h * D;
+  const int64_t q0 = int64_t(gridDim.x - 1 - blockIdx.x) * Shape::kRows, w0 = q0 + 16 * kM * warp;  // the longest rows first
+  const int64_t last_q = q0 + Shape::kRows - 1 < T_ - 1 ? q0 + Shape::kRows - 1 : T_ - 1;
+  const int tiles = static_cast<int>(last_q / kKeys) + 1;
+  const FragmentsFromShared<D, kM> q_fragments{qs, 16 * kM * warp};
+
+  copy_rows_async<D>(qs, q_base, stride, q0, Shape::kRows, T_);
+  copy_rows_async<D>(ks, q_base + C, stride, 0, kKeys, T_);
+  cp_async_commit();
+  float o[kM][D / 8][4];
+#pragma unroll
+  for (int m = 0; m < kM; ++m)
+#pragma unroll
     for (int nd = 0; nd < D / 8; ++nd)
+      for (int i = 0; i < 4; ++i) o[m][nd][i] = 0.0f;
+  float mrow[kM][2], l[kM][2];  // per row, log2 domain; l is this lane's partial sum
 #pragma unroll
-      for (int i = 0; i < 4; ++i) o[nd][i] *= alpha[i / 2];
-    mma_py<D, kNt>(o, s, vbuf(j & 1), live);
+  for (int m = 0; m < kM; ++m) mrow[m][0] = mrow[m][1] = -INFINITY, l[m][0] = l[m][1] = 0.0f;
+
+  for (int j = 0; j < tiles; ++j) {
+    const int64_t k0 = int64_t(j) * kKeys;
+    cp_async_wait<0>();
+    __syncthreads();  // K_j (and Q) in for every thread; every warp is done with V_j-1's buffer
+    copy_rows_async<D>(vs, q_base + 2 * C, stride, k0, kKeys, T_);
+    cp_async_commit();
+    const int live = live_column_tiles(w0 + 16 * kM - 1, k0, kNt);  // 0: the whole tile is after this warp's queries
+    float s[kM][kNt][4];
+    if (live > 0) {
+      mma_abt<D, kNt, kM>(s, q_fragments, ks, live);
+      const bool diagonal = k0 + kKeys - 1 > w0;  // a key after the warp's first query (warp-uniform)
+      online_softmax<kM, kNt>(s, o, mrow, l, diagonal ? static_cast<int>(w0 - k0) : kKeys, scale2);
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // V_j in for every thread; every warp is done with K_j's buffer
+    if (j + 1 < tiles) {
+      copy_rows_async<D>(ks, q_base + C, stride, k0 + kKeys, kKeys, T_);
+      cp_async_commit();
+    }
+    if (live > 0) mma_py<D, kNt, kM>(o, s, vs, live);
   }
-  float inv[2];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    for (int o_ = 1; o_ < 4; o_ <<= 1) l[r] += __shfl_xor_sync(0xffffffffu, l[r], o_);
-    inv[r] = 1.0f / l[r];
-    if (t == 0 && rows[r] < T_) lse[(int64_t(b) * H + h) * T_ + rows[r]] = m[r] * kLn2 + logf(l[r]);
+  for (int m = 0; m < kM; ++m) {
+    float inv[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      for (int o_ = 1; o_ < 4; o_ <<= 1) l[m][r] += __shfl_xor_sync(0xffffffffu, l[m][r], o_);
+      inv[r] = 1.0f / l[m][r];
+      const int64_t row = w0 + 16 * m + g + 8 * r;
+      if (t == 0 && row < T_) lse[(int64_t(b) * H + h) * T_ + row] = mrow[m][r] * kLn2 + logf(l[m][r]);
+    }
+    store_rows<D>(out + int64_t(b) * T_ * C + h * D, C, w0 + 16 * m, T_, o[m], inv[0], inv[1]);
   }
-  store_rows<D>(out + int64_t(b) * T_ * C + h * D, C, w0, T_, o, inv[0], inv[1]);
 }
 
 // ---- backward -----------------------------------------------------------------------------------
@@ -280,10 +357,10 @@ __global__ void attention_backward_dkdv_mma_kernel(bf16* dqkv, const bf16* dout,
   copy_rows_async<D>(ks, base + C, stride, k0, kBlockRows, T_);
   copy_rows_async<D>(vs, base + 2 * C, stride, k0, kBlockRows, T_);
   dkdv_query_tile<D, kQ>(qbuf(0), dobuf(0), lse_buf(0), delta_buf(0), base, dout_base, lse, delta, stride, C, bh_T, k0, T_);
-  float dk[D / 8][4], dv[D / 8][4];
+  float dk[1][D / 8][4], dv[1][D / 8][4];  // one 16-row slab a warp
 #pragma unroll
   for (int nd = 0; nd < D / 8; ++nd)
-    for (int i = 0; i < 4; ++i) dk[nd][i] = dv[nd][i] = 0.0f;
+    for (int i = 0; i < 4; ++i) dk[0][nd][i] = dv[0][nd][i] = 0.0f;
   for (int j = 0; j < tiles; ++j) {
     cp_async_wait<0>();
     __syncthreads();  // tile j (and K, V) in for every thread; tile j - 1's buffer no longer read
@@ -298,10 +375,10 @@ __global__ void attention_backward_dkdv_mma_kernel(bf16* dqkv, const bf16* dout,
     const float* delta_s = delta_buf(j & 1);
     uint32_t kf[D / 16][4], vf[D / 16][4];
     load_a_fragments<D>(kf, ks, 16 * warp);
-    float p[kNt][4], dp[kNt][4];
-    mma_abt<D, kNt>(p, kf, qs, kNt);  // S^T = K Q^T: rows keys, columns queries
+    float p[1][kNt][4], dp[1][kNt][4];
+    mma_abt<D, kNt, 1>(p, FragmentsInRegisters<D>{kf}, qs, kNt);  // S^T = K Q^T: rows keys, columns queries
     load_a_fragments<D>(vf, vs, 16 * warp);
-    mma_abt<D, kNt>(dp, vf, dos, kNt);  // dP^T = V dO^T
+    mma_abt<D, kNt, 1>(dp, FragmentsInRegisters<D>{vf}, dos, kNt);  // dP^T = V dO^T
     const bool unmasked = q0 >= w0 + 15 && q0 + kQ <= T_;  // every query at or after every key of the warp
 #pragma unroll
     for (int nt = 0; nt < kNt; ++nt)
@@ -310,15 +387,15 @@ __global__ void attention_backward_dkdv_mma_kernel(bf16* dqkv, const bf16* dout,
         const int c = nt * 8 + 2 * t + (i & 1);
         const int64_t q = q0 + c;
         const bool live = unmasked || (keys[i / 2] <= q && q < T_);
-        p[nt][i] = live ? fast_exp2(p[nt][i] * scale2 - lse_s[c]) : 0.0f;
-        dp[nt][i] = p[nt][i] * (dp[nt][i] - delta_s[c]);  // dS^T
+        p[0][nt][i] = live ? fast_exp2(p[0][nt][i] * scale2 - lse_s[c]) : 0.0f;
+        dp[0][nt][i] = p[0][nt][i] * (dp[0][nt][i] - delta_s[c]);  // dS^T
       }
-    mma_py<D, kNt>(dv, p, dos, kNt);  // dV += P^T dO
-    mma_py<D, kNt>(dk, dp, qs, kNt);  // dK += dS^T Q
+    mma_py<D, kNt, 1>(dv, p, dos, kNt);  // dV += P^T dO
+    mma_py<D, kNt, 1>(dk, dp, qs, kNt);  // dK += dS^T Q
   }
   bf16* dst = dqkv + int64_t(b) * T_ * stride + h * D;
-  store_rows<D>(dst + C, stride, w0, T_, dk, scale, scale);
-  store_rows<D>(dst + 2 * C, stride, w0, T_, dv, 1.0f, 1.0f);
+  store_rows<D>(dst + C, stride, w0, T_, dk[0], scale, scale);
+  store_rows<D>(dst + 2 * C, stride, w0, T_, dv[0], 1.0f, 1.0f);
 }
 
 // dQ for 64 queries (16 per warp); grid (ceil(T / 64), B * H), 128 threads, the last query blocks (the
@@ -358,10 +435,10 @@ __global__ void attention_backward_dq_mma_kernel(bf16* dqkv, const bf16* dout, c
   copy_rows_async<D>(vbuf(0), base + 2 * C, stride, 0, kK, T_);
   cp_async_commit();
   uint32_t qf[D / 16][4], dof[D / 16][4];
-  float dq[D / 8][4];
+  float dq[1][D / 8][4];  // one 16-row slab a warp
 #pragma unroll
   for (int nd = 0; nd < D / 8; ++nd)
-    for (int i = 0; i < 4; ++i) dq[nd][i] = 0.0f;
+    for (int i = 0; i < 4; ++i) dq[0][nd][i] = 0.0f;
   for (int j = 0; j < tiles; ++j) {
     cp_async_wait<0>();
     __syncthreads();  // tile j in for every thread; tile j - 1's buffer no longer read
@@ -375,24 +452,22 @@ __global__ void attention_backward_dq_mma_kernel(bf16* dqkv, const bf16* dout, c
     const int live = live_column_tiles(w0 + 15, k0, kNt);
     if (live == 0) continue;
     const bf16* ks = kbuf(j & 1);
-    float p[kNt][4], ds[kNt][4];
-    mma_abt<D, kNt>(p, qf, ks, live);          // S = Q K^T
-    mma_abt<D, kNt>(ds, dof, vbuf(j & 1), live); // dP = dO V^T
+    float p[1][kNt][4], ds[1][kNt][4];
+    mma_abt<D, kNt, 1>(p, FragmentsInRegisters<D>{qf}, ks, live);            // S = Q K^T
+    mma_abt<D, kNt, 1>(ds, FragmentsInRegisters<D>{dof}, vbuf(j & 1), live);  // dP = dO V^T
     const bool diagonal = k0 + kK - 1 > w0;     // a key after the warp's first query (warp-uniform)
 #pragma unroll
     for (int nt = 0; nt < kNt; ++nt)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int64_t key = k0 + nt * 8 + 2 * t + (i & 1);
-        p[nt][i] = diagonal && key > rows[i / 2] ? 0.0f : fast_exp2(p[nt][i] * scale2 - row_lse[i / 2]);
-        ds[nt][i] = p[nt][i] * (ds[nt][i] - row_delta[i / 2]);
+        p[0][nt][i] = diagonal && key > rows[i / 2] ? 0.0f : fast_exp2(p[0][nt][i] * scale2 - row_lse[i / 2]);
+        ds[0][nt][i] = p[0][nt][i] * (ds[0][nt][i] - row_delta[i / 2]);
       }
-    mma_py<D, kNt>(dq, ds, ks, live);  // dQ += dS K
+    mma_py<D, kNt, 1>(dq, ds, ks, live);  // dQ += dS K
   }
-  store_rows<D>(dqkv + int64_t(b) * T_ * stride + h * D, stride, w0, T_, dq, scale, scale);
+  store_rows<D>(dqkv + int64_t(b) * T_ * stride + h * D, stride, w0, T_, dq[0], scale, scale);
 }
-
-size_t forward_smem(int64_t D) { return sizeof(bf16) * (kFwdRows + 2 * 64) * size_t(D + 8); }  // Q (later K, V), then K, V
 
 }  // namespace
 
@@ -404,14 +479,16 @@ bool attention_mma_supported(int64_t D, std::initializer_list<const void*> point
 }
 
 void attention_forward_mma(bf16* out, float* lse, const bf16* qkv, int64_t B, int64_t T_, int64_t H, int64_t D, cudaStream_t stream) {
-  const dim3 grid(ceil_div(T_, kFwdRows), static_cast<unsigned>(B * H));
   const float scale2 = kLog2e / std::sqrt(static_cast<float>(D));
+  const auto run = [&](auto kernel, auto shape) {
+    using Shape = decltype(shape);
+    launch("attention_forward_mma", kernel, dim3(ceil_div(T_, Shape::kRows), static_cast<unsigned>(B * H)), dim3(Shape::kThreads), Shape::smem(),
+           stream, out, lse, qkv, T_, static_cast<int>(H), scale2);
+  };
   if (D == 64)
-    launch("attention_forward_mma", attention_forward_mma_kernel<64>, grid, dim3(kFwdThreads), forward_smem(64), stream, out, lse, qkv, T_,
-           static_cast<int>(H), scale2);
+    run(attention_forward_mma_kernel<64>, ForwardShape<64>{});
   else
-    launch("attention_forward_mma", attention_forward_mma_kernel<128>, grid, dim3(kFwdThreads), forward_smem(128), stream, out, lse, qkv, T_,
-           static_cast<int>(H), scale2);
+    run(attention_forward_mma_kernel<128>, ForwardShape<128>{});
 }
 
 void attention_backward_mma(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* delta, int64_t B, int64_t T_, int64_t H,
