@@ -3,9 +3,9 @@
 // Forward: a block of 4 warps takes 128 queries (32 per warp) and streams 64-key tiles of K and V
 // through shared memory; S = Q K^T and O += P V are warp-level mma's, the online softmax runs on the
 // accumulator fragments, and P goes from S's accumulators to the A operand of P V in registers
-// (warp_matrix.cuh). Backward, deterministic, no atomics: one kernel per 64 keys (dK, dV; streams
-// query tiles from the diagonal on), one per 64 queries (dQ; streams key tiles up to the diagonal);
-// each recomputes P from the saved log-sum-exp.
+// (warp_matrix.cuh). Backward, deterministic, no atomics: one kernel per 128 keys at D = 64, 64 at
+// D = 128 (dK, dV; streams query tiles from the diagonal on), one per as many queries (dQ; streams key
+// tiles up to the diagonal); each recomputes P from the saved log-sum-exp.
 //
 // Streamed tiles arrive by cp.async under the mma's: the backward's are double-buffered (tile j + 1's
 // copies issued right after the one barrier of step j, which both publishes tile j, each thread first
@@ -35,8 +35,7 @@ namespace multinorm::cuda {
 
 namespace {
 
-constexpr int kWarps = 4, kThreads = 32 * kWarps;
-constexpr int kBlockRows = 16 * kWarps;  // queries (dQ) or keys (dK/dV) per backward block
+constexpr int kWarps = 4, kThreads = 32 * kWarps;  // a backward block
 
 // Rows [row0, row0 + rows) of one head's section (`base` points at row 0's first element of it;
 // rows `stride` elements apart) into a [rows][D + 8] shared tile by cp.async, 16 bytes at a time:
@@ -68,12 +67,14 @@ __device__ __forceinline__ void load_a_fragments(uint32_t (&f)[D / 16][4], const
 // Where mma_abt finds its A fragments, step ks for each of the warp's kM 16-row slabs: held in
 // registers across the tiles (the backward's one slab of K, V, Q or dO), or read from a shared tile
 // at every step (the forward's 32 query rows: 32-64 more registers beside its accumulators otherwise).
-template <int D>
+template <int D, int kM>
 struct FragmentsInRegisters {
-  const uint32_t (&f)[D / 16][4];
-  __device__ __forceinline__ void operator()(int ks, uint32_t (&a)[1][4]) const {
+  const uint32_t (&f)[kM][D / 16][4];
+  __device__ __forceinline__ void operator()(int ks, uint32_t (&a)[kM][4]) const {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) a[0][i] = f[ks][i];
+    for (int m = 0; m < kM; ++m)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) a[m][i] = f[m][ks][i];
   }
 };
 template <int D, int kM>
@@ -307,13 +308,19 @@ __global__ void attention_forward_mma_kernel(bf16* out, float* lse, const bf16* 
 }
 
 // ---- backward -----------------------------------------------------------------------------------
-// dK, dV for 64 keys (16 per warp); grid (ceil(T / 64), B * H), 128 threads (the first key blocks, the
-// longest, first). Streams query tiles of kQ rows from the block's first key on, double-buffered.
-// Shared: K, V [64][D + 8], two buffers of Q, dO [kQ][D + 8] and of lse (log2 domain), delta [kQ].
+// Both kernels give a warp kM 16-row slabs (two at D = 64, so every streamed fragment serves two
+// mma's; one at D = 128, whose dK and dV alone take 128 registers a slab) and 4 warps a block.
+
+// dK, dV for 16 kM keys a warp (128 a block at D = 64, 64 at D = 128); grid (ceil(T / keys a block),
+// B * H), 128 threads (the first key blocks, the longest, first). Streams query tiles of 32 rows from
+// the block's first key on, double-buffered. Shared: K, V [keys][D + 8] (read at each 16-column step),
+// two buffers of Q, dO [32][D + 8] and of lse (log2 domain), delta [32].
 template <int D>
 struct DkdvShape {
-  static constexpr int kQ = D > 64 ? 32 : 64;  // D = 128: smaller tiles keep dK, dV, S^T, dP^T in registers
-  static constexpr size_t smem() { return sizeof(bf16) * size_t(2 * kBlockRows + 4 * kQ) * (D + 8) + sizeof(float) * 4 * kQ; }
+  static constexpr int kSlabs = D > 64 ? 1 : 2;
+  static constexpr int kKeys = 16 * kSlabs * kWarps;  // keys a block
+  static constexpr int kQ = 32;                       // queries a streamed tile
+  static constexpr size_t smem() { return sizeof(bf16) * size_t(2 * kKeys + 4 * kQ) * (D + 8) + sizeof(float) * 4 * kQ; }
 };
 
 // Query tile q0 of the dK/dV kernel into buffer `buf`: Q and dO by cp.async (one commit), lse (times
@@ -334,12 +341,13 @@ __device__ __forceinline__ void dkdv_query_tile(bf16* qs, bf16* dos, float* lse_
 template <int D>
 __global__ void attention_backward_dkdv_mma_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* delta, int64_t T_,
                                                    int H, float scale, float scale2) {
-  constexpr int kLd = D + 8, kQ = DkdvShape<D>::kQ, kNt = kQ / 8;
+  using Shape = DkdvShape<D>;
+  constexpr int kM = Shape::kSlabs, kLd = D + 8, kQ = Shape::kQ, kNt = kQ / 8;
   MN_DYNAMIC_SHARED(bf16, smem);
   bf16* ks = smem;
-  bf16* vs = ks + kBlockRows * kLd;
+  bf16* vs = ks + Shape::kKeys * kLd;
   // buffer i's Q, dO, lse, delta (selects, not arrays: a runtime index into an array of pointers spills it)
-  bf16* const tiles_at = vs + kBlockRows * kLd;  // Q0, Q1, dO0, dO1
+  bf16* const tiles_at = vs + Shape::kKeys * kLd;                             // Q0, Q1, dO0, dO1
   float* const floats_at = reinterpret_cast<float*>(tiles_at + 4 * kQ * kLd);  // lse0, lse1, delta0, delta1
   auto qbuf = [&](int i) { return tiles_at + i * kQ * kLd; };
   auto dobuf = [&](int i) { return tiles_at + (2 + i) * kQ * kLd; };
@@ -350,17 +358,19 @@ __global__ void attention_backward_dkdv_mma_kernel(bf16* dqkv, const bf16* dout,
   const int64_t C = int64_t(H) * D, stride = 3 * C, bh_T = (int64_t(b) * H + h) * T_;
   const bf16* base = qkv + int64_t(b) * T_ * stride + h * D;
   const bf16* dout_base = dout + int64_t(b) * T_ * C + h * D;
-  const int64_t k0 = int64_t(blockIdx.x) * kBlockRows, w0 = k0 + 16 * warp;  // block's, warp's first key
-  const int64_t keys[2] = {w0 + g, w0 + g + 8};
+  const int64_t k0 = int64_t(blockIdx.x) * Shape::kKeys, w0 = k0 + 16 * kM * warp;  // block's, warp's first key
   const int tiles = static_cast<int>((T_ - k0 + kQ - 1) / kQ);
+  const FragmentsFromShared<D, kM> k_fragments{ks, 16 * kM * warp}, v_fragments{vs, 16 * kM * warp};
 
-  copy_rows_async<D>(ks, base + C, stride, k0, kBlockRows, T_);
-  copy_rows_async<D>(vs, base + 2 * C, stride, k0, kBlockRows, T_);
+  copy_rows_async<D>(ks, base + C, stride, k0, Shape::kKeys, T_);
+  copy_rows_async<D>(vs, base + 2 * C, stride, k0, Shape::kKeys, T_);
   dkdv_query_tile<D, kQ>(qbuf(0), dobuf(0), lse_buf(0), delta_buf(0), base, dout_base, lse, delta, stride, C, bh_T, k0, T_);
-  float dk[1][D / 8][4], dv[1][D / 8][4];  // one 16-row slab a warp
+  float dk[kM][D / 8][4], dv[kM][D / 8][4];
 #pragma unroll
-  for (int nd = 0; nd < D / 8; ++nd)
-    for (int i = 0; i < 4; ++i) dk[0][nd][i] = dv[0][nd][i] = 0.0f;
+  for (int m = 0; m < kM; ++m)
+#pragma unroll
+    for (int nd = 0; nd < D / 8; ++nd)
+      for (int i = 0; i < 4; ++i) dk[m][nd][i] = dv[m][nd][i] = 0.0f;
   for (int j = 0; j < tiles; ++j) {
     cp_async_wait<0>();
     __syncthreads();  // tile j (and K, V) in for every thread; tile j - 1's buffer no longer read
@@ -373,72 +383,83 @@ __global__ void attention_backward_dkdv_mma_kernel(bf16* dqkv, const bf16* dout,
     const bf16* dos = dobuf(j & 1);
     const float* lse_s = lse_buf(j & 1);
     const float* delta_s = delta_buf(j & 1);
-    uint32_t kf[D / 16][4], vf[D / 16][4];
-    load_a_fragments<D>(kf, ks, 16 * warp);
-    float p[1][kNt][4], dp[1][kNt][4];
-    mma_abt<D, kNt, 1>(p, FragmentsInRegisters<D>{kf}, qs, kNt);  // S^T = K Q^T: rows keys, columns queries
-    load_a_fragments<D>(vf, vs, 16 * warp);
-    mma_abt<D, kNt, 1>(dp, FragmentsInRegisters<D>{vf}, dos, kNt);  // dP^T = V dO^T
-    const bool unmasked = q0 >= w0 + 15 && q0 + kQ <= T_;  // every query at or after every key of the warp
+    float p[kM][kNt][4], dp[kM][kNt][4];
+    mma_abt<D, kNt, kM>(p, k_fragments, qs, kNt);   // S^T = K Q^T: rows keys, columns queries
+    mma_abt<D, kNt, kM>(dp, v_fragments, dos, kNt);  // dP^T = V dO^T
+    // 32-bit offsets from the tile's first query: the warp's first key, the queries before T
+    const int first_key = static_cast<int>(w0 - q0), queries = T_ - q0 < kQ ? static_cast<int>(T_ - q0) : kQ;
+    const bool unmasked = first_key + 16 * kM - 1 <= 0 && queries == kQ;  // every query at or after every key of the warp
 #pragma unroll
-    for (int nt = 0; nt < kNt; ++nt)
+    for (int m = 0; m < kM; ++m)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int c = nt * 8 + 2 * t + (i & 1);
-        const int64_t q = q0 + c;
-        const bool live = unmasked || (keys[i / 2] <= q && q < T_);
-        p[0][nt][i] = live ? fast_exp2(p[0][nt][i] * scale2 - lse_s[c]) : 0.0f;
-        dp[0][nt][i] = p[0][nt][i] * (dp[0][nt][i] - delta_s[c]);  // dS^T
-      }
-    mma_py<D, kNt, 1>(dv, p, dos, kNt);  // dV += P^T dO
-    mma_py<D, kNt, 1>(dk, dp, qs, kNt);  // dK += dS^T Q
+      for (int nt = 0; nt < kNt; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int c = nt * 8 + 2 * t + (i & 1), key = first_key + 16 * m + g + 8 * (i / 2);
+          const bool live = unmasked || (key <= c && c < queries);
+          p[m][nt][i] = live ? fast_exp2(p[m][nt][i] * scale2 - lse_s[c]) : 0.0f;
+          dp[m][nt][i] = p[m][nt][i] * (dp[m][nt][i] - delta_s[c]);  // dS^T
+        }
+    mma_py<D, kNt, kM>(dv, p, dos, kNt);  // dV += P^T dO
+    mma_py<D, kNt, kM>(dk, dp, qs, kNt);  // dK += dS^T Q
   }
   bf16* dst = dqkv + int64_t(b) * T_ * stride + h * D;
-  store_rows<D>(dst + C, stride, w0, T_, dk[0], scale, scale);
-  store_rows<D>(dst + 2 * C, stride, w0, T_, dv[0], 1.0f, 1.0f);
+#pragma unroll
+  for (int m = 0; m < kM; ++m) {
+    store_rows<D>(dst + C, stride, w0 + 16 * m, T_, dk[m], scale, scale);
+    store_rows<D>(dst + 2 * C, stride, w0 + 16 * m, T_, dv[m], 1.0f, 1.0f);
+  }
 }
 
-// dQ for 64 queries (16 per warp); grid (ceil(T / 64), B * H), 128 threads, the last query blocks (the
-// longest) first. Streams key tiles of kK rows up to the diagonal, double-buffered. Shared: Q, dO
-// [64][D + 8] (read once into fragments), two buffers of K, V [kK][D + 8].
+// dQ for 16 kM queries a warp (128 a block at D = 64, 64 at D = 128); grid (ceil(T / queries a block),
+// B * H), 128 threads, the last query blocks (the longest) first. Streams key tiles of 32 rows up to
+// the diagonal, double-buffered. Shared: Q, dO [queries][D + 8] (read once into fragments), two buffers
+// of K, V [32][D + 8].
 template <int D>
 struct DqShape {
-  static constexpr int kK = D > 64 ? 32 : 64;
-  static constexpr size_t smem() { return sizeof(bf16) * size_t(2 * kBlockRows + 4 * kK) * (D + 8); }
+  static constexpr int kSlabs = D > 64 ? 1 : 2;
+  static constexpr int kQueries = 16 * kSlabs * kWarps;  // queries a block
+  static constexpr int kK = 32;                          // keys a streamed tile
+  static constexpr size_t smem() { return sizeof(bf16) * size_t(2 * kQueries + 4 * kK) * (D + 8); }
 };
 template <int D>
 __global__ void attention_backward_dq_mma_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* delta, int64_t T_,
                                                  int H, float scale, float scale2) {
-  constexpr int kLd = D + 8, kK = DqShape<D>::kK, kNt = kK / 8;
+  using Shape = DqShape<D>;
+  constexpr int kM = Shape::kSlabs, kLd = D + 8, kK = Shape::kK, kNt = kK / 8;
   MN_DYNAMIC_SHARED(bf16, smem);
   bf16* qs = smem;
-  bf16* dos = qs + kBlockRows * kLd;
-  auto kbuf = [&](int i) { return dos + (kBlockRows + i * kK) * kLd; };  // K0, K1, V0, V1 after dO
-  auto vbuf = [&](int i) { return dos + (kBlockRows + (2 + i) * kK) * kLd; };
+  bf16* dos = qs + Shape::kQueries * kLd;
+  auto kbuf = [&](int i) { return dos + (Shape::kQueries + i * kK) * kLd; };  // K0, K1, V0, V1 after dO
+  auto vbuf = [&](int i) { return dos + (Shape::kQueries + (2 + i) * kK) * kLd; };
   const int b = blockIdx.y / H, h = blockIdx.y % H;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int64_t C = int64_t(H) * D, stride = 3 * C, bh_T = (int64_t(b) * H + h) * T_;
   const bf16* base = qkv + int64_t(b) * T_ * stride + h * D;
-  const int64_t q0 = int64_t(gridDim.x - 1 - blockIdx.x) * kBlockRows, w0 = q0 + 16 * warp;
-  const int64_t rows[2] = {w0 + g, w0 + g + 8};
-  float row_lse[2], row_delta[2];
-  for (int r = 0; r < 2; ++r) {
-    row_lse[r] = rows[r] < T_ ? lse[bh_T + rows[r]] * kLog2e : 0.0f;
-    row_delta[r] = rows[r] < T_ ? delta[bh_T + rows[r]] : 0.0f;
-  }
-  const int64_t last_q = q0 + kBlockRows - 1 < T_ - 1 ? q0 + kBlockRows - 1 : T_ - 1;
+  const int64_t q0 = int64_t(gridDim.x - 1 - blockIdx.x) * Shape::kQueries, w0 = q0 + 16 * kM * warp;
+  float row_lse[kM][2], row_delta[kM][2];
+#pragma unroll
+  for (int m = 0; m < kM; ++m)
+    for (int r = 0; r < 2; ++r) {
+      const int64_t row = w0 + 16 * m + g + 8 * r;
+      row_lse[m][r] = row < T_ ? lse[bh_T + row] * kLog2e : 0.0f;
+      row_delta[m][r] = row < T_ ? delta[bh_T + row] : 0.0f;
+    }
+  const int64_t last_q = q0 + Shape::kQueries - 1 < T_ - 1 ? q0 + Shape::kQueries - 1 : T_ - 1;
   const int tiles = static_cast<int>(last_q / kK) + 1;
 
-  copy_rows_async<D>(qs, base, stride, q0, kBlockRows, T_);
-  copy_rows_async<D>(dos, dout + int64_t(b) * T_ * C + h * D, C, q0, kBlockRows, T_);
+  copy_rows_async<D>(qs, base, stride, q0, Shape::kQueries, T_);
+  copy_rows_async<D>(dos, dout + int64_t(b) * T_ * C + h * D, C, q0, Shape::kQueries, T_);
   copy_rows_async<D>(kbuf(0), base + C, stride, 0, kK, T_);
   copy_rows_async<D>(vbuf(0), base + 2 * C, stride, 0, kK, T_);
   cp_async_commit();
-  uint32_t qf[D / 16][4], dof[D / 16][4];
-  float dq[1][D / 8][4];  // one 16-row slab a warp
+  uint32_t qf[kM][D / 16][4], dof[kM][D / 16][4];
+  float dq[kM][D / 8][4];
 #pragma unroll
-  for (int nd = 0; nd < D / 8; ++nd)
-    for (int i = 0; i < 4; ++i) dq[0][nd][i] = 0.0f;
+  for (int m = 0; m < kM; ++m)
+#pragma unroll
+    for (int nd = 0; nd < D / 8; ++nd)
+      for (int i = 0; i < 4; ++i) dq[m][nd][i] = 0.0f;
   for (int j = 0; j < tiles; ++j) {
     cp_async_wait<0>();
     __syncthreads();  // tile j in for every thread; tile j - 1's buffer no longer read
@@ -447,26 +468,33 @@ __global__ void attention_backward_dq_mma_kernel(bf16* dqkv, const bf16* dout, c
       copy_rows_async<D>(vbuf((j + 1) & 1), base + 2 * C, stride, int64_t(j + 1) * kK, kK, T_);
       cp_async_commit();
     }
-    if (j == 0) load_a_fragments<D>(qf, qs, 16 * warp), load_a_fragments<D>(dof, dos, 16 * warp);
+    if (j == 0)
+#pragma unroll
+      for (int m = 0; m < kM; ++m) load_a_fragments<D>(qf[m], qs, 16 * kM * warp + 16 * m), load_a_fragments<D>(dof[m], dos, 16 * kM * warp + 16 * m);
     const int64_t k0 = int64_t(j) * kK;
-    const int live = live_column_tiles(w0 + 15, k0, kNt);
+    const int live = live_column_tiles(w0 + 16 * kM - 1, k0, kNt);
     if (live == 0) continue;
     const bf16* ks = kbuf(j & 1);
-    float p[1][kNt][4], ds[1][kNt][4];
-    mma_abt<D, kNt, 1>(p, FragmentsInRegisters<D>{qf}, ks, live);            // S = Q K^T
-    mma_abt<D, kNt, 1>(ds, FragmentsInRegisters<D>{dof}, vbuf(j & 1), live);  // dP = dO V^T
-    const bool diagonal = k0 + kK - 1 > w0;     // a key after the warp's first query (warp-uniform)
+    float p[kM][kNt][4], ds[kM][kNt][4];
+    mma_abt<D, kNt, kM>(p, FragmentsInRegisters<D, kM>{qf}, ks, live);            // S = Q K^T
+    mma_abt<D, kNt, kM>(ds, FragmentsInRegisters<D, kM>{dof}, vbuf(j & 1), live);  // dP = dO V^T
+    // the warp's first query less the tile's first key, 32-bit; kK where no key of the tile is after
+    // any query of the warp (nothing masked)
+    const int first_row = k0 + kK - 1 > w0 ? static_cast<int>(w0 - k0) : kK;
 #pragma unroll
-    for (int nt = 0; nt < kNt; ++nt)
+    for (int m = 0; m < kM; ++m)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int64_t key = k0 + nt * 8 + 2 * t + (i & 1);
-        p[0][nt][i] = diagonal && key > rows[i / 2] ? 0.0f : fast_exp2(p[0][nt][i] * scale2 - row_lse[i / 2]);
-        ds[0][nt][i] = p[0][nt][i] * (ds[0][nt][i] - row_delta[i / 2]);
-      }
-    mma_py<D, kNt, 1>(dq, ds, ks, live);  // dQ += dS K
+      for (int nt = 0; nt < kNt; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int column = nt * 8 + 2 * t + (i & 1), row = first_row + 16 * m + g + 8 * (i / 2);
+          p[m][nt][i] = column > row ? 0.0f : fast_exp2(p[m][nt][i] * scale2 - row_lse[m][i / 2]);
+          ds[m][nt][i] = p[m][nt][i] * (ds[m][nt][i] - row_delta[m][i / 2]);
+        }
+    mma_py<D, kNt, kM>(dq, ds, ks, live);  // dQ += dS K
   }
-  store_rows<D>(dqkv + int64_t(b) * T_ * stride + h * D, stride, w0, T_, dq[0], scale, scale);
+#pragma unroll
+  for (int m = 0; m < kM; ++m) store_rows<D>(dqkv + int64_t(b) * T_ * stride + h * D, stride, w0 + 16 * m, T_, dq[m], scale, scale);
 }
 
 }  // namespace
@@ -493,20 +521,20 @@ void attention_forward_mma(bf16* out, float* lse, const bf16* qkv, int64_t B, in
 
 void attention_backward_mma(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* delta, int64_t B, int64_t T_, int64_t H,
                             int64_t D, cudaStream_t stream) {
-  const dim3 grid(ceil_div(T_, kBlockRows), static_cast<unsigned>(B * H));
   const float scale = 1.0f / std::sqrt(static_cast<float>(D)), scale2 = scale * kLog2e;
-  const int h = static_cast<int>(H);
-  if (D == 64) {
-    launch("attention_backward_dkdv_mma", attention_backward_dkdv_mma_kernel<64>, grid, dim3(kThreads), DkdvShape<64>::smem(), stream, dqkv, dout,
-           qkv, lse, delta, T_, h, scale, scale2);
-    launch("attention_backward_dq_mma", attention_backward_dq_mma_kernel<64>, grid, dim3(kThreads), DqShape<64>::smem(), stream, dqkv, dout, qkv,
-           lse, delta, T_, h, scale, scale2);
-  } else {
-    launch("attention_backward_dkdv_mma", attention_backward_dkdv_mma_kernel<128>, grid, dim3(kThreads), DkdvShape<128>::smem(), stream, dqkv,
-           dout, qkv, lse, delta, T_, h, scale, scale2);
-    launch("attention_backward_dq_mma", attention_backward_dq_mma_kernel<128>, grid, dim3(kThreads), DqShape<128>::smem(), stream, dqkv, dout, qkv,
-           lse, delta, T_, h, scale, scale2);
-  }
+  const auto run = [&](auto dkdv, auto dkdv_shape, auto dq, auto dq_shape) {
+    using Dkdv = decltype(dkdv_shape);
+    using Dq = decltype(dq_shape);
+    const unsigned heads = static_cast<unsigned>(B * H);
+    launch("attention_backward_dkdv_mma", dkdv, dim3(ceil_div(T_, Dkdv::kKeys), heads), dim3(kThreads), Dkdv::smem(), stream, dqkv, dout, qkv, lse,
+           delta, T_, static_cast<int>(H), scale, scale2);
+    launch("attention_backward_dq_mma", dq, dim3(ceil_div(T_, Dq::kQueries), heads), dim3(kThreads), Dq::smem(), stream, dqkv, dout, qkv, lse, delta,
+           T_, static_cast<int>(H), scale, scale2);
+  };
+  if (D == 64)
+    run(attention_backward_dkdv_mma_kernel<64>, DkdvShape<64>{}, attention_backward_dq_mma_kernel<64>, DqShape<64>{});
+  else
+    run(attention_backward_dkdv_mma_kernel<128>, DkdvShape<128>{}, attention_backward_dq_mma_kernel<128>, DqShape<128>{});
 }
 
 }  // namespace multinorm::cuda

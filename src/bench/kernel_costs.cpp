@@ -174,17 +174,17 @@ class CostRecorder final : public Backend, public OptimizerKernels {
     else add("attention_forward", CostUnit::KernelFp32, 1, (2 + T / 16.0) * BTC * s + 4.0 * B * H * T, 4 * pairs * D);
     (void)out;
   }
-  // delta = rowsum(dO * O): dO and O read. dK/dV (a block per 64 keys): K and V read, dK and dV
-  // written, the Q, dO rows from each key tile's diagonal down streamed (T/2 on average, two of D):
-  // (4 + T/64) B T C s; it forms S, dP, then dV += P^T dO and dK += dS^T Q: 8 n D. dQ (a block per 64
-  // queries): Q and dO read, dQ written, K and V streamed up to the diagonal: (3 + T/64) B T C s; S,
-  // dP and dQ = dS K: 6 n D. The SIMT kernels: the same products, 16-row tiles.
+  // delta = rowsum(dO * O): dO and O read. dK/dV (a block per R keys; R = 128 at D = 64, 64 at D =
+  // 128): K and V read, dK and dV written, the Q, dO rows from each key block's diagonal down streamed
+  // (T/2 on average, two of D): (4 + T/R) B T C s; it forms S, dP, then dV += P^T dO and dK += dS^T Q:
+  // 8 n D. dQ (a block per R queries): Q and dO read, dQ written, K and V streamed up to the diagonal:
+  // (3 + T/R) B T C s; S, dP and dQ = dS K: 6 n D. The SIMT kernels: the same products, R = 16.
   void attention_backward(Buf dqkv, Buf dout, Buf qkv, Buf out, const float*, int64_t B, int64_t T, int64_t H, int64_t D) override {
     if (B * T * H == 0) return;
     const double BTC = double(B) * T * H * D, pairs = double(B) * H * T * (T + 1) / 2.0, s = s_of(qkv), lse = 4.0 * B * H * T;
     add("attention_delta", CostUnit::Memory, 1, BTC * (s_of(dout) + s_of(out)) + lse, 2 * BTC);
     const bool tc = mma(qkv, D);
-    const double tile = tc ? 64.0 : 16.0;
+    const double tile = !tc ? 16.0 : D == 64 ? 128.0 : 64.0;
     const CostUnit unit = tc ? CostUnit::KernelTensorCore : CostUnit::KernelFp32;
     add(tc ? "attention_backward_dkdv_mma" : "attention_backward_dkdv", unit, 1, (4 + T / tile) * BTC * s + 2 * lse, 8 * pairs * D);
     add(tc ? "attention_backward_dq_mma" : "attention_backward_dq", unit, 1, (3 + T / tile) * BTC * s + 2 * lse, 6 * pairs * D);
