@@ -229,13 +229,17 @@ __device__ __forceinline__ void online_softmax(float (&s)[kM][kNt][4], float (&o
 // takes 128 at D = 64; here that spills, ptxas CUDA 13.0). K and V have one buffer each, loaded in
 // turns (FlashAttention-2's schedule): V_j lands while S_j = Q K_j^T and its softmax run, K_j+1 while
 // O += P V_j runs; a barrier before each product publishes its tile and ends every read of the buffer
-// the next copy overwrites. Q stays in shared memory, its fragments read at each 16-column step.
+// the next copy overwrites. Q's fragments are read from shared memory once (D = 64) or at every
+// 16-column step (D = 128, where holding them spills).
 template <int D>
 struct ForwardShape {
   static constexpr int kWarps = 4, kThreads = 32 * kWarps;
   static constexpr int kSlabs = 2;                    // 16-row slabs a warp
   static constexpr int kRows = 16 * kSlabs * kWarps;  // queries a block
   static constexpr int kKeys = 64;                    // keys a tile
+  // Q's fragments held in registers (32 a lane at D = 64: 228 / 235 registers on sm_80 / sm_90, no
+  // spill), or read from shared memory at each step (D = 128: held, they spill 764 bytes)
+  static constexpr bool kQInRegisters = D == 64;
   // Q [kRows][D + 8], K and V [kKeys][D + 8]: 36.9 / 69.6 KB at D = 64 / 128 (two blocks an SM on an A100)
   static constexpr size_t smem() { return sizeof(bf16) * size_t(kRows + 2 * kKeys) * (D + 8); }
 };
@@ -257,7 +261,7 @@ __global__ void attention_forward_mma_kernel(bf16* out, float* lse, const bf16* 
   const int64_t q0 = int64_t(gridDim.x - 1 - blockIdx.x) * Shape::kRows, w0 = q0 + 16 * kM * warp;  // the longest rows first
   const int64_t last_q = q0 + Shape::kRows - 1 < T_ - 1 ? q0 + Shape::kRows - 1 : T_ - 1;
   const int tiles = static_cast<int>(last_q / kKeys) + 1;
-  const FragmentsFromShared<D, kM> q_fragments{qs, 16 * kM * warp};
+  uint32_t qf[kM][D / 16][4];  // Q's fragments where they stay in registers
 
   copy_rows_async<D>(qs, q_base, stride, q0, Shape::kRows, T_);
   copy_rows_async<D>(ks, q_base + C, stride, 0, kKeys, T_);
@@ -281,7 +285,14 @@ __global__ void attention_forward_mma_kernel(bf16* out, float* lse, const bf16* 
     const int live = live_column_tiles(w0 + 16 * kM - 1, k0, kNt);  // 0: the whole tile is after this warp's queries
     float s[kM][kNt][4];
     if (live > 0) {
-      mma_abt<D, kNt, kM>(s, q_fragments, ks, live);
+      if constexpr (Shape::kQInRegisters) {
+        if (j == 0)
+#pragma unroll
+          for (int m = 0; m < kM; ++m) load_a_fragments<D>(qf[m], qs, 16 * kM * warp + 16 * m);
+        mma_abt<D, kNt, kM>(s, FragmentsInRegisters<D, kM>{qf}, ks, live);
+      } else {
+        mma_abt<D, kNt, kM>(s, FragmentsFromShared<D, kM>{qs, 16 * kM * warp}, ks, live);
+      }
       const bool diagonal = k0 + kKeys - 1 > w0;  // a key after the warp's first query (warp-uniform)
       online_softmax<kM, kNt>(s, o, mrow, l, diagonal ? static_cast<int>(w0 - k0) : kKeys, scale2);
     }
