@@ -23,8 +23,8 @@
 // Cost per (b, h) with n = T(T+1)/2 causal pairs: forward 4 n D tensor-core FLOPs (S and P V),
 // backward 10 n D (dK/dV kernel: S, dP, dV, dK = 8 n D; dQ kernel: S, dP, dQ = 6 n D; 14 n D in all,
 // S and dP being computed twice), plus O(n) exponentials. Global traffic: Q, K, V (and dO) tiles,
-// each K/V tile read once per later query tile: about T^2 D / 64 BF16 elements per (b, h), every
-// load a 16-byte one.
+// each streamed tile read once per later block: about T^2 D / R BF16 elements per (b, h) and kernel,
+// R the block's rows (128; 64 in the backward at D = 128), every load a 16-byte one.
 #include <cmath>
 
 #include "device_utils.cuh"
@@ -39,8 +39,10 @@ constexpr int kWarps = 4, kThreads = 32 * kWarps;  // a backward block
 
 // Rows [row0, row0 + rows) of one head's section (`base` points at row 0's first element of it;
 // rows `stride` elements apart) into a [rows][D + 8] shared tile by cp.async, 16 bytes at a time:
-// they land at the issuing thread's cp_async_wait. Rows past T are zero-filled without being read
-// (the source then points at row 0, in bounds).
+// on a GPU they may land any time from the issue to the issuing thread's cp_async_wait (the emulation
+// lands them at the wait), so a copy is issued only after a barrier has ended every read of the
+// bytes it overwrites. Rows past T are zero-filled without being read (the source then points at
+// row 0, in bounds).
 template <int D>
 __device__ __forceinline__ void copy_rows_async(bf16* tile, const bf16* base, int64_t stride, int64_t row0, int rows, int64_t T_) {
   constexpr int kChunks = D / 8, kLd = D + 8;
