@@ -10,10 +10,10 @@
 // Streamed tiles arrive by cp.async under the mma's: the backward's are double-buffered (tile j + 1's
 // copies issued right after the one barrier of step j, which both publishes tile j, each thread first
 // waiting for its own copies, and ends every read of the buffer the next copies overwrite); the
-// forward loads K and V into one buffer each in turns (see its kernel). Exponentials are 2^x with the softmax scale and log2 e folded into one FMA
-// (fast_exp2); the causal mask is applied on the tiles that cross a warp's diagonal only; query
-// blocks with the longest causal rows are launched first (the forward and dQ grids run backwards),
-// so the short ones fill the tail of the wave.
+// forward loads K and V into one buffer each in turns (see its kernel). Exponentials are 2^x with the
+// softmax scale and log2 e folded into one FMA (fast_exp2); the causal mask is applied on the tiles
+// that cross a warp's diagonal only; query blocks with the longest causal rows are launched first
+// (the forward and dQ grids run backwards), so the short ones fill the tail of the wave.
 //
 // Layouts (the Backend seam): qkv[B*T, 3*H*D] rows [q heads | k heads | v heads], out[B*T, H*D],
 // lse[B, H, T] (natural log), delta[B, H, T] = rowsum(dout * out) (attention.cu computes it).
@@ -67,8 +67,9 @@ __device__ __forceinline__ void load_a_fragments(uint32_t (&f)[D / 16][4], const
 }
 
 // Where mma_abt finds its A fragments, step ks for each of the warp's kM 16-row slabs: held in
-// registers across the tiles (the backward's one slab of K, V, Q or dO), or read from a shared tile
-// at every step (the forward's 32 query rows: 32-64 more registers beside its accumulators otherwise).
+// registers across the tiles (the dQ kernel's Q and dO, the forward's Q at D = 64), or read from a
+// shared tile at every step (the dK/dV kernel's K and V, the forward's Q at D = 128: no registers
+// left beside the accumulators to hold them).
 template <int D, int kM>
 struct FragmentsInRegisters {
   const uint32_t (&f)[kM][D / 16][4];
