@@ -86,11 +86,15 @@ TEST(TensorCoreAttentionOrders, SameBytesUnderEveryFiberOrder) {
   ::setenv("MULTINORM_EMU_ORDERS", "forward,reverse,random,interleaved", 1);
   ::setenv("MULTINORM_EMU_WORKERS", "3", 1);
   auto cuda = make_cuda_backend(*p);
-  const int64_t B = 2, T = 130, H = 2, D = 64, C = H * D, BT = B * T;
-  DeviceBuffer qkv(*cuda, random_vec(BT * 3 * C, 1), DType::BF16), out(*cuda, BT * C, DType::BF16), lse(*cuda, B * H * T, DType::F32),
-      dout(*cuda, random_vec(BT * C, 2), DType::BF16), dqkv(*cuda, BT * 3 * C, DType::BF16);
-  EXPECT_NO_THROW(cuda->attention_forward(out.buf(), lse.f32(), qkv.buf(), B, T, H, D));
-  EXPECT_NO_THROW(cuda->attention_backward(dqkv.buf(), dout.buf(), qkv.buf(), out.buf(), lse.f32(), B, T, H, D));
+  // Both head sizes: their kernels differ (two slabs a warp and Q in registers at D = 64; one slab
+  // and Q read from shared memory at D = 128).
+  for (const int64_t D : {64, 128}) {
+    const int64_t B = 2, T = 130, H = 2, C = H * D, BT = B * T;
+    DeviceBuffer qkv(*cuda, random_vec(BT * 3 * C, 1), DType::BF16), out(*cuda, BT * C, DType::BF16), lse(*cuda, B * H * T, DType::F32),
+        dout(*cuda, random_vec(BT * C, 2), DType::BF16), dqkv(*cuda, BT * 3 * C, DType::BF16);
+    EXPECT_NO_THROW(cuda->attention_forward(out.buf(), lse.f32(), qkv.buf(), B, T, H, D)) << "D = " << D;
+    EXPECT_NO_THROW(cuda->attention_backward(dqkv.buf(), dout.buf(), qkv.buf(), out.buf(), lse.f32(), B, T, H, D)) << "D = " << D;
+  }
   ::unsetenv("MULTINORM_EMU_ORDERS");
   ::unsetenv("MULTINORM_EMU_WORKERS");
 }
