@@ -589,6 +589,10 @@ static int64_t device_loop_bodies() {
 // loops are off for the queue from then on, and the next capture holds every step unrolled. SWAN's
 // weights equal the eager optimizer's at every update, and no WHILE body ever runs.
 TEST(CudaBackend, RefusedDeviceLoopLeavesSwansUpdateGraphedWithEveryStep) {
+  const CudaProbe* p = test_cuda_plugin();
+  // The refusal is the emulated runtime's (MULTINORM_EMU_REFUSE_WHILE); a GPU's driver took the
+  // loop (an H200, 2026-11-28), and this test then asserted a refusal that never came.
+  if (!p || !p->emulated) GTEST_SKIP() << "the emulated plugin refuses the WHILE node on request";
   auto be = make_test_backend("cuda", 2);
   if (!be) GTEST_SKIP() << "no CUDA backend";
   ::setenv("MULTINORM_EMU_REFUSE_WHILE", "1", 1);
