@@ -13,12 +13,26 @@ fail() { echo "FAIL: $*"; exit 1; }
 # gpu_check's smoke data: here the tests' tiny shards, with a reference naming their hashes.
 mkdir -p "$tmp/smoke_src" && (cd "$tmp/smoke_src" && source "$src/tests/fixtures/tiny_shards.sh" && make_tiny_shards "$build/multinorm" &&
   mv shards tokens && mv tok.model tokenizer.model) || fail "the smoke's tiny shards"
-python3 - "$tmp/smoke_src" "$tmp/smoke_reference.json" <<'PY' || fail "the smoke's reference"
-import hashlib, json, sys
-d, out = sys.argv[1:]
+python3 - "$tmp/smoke_src" "$tmp/smoke_reference.json" "$src/scripts/gpu_check" <<'PY' || fail "the smoke's reference"
+import json, os, sys
+d, out, here = sys.argv[1:]
+sys.path.insert(0, here)
+from smoke_hash import content_hash
 names = ["tokens/c4-train.00000-of-00002.tok", "tokens/c4-validation.00000-of-00001.tok", "tokenizer.model"]
-files = {n: hashlib.sha256(open(f"{d}/{n}", "rb").read()).hexdigest() for n in names}
+files = {n: content_hash(f"{d}/{n}") for n in names}
 json.dump({"files": files, "sinkgd": {"val_ppl": 300.0}, "swan": {"val_ppl": 300.0}}, open(out, "w"))
+# A shard made again from the same corpus differs in its header's input time and header CRC only: the
+# same hash. A token changed is another.
+shard = f"{d}/tokens/c4-validation.00000-of-00001.tok"
+raw = bytearray(open(shard, "rb").read())
+again = bytearray(raw); again[96:104] = (123456789).to_bytes(8, "little"); again[124:128] = b"\x01\x02\x03\x04"
+changed = bytearray(raw); changed[130] ^= 1
+for name, blob in (("again", again), ("changed", changed)):
+    open(f"{shard}.{name}", "wb").write(blob)
+assert content_hash(f"{shard}.again") == files["tokens/c4-validation.00000-of-00001.tok"], "a remade shard's time changed its hash"
+assert content_hash(f"{shard}.changed") != files["tokens/c4-validation.00000-of-00001.tok"], "a changed token kept the hash"
+for name in ("again", "changed"):
+    os.remove(f"{shard}.{name}")
 PY
 export MULTINORM_SMOKE_DATA=$tmp/smoke_src MULTINORM_SMOKE_REFERENCE=$tmp/smoke_reference.json
 # The kernels are checked by the emulation's racecheck in the op and model tests; here the command

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The CPU backend's side of gpu_check's training smoke: configs/quickstart.json trained on the CPU
 # over the smoke's shards of the default corpus (train shard 0, validation shard 0), SinkGD and SWAN,
-# each run's final validation perplexity written with the SHA-256 of every file it read to
+# each run's final validation perplexity written with the hash of every file it read (smoke_hash.py) to
 # scripts/gpu_check/smoke_reference.json. scripts/bundle.sh packs those files only when their hashes
 # match, so the GPU's perplexity is always compared with the CPU's on the same data.
 #
@@ -27,15 +27,11 @@ done
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 cpu=$(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //')
 python3 - "$data" "$runs" "$out" "$commit" "$cpu" "$(nproc)" "$train" "$validation" <<'PY'
-import hashlib, json, os, sys, time
+import json, os, sys, time
 data, runs, out, commit, cpu, cores, train, validation = sys.argv[1:]
-def sha256(p):
-    h = hashlib.sha256()
-    with open(p, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-files = {os.path.relpath(p, data): sha256(p) for p in (train, validation, os.path.join(data, "tokenizer.model"))}
+sys.path.insert(0, "scripts/gpu_check")
+from smoke_hash import content_hash
+files = {os.path.relpath(p, data): content_hash(p) for p in (train, validation, os.path.join(data, "tokenizer.model"))}
 ref = {"what": "configs/quickstart.json on the CPU backend over these files: gpu_check's training smoke compares the GPU's "
                "validation perplexity with these (scripts/gpu_check/training_smoke.sh)",
        "measured": f"multinorm {commit}, CPU backend, {cpu}, {cores} cores, {time.strftime('%Y-%m-%d', time.gmtime())}",
