@@ -47,6 +47,8 @@
 #   step_vs_torch step_ours_llama_60m 30 [2], step_torch_llama_60m 30 [7], step_ours_llama_1b 45 [15],
 #                 step_torch_llama_1b 45 [10]: micro-batch 32 x 256, BF16, PyTorch eager with SDPA; ours
 #                 timed replaying CUDA graphs (as the trainer runs), profiled in separate steps
+#   gemm          gemm_llama_1b 40: `bench gemm`, each of llama_1b's GEMMs alone at 32 x 256, beside the same
+#                 product with M, N, K rounded up to 64, against the device's 8192^3 GEMM
 #   attention     attention_ours 30 [3], attention_sdpa 30 [16]: T 256, 1024, 2048 x D 64, 128, all in
 #                 one process each; SDPA as PyTorch picks it, FlashAttention-2 and cuDNN forced
 #   hf_logits     hf_export 20 [3], hf_compare 30 [14]: llama_60m exported, loaded by transformers
@@ -227,7 +229,7 @@ if [ "$dry" = 1 ]; then
   doctor_60m_only=(--only op --only checkpoint) doctor_1b_only=(--only op)
   step_batch=1 step_seq=16 step_steps=1 step_warmup=0 torch_device=cpu
   attention_seqs="32 64" attention_tokens=64 attention_width=128 attention_steps=1 attention_warmup=0
-  logits_tokens=16 optim_steps=1
+  logits_tokens=16 optim_steps=1 gemm_reference=128
   # (Planted.CrashWhenAsked skips unless tests/gpu_check.sh plants its crash)
   tests_filter='Planted.CrashWhenAsked:Backends/Ops.RmsNormForwardBackward/cuda:Backends/OpsBf16.Attention/cuda:CudaBackend.LateCopiesArriveAtTheirFence'
   san_training=(--batch 1 --seq 16 --only checkpoint --no-bench)
@@ -243,7 +245,7 @@ else
   step_batch=32 step_seq=256 step_steps=10 step_warmup=3 torch_device=cuda
   # FlashAttention-2's benchmark: 16k tokens a call, width H x D = 2048
   attention_seqs="256 1024 2048" attention_tokens=16384 attention_width=2048 attention_steps=20 attention_warmup=3
-  logits_tokens=128 optim_steps=3
+  logits_tokens=128 optim_steps=3 gemm_reference=8192
   # docs/gpu-nodes.md's filter, and the tensor-core attention's shapes (named without "cuda")
   tests_filter='*cuda*:*Cuda*:LargeShapes*:*TensorCoreAttention*'
   san_training=(--batch 2 --seq 64 --only update --steps 1 --warmup 0)
@@ -511,6 +513,10 @@ for m in 60m 1b; do
     -c "$cfg" --backend cuda --batch $step_batch --seq $step_seq --steps $step_steps --warmup $step_warmup --torch off --peak $peak_name --json
   torch_step "step_torch_llama_$m" "$cfg" bf16_sdpa $limit
 done
+
+# llama_1b's GEMMs one by one, as the backend runs them and with their extents rounded up to 64.
+run_step gemm_llama_1b gemm 40 bash -o pipefail -c '"$0" "$@" | tee "$out/raw/gemm_llama_1b.jsonl"' "$mn" bench gemm --backend cuda \
+  -c "$model_1b" --batch $step_batch --seq $step_seq --reference $gemm_reference --json
 
 # Our attention kernels alone, then PyTorch's scaled_dot_product_attention on the same shapes.
 attention_shapes=""

@@ -95,9 +95,9 @@ s = r["sections"]
 pos = lambda x: isinstance(x, (int, float)) and math.isfinite(x) and x > 0
 assert r["ok"] is True and r["gpu_check"]["dry"] is True and r["gpu_check"]["layout"] == "build", r["gpu_check"]
 expected = {"environment": "ok", "doctor": "ok", "tests": "ok", "training": "ok", "sanitizer": "ok", "step_vs_torch": "ok", "attention": "ok",
-            "hf_logits": "skipped", "optimizers": "ok", "nccl": "skipped"}
+            "hf_logits": "skipped", "optimizers": "ok", "gemm": "ok", "nccl": "skipped"}
 assert {k: v["status"] for k, v in s.items()} == expected, {k: (v["status"], v.get("reason")) for k, v in s.items()}
-assert len(r["steps"]) == 23 and all(x["status"] == "ok" for x in r["steps"]), [(x["id"], x["status"], x["reason"]) for x in r["steps"]]
+assert len(r["steps"]) == 24 and all(x["status"] == "ok" for x in r["steps"]), [(x["id"], x["status"], x["reason"]) for x in r["steps"]]
 assert all(x["seconds"] <= x["limit_s"] for x in r["steps"]), "a step ran past its limit"
 assert s["environment"]["python"]["offline"] == {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}, s["environment"]["python"]
 
@@ -121,6 +121,15 @@ for x in rows:
     assert pos(x.get("torch_compile_tokens_per_s")) or "torch.compile" in x.get("torch_compile_error", ""), x  # none in PyTorch 1.13
 ours = json.load(open(raw + "/step_ours_llama_60m.json"))
 assert ours["profile_s"]["attention"] > 0 and ours["kernels"], ours  # the profiles, from untimed steps
+
+# bench gemm: the tiny model's 12 projection GEMMs and the loss head's 3, each with its aligned twin;
+# the micro-batch's total is the products' times their counts
+g = s["gemm"]
+assert g["reference"]["m"] == 128 and pos(g["reference"]["tflops"]), g
+assert [x["product"] for x in g["rows"]][:3] == ["qkv forward", "qkv backward_input", "qkv backward_weight"] and len(g["rows"]) == 15, g["rows"]
+assert all(pos(x["seconds"]) and pos(x["aligned"]["seconds"]) and x["aligned"]["n"] % 64 == 0 for x in g["rows"]), g["rows"]
+assert abs(sum(x["seconds"] * x["count"] for x in g["rows"]) / g["total"]["seconds"] - 1) < 1e-9, g["total"]
+assert "## llama_1b's GEMMs alone" in md, md
 
 att = s["attention"]["rows"]
 assert [(x["seq"], x["head_dim"]) for x in att] == [(32, 64), (64, 64), (32, 128), (64, 128)], att

@@ -79,4 +79,23 @@ void bench_attention(const AttentionBenchOptions& o);
 // A causal attention forward's FLOPs: 4 x B x H x D x T(T+1)/2 (QK^T and PV over the pairs a query sees).
 double attention_forward_flops(int64_t B, int64_t H, int64_t T, int64_t D);
 
+// `bench gemm`: Backend::matmul alone (src/bench/bench_gemm.cpp), each product against an n^3 GEMM
+// timed in the same run: a model's training GEMMs as the backend runs them (config), or any products
+// (shapes), each beside the same product with M, N, K rounded up to multiples of 64.
+struct GemmBenchOptions {
+  std::string config;  // a model config or a shipped model's name; "": only `shapes`
+  int64_t batch = 32, seq = 256;  // the model's micro-batch
+  std::vector<std::string> shapes;  // "MxNxK" or "MxNxK:OPS" (OPS: op(a) op(b), n or t)
+  int64_t reference = 8192;  // the square reference GEMM's size
+  int64_t steps = 10;         // timed calls of each, at least
+  double warmup_ms = 50;      // untimed calls first, at least this long
+  double min_ms = 30;         // each timed window at least this long
+  int threads = 0;
+  std::string backend = "auto";  // cpu | cuda | auto
+  std::string precision = "bf16";
+  bool json = false;
+};
+
+void bench_gemm(const GemmBenchOptions& o);
+
 }  // namespace multinorm

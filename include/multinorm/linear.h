@@ -18,12 +18,13 @@
 namespace multinorm {
 
 // One GEMM's shape as Backend::matmul takes it, repeated `count` times in a step. row_strips: the
-// GEMM whose output a fused SwiGLU epilogue consumes in row strips on the CPU (matmul_packed.h).
+// GEMM whose output a fused SwiGLU epilogue consumes in row strips on the CPU (matmul_packed.h);
+// accumulate: out += (the weight gradient).
 struct GemmShape {
   int64_t M, N, K;
   bool trans_a, trans_b;
   int count;
-  bool row_strips = false;
+  bool row_strips = false, accumulate = false;
 };
 
 struct Linear {
@@ -52,7 +53,7 @@ struct Linear {
   static std::array<GemmShape, 3> gemms(int64_t in, int64_t out, int64_t N, int count, bool swiglu_forward = false,
                                         bool swiglu_input = false) {
     return {GemmShape{N, out, in, false, true, count, swiglu_forward}, GemmShape{N, in, out, false, false, count, swiglu_input},
-            GemmShape{out, in, N, true, false, count}};
+            GemmShape{out, in, N, true, false, count, false, true}};
   }
 };
 

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "multinorm/activation_plan.h"
+#include "multinorm/cuda_scratch.h"
 #include "multinorm/model_spec.h"
 #include "multinorm/run_config.h"
 
@@ -41,6 +42,28 @@ struct MatrixShape {
 };
 int64_t cpu_backend_scratch_bytes(const ModelConfig& m, int64_t micro_batch, int64_t seq_len, DType act_dtype, DType grad_dtype,
                                   OptimizerKind matrix_optimizer, const std::vector<MatrixShape>& matrices, bool swan_exact, int threads);
+
+// One GEMM of a training step as the CUDA backend runs it: out[M,N] = op(a) op(b) (+ out when
+// accumulate), elements of `in` bytes in a and b, `out` bytes in out; `count` of them a micro-batch.
+// name: the projection and pass ("gate_up backward_input"). What the GEMM staging scratch is sized by
+// and what `bench gemm -c MODEL` times.
+struct GemmCall {
+  std::string name;
+  int count = 1;
+  int64_t M, N, K;
+  bool ta, tb, accumulate;
+  int64_t in, out;
+  bool a_mlp = false, b_mlp = false, out_mlp = false;  // an MLP activation: rows padded where the plan pads them
+};
+// The model's projections' (Linear::gemms: forward, input gradient, weight gradient) with their
+// outputs' element sizes (an activation, an FP32 input gradient, the gradient arena's), the loss
+// head's forward in the backend's vocabulary chunks where it fuses it. Bases are taken as 16-byte
+// aligned, as the model's buffers are where hidden_size x element bytes is a multiple of 16. Exact
+// against the backend (tests/test_memory.cpp, with a misaligned MLP width).
+std::vector<GemmCall> cuda_training_gemm_calls(const ModelConfig& m, int64_t BT, DType act, DType grad);
+// A call's operands as stored (the MLP's activations' rows padded where `layout` pads them) and what
+// the backend stages of them (cuda_scratch::gemm_staging).
+cuda_scratch::GemmStaging cuda_gemm_call_staging(const GemmCall& c, const ActivationLayout& layout);
 
 // The CUDA backend's device scratch after a training step (include/multinorm/cuda_scratch.h: cuBLASLt's
 // workspace, RMSNorm's block partials, attention's row sums, the embedding buckets, the sum of

@@ -3,7 +3,7 @@ OUT/logs/*.log and OUT/raw/*. Standard library only (it runs under any python3).
 
     python3 scripts/gpu_check/report.py OUT
 
-Sections: environment, doctor, tests, training, sanitizer, step_vs_torch, attention, hf_logits, nccl.
+Sections: environment, doctor, tests, training, sanitizer, step_vs_torch, gemm, attention, hf_logits, optimizers, nccl.
 Each has a status: failed when one of its steps failed or its figures say so (a failed or crashed
 test, runs that differ or a perplexity off the CPU's, a sanitizer finding, a sanitizer run cut by its
 time limit (no verdict is no pass), logits beyond their bound) or a step that exited 0 left no figure
@@ -293,6 +293,16 @@ def optimizers(r):
     return {"status": status, "reason": reason, "rows": rows}
 
 
+def gemm(r):
+    """bench gemm --backend cuda -c llama_1b: each GEMM of the micro-batch alone, beside its M, N, K rounded up to 64."""
+    lines = load_jsonl(r.raw_path("gemm_llama_1b.jsonl"))
+    ref = next((x["reference"] for x in lines if "reference" in x), None)
+    total = next((x["total"] for x in lines if "total" in x), None)
+    rows = [x for x in lines if "product" in x]
+    status, reason = r.section_status(["gemm_llama_1b"], figures={"gemm_llama_1b": bool(ref and total and rows)})
+    return {"status": status, "reason": reason, "reference": ref, "total": total, "rows": rows}
+
+
 def sdpa_variant(x):
     v = x.get("variant")
     if v in ("flash", "cudnn"):
@@ -530,7 +540,7 @@ def build(out):
     sections = {"environment": guarded("environment", environment, r), "doctor": doc, "tests": guarded("tests", tests, r),
                 "training": guarded("training", training, r), "sanitizer": guarded("sanitizer", sanitizer, r),
                 "step_vs_torch": guarded("step_vs_torch", step_vs_torch, r), "attention": guarded("attention", attention, r),
-                "hf_logits": guarded("hf_logits", hf_logits, r), "optimizers": guarded("optimizers", optimizers, r),
+                "hf_logits": guarded("hf_logits", hf_logits, r), "optimizers": guarded("optimizers", optimizers, r), "gemm": guarded("gemm", gemm, r),
                 "nccl": guarded("nccl", nccl_section, nccl)}
     finished = r.meta.get("finished", time.time())
     report = {"gpu_check": {"dry": r.meta.get("dry"), "layout": r.meta.get("layout"), "host": r.meta.get("host"),
@@ -598,6 +608,17 @@ def markdown(rep):
                   fmt(x.get("ratio_forward_backward_to_flash")),
                   fmt(x.get("cudnn_forward_backward_tflops")) if "cudnn_error" not in x else "n/a: " + str(x["cudnn_error"])[:80],
                   fmt(x.get("ratio_forward_backward_to_cudnn"))] for x in at.get("rows", [])])
+    gm = s["gemm"]
+    md += ["", "## llama_1b's GEMMs alone (`bench gemm`, 32 x 256; 'aligned': M, N, K rounded up to 64)", "",
+           f"status {gm.get('status')}{': ' + gm['reason'] if gm.get('reason') else ''}."]
+    if gm.get("reference") and gm.get("total"):
+        ref, tot = gm["reference"], gm["total"]
+        md += ["", f"Reference {ref['m']}^3: {fmt(ref['tflops'])} TFLOP/s. A micro-batch's GEMMs: {fmt(1e3 * tot['seconds'])} ms, "
+                   f"{fmt(tot['tflops'])} TFLOP/s ({pct(tot['of_reference'])} of the reference); aligned: {fmt(1e3 * tot['aligned_seconds'])} ms.", ""]
+        md += table(["product", "count", "M x N x K", "ops", "ms", "TFLOP/s", "of ref", "aligned ms", "aligned TFLOP/s", "ms a micro-batch"],
+                    [[x["product"], x["count"], f"{x['m']} x {x['n']} x {x['k']}", x["ops"], fmt(1e3 * x["seconds"]), fmt(x["tflops"]),
+                      pct(x["of_reference"]), fmt(1e3 * x["aligned"]["seconds"]), fmt(x["aligned"]["tflops"]), fmt(1e3 * x["seconds"] * x["count"])]
+                     for x in gm.get("rows", [])])
     md += doctor_markdown(s["doctor"])
     h = s["hf_logits"]
     md += ["", "## Exported llama_60m loaded by transformers", "", f"status {h.get('status')}{': ' + h['reason'] if h.get('reason') else ''}."]

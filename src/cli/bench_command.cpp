@@ -53,6 +53,26 @@ void add_bench_command(CLI::App& app) {
   optim->add_flag("--json", p.json, "machine-readable output");
   optim->callback([] { bench_optim(p); });
 
+  auto* gemm = bench->add_subcommand("gemm", "GEMMs alone, a model's as its backend runs them or any shapes, against an n^3 GEMM, TFLOP/s");
+  gemm->footer(
+      "Each product is also timed with M, N and K rounded up to multiples of 64 (the 'aligned' columns): what padding a width would give.\n"
+      "Example: multinorm bench gemm --backend cuda -c llama_1b --shapes 8192x10944x2048:nt");
+  static GemmBenchOptions gm;
+  gemm->add_option("--config,-c", gm.config, "a model config or a shipped model's name: its training GEMMs")->transform(model_config_path);
+  gemm->add_option("--batch", gm.batch, "with -c: the micro-batch's sequences");
+  gemm->add_option("--seq", gm.seq, "with -c: the sequence length");
+  gemm->add_option("--shapes", gm.shapes, "MxNxK or MxNxK:OPS (OPS: op(a) op(b), each n or t; default nn), comma-separated or repeated")
+      ->delimiter(',');
+  gemm->add_option("--reference", gm.reference, "the square reference GEMM's size (n x n x n, b transposed)");
+  gemm->add_option("--steps", gm.steps, "timed calls of each, at least");
+  gemm->add_option("--warmup-ms", gm.warmup_ms, "untimed calls of each first, at least this many milliseconds");
+  gemm->add_option("--min-ms", gm.min_ms, "each timed window at least this many milliseconds");
+  gemm->add_option("--threads", gm.threads, "CPU threads (0: all cores)");
+  gemm->add_option("--backend", gm.backend, "cpu, cuda or auto");
+  gemm->add_option("--precision", gm.precision, "bf16 or fp32")->check(CLI::IsMember({"bf16", "fp32"}));
+  gemm->add_flag("--json", gm.json, "machine-readable output: a JSON line for the reference, each product and the total");
+  gemm->callback([] { bench_gemm(gm); });
+
   auto* checksum = bench->add_subcommand("checksum", "CRC-32C of checkpoint bytes (GB/s), against a copy of the same bytes");
   checksum->footer("Example: multinorm bench checksum");
   static double checksum_bytes = 2.0 * 1339000000;  // llama_1b's BF16 weights

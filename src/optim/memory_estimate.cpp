@@ -45,51 +45,51 @@ std::vector<OptimizerMemory> paper_memory_table(const ModelConfig& m) {
   return rows;
 }
 
-namespace {
-// One GEMM of a training step on the CUDA backend: out[M,N] = op(a) op(b), elements of `in` bytes
-// in a and b, `out` bytes in out.
-struct GemmCall {
-  int64_t M, N, K;
-  bool ta, tb;
-  int64_t in, out;
-  bool a_mlp = false, b_mlp = false, out_mlp = false;  // an MLP activation: rows padded where the plan pads them
-};
-// The CUDA backend's GEMMs of one training step: the model's projections' (Linear::gemms: forward,
-// input gradient, weight gradient) with their outputs' element sizes (an activation, an FP32 input
-// gradient, the gradient arena's), the loss head's forward in the backend's vocabulary chunks where
-// it fuses it: what the GEMM staging scratch is sized by. Bases are taken as 16-byte aligned, as the
-// model's buffers are where hidden_size x element bytes is a multiple of 16. Exact against the
-// backend (tests/test_memory.cpp, with a misaligned MLP width).
 std::vector<GemmCall> cuda_training_gemm_calls(const ModelConfig& m, int64_t BT, DType act, DType grad) {
   const int64_t C = m.hidden_size, F = m.intermediate_size, V = m.vocab_size;
   const int64_t a = dtype_bytes(act), g = dtype_bytes(grad);
+  const int layers = static_cast<int>(m.num_hidden_layers);
   std::vector<GemmCall> calls;
-  auto add = [&](const GemmShape& s, int64_t out, bool a_mlp = false, bool b_mlp = false, bool out_mlp = false) {
-    calls.push_back({s.M, s.N, s.K, s.trans_a, s.trans_b, a, out, a_mlp, b_mlp, out_mlp});
+  // One call, or `count` more of the call just added (the loss head's row chunks repeat theirs).
+  auto add = [&](const std::string& name, int count, const GemmShape& s, int64_t out, bool a_mlp = false, bool b_mlp = false,
+                 bool out_mlp = false) {
+    GemmCall c{name, count, s.M, s.N, s.K, s.trans_a, s.trans_b, s.accumulate, a, out, a_mlp, b_mlp, out_mlp};
+    for (GemmCall& d : calls)
+      if (d.name == c.name && d.M == c.M && d.N == c.N && d.K == c.K) return void(d.count += count);
+    calls.push_back(c);
   };
   // A projection: its input x, its output y and the output's gradient dy an MLP activation or not.
-  auto linear = [&](int64_t in, int64_t out, int64_t N, int64_t input_gradient, bool x_mlp, bool y_mlp) {
+  auto linear = [&](const std::string& name, int64_t in, int64_t out, int64_t N, int64_t input_gradient, bool x_mlp, bool y_mlp) {
     const auto three = Linear::gemms(in, out, N, 1);
-    add(three[0], a, x_mlp, false, y_mlp);          // y = x W^T
-    add(three[1], input_gradient, y_mlp, false, x_mlp);  // dx = dy W
-    add(three[2], g, y_mlp, x_mlp, false);          // dW += dy^T x
+    add(name + " forward", layers, three[0], a, x_mlp, false, y_mlp);                   // y = x W^T
+    add(name + " backward_input", layers, three[1], input_gradient, y_mlp, false, x_mlp);  // dx = dy W
+    add(name + " backward_weight", layers, three[2], g, y_mlp, x_mlp, false);           // dW += dy^T x
   };
-  linear(C, 3 * C, BT, 4, false, false), linear(C, C, BT, a, false, false);  // qkv, o
-  linear(C, 2 * F, BT, 4, false, true), linear(F, C, BT, a, true, false);    // gate/up, down
+  linear("qkv", C, 3 * C, BT, 4, false, false), linear("o", C, C, BT, a, false, false);
+  linear("gate_up", C, 2 * F, BT, 4, false, true), linear("down", F, C, BT, a, true, false);
   for (int64_t r0 = 0; r0 < BT; r0 += kHeadChunkRows) {
     const int64_t R = std::min(kHeadChunkRows, BT - r0);
     const auto head = Linear::gemms(C, V, R, 1);
     if (cuda_fuses_loss_head(act, act, true, act)) {
       const VocabChunks chunks = fused_loss_head_chunks(R, V);
-      for (int64_t v0 = 0; v0 < V; v0 += chunks.width) add({R, std::min(chunks.width, V - v0), C, false, true, 1}, 4);
+      for (int64_t v0 = 0; v0 < V; v0 += chunks.width) add("lm_head forward (a vocabulary chunk)", 1, {R, std::min(chunks.width, V - v0), C, false, true, 1}, 4);
     } else {
-      add(head[0], 4);
+      add("lm_head forward", 1, head[0], 4);
     }
-    add(head[1], 4), add(head[2], g);  // d_lnf (FP32), dWlm
+    add("lm_head backward_input", 1, head[1], 4), add("lm_head backward_weight", 1, head[2], g);  // d_lnf (FP32), dWlm
   }
   return calls;
 }
-}  // namespace
+
+cuda_scratch::GemmStaging cuda_gemm_call_staging(const GemmCall& c, const ActivationLayout& layout) {
+  namespace cs = cuda_scratch;
+  auto stride = [&](bool mlp, bool trans, int64_t rows_if_trans, int64_t cols, int64_t bytes) {
+    const int64_t w = trans ? rows_if_trans : cols;  // the stored row width
+    return mlp && layout.pad_mlp_rows && cs::gemm_operand_staged(w, bytes, 0) ? cs::gemm_staged_ld(w, bytes) : 0;
+  };
+  return cs::gemm_staging(c.M, c.N, c.K, c.ta, c.tb, c.in, c.out, 0, 0, 0, stride(c.a_mlp, c.ta, c.M, c.K, c.in),
+                          stride(c.b_mlp, c.tb, c.K, c.N, c.in), stride(c.out_mlp, false, 0, c.N, c.out));
+}
 
 int64_t cuda_backend_scratch_bytes(const ModelConfig& m, int64_t B, int64_t T, DType act, DType grad, OptimizerKind matrix_optimizer,
                                    const std::vector<std::string>& matrix_params) {
@@ -98,13 +98,8 @@ int64_t cuda_backend_scratch_bytes(const ModelConfig& m, int64_t B, int64_t T, D
   // GEMM operands staged through 128-byte rows: one buffer per role (a, b, out), the largest need.
   int64_t staging[3] = {0, 0, 0};
   const ActivationLayout layout = cuda_activation_layout(act);
-  auto stride = [&](bool mlp, bool trans, int64_t rows_if_trans, int64_t cols, int64_t bytes) {
-    const int64_t w = trans ? rows_if_trans : cols;  // the stored row width
-    return mlp && layout.pad_mlp_rows && cs::gemm_operand_staged(w, bytes, 0) ? cs::gemm_staged_ld(w, bytes) : 0;
-  };
   for (const GemmCall& c : cuda_training_gemm_calls(m, BT, act, grad)) {
-    const cs::GemmStaging st = cs::gemm_staging(c.M, c.N, c.K, c.ta, c.tb, c.in, c.out, 0, 0, 0, stride(c.a_mlp, c.ta, c.M, c.K, c.in),
-                                                stride(c.b_mlp, c.tb, c.K, c.N, c.in), stride(c.out_mlp, false, 0, c.N, c.out));
+    const cs::GemmStaging st = cuda_gemm_call_staging(c, layout);
     staging[0] = std::max(staging[0], st.a.staged_bytes(c.in));
     staging[1] = std::max(staging[1], st.b.staged_bytes(c.in));
     staging[2] = std::max(staging[2], st.out.staged_bytes(c.out));
