@@ -254,6 +254,92 @@ TEST(GemmExtents, WidenKAndNOnlyWhereEveryOperandCarryingThemIsPadded) {
   EXPECT_EQ(extents(T, C, 40, false, true, 64, 64, 0).K, 40);
 }
 
+// An extent off whole 16-byte packs of the inputs (llama_1b's gate/up weight of 10922 rows) runs as
+// a bulk of whole packs and a rest; K only into an FP32 output. The parts tile the product.
+TEST(GemmParts, ExtentsOffWholePacksSplitIntoABulkAndARest) {
+  namespace cs = cuda_scratch;
+  auto parts = [](int64_t M, int64_t N, int64_t K, int64_t in, int64_t out) {
+    const cs::GemmParts p = cs::gemm_parts(M, N, K, in, out);
+    return std::vector<cs::GemmPart>(p.part, p.part + p.count);
+  };
+  auto same = [](const cs::GemmPart& x, const cs::GemmPart& y) {
+    return x.m0 == y.m0 && x.m == y.m && x.n0 == y.n0 && x.n == y.n && x.k0 == y.k0 && x.k == y.k;
+  };
+  // llama_1b's gate/up projection at 32 x 256: forward (N), input gradient (K, FP32), weight gradient (M)
+  const auto fwd = parts(8192, 10922, 2048, 2, 2), dx = parts(8192, 2048, 10922, 2, 4), dw = parts(10922, 2048, 8192, 2, 2);
+  ASSERT_EQ(fwd.size(), 2u);
+  EXPECT_TRUE(same(fwd[0], {0, 8192, 0, 10920, 0, 2048}) && same(fwd[1], {0, 8192, 10920, 2, 0, 2048}));
+  ASSERT_EQ(dx.size(), 2u);
+  EXPECT_TRUE(same(dx[0], {0, 8192, 0, 2048, 0, 10920}) && same(dx[1], {0, 8192, 0, 2048, 10920, 2}));
+  ASSERT_EQ(dw.size(), 2u);
+  EXPECT_TRUE(same(dw[0], {0, 10920, 0, 2048, 0, 8192}) && same(dw[1], {10920, 2, 0, 2048, 0, 8192}));
+  EXPECT_EQ(parts(8192, 2048, 10922, 2, 2).size(), 1u);  // K into a BF16 output: not split (two roundings)
+  EXPECT_EQ(parts(5, 7, 3, 2, 4).size(), 1u);            // every extent under a pack
+  EXPECT_EQ(parts(8192, 2048, 2048, 2, 2).size(), 1u);   // whole packs
+  EXPECT_EQ(parts(14, 8, 8, 4, 4).size(), 2u);           // FP32 inputs: packs of 4 (12 + 2)
+  // Any shape: the parts tile [0,M) x [0,N) x [0,K), bulks of whole packs, K parts of one output
+  // block in order (the first one writes it).
+  std::mt19937 gen(5);
+  for (int trial = 0; trial < 500; ++trial) {
+    const int64_t M = 1 + gen() % 40, N = 1 + gen() % 40, K = 1 + gen() % 40, in = trial % 2 ? 2 : 4, out = trial % 3 ? 4 : 2;
+    std::vector<int> cover(static_cast<size_t>(M * N * K), 0);
+    const auto ps = parts(M, N, K, in, out);
+    for (size_t i = 0; i < ps.size(); ++i) {
+      const cs::GemmPart& p = ps[i];
+      for (int64_t m = p.m0; m < p.m0 + p.m; ++m)
+        for (int64_t n = p.n0; n < p.n0 + p.n; ++n)
+          for (int64_t k = p.k0; k < p.k0 + p.k; ++k) ++cover[static_cast<size_t>((m * N + n) * K + k)];
+      for (int64_t start : {p.m0, p.n0, p.k0}) EXPECT_EQ(start % (16 / in), 0);
+      if (p.k0 > 0) EXPECT_TRUE(i > 0 && ps[i - 1].m0 == p.m0 && ps[i - 1].n0 == p.n0 && ps[i - 1].k0 == 0);
+    }
+    EXPECT_TRUE(std::all_of(cover.begin(), cover.end(), [](int c) { return c == 1; })) << M << "x" << N << "x" << K;
+    EXPECT_EQ(ps.size(), static_cast<size_t>((M % (16 / in) && M > 16 / in ? 2 : 1) * (N % (16 / in) && N > 16 / in ? 2 : 1) *
+                                              (out == 4 && K % (16 / in) && K > 16 / in ? 2 : 1)));
+  }
+}
+
+// The backend runs those parts: a GEMM launch each, the product within the bound, the residual read
+// as the addend by the bulk and the rest of M alike.
+TEST_P(CudaVsCpu, GemmExtentsOffWholePacksRunAsABulkAndARest) {
+  struct Case {
+    int64_t M, N, K;
+    bool residual;
+  };
+  int split = 0;  // calls that ran as more than one GEMM
+  for (const Case c : {Case{19, 21, 27, false}, Case{19, 64, 40, true}, Case{16, 64, 35, false}})
+    for (DType out : kTypes)
+      for (int ta = 0; ta < 2; ++ta)
+        for (int tb = 0; tb < 2; ++tb)
+          for (int acc = 0; acc < 2; ++acc) {
+            if (c.residual && (ta || !tb || !acc)) continue;  // a residual projection: x W^T, accumulating onto the residual
+            Pair a(*cpu, *cuda, random_vec(c.M * c.K, 1), DType::BF16), b(*cpu, *cuda, random_vec(c.K * c.N, 2), DType::BF16),
+                o(*cpu, *cuda, random_vec(c.M * c.N, 3), out), r(*cpu, *cuda, random_vec(c.M * c.N, 4), out);
+            const Vec av = a.c.get(), bv = b.c.get(), before = c.residual ? r.c.get() : o.c.get();
+            cuda->set_profiling(true);
+            cuda->take_profile();
+            if (c.residual) cuda->matmul_residual(o.g.buf(), r.g.buf(), a.g.buf(), b.g.buf(), c.M, c.N, c.K, false, true);
+            else cuda->matmul(o.g.buf(), a.g.buf(), b.g.buf(), c.M, c.N, c.K, ta, tb, acc);
+            int64_t gemms = 0, converts = 0;
+            for (const KernelTime& k : cuda->take_profile()) {
+              if (k.name.rfind("gemm ", 0) == 0) gemms += k.launches;
+              if (k.name == "convert") converts += k.launches;
+            }
+            cuda->set_profiling(false);
+            const std::string what = std::to_string(c.M) + "x" + std::to_string(c.N) + "x" + std::to_string(c.K) + " ta " + std::to_string(ta) +
+                                     " tb " + std::to_string(tb) + " acc " + std::to_string(acc) + " out " + dtype_name(out) +
+                                     (c.residual ? " residual" : "");
+            // the parts of the extents the GEMM runs over (staged rows padded: cuda_scratch::gemm_extents)
+            const cuda_scratch::GemmStaging st = cuda_scratch::gemm_staging(c.M, c.N, c.K, ta, tb, 2, dtype_bytes(out), 0, 0, 0);
+            const cuda_scratch::GemmExtents e = cuda_scratch::gemm_extents(st, c.N, c.K, ta, tb, 2, dtype_bytes(out));
+            const int expected = cuda_scratch::gemm_parts(c.M, e.N, e.K, 2, dtype_bytes(out)).count;
+            EXPECT_EQ(gemms, expected) << what;
+            split += expected > 1;
+            if (c.residual) EXPECT_EQ(converts, 0) << what;  // read as the addend, not copied
+            EXPECT_TRUE(gemm_within_bound(o.g.get(), av, bv, before, c.M, c.N, c.K, ta, tb, acc, out)) << what;
+          }
+  EXPECT_EQ(split, 24);  // of the 34 calls: every one whose parts are more than one, counted by hand
+}
+
 TEST_P(CudaVsCpu, EmbeddingForwardBackward) {
   // BT 37: one shared-memory sort chunk; BT 5000: the device sort's global stages (8192 keys in
   // chunks of 2048), 5000 draws of 300 ids: runs of ~17 positions, many crossing the backward

@@ -66,6 +66,39 @@ inline GemmExtents gemm_extents(const GemmStaging& st, int64_t N, int64_t K, boo
   if (!trans_b && ((N * in_bytes) % 16 != 0 || (N * out_bytes) % 16 != 0)) e.N = std::max(N, std::min(st.b.ld, st.out.ld));
   return e;
 }
+// cuBLASLt's fast kernels also want every extent a whole number of 16-byte packs of the inputs
+// (8 BF16), whatever the rows: on an H200 (2026-11-28, `bench gemm`, every operand's rows and base
+// aligned) llama_1b's gate/up projection, whose weight has 2F = 10922 rows, ran at 215-392 TFLOP/s
+// with M, N or K = 10922 and at 660-725 with 10944. An extent that gemm_extents does not widen and
+// that is off whole packs runs as two GEMMs: the bulk, whole packs, and the rest (under a pack).
+// M and N split the output, each element still one product over all of K: the sums are one GEMM's.
+// K splits only into an FP32 output, the rest's product added to the bulk's there; a BF16 output
+// would be rounded twice. An extent under one pack is not split.
+struct GemmPart {
+  int64_t m0, m, n0, n, k0, k;
+};
+struct GemmParts {
+  GemmPart part[8];
+  int count = 0;
+};
+inline GemmParts gemm_parts(int64_t M, int64_t N, int64_t K, int64_t in_bytes, int64_t out_bytes) {
+  const int64_t pack = 16 / in_bytes;
+  struct Range {
+    int64_t begin, length;
+  };
+  auto split = [&](int64_t x, bool may, Range r[2]) {
+    const int64_t bulk = x / pack * pack;
+    if (!may || bulk == x || bulk == 0) return r[0] = {0, x}, 1;
+    return r[0] = {0, bulk}, r[1] = {bulk, x - bulk}, 2;
+  };
+  Range m[2], n[2], k[2];
+  const int cm = split(M, true, m), cn = split(N, true, n), ck = split(K, out_bytes == 4, k);
+  GemmParts p;
+  for (int i = 0; i < cm; ++i)
+    for (int j = 0; j < cn; ++j)
+      for (int l = 0; l < ck; ++l) p.part[p.count++] = {m[i].begin, m[i].length, n[j].begin, n[j].length, k[l].begin, k[l].length};
+  return p;
+}
 // A residual projection (out = residual + op(a) op(b), Backend::matmul_residual) reads its residual
 // as cuBLASLt's addend (C) where the output is not staged (its dense rows then sit on 16 bytes) and
 // the residual's base is on 16 bytes too; else the residual is copied into out and the GEMM accumulates.

@@ -131,7 +131,9 @@ class CudaBackend final : public Backend {
   // not pad it) is staged through scratch with 128-byte rows, where cuBLASLt runs its fast kernels
   // (cuda_scratch::gemm_staging): a and b copied in, out copied in when accumulating and back after.
   // A padded operand (Buf::ld) is taken as it is. Where every operand carrying K (or N) as its rows'
-  // length is padded, the GEMM runs over the padding, zeros (cuda_scratch::gemm_extents).
+  // length is padded, the GEMM runs over the padding, zeros (cuda_scratch::gemm_extents). An extent
+  // still off whole 16-byte packs (a weight of 10922 rows) runs as a bulk and a rest
+  // (cuda_scratch::gemm_parts).
   void matmul(Buf out, Buf a, Buf b, int64_t M, int64_t N, int64_t K, bool ta, bool tb, bool acc) override {
     gemm(out, nullptr, a, b, M, N, K, ta, tb, acc);
   }
@@ -294,7 +296,16 @@ class CudaBackend final : public Backend {
     void* sb = stage(st.b, gemm_stage_[1], b.ptr, si, true);
     void* sout = stage(st.out, gemm_stage_[2], out.ptr, so, acc);
     const cuda_scratch::GemmExtents e = cuda_scratch::gemm_extents(st, N, K, ta, tb, si, so);  // over zero padding
-    gemm_->run(sout, st.out.ld, lt_type(out.dtype), sa, st.a.ld, sb, st.b.ld, lt_type(a.dtype), M, e.N, e.K, ta, tb, acc, q_->issue(), addend);
+    const cuda_scratch::GemmParts parts = cuda_scratch::gemm_parts(M, e.N, e.K, si, so);          // extents off whole packs split
+    for (int i = 0; i < parts.count; ++i) {
+      const cuda_scratch::GemmPart& p = parts.part[i];
+      const auto* pa = static_cast<const char*>(sa) + si * (ta ? p.k0 * st.a.ld + p.m0 : p.m0 * st.a.ld + p.k0);
+      const auto* pb = static_cast<const char*>(sb) + si * (tb ? p.n0 * st.b.ld + p.k0 : p.k0 * st.b.ld + p.n0);
+      const int64_t at_out = so * (p.m0 * st.out.ld + p.n0);
+      const void* part_addend = addend && p.k0 == 0 ? static_cast<const char*>(addend) + at_out : nullptr;  // (dense, as out)
+      gemm_->run(static_cast<char*>(sout) + at_out, st.out.ld, lt_type(out.dtype), pa, st.a.ld, pb, st.b.ld, lt_type(a.dtype), p.m, p.n, p.k, ta, tb,
+                 acc || p.k0 > 0, q_->issue(), part_addend);
+    }
     if (staged && st.out.staged) cuda::copy_rows(out.ptr, st.out.stride, sout, st.out.ld, M, N, static_cast<int>(so), q_->issue());
   }
 

@@ -88,9 +88,14 @@ class CostRecorder final : public Backend, public OptimizerKernels {
     const bool bf16 = a.dtype == DType::BF16;
     // over the zero padding where the backend widens N or K (cuda_scratch::gemm_extents)
     const cuda_scratch::GemmExtents e = cuda_scratch::gemm_extents(st, N, K, ta, tb, dtype_bytes(a.dtype), dtype_bytes(out.dtype));
-    const double bytes = double(M * e.K + e.K * e.N) * s_of(a) + double(M * e.N) * s_of(out) * (accumulate ? 2 : 1);
-    add(bf16 ? "gemm bf16 (cuBLASLt)" : "gemm fp32 (cuBLASLt)", bf16 ? CostUnit::GemmTensorCore : CostUnit::GemmFp32, 1, bytes,
-        2.0 * M * e.N * e.K);
+    // an extent off whole 16-byte packs: a launch for its bulk and one for the rest (cuda_scratch::gemm_parts)
+    const cuda_scratch::GemmParts parts = cuda_scratch::gemm_parts(M, e.N, e.K, dtype_bytes(a.dtype), dtype_bytes(out.dtype));
+    for (int i = 0; i < parts.count; ++i) {
+      const cuda_scratch::GemmPart& p = parts.part[i];
+      const double bytes = double(p.m * p.k + p.k * p.n) * s_of(a) + double(p.m * p.n) * s_of(out) * (accumulate || p.k0 > 0 ? 2 : 1);
+      add(bf16 ? "gemm bf16 (cuBLASLt)" : "gemm fp32 (cuBLASLt)", bf16 ? CostUnit::GemmTensorCore : CostUnit::GemmFp32, 1, bytes,
+          2.0 * p.m * p.n * p.k);
+    }
     record_staging(st, s_of(a), s_of(out), accumulate, false);
   }
   // The residual read as the GEMM's addend (the same bytes as accumulating into out), or copied into
@@ -221,7 +226,12 @@ class CostRecorder final : public Backend, public OptimizerKernels {
       const double n = static_cast<double>(std::min(chunks.width, V - v0));
       const auto st = staging(logits, x, Buf{static_cast<char*>(w.ptr) + v0 * C * 2, DType::BF16}, N, std::min(chunks.width, V - v0), C, false, true);
       record_staging(st, 2, 4, false, true);
-      add("gemm bf16 (cuBLASLt)", CostUnit::GemmTensorCore, 1, 2.0 * (N * C + n * C), 2.0 * N * n * C);
+      const cuda_scratch::GemmExtents e = cuda_scratch::gemm_extents(st, std::min(chunks.width, V - v0), C, false, true, 2, 4);
+      const cuda_scratch::GemmParts parts = cuda_scratch::gemm_parts(N, e.N, e.K, 2, 4);  // as matmul runs it
+      for (int i = 0; i < parts.count; ++i) {
+        const cuda_scratch::GemmPart& p = parts.part[i];
+        add("gemm bf16 (cuBLASLt)", CostUnit::GemmTensorCore, 1, 2.0 * double(p.m * p.k + p.n * p.k), 2.0 * double(p.m * p.n * p.k));
+      }
       record_staging(st, 2, 4, false, false);
       add("cross_entropy_chunk", CostUnit::Memory, 1, backward * 2.0 * N * n + 13.0 * N, 5.0 * N * n);
     }
