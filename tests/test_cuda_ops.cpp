@@ -26,7 +26,10 @@ using namespace cuda_test;
 // the bound there (sum |a b| ~ 3,500 at K = 5461 for normal operands).
 // `product_rounded`: a BF16 output may hold the old output plus the product already rounded to BF16
 // (as PyTorch's `x + a @ b` does), so that rounding, half an ulp of the product, is in the bound too:
-// what a GPU's in-place accumulation gave (ResidualProjectionReadsTheResidualAsTheGemmsAddend).
+// what a GPU's in-place accumulation gave (ResidualProjectionReadsTheResidualAsTheGemmsAddend). Which
+// cuBLASLt kernel does so depends on the shape: on an H200 (2026-11-28) 3 x 5456 x 9 and
+// 16 x 16 x 27 did, each failing element exactly bf16(bf16(a b) + c) (1.07x to 2.5x the one-rounding
+// bound), where 3 x 5461 x 9 in one GEMM had rounded once. Tests of accumulating GEMMs allow it on a GPU.
 static ::testing::AssertionResult gemm_within_bound(const Vec& out, const Vec& a, const Vec& b, const Vec& before, int64_t M, int64_t N, int64_t K,
                                                     bool ta, bool tb, bool acc, DType out_type, bool product_rounded = false) {
   constexpr double kLambda = 6.0, kU = 1.0 / (1 << 24);
@@ -74,7 +77,8 @@ TEST_P(CudaVsCpu, MatmulLayoutsAccumulateAndOddWidths) {
               cuda->matmul(o.g.buf(), a.g.buf(), b.g.buf(), s.M, s.N, s.K, ta, tb, acc);
               const std::string what = std::to_string(s.M) + "x" + std::to_string(s.N) + "x" + std::to_string(s.K) + " ta " + std::to_string(ta) +
                                        " tb " + std::to_string(tb) + " acc " + std::to_string(acc) + " in " + dtype_name(in) + " out " + dtype_name(out);
-              EXPECT_TRUE(gemm_within_bound(o.g.get(), av, bv, before, s.M, s.N, s.K, ta, tb, acc, out)) << "cuda " << what;
+              EXPECT_TRUE(gemm_within_bound(o.g.get(), av, bv, before, s.M, s.N, s.K, ta, tb, acc, out, acc && !cuda_plugin()->emulated))
+                  << "cuda " << what;
               EXPECT_TRUE(gemm_within_bound(o.c.get(), av, bv, before, s.M, s.N, s.K, ta, tb, acc, out)) << "cpu " << what;
             }
       }
@@ -290,7 +294,9 @@ TEST(GemmParts, ExtentsOffWholePacksSplitIntoABulkAndARest) {
         for (int64_t n = p.n0; n < p.n0 + p.n; ++n)
           for (int64_t k = p.k0; k < p.k0 + p.k; ++k) ++cover[static_cast<size_t>((m * N + n) * K + k)];
       for (int64_t start : {p.m0, p.n0, p.k0}) EXPECT_EQ(start % (16 / in), 0);
-      if (p.k0 > 0) EXPECT_TRUE(i > 0 && ps[i - 1].m0 == p.m0 && ps[i - 1].n0 == p.n0 && ps[i - 1].k0 == 0);
+      if (p.k0 > 0) {
+        EXPECT_TRUE(i > 0 && ps[i - 1].m0 == p.m0 && ps[i - 1].n0 == p.n0 && ps[i - 1].k0 == 0);
+      }
     }
     EXPECT_TRUE(std::all_of(cover.begin(), cover.end(), [](int c) { return c == 1; })) << M << "x" << N << "x" << K;
     EXPECT_EQ(ps.size(), static_cast<size_t>((M % (16 / in) && M > 16 / in ? 2 : 1) * (N % (16 / in) && N > 16 / in ? 2 : 1) *
@@ -334,8 +340,10 @@ TEST_P(CudaVsCpu, GemmExtentsOffWholePacksRunAsABulkAndARest) {
             const int expected = cuda_scratch::gemm_parts(c.M, e.N, e.K, 2, dtype_bytes(out)).count;
             EXPECT_EQ(gemms, expected) << what;
             split += expected > 1;
-            if (c.residual) EXPECT_EQ(converts, 0) << what;  // read as the addend, not copied
-            EXPECT_TRUE(gemm_within_bound(o.g.get(), av, bv, before, c.M, c.N, c.K, ta, tb, acc, out)) << what;
+            if (c.residual) {
+              EXPECT_EQ(converts, 0) << what;  // read as the addend, not copied
+            }
+            EXPECT_TRUE(gemm_within_bound(o.g.get(), av, bv, before, c.M, c.N, c.K, ta, tb, acc, out, acc && !cuda_plugin()->emulated)) << what;
           }
   EXPECT_EQ(split, 24);  // of the 34 calls: every one whose parts are more than one, counted by hand
 }

@@ -53,6 +53,10 @@ StepCosts record_step_costs(const RunConfig& run, DType dtype, int64_t B, int64_
 // "intermediate_size 5461, 2 x intermediate_size 10922"; "" when none. On the CUDA backend the MLP's
 // activations of those widths are padded in the plan and the weights staged (copy_rows).
 std::string staged_gemm_widths(const ModelConfig& m, DType dtype);
+// What the CUDA backend does with them, for the line that lists them (doctor, bench model).
+constexpr const char* kStagedGemmWidthsNote =
+    "the MLP's activations padded to 128-byte rows, weights staged by copy_rows, the down projection's GEMMs run over the zero padding, "
+    "the gate/up projection's (2F rows) as a bulk of whole 16-byte packs and a rest";
 
 // The fractions of peak the roofline assumes: stated, not measured (docs/cuda.md gives the sources).
 struct RooflineAssumptions {

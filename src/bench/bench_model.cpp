@@ -104,7 +104,7 @@ void bench_model_predict(const ModelBenchOptions& o) {
               "  FP32 FMA kernels at %.0f%%, memory-bound kernels at %.0f%% of the bandwidth\n",
               peak->bf16_tflops, peak->fp32_tflops, peak->bandwidth_gbs, 100 * a.gemm, 100 * a.attention, 100 * a.simt, 100 * a.memory);
   if (const std::string w = staged_gemm_widths(run.model, run.precision.params); !w.empty())
-    std::printf("  GEMM widths off 16 bytes (the MLP's activations padded to 128-byte rows, weights staged: copy_rows below; the down projection's GEMMs run over the zero padding): %s\n", w.c_str());
+    std::printf("  GEMM widths off 16 bytes (%s): %s\n", kStagedGemmWidthsNote, w.c_str());
   std::printf("  one micro-batch, forward and backward:\n");
   print_roofline(c.micro_batch, *peak, a);
   std::printf("  one optimizer update (%s, whole model on one GPU):\n", choice_name(run.optimizer.name).c_str());
@@ -337,7 +337,7 @@ void print_text(const ModelBench& r, const ModelBenchOptions& o) {
               (long long)r.B, (long long)r.T, o.precision.c_str(), r.backend.c_str(), r.threads, (long long)o.steps, (long long)r.warmup);
   std::printf("  %.1f MFLOP per token (6 x %lld GEMM params + 12 x L x T x C)\n", r.flops_token / 1e6, (long long)r.gemm_params);
   if (const std::string w = staged_gemm_widths(r.cfg, parse_dtype(o.precision)); !w.empty() && r.backend.rfind("cuda", 0) == 0)
-    std::printf("  GEMM widths off 16 bytes (the MLP's activations padded to 128-byte rows, weights staged by copy_rows, the down projection's GEMMs run over the zero padding): %s\n", w.c_str());
+    std::printf("  GEMM widths off 16 bytes (%s): %s\n", kStagedGemmWidthsNote, w.c_str());
   std::printf("  forward            %9.3f s   %10.0f tokens/s\n", r.fwd_s, r.B * r.T / r.fwd_s);
   std::printf("  backward           %9.3f s\n", r.bwd_s());
   std::printf("  train step         %9.3f s   %10.0f tokens/s   %7.1f GFLOP/s\n", r.train_s, r.train_tps(), r.gflops());

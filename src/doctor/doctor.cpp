@@ -252,8 +252,7 @@ void print_step(const json& s, bool emulated) {
               100 * s["model_gemm_fraction"].get<double>(), static_cast<long long>(s["gemm_reference"]["shape"].get<int64_t>()),
               s["gemm_reference"]["tflops"].get<double>());
   if (s.contains("staged_gemm_widths"))
-    std::printf("  GEMM widths off 16 bytes (the MLP's activations padded to 128-byte rows, weights staged by copy_rows, the down projection's GEMMs run over the zero padding): %s\n",
-                s["staged_gemm_widths"].get<std::string>().c_str());
+    std::printf("  GEMM widths off 16 bytes (%s): %s\n", kStagedGemmWidthsNote, s["staged_gemm_widths"].get<std::string>().c_str());
   for (const auto& w : s.value("warnings", json::array())) std::printf("  warning: %s\n", w.get<std::string>().c_str());
   if (emulated) std::printf("  (the emulated plugin: these are the CPU emulation's times, not a GPU's)\n");
   const bool predicted = s.contains("predicted_on");
