@@ -377,8 +377,9 @@ TEST_P(CudaVsCpu, RmsNormForwardBackward) {
   struct Shape {
     int64_t N, C;
   };
-  // 300 rows: more rows than the backward's 256 blocks, so blocks own several rows
-  for (const Shape s : {Shape{37, 13}, Shape{300, 40}}) {
+  // the backward's blocks (cuda_scratch::rmsnorm_backward_blocks): 37 and 300 rows, 8 a block and a
+  // short last one; 8200 rows, 9 a block (at most 1024 blocks)
+  for (const Shape s : {Shape{37, 13}, Shape{300, 40}, Shape{8200, 16}}) {
     for (DType t : kTypes)
       for (DType g : {t, DType::F32}) {
         Pair x(*cpu, *cuda, random_vec(s.N * s.C, 1), t), w(*cpu, *cuda, random_vec(s.C, 2), t), y(*cpu, *cuda, Vec(s.N * s.C, 0.0), t),

@@ -12,7 +12,8 @@
 //   G and W once and writes W.
 // Bytes: L x (|G| + chunks n 4 x 2) + |G| + 2 |W|; with BF16 G and W that is 2L + 6 bytes per element
 // (L = 5: 16 B/element) against Adam's 12 (BF16 w, g, m, v read; w, m, v written) — and no state.
-// The row's second read (for the column partial) hits L1: a BF16 row of 5461 is 11 KB. The rows pass
+// A row is read once where a thread owns at most one pack of it (sinkgd_rows_registers), else its
+// second read (for the column partial) hits L1: a BF16 row of 5461 is 11 KB. The rows pass
 // reads G 16 bytes per thread (LDG.128): rows whose base is 16-byte aligned and whose width is a
 // multiple of 8 (BF16) or 4 (FP32) values by columns a thread owns (sinkgd_rows), others (llama_1b's
 // 5461-wide down projection) as the aligned packs that hold each row (sinkgd_rows_spanning). The W
@@ -126,6 +127,58 @@ __device__ void sinkgd_rows(const G* g, float* u, const float* v, float* col, fl
   }
 }
 
+// sinkgd_rows where a thread owns at most one pack of a row (n <= P S: llama_1b's 2048-wide BF16
+// matrices): its columns' v and partial sums stay in registers over the chunk's rows, each row is
+// read once, the next row's pack is loaded before this row's reduction and barrier, and the partials
+// reach shared memory once, at the end. The same sums as sinkgd_rows (a thread's columns, its
+// group's rows in order), so the same bits. On an H200 (2026-11-28, ncu) sinkgd_rows ran with the
+// memory pipes 86% busy and DRAM 21%: per 16 bytes of G it read 32 bytes of v and updated 32 bytes
+// of shared partial every row.
+template <class G, int P>
+__device__ void sinkgd_rows_registers(const G* g, float* u, const float* v, float* col, float* scratch, int64_t begin, int64_t end, int64_t n,
+                                      bool first_pass, float sqrt_n, float eps, int S) {
+  const int group = threadIdx.x / S, gt = threadIdx.x % S, groups = blockDim.x / S;
+  const int group_warps = S / 32;
+  const int64_t j = int64_t(P) * gt;
+  const bool owner = j < n;  // a thread past the row's last pack owns no column
+  float vj[P], acc[P], x[P] = {}, next[P] = {};
+#pragma unroll
+  for (int p = 0; p < P; ++p) vj[p] = first_pass || !owner ? 1.0f : v[j + p], acc[p] = 0.0f;
+  auto load_row = [&](int64_t i, float (&dst)[P]) {
+    if (owner && i < end) load_values<G, P>(g + i * n, j, dst);
+  };
+  load_row(begin + group, x);
+  int half = 0;
+  for (int64_t r0 = begin; r0 < end; r0 += groups, half ^= 1) {
+    const int64_t i = r0 + group;
+    const bool live = i < end;  // group-uniform: a group past the chunk's last row still meets the barrier
+    load_row(i + groups, next);  // in flight across this row's reduction
+    float r = 0.0f;
+    if (owner && live) {
+#pragma unroll
+      for (int p = 0; p < P; ++p) {
+        const float y = first_pass ? x[p] : x[p] * vj[p];  // v = 1 before the first pass
+        r += y * y;
+      }
+    }
+    const float u2 = row_scale_squared(r, scratch, half, group, group_warps, gt, live, i, u, sqrt_n, eps);
+    if (live && owner) {
+#pragma unroll
+      for (int p = 0; p < P; ++p) acc[p] += u2 * x[p] * x[p];
+    }
+#pragma unroll
+    for (int p = 0; p < P; ++p) x[p] = next[p];
+  }
+  if (!owner) return;
+  float* colg = col + int64_t(group) * n;
+#pragma unroll
+  for (int q = 0; q < P; q += 4) {
+    Pack<float>& c = *reinterpret_cast<Pack<float>*>(colg + partial_index(j + q, n, P));
+#pragma unroll
+    for (int p = 0; p < 4; ++p) c.v[p] = acc[q + p];
+  }
+}
+
 // The row pass where rows are off 16 bytes (n not a whole number of packs, as llama_1b's 5461-wide
 // down projection, or a base off 16 bytes): a row is read as the aligned packs that hold it, thread
 // gt of a group taking packs gt, gt + S, ..., the elements outside the row masked, so G moves 16
@@ -206,9 +259,12 @@ __global__ void sinkgd_rows_kernel(const SinkgdManyItem* items, int64_t count, i
   __syncthreads();  // a thread's columns differ between this loop and the passes below
   const int64_t begin = chunk * it.rows_per_chunk;
   const int64_t end = begin + it.rows_per_chunk < m ? begin + it.rows_per_chunk : m;
-  if constexpr (packed)
-    sinkgd_rows<G, Pack<G>::kSize>(g, u, v, col, scratch, begin, end, n, first_pass, it.sqrt_n, eps, S);
-  else
+  constexpr int P = Pack<G>::kSize;
+  if constexpr (packed) {
+    const int64_t packs_a_thread = (n + int64_t(P) * S - 1) / (int64_t(P) * S);
+    if (packs_a_thread == 1) sinkgd_rows_registers<G, P>(g, u, v, col, scratch, begin, end, n, first_pass, it.sqrt_n, eps, S);
+    else sinkgd_rows<G, P>(g, u, v, col, scratch, begin, end, n, first_pass, it.sqrt_n, eps, S);
+  } else
     sinkgd_rows_spanning<G>(g, u, v, col, scratch, begin, end, m, n, first_pass, it.sqrt_n, eps, S);
   __syncthreads();
   for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
