@@ -32,8 +32,10 @@
 #                 the default corpus), SinkGD and SWAN, each trained twice: the last checkpoints
 #                 byte-identical, the validation perplexity within 2% of the CPU backend's
 #                 (gpu_check/smoke_reference.json, measured on the same shards)
-#   optimizers    optim_llama_60m 30 [4]: `bench optim --backend cuda`, one update of the whole model
-#                 by SinkGD, SWAN and Adam (optim_llama_1b 60 [27] comes before doctor_llama_1b)
+#   optimizers    optim_quickstart 30, optim_llama_60m 30 [4]: `bench optim --backend cuda --profile`, one
+#                 update of the whole model by SinkGD, SWAN and Adam (the quickstart's run config: its
+#                 SWAN settings), then one more eager step of each with every kernel's time beside its
+#                 roofline (optim_llama_1b 60 [27] comes before doctor_llama_1b)
 #   sanitizer     memcheck and racecheck, each on three targets: training (a tiny model's updates and
 #                 timed step through `doctor`, the trainer's path with graphs), kernels (every kernel
 #                 family's CudaVsCpu tests but attention's) and attention (the tensor-core and SIMT
@@ -229,7 +231,7 @@ if [ "$dry" = 1 ]; then
   doctor_60m_only=(--only op --only checkpoint) doctor_1b_only=(--only op)
   step_batch=1 step_seq=16 step_steps=1 step_warmup=0 torch_device=cpu
   attention_seqs="32 64" attention_tokens=64 attention_width=128 attention_steps=1 attention_warmup=0
-  logits_tokens=16 optim_steps=1 gemm_reference=128
+  logits_tokens=16 optim_steps=1 gemm_reference=128 optim_quickstart=$tiny
   # (Planted.CrashWhenAsked skips unless tests/gpu_check.sh plants its crash)
   tests_filter='Planted.CrashWhenAsked:Backends/Ops.RmsNormForwardBackward/cuda:Backends/OpsBf16.Attention/cuda:CudaBackend.LateCopiesArriveAtTheirFence'
   san_training=(--batch 1 --seq 16 --only checkpoint --no-bench)
@@ -245,7 +247,7 @@ else
   step_batch=32 step_seq=256 step_steps=10 step_warmup=3 torch_device=cuda
   # FlashAttention-2's benchmark: 16k tokens a call, width H x D = 2048
   attention_seqs="256 1024 2048" attention_tokens=16384 attention_width=2048 attention_steps=20 attention_warmup=3
-  logits_tokens=128 optim_steps=3 gemm_reference=8192
+  logits_tokens=128 optim_steps=3 gemm_reference=8192 optim_quickstart=$configs/quickstart.json
   # docs/gpu-nodes.md's filter, and the tensor-core attention's shapes (named without "cuda")
   tests_filter='*cuda*:*Cuda*:LargeShapes*:*TensorCoreAttention*'
   san_training=(--batch 2 --seq 64 --only update --steps 1 --warmup 0)
@@ -472,9 +474,11 @@ else
 fi
 
 # One optimizer update of the whole model per optimizer (SWAN's beside SinkGD's and Adam's).
-optim_step() {  # SLOT MODEL_CONFIG LIMIT
-  run_step "optim_$1" optimizers "$3" bash -c '"$0" "$@" > "$out/raw/optim_'"$1"'.json"' "$mn" bench optim --backend cuda -c "$2" --steps $optim_steps --json
+optim_step() {  # SLOT CONFIG LIMIT
+  run_step "optim_$1" optimizers "$3" bash -c '"$0" "$@" > "$out/raw/optim_'"$1"'.json"' "$mn" bench optim --backend cuda -c "$2" --steps $optim_steps \
+    --profile --peak $peak_name --json
 }
+optim_step quickstart "$optim_quickstart" 30
 optim_step llama_60m "$model_60m" 30
 
 # compute-sanitizer: a tiny model's updates and timed step (graphs, the trainer's path), every kernel

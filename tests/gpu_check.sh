@@ -97,7 +97,7 @@ assert r["ok"] is True and r["gpu_check"]["dry"] is True and r["gpu_check"]["lay
 expected = {"environment": "ok", "doctor": "ok", "tests": "ok", "training": "ok", "sanitizer": "ok", "step_vs_torch": "ok", "attention": "ok",
             "hf_logits": "skipped", "optimizers": "ok", "gemm": "ok", "nccl": "skipped"}
 assert {k: v["status"] for k, v in s.items()} == expected, {k: (v["status"], v.get("reason")) for k, v in s.items()}
-assert len(r["steps"]) == 24 and all(x["status"] == "ok" for x in r["steps"]), [(x["id"], x["status"], x["reason"]) for x in r["steps"]]
+assert len(r["steps"]) == 25 and all(x["status"] == "ok" for x in r["steps"]), [(x["id"], x["status"], x["reason"]) for x in r["steps"]]
 assert all(x["seconds"] <= x["limit_s"] for x in r["steps"]), "a step ran past its limit"
 assert s["environment"]["python"]["offline"] == {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}, s["environment"]["python"]
 
@@ -162,7 +162,12 @@ for x in tr["runs"]:
     assert (g["device_loops"] > 0) == (x["optimizer"] == "swan"), x
 assert "device loop(s)" in md and md.count("1 captured, ") == 2, md
 op = s["optimizers"]["rows"]  # one update of each optimizer, SWAN's beside SinkGD's
-assert [x["slot"] for x in op] == ["llama_60m", "llama_1b"] and all(pos(x[k + "_step_s"]) for x in op for k in ("sinkgd", "swan", "adam")), op
+assert [x["slot"] for x in op] == ["quickstart", "llama_60m", "llama_1b"] and all(pos(x[k + "_step_s"]) for x in op for k in ("sinkgd", "swan", "adam")), op
+# bench optim --profile: SWAN's eager step kernel by kernel, its batched Newton-Schulz products beside their roofline
+for x in op:
+    names = {k["name"]: k for k in x["swan_profile"]}
+    assert "gemm fp32 batched (cuBLASLt)" in names and pos(names["gemm fp32 batched (cuBLASLt)"]["predicted_ms"]), x["swan_profile"]
+assert "SWAN's step at" in md, md
 runs = s["sanitizer"]["runs"]
 assert len(runs) == 6 and all(x["status"] == "ok" and x["errors"] == 0 and x["warnings"] == 0 for x in runs), runs
 assert s["nccl"]["reason"] == "1 GPU visible", s["nccl"]

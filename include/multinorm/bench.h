@@ -45,6 +45,11 @@ struct OptimBenchOptions {
   int threads = 0;
   std::string backend = "cpu";  // cpu | cuda | auto
   bool json = false;
+  // After the timings, one more step of each optimizer with the backend's per-kernel profile (a
+  // device backend's CUDA events; the step then runs eagerly), beside each kernel's roofline time on
+  // `peak` (a100 | h100 | h200; "": no prediction).
+  bool profile = false;
+  std::string peak;
 };
 
 void bench_optim(const OptimBenchOptions& o);

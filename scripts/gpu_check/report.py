@@ -277,19 +277,22 @@ SDPA_VARIANTS = ("torch", "flash", "cudnn")  # PyTorch's choice, FlashAttention-
 def optimizers(r):
     """bench optim --backend cuda: one update of the whole model per optimizer (the best of its rounds)."""
     rows, figures = [], {}
-    for m in ("60m", "1b"):
-        d = load_json(r.raw_path(f"optim_llama_{m}.json"))
-        figures[f"optim_llama_{m}"] = bool(d and d.get("optimizers"))
-        if not figures[f"optim_llama_{m}"]:
+    slots = ("quickstart", "llama_60m", "llama_1b")
+    for slot in slots:
+        d = load_json(r.raw_path(f"optim_{slot}.json"))
+        figures[f"optim_{slot}"] = bool(d and d.get("optimizers"))
+        if not figures[f"optim_{slot}"]:
             continue
         o = d["optimizers"]
-        row = {"slot": f"llama_{m}", "model": d.get("model")}
+        row = {"slot": slot, "model": d.get("model")}
         for k in ("sinkgd", "swan", "adam"):
             row[k + "_step_s"] = num(o.get(k, {}), "step_s")
         for k in ("swan_over_sinkgd", "sinkgd_over_adam", "sinkgd_gb_s", "adam_gb_s", "copy_gb_s"):
             row[k] = num(d, k)
+        # SWAN's eager step, kernel by kernel (bench optim --profile), its slowest ten
+        row["swan_profile"] = [k for k in (d.get("profiles") or {}).get("swan", []) if isinstance(k, dict)][:10]
         rows.append(row)
-    status, reason = r.section_status(["optim_llama_60m", "optim_llama_1b"], figures=figures)
+    status, reason = r.section_status([f"optim_{s}" for s in slots], figures=figures)
     return {"status": status, "reason": reason, "rows": rows}
 
 
@@ -640,6 +643,12 @@ def markdown(rep):
                 [[x.get("model"), ms(x.get("sinkgd_step_s")), ms(x.get("swan_step_s")), ms(x.get("adam_step_s")), fmt(x.get("swan_over_sinkgd")),
                   fmt(x.get("sinkgd_over_adam")), fmt(x.get("sinkgd_gb_s")), fmt(x.get("adam_gb_s")), fmt(x.get("copy_gb_s"))]
                  for x in op.get("rows", [])])
+    for x in op.get("rows", []):
+        if x.get("swan_profile"):
+            md += ["", f"SWAN's step at {x.get('model')} ({x['slot']}), eager, each kernel by CUDA events, beside its roofline:", ""]
+            md += table(["kernel", "launches", "ms", "predicted ms", "predicted launches"],
+                        [[k.get("name"), k.get("launches"), fmt(k.get("ms")), fmt(k.get("predicted_ms")), k.get("predicted_launches", "—")]
+                         for k in x["swan_profile"]])
     tr = s["training"]
     md += ["", "## Training smoke (the quickstart on the GPU, twice per optimizer)", "",
            f"status {tr.get('status')}{': ' + tr['reason'] if tr.get('reason') else ''}.", ""]

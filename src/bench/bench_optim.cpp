@@ -4,12 +4,14 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <random>
 
 #include "multinorm/device.h"
 #include "multinorm/bench.h"
 #include "multinorm/json_file.h"
+#include "multinorm/kernel_costs.h"
 #include "multinorm/llama_model.h"
 #include "multinorm/optimizer.h"
 
@@ -116,9 +118,49 @@ std::vector<OptimRow> make_rows(Backend& be, LlamaModel& model, const RunConfig&
   return rows;
 }
 
+// One more full step of an optimizer with the backend's per-kernel profile (eager: profiling waits
+// on every launch's events), each kernel beside its roofline time on `peak` from the cost model's
+// record of the same update (kernel_costs.h); empty on a backend without device kernels.
+json profile_step(Backend& be, OptimRow& r, const OptimBenchOptions& o) {
+  be.set_profiling(true);
+  be.take_profile();
+  r.opt->step(2, 2);
+  const std::vector<KernelTime> times = be.take_profile();
+  be.set_profiling(false);
+  std::map<std::string, KernelCost> costs;
+  const DevicePeak* peak = o.peak.empty() ? nullptr : find_device_peak(o.peak);
+  if (peak)
+    for (const KernelCost& k : record_step_costs(r.run, r.run.precision.params, 1, 2).update) {
+      KernelCost& sum = costs.emplace(k.name, KernelCost{k.name, k.unit, 0, 0, 0}).first->second;
+      sum.launches += k.launches, sum.bytes += k.bytes, sum.flops += k.flops;
+    }
+  json rows = json::array();
+  for (const KernelTime& t : times) {
+    json row = {{"name", t.name}, {"launches", t.launches}, {"ms", t.ms}};
+    if (auto it = costs.find(t.name); it != costs.end())
+      row["predicted_ms"] = roofline_seconds(it->second, *peak, peak->assume) * 1e3, row["predicted_launches"] = it->second.launches;
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+void print_profile(const std::string& name, const json& rows, const std::string& peak) {
+  if (rows.empty()) return void(std::printf("  %s: no kernel profile on this backend\n", name.c_str()));
+  double total = 0;
+  for (const auto& k : rows) total += k["ms"].get<double>();
+  std::printf("  %s, one step's kernels (eager, CUDA events): %.3f ms in all%s\n", name.c_str(), total,
+              peak.empty() ? "" : (", predicted on " + peak).c_str());
+  std::printf("    %-34s %8s %10s %12s\n", "kernel", "launches", "ms", "predicted ms");
+  for (const auto& k : rows) {
+    std::printf("    %-34s %8lld %10.3f", k["name"].get<std::string>().c_str(), static_cast<long long>(k["launches"].get<int64_t>()), k["ms"].get<double>());
+    if (k.contains("predicted_ms")) std::printf(" %12.3f", k["predicted_ms"].get<double>());
+    std::printf("\n");
+  }
+}
+
 // The ratios and bandwidths of the timed rows (Adam, SinkGD, SWAN), as JSON or text.
 void report(const OptimBenchOptions& o, const RunConfig& base, int threads, const std::vector<OptimRow>& rows, int64_t matrix_elems,
-            double copy_s) {
+            double copy_s, const json& profiles) {
   const int64_t pb = dtype_bytes(base.precision.params), sb = dtype_bytes(base.precision.optimizer_states);
   const double copy_gbs = 2.0 * BandwidthCopy::kBytes / copy_s / 1e9;
   const int L = static_cast<int>(base.optimizer.sinkgd.iterations);
@@ -142,6 +184,7 @@ void report(const OptimBenchOptions& o, const RunConfig& base, int threads, cons
     j["sinkgd_gb_s"] = sinkgd_bytes / sinkgd.matrix_s / 1e9;
     j["adam_gb_s"] = adam_bytes / adam.matrix_s / 1e9;
     j["sinkgd_memory_floor_s"] = floor_s;
+    if (!profiles.empty()) j["profiles"] = profiles, j["profile_peak"] = o.peak;
     std::printf("%s\n", j.dump(2).c_str());
     return;
   }
@@ -155,6 +198,8 @@ void report(const OptimBenchOptions& o, const RunConfig& base, int threads, cons
               copy_gbs, sinkgd_bytes / sinkgd.matrix_s / 1e9, 100 * sinkgd_bytes / sinkgd.matrix_s / 1e9 / copy_gbs, L,
               adam_bytes / adam.matrix_s / 1e9, 100 * adam_bytes / adam.matrix_s / 1e9 / copy_gbs);
   std::printf("  SinkGD memory floor (g once, w read and written): %.4f s; the step takes %.1fx it\n", floor_s, sinkgd.matrix_s / floor_s);
+  for (const auto& r : rows)
+    if (profiles.contains(r.name)) print_profile(r.name, profiles[r.name], o.peak);
 }
 }  // namespace
 
@@ -213,9 +258,12 @@ void bench_optim(const OptimBenchOptions& o) {
     if (r.kind != OptimizerKind::Swan) print_row(r);
   for (int round = 0; round < swan_rounds; ++round) time_rule(rows[2]);
   print_row(rows[2]);
+  json profiles = json::object();
+  if (o.profile)
+    for (auto& r : rows) profiles[r.name] = profile_step(*be, r, o);
   for (auto& r : rows)
     for (void* p : r.states) be->release(p);
-  report(o, base, be->threads(), rows, matrix_elems, copy_s);
+  report(o, base, be->threads(), rows, matrix_elems, copy_s, profiles);
 }
 
 }  // namespace multinorm

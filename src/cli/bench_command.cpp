@@ -51,6 +51,9 @@ void add_bench_command(CLI::App& app) {
   optim->add_option("--threads", p.threads, "CPU threads (0: all cores)");
   optim->add_option("--backend", p.backend, "cpu, cuda or auto");
   optim->add_flag("--json", p.json, "machine-readable output");
+  optim->add_flag("--profile", p.profile, "then one more step of each optimizer with its per-kernel times (a device backend's CUDA events; eager)");
+  optim->add_option("--peak", p.peak, "with --profile: each kernel's roofline time on this GPU beside it (a100, h100, h200)")
+      ->check(CLI::IsMember({"a100", "h100", "h200"}));
   optim->callback([] { bench_optim(p); });
 
   auto* gemm = bench->add_subcommand("gemm", "GEMMs alone, a model's as its backend runs them or any shapes, against an n^3 GEMM, TFLOP/s");
