@@ -29,7 +29,8 @@ using namespace cuda_test;
 // what a GPU's in-place accumulation gave (ResidualProjectionReadsTheResidualAsTheGemmsAddend). Which
 // cuBLASLt kernel does so depends on the shape: on an H200 (2026-11-28) 3 x 5456 x 9 and
 // 16 x 16 x 27 did, each failing element exactly bf16(bf16(a b) + c) (1.07x to 2.5x the one-rounding
-// bound), where 3 x 5461 x 9 in one GEMM had rounded once. Tests of accumulating GEMMs allow it on a GPU.
+// bound), where 3 x 5461 x 9 in one GEMM had rounded once, and an unsplit 5 x 41 x 40 (the residual
+// test's copy) did too. Tests of accumulating BF16 GEMMs allow it on a GPU, split or not.
 static ::testing::AssertionResult gemm_within_bound(const Vec& out, const Vec& a, const Vec& b, const Vec& before, int64_t M, int64_t N, int64_t K,
                                                     bool ta, bool tb, bool acc, DType out_type, bool product_rounded = false) {
   constexpr double kLambda = 6.0, kU = 1.0 / (1 << 24);
@@ -346,6 +347,30 @@ TEST_P(CudaVsCpu, GemmExtentsOffWholePacksRunAsABulkAndARest) {
             EXPECT_TRUE(gemm_within_bound(o.g.get(), av, bv, before, c.M, c.N, c.K, ta, tb, acc, out, acc && !cuda_plugin()->emulated)) << what;
           }
   EXPECT_EQ(split, 24);  // of the 34 calls: every one whose parts are more than one, counted by hand
+}
+
+// K = 0, an empty sum: out cleared (or kept when accumulating, or the residual copied), its rows
+// only: a split N (8 + 4) or a row width the staging pads (41 BF16) once cleared past the output.
+TEST_P(CudaVsCpu, EmptySumsTouchOnlyTheOutput) {
+  struct Case {
+    int64_t M, N;
+    DType out;
+    bool acc, residual;
+  };
+  const int64_t guard = 64;  // elements after the output, never written
+  for (const Case c : {Case{3, 12, DType::F32, false, false}, Case{4, 41, DType::BF16, false, false}, Case{4, 41, DType::BF16, true, false},
+                       Case{5, 64, DType::BF16, true, true}}) {
+    Pair a(*cpu, *cuda, random_vec(c.M * 8, 1), DType::BF16), b(*cpu, *cuda, random_vec(c.N * 8, 2), DType::BF16),
+        o(*cpu, *cuda, random_vec(c.M * c.N + guard, 3), c.out), r(*cpu, *cuda, random_vec(c.M * c.N, 4), c.out);
+    const Vec before = o.g.get(), residual = r.g.get();
+    if (c.residual) cuda->matmul_residual(o.g.buf(), r.g.buf(), a.g.buf(), b.g.buf(), c.M, c.N, 0, false, true);
+    else cuda->matmul(o.g.buf(), a.g.buf(), b.g.buf(), c.M, c.N, 0, false, true, c.acc);
+    const Vec got = o.g.get();
+    const std::string what = std::to_string(c.M) + "x" + std::to_string(c.N) + " " + dtype_name(c.out) + (c.acc ? " acc" : "") + (c.residual ? " residual" : "");
+    for (int64_t e = 0; e < c.M * c.N; ++e)
+      ASSERT_EQ(got[e], c.residual ? residual[e] : c.acc ? before[e] : 0.0) << what << ": element " << e;
+    for (int64_t e = c.M * c.N; e < c.M * c.N + guard; ++e) ASSERT_EQ(got[e], before[e]) << what << ": past the output, element " << e;
+  }
 }
 
 TEST_P(CudaVsCpu, EmbeddingForwardBackward) {

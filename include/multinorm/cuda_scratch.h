@@ -71,9 +71,12 @@ inline GemmExtents gemm_extents(const GemmStaging& st, int64_t N, int64_t K, boo
 // aligned) llama_1b's gate/up projection, whose weight has 2F = 10922 rows, ran at 215-392 TFLOP/s
 // with M, N or K = 10922 and at 660-725 with 10944. An extent that gemm_extents does not widen and
 // that is off whole packs runs as two GEMMs: the bulk, whole packs, and the rest (under a pack).
-// M and N split the output, each element still one product over all of K: the sums are one GEMM's.
-// K splits only into an FP32 output, the rest's product added to the bulk's there; a BF16 output
-// would be rounded twice. An extent under one pack is not split.
+// M and N split the output, each element still one FP32 sum over all of K, rounded to the output
+// once (though the parts may run other cuBLASLt kernels, and a GPU's in-place BF16 accumulation
+// rounds the product first on some: tests/test_cuda_ops.cpp). K splits only into an FP32 output,
+// the rest's product added to the bulk's there; a BF16 output would be rounded twice. (A residual
+// projection's K is never split: a K off whole packs is staged and widened.) An extent under one
+// pack is not split; K = 0 is none of this (the backend clears or keeps out).
 struct GemmPart {
   int64_t m0, m, n0, n, k0, k;
 };

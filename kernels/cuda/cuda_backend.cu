@@ -277,10 +277,16 @@ class CudaBackend final : public Backend {
     if (a.dtype != b.dtype) throw Error("matmul: operands must share a dtype");
     if (a.dtype == DType::F32 && out.dtype != DType::F32) throw Error("matmul: fp32 operands need an fp32 output");
     const int64_t si = dtype_bytes(a.dtype), so = dtype_bytes(out.dtype);
+    if (M == 0 || N == 0) return;
+    if (K == 0) {  // an empty sum: out = the residual, zeros, or as it was when accumulating; nothing staged or split
+      if (residual) convert(out, *residual, M * N);
+      else if (!acc) gemm_->run(out.ptr, out.stride(N), lt_type(out.dtype), a.ptr, 1, b.ptr, 1, lt_type(a.dtype), M, N, 0, ta, tb, false, q_->issue());
+      return;
+    }
     const cuda_scratch::GemmStaging st =
         cuda_scratch::gemm_staging(M, N, K, ta, tb, si, so, reinterpret_cast<uintptr_t>(a.ptr), reinterpret_cast<uintptr_t>(b.ptr),
                                    reinterpret_cast<uintptr_t>(out.ptr), a.ld, b.ld, out.ld);
-    const bool staged = M > 0 && N > 0 && K > 0 && (st.a.staged || st.b.staged || st.out.staged);
+    const bool staged = st.a.staged || st.b.staged || st.out.staged;
     const void* addend = nullptr;
     if (residual) {
       if (cuda_scratch::gemm_reads_residual(st, M, N, K, reinterpret_cast<uintptr_t>(residual->ptr))) addend = residual->ptr;

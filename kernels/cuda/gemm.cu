@@ -93,7 +93,7 @@ void LtGemm::run(void* out, int64_t ld_out, cudaDataType out_type, const void* a
                  int64_t M, int64_t N, int64_t K, bool ta, bool tb, bool accumulate, cudaStream_t stream, const void* addend) {
   if (M == 0 || N == 0) return;
   if (addend && (!accumulate || K == 0)) throw_cublas_error("a matmul's addend needs accumulate and K > 0", CUBLAS_STATUS_INVALID_VALUE);
-  if (K == 0) {  // an empty sum: out = 0, or unchanged when accumulating (the backend passes ld_out = N here)
+  if (K == 0) {  // an empty sum: out = 0, or unchanged when accumulating (M rows of out's own stride: a padded row's padding is zeros anyway)
     if (!accumulate) {
       MN_CUDA_CHECK(cudaMemsetAsync(out, 0, M * ld_out * (out_type == CUDA_R_16BF ? 2 : 4), stream), "matmul with K = 0");
     }
