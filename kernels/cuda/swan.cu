@@ -26,7 +26,7 @@
 //   - the skip flag: every apply kernel reads the update's statistics and changes nothing when they
 //     say skip; the statistics kernel then counts nothing.
 // whitening=eigh takes the exact path for every matrix the same way.
-// Cost per step: 3 batched GEMMs of B x 2 k^3 FLOPs; the Gram matrix and U: 2 m n k FLOPs each; the
+// Cost per step: 3 batched GEMMs of B x 2 k^3 FLOPs (the first step 1: Z0 = I); the Gram matrix and U: 2 m n k FLOPs each; the
 // element-wise passes read and write k^2 floats per matrix (cost model: src/bench/kernel_costs.cpp).
 #include <cmath>
 #include <vector>
@@ -325,9 +325,10 @@ Chunk chunk_layout(const SwanItem* items, int64_t B, void* scratch) {
 // The chunk's Gram matrices (in Y) to their inverse square roots (scaled by sqrt(c): in Z), every
 // matrix's decisions on the device; its residual and steps in its state. The steps run in bodies of
 // two: Y trades places with P and Z with spare at every step, so after two each buffer is where it
-// started and one body serves every run. In a graph the bodies are a device loop (a WHILE node) that
-// ends once every matrix is done; run eagerly, all ceil(ns_steps / 2) bodies run (done matrices
-// frozen), with the same results.
+// started and one body serves every run. The first two steps run before the bodies (the first is one
+// product: Z0 = I). In a graph the bodies are a device loop (a WHILE node) that ends once every
+// matrix is done; run eagerly, all ceil((ns_steps - 2) / 2) bodies run (done matrices frozen), with
+// the same results.
 void inverse_sqrt_batched(Chunk& c, const SwanParams& a, LtGemm& gemm, const DeviceLoop& loop, cudaStream_t stream) {
   const int64_t B = c.B, k = c.k, gram = c.gram;
   const dim3 per_k(ceil_div(k, kThreads), static_cast<unsigned>(B)), per_gram(grid_for(k * k), static_cast<unsigned>(B));
@@ -353,8 +354,22 @@ void inverse_sqrt_batched(Chunk& c, const SwanParams& a, LtGemm& gemm, const Dev
     std::swap(c.Z, c.spare);
     launch("swan_ns_step_end", ns_step_end_kernel, dim3(1), dim3(1), 0, s, c.st, B, a.ns_steps, handle, body_end ? 1 : 0);
   };
+  // The first step with Z0 = I: P = Z0 Y0 is Y0 and Z1 = T0 Z0 is T0 (a product with the identity is
+  // exact in FP32 for finite values, the CPU's bits), so it takes one product, Y T, of the three; Z
+  // takes T's buffer.
+  auto first_step = [&](cudaStream_t s) {
+    reduce(c.Y, c.T, true, Reduced::ResidualAtStep, s);  // the residual of P = Y0, and T
+    launch("swan_freeze", freeze_kernel, per_gram, dim3(kThreads), 0, s, c.T, k, gram, c.st, a.ns_steps);
+    gemm.run_batched(c.P, c.Y, c.T, k, k, k, B, gram, s);  // Y <- Y T
+    std::swap(c.Y, c.P);
+    std::swap(c.Z, c.T);  // Z <- T
+    launch("swan_ns_step_end", ns_step_end_kernel, dim3(1), dim3(1), 0, s, c.st, B, a.ns_steps, cudaGraphConditionalHandle{0}, 0);
+  };
   auto body = [&](cudaStream_t s, cudaGraphConditionalHandle handle) { step(s, handle, false), step(s, handle, true); };
-  const int bodies = (a.ns_steps + 1) / 2;
+  // Steps 1 and 2 before the loop, then bodies of two (the buffers back where they were after each).
+  if (a.ns_steps >= 1) first_step(stream);
+  if (a.ns_steps >= 2) step(stream, 0, false);
+  const int bodies = std::max(0, a.ns_steps - 2 + 1) / 2;
   if (bodies > 0 && !(loop && loop(body)))
     for (int i = 0; i < bodies; ++i) body(stream, 0);
   gemm.run_batched(c.P, c.Z, c.Y, k, k, k, B, gram, stream);  // the final iterate's residual (a done matrix's: the same)

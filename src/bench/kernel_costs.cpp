@@ -346,11 +346,14 @@ class CostRecorder final : public Backend, public OptimizerKernels {
       reduce(4.0 * kk);
       add("swan_row_sums", CostUnit::Memory, 1, B * 4.0 * kk, B * 2.0 * kk);
       add("swan_ns_init", CostUnit::Memory, 1, B * 12.0 * kk, B * kk);
-      for (int s = 0; s < (a.ns_steps + 1) / 2 * 2; ++s) {
-        gemm_fp32_batched(k, k, k, B);  // P = Z Y
-        reduce(8.0 * kk);               // reads P, writes T
+      // the first step (Z0 = I: Y T alone), the second, then the device loop's bodies of two
+      const int steps = a.ns_steps <= 0 ? 0 : std::min(a.ns_steps, 2) + std::max(0, a.ns_steps - 2 + 1) / 2 * 2;
+      for (int s = 0; s < steps; ++s) {
+        if (s > 0) gemm_fp32_batched(k, k, k, B);  // P = Z Y
+        reduce(8.0 * kk);                          // reads P (Y0 at first), writes T
         add("swan_freeze", CostUnit::Memory, 1, B * 4.0 * kk, 0);  // the worst case: every matrix done, its T rewritten
-        gemm_fp32_batched(k, k, k, B), gemm_fp32_batched(k, k, k, B);
+        gemm_fp32_batched(k, k, k, B);                             // Y <- Y T
+        if (s > 0) gemm_fp32_batched(k, k, k, B);                  // Z <- T Z
         add("swan_ns_step_end", CostUnit::Memory, 1, 64.0 * B, 0);
       }
       gemm_fp32_batched(k, k, k, B);  // the final iterate
