@@ -17,7 +17,6 @@
 // convert, scale and clip take runs of 8 elements a thread (16-byte packs of BF16, two of FP32) where
 // the arrays are 16-byte aligned, the last n mod 8 one by one: the same bits either way.
 #include <algorithm>
-#include <utility>
 
 #include "../common/optim_math.h"
 #include "device_utils.cuh"
@@ -70,65 +69,22 @@ __global__ void scale_kernel(T* x, int64_t n, float factor, bool packed) {
   scale_elements(x, n, factor, packed);
 }
 
-// v[k] = w[S + k]: a pack's elements from two aligned packs, shifted by S (a constant: registers).
-template <class W, int P, int S>
-__device__ __forceinline__ void take_shifted(const W (&w)[2 * P], W (&v)[P]) {
-#pragma unroll
-  for (int k = 0; k < P; ++k) v[k] = w[S + k];
-}
-template <class W, int P, int... S>
-__device__ __forceinline__ void take_shifted(int shift, const W (&w)[2 * P], W (&v)[P], std::integer_sequence<int, S...>) {
-  ((shift == S ? take_shifted<W, P, S>(w, v) : void()), ...);
-}
-
-// Elements e .. e + P - 1 of the tensor at src (`total` elements), read as the aligned 16-byte packs
-// that hold them where those packs lie inside the tensor, element by element where one reaches past
-// it. A row off 16 bytes (llama_1b's 5461-wide down projection) thus moves 16 bytes a load: Nsight
-// Compute on an H200 (2026-11-28) found the element-by-element loads (eight 2-byte loads a 16-byte
-// store) kept the memory pipes 76% busy with DRAM at 38%.
-template <class W, int P>
-__device__ __forceinline__ void load_spanning(const W* src, int64_t e, int64_t total, W (&v)[P]) {
-  const int shift = int(reinterpret_cast<uintptr_t>(src + e) % 16 / sizeof(W));
-  const int64_t q = e - shift;  // the aligned pack at or below element e
-  W w[2 * P];
-#pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    const int64_t p0 = q + int64_t(j) * P;
-    if (j == 1 && shift == 0) break;
-    if (p0 >= 0 && p0 + P <= total) {
-      const Pack<W> pk = *reinterpret_cast<const Pack<W>*>(src + p0);
-#pragma unroll
-      for (int k = 0; k < P; ++k) w[j * P + k] = pk.v[k];
-    } else {
-#pragma unroll
-      for (int k = 0; k < P; ++k) w[j * P + k] = p0 + k >= 0 && p0 + k < total ? src[p0 + k] : W(0);
-    }
-  }
-  if (shift == 0) {
-#pragma unroll
-    for (int k = 0; k < P; ++k) v[k] = w[k];
-  } else {
-    take_shifted<W, P>(shift, w, v, std::make_integer_sequence<int, P>{});
-  }
-}
-
 // dst[r, c] = src[r, c] for c < cols and 0 for cols <= c < dst_ld, rows dst_ld and src_ld elements apart;
 // W is the element's bits.
 template <class W>
 __global__ void copy_rows_kernel(W* dst, int64_t dst_ld, const W* src, int64_t src_ld, int64_t rows, int64_t cols, bool packed) {
   // A thread takes 16 bytes of a destination row: one 16-byte store into 128-byte rows (the staged
-  // copy; one element at a time back into rows off 16 bytes), and the source's as the aligned packs
-  // that hold them (load_spanning). (The first form, an element a thread, ran at 3.5x its memory
-  // time on an H100, 2026-11-27.)
+  // copy; one element at a time back into rows off 16 bytes). Element-wise loads from a row off 16
+  // bytes still coalesce across the warp. (The first form, an element a thread, ran at 3.5x its
+  // memory time on an H100, 2026-11-27.)
   constexpr int P = Pack<W>::kSize;
-  const int64_t total = (rows - 1) * src_ld + cols;  // the source's elements from src
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+    const W* s = src + r * src_ld;
     W* d = dst + r * dst_ld;
     for (int64_t c0 = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * P; c0 < dst_ld; c0 += int64_t(gridDim.x) * blockDim.x * P) {
-      W v[P] = {};  // the padding: zeros (cuda_scratch::gemm_extents)
-      if (c0 < cols) load_spanning<W, P>(src, r * src_ld + c0, total, v);
+      W v[P];
 #pragma unroll
-      for (int k = 0; k < P; ++k) v[k] = c0 + k < cols ? v[k] : W(0);
+      for (int k = 0; k < P; ++k) v[k] = c0 + k < cols ? s[c0 + k] : W(0);  // the padding: zeros (cuda_scratch::gemm_extents)
       if (packed) {
         store_packs<W, P>(d, c0, v);
       } else {
