@@ -113,6 +113,9 @@ inline bool gemm_reads_residual(const GemmStaging& st, int64_t M, int64_t N, int
 // 5461-wide down projection) by the aligned packs that hold each row (sinkgd_rows_spanning), in a
 // launch of its own: one rule for the launches and the cost model's count of them.
 inline bool sinkgd_rows_packed(uintptr_t g_address, int64_t n, int64_t g_bytes) { return g_address % 16 == 0 && (n * g_bytes) % 16 == 0; }
+// RMSNorm backward's blocks (1024 of at least 8 rows, for more waves at llama_1b, ran 5.56 ms against
+// 5.03 for 256 on an H200, 2026-11-28, and its dw pass 0.68 against 0.32).
+constexpr int64_t kRmsnormBackwardBlocks = 256;      // fixed: the same reduction tree on every GPU
 constexpr int64_t kSinkgdChunks = 128;               // SinkGD's row chunks per pass
 constexpr int64_t kSumSquaresBlocks = 256;           // the FP64 sum of squares' fixed grid
 constexpr int64_t kSwanReduceBlocks = 64;            // SWAN's residual reduction: at most, and its partials' stride
@@ -120,20 +123,8 @@ constexpr int64_t kSwanReduceBlocks = 64;            // SWAN's residual reductio
 // that would hold no element adds nothing (an exact zero), so the sums are those of the full grid.
 constexpr int64_t swan_reduce_blocks(int64_t k) { return std::min(kSwanReduceBlocks, (k * k + 255) / 256); }
 
-// RMSNorm backward's row blocks: contiguous chunks of at least kRmsnormBackwardRows rows (a block's 8
-// warps take 8 at a time), at most kRmsnormBackwardBlocks of them; their dw partials are summed in a
-// fixed order, so the tree depends on N alone, the same on every GPU. (At most 256 blocks left an
-// H200 0.65 waves of them at llama_1b's 8192 rows, 2026-11-28.)
-constexpr int64_t kRmsnormBackwardBlocks = 1024, kRmsnormBackwardRows = 8;
-inline int64_t rmsnorm_backward_rows_per_block(int64_t N) {
-  return std::max(kRmsnormBackwardRows, (N + kRmsnormBackwardBlocks - 1) / kRmsnormBackwardBlocks);
-}
-inline int64_t rmsnorm_backward_blocks(int64_t N) {
-  const int64_t r = rmsnorm_backward_rows_per_block(N);
-  return (N + r - 1) / r;
-}
-// RMSNorm backward: per-block dw partials [rmsnorm_backward_blocks(N), C], floats
-inline int64_t rmsnorm_backward_floats(int64_t N, int64_t C) { return rmsnorm_backward_blocks(N) * C; }
+// RMSNorm backward: per-block dw partials [min(N, 256), C], floats
+inline int64_t rmsnorm_backward_floats(int64_t N, int64_t C) { return std::min(N, kRmsnormBackwardBlocks) * C; }
 // attention backward: rowsum(dout * out) [B, H, T], bytes
 inline int64_t attention_backward_bytes(int64_t B, int64_t H, int64_t T) { return B * H * T * 4; }
 // embedding backward: a bitonic sort of (token, position) keys, BT rounded up to a power of two

@@ -2,8 +2,8 @@
 //   forward:  one warp per row (4 rows per 128-thread block), FP32 sum of squares by warp shuffles,
 //             16-byte packs when the row allows. bytes: 2 N C sizeof(T) + C sizeof(T) + 4N; 4 N C FLOPs
 //   backward: dx (FP32, = or +=, the residual-stream gradient fused in) and dw (+=), deterministic.
-//             Rows: a grid of at most 1024 blocks of 8 warps, each owning a contiguous chunk of
-//             at least 8 rows (cuda_scratch::rmsnorm_backward_blocks: the tree depends on N alone), taken 8 at a time: a warp per row forms mean(dout w xhat)
+//             Rows: a fixed grid of at most kBackwardBlocks blocks of 8 warps, each owning a
+//             contiguous chunk of rows, taken 8 at a time: a warp per row forms mean(dout w xhat)
 //             with shuffles only and writes dx (two passes over the row, the second from L1/L2); then
 //             each thread adds the 8 rows' dout xhat to the channels it owns (8 consecutive ones as
 //             16-byte packs) in the block's shared dw partial. The same thread zeroes, adds and writes out its
@@ -22,6 +22,7 @@ namespace {
 
 constexpr int kForwardWarps = 4;
 constexpr int kBackwardThreads = 256;
+constexpr int64_t kBackwardBlocks = cuda_scratch::kRmsnormBackwardBlocks;  // fixed: the same reduction tree everywhere
 
 template <class T>
 __global__ void rmsnorm_forward_kernel(T* out, float* rstd, const T* x, const T* w, int64_t N, int64_t C, float eps) {
@@ -170,7 +171,8 @@ template <class T, class G>
 void rmsnorm_backward(float* dx, T* dx_copy, G* dw, const float* dout, const T* x, const T* w, const float* rstd, int64_t N, int64_t C,
                       bool accumulate_dx, float* scratch, cudaStream_t stream) {
   if (N == 0) return;
-  const int64_t rows_per_block = cuda_scratch::rmsnorm_backward_rows_per_block(N), blocks = cuda_scratch::rmsnorm_backward_blocks(N);
+  const int64_t rows_per_block = (N + kBackwardBlocks - 1) / kBackwardBlocks;
+  const int64_t blocks = (N + rows_per_block - 1) / rows_per_block;
   // 8 channels a thread where every row starts on 16 bytes: C a multiple of 8 and the bases aligned.
   const bool packed = C % 8 == 0 && aligned16(dx) && aligned16(dout) && aligned16(x) && aligned16(w) && (!dx_copy || aligned16(dx_copy));
   launch("rmsnorm_backward_rows", rmsnorm_backward_rows_kernel<T>, dim3(static_cast<unsigned>(blocks)), dim3(kBackwardThreads), C * sizeof(float),

@@ -191,10 +191,10 @@ __global__ void swiglu_forward_shifted_kernel(T* out, const T* gate_up, int64_t 
   const SpanPart s = span_part<T>(F);
   for (int64_t n = blockIdx.y; n < N; n += gridDim.y) {
     const T* g = gate_up + n * ld.gate_up;
-    float gf[P];
-    load_partial(g, s.f0, s.valid, gf);  // issued with the window's loads: one wait a row, not two
     load_window(up, g, F + s.span, s.up_end);
     __syncthreads();
+    float gf[P];
+    load_partial(g, s.f0, s.valid, gf);
     T o[P];
 #pragma unroll
     for (int k = 0; k < P; ++k) o[k] = from_float<T>(op_math::swiglu(gf[k], sigmoid(gf[k]), k < s.valid ? to_float(up[s.at + k]) : 0.0f));
@@ -213,11 +213,11 @@ __global__ void
   for (int64_t n = blockIdx.y; n < N; n += gridDim.y) {
     const T* g = gate_up + n * ld.gate_up;
     T* dg = dgate_up + n * ld.dgate_up;
-    float gf[P], df[P];
-    load_partial(g, s.f0, s.valid, gf);  // issued with the window's loads: one wait a row, not two
-    load_partial(dout + n * ld.dout, s.f0, s.valid, df);
     load_window(up, g, F + s.span, s.up_end);
     __syncthreads();
+    float gf[P], df[P];
+    load_partial(g, s.f0, s.valid, gf);
+    load_partial(dout + n * ld.dout, s.f0, s.valid, df);
     T dgv[P], ov[P];
 #pragma unroll
     for (int k = 0; k < P; ++k) {

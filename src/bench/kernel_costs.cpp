@@ -155,11 +155,11 @@ class CostRecorder final : public Backend, public OptimizerKernels {
     if (N > 0) add("rmsnorm_forward", CostUnit::Memory, 1, N * C * (s_of(x) + s_of(out)) + C * s_of(w) + 4.0 * N, 4.0 * N * C);
   }
   // Rows: dout (FP32) and x read, dx (FP32) written (and read when accumulating), its rounded copy
-  // written where asked, each block's dw partial written; then the partials of its blocks
-  // (cuda_scratch::rmsnorm_backward_blocks) summed into dw.
+  // written where asked, each block's dw partial written; then the partials of min(N, 256) blocks
+  // summed into dw.
   void rmsnorm_backward(float*, Buf dx_copy, Buf dw, const float*, Buf x, Buf w, const float*, int64_t N, int64_t C, bool accumulate_dx) override {
     if (N == 0) return;
-    const double P = static_cast<double>(cuda_scratch::rmsnorm_backward_blocks(N));
+    const double P = static_cast<double>(std::min(N, cuda_scratch::kRmsnormBackwardBlocks));
     const double per_element = 8.0 + s_of(x) + (accumulate_dx ? 4.0 : 0.0) + (dx_copy.ptr ? s_of(dx_copy) : 0.0);
     add("rmsnorm_backward_rows", CostUnit::Memory, 1, N * C * per_element + C * s_of(w) + 4.0 * N + 4.0 * P * C, 8.0 * N * C);
     add("rmsnorm_backward_dw", CostUnit::Memory, 1, 4.0 * P * C + 2.0 * C * s_of(dw), P * C);
