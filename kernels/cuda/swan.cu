@@ -26,8 +26,9 @@
 //   - the skip flag: every apply kernel reads the update's statistics and changes nothing when they
 //     say skip; the statistics kernel then counts nothing.
 // whitening=eigh takes the exact path for every matrix the same way.
-// Cost per step: 3 batched GEMMs of B x 2 k^3 FLOPs (the first step 1: Z0 = I); the Gram matrix and U: 2 m n k FLOPs each; the
-// element-wise passes read and write k^2 floats per matrix (cost model: src/bench/kernel_costs.cpp).
+// Cost per step: 3 batched GEMMs of B x 2 k^3 FLOPs (the first step 1: Z0 = I); the Gram matrix and
+// U: 2 m n k FLOPs each; the element-wise passes read and write k^2 floats per matrix (cost model:
+// src/bench/kernel_costs.cpp).
 #include <cmath>
 #include <vector>
 

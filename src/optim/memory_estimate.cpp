@@ -50,7 +50,7 @@ std::vector<GemmCall> cuda_training_gemm_calls(const ModelConfig& m, int64_t BT,
   const int64_t a = dtype_bytes(act), g = dtype_bytes(grad);
   const int layers = static_cast<int>(m.num_hidden_layers);
   std::vector<GemmCall> calls;
-  // One call, or `count` more of the call just added (the loss head's row chunks repeat theirs).
+  // A call, or `count` more of one already added under its name and shape (the loss head's row chunks repeat theirs).
   auto add = [&](const std::string& name, int count, const GemmShape& s, int64_t out, bool a_mlp = false, bool b_mlp = false,
                  bool out_mlp = false) {
     GemmCall c{name, count, s.M, s.N, s.K, s.trans_a, s.trans_b, s.accumulate, a, out, a_mlp, b_mlp, out_mlp};
