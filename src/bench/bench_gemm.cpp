@@ -136,15 +136,18 @@ void bench_gemm(const GemmBenchOptions& o) {
                 "aligned", "TFLOP/s", "ms/step");
   }
   std::fflush(stdout);
-  double step_s = 0, aligned_step_s = 0, step_flops = 0;
-  for (const GemmCall& c : list) {
+  double step_s = 0, aligned_step_s = 0, step_flops = 0;  // the model's calls only (after --shapes' products)
+  for (size_t i = 0; i < list.size(); ++i) {
+    const GemmCall& c = list[i];
+    const double in_step = i >= o.shapes.size() ? 1.0 : 0.0;
     GemmCall padded = c;
     padded.M = round_up(c.M, 64), padded.N = round_up(c.N, 64), padded.K = round_up(c.K, 64);
     padded.a_mlp = padded.b_mlp = padded.out_mlp = false;
     const Timing t = time_call(*be, c, layout, o);
     const Timing ta = time_call(*be, padded, dense, o);
     const double f = tflops(c, t.seconds), fa = tflops(padded, ta.seconds);
-    step_s += c.count * t.seconds, aligned_step_s += c.count * ta.seconds, step_flops += c.count * 2.0 * c.M * c.N * c.K;
+    step_s += in_step * c.count * t.seconds, aligned_step_s += in_step * c.count * ta.seconds;
+    step_flops += in_step * c.count * 2.0 * c.M * c.N * c.K;
     const std::string ops = std::string(c.ta ? "t" : "n") + (c.tb ? "t" : "n");
     if (o.json) {
       std::printf("%s\n", json{{"product", c.name}, {"count", c.count}, {"m", c.M}, {"n", c.N}, {"k", c.K}, {"ops", ops}, {"accumulate", c.accumulate},
