@@ -67,13 +67,18 @@ class Buffer {
     }
   }
   // rows x cols values as the dense buffer of the same seed has them, in rows of `ld` elements (the
-  // CUDA plan's padded MLP rows), the padding zero.
-  Buffer(Backend& be, int64_t rows, int64_t cols, int64_t ld, DType t, uint32_t seed, float scale = 1.0f) : Buffer(be, rows * ld, t) {
+  // CUDA plan's padded MLP rows), the padding zero; with `up`, a [gate | up] row's second half from
+  // column `up` on (cuda_scratch::mlp_up_column).
+  Buffer(Backend& be, int64_t rows, int64_t cols, int64_t ld, DType t, uint32_t seed, float scale = 1.0f, int64_t up = 0) : Buffer(be, rows * ld, t) {
+    const int64_t s = dtype_bytes(t), half = up ? cols / 2 : cols;
     std::vector<float> f(cols);
     std::vector<bf16> h(cols);
     for (int64_t r = 0; r < rows; ++r) {
       for (int64_t c = 0; c < cols; ++c) f[c] = value_at(r * cols + c, seed, scale), h[c] = to_bf16(f[c]);
-      be.to_device(static_cast<char*>(p_) + r * ld * dtype_bytes(t), t == DType::F32 ? static_cast<void*>(f.data()) : h.data(), cols * dtype_bytes(t));
+      char* row = static_cast<char*>(p_) + r * ld * s;
+      const char* values = t == DType::F32 ? reinterpret_cast<const char*>(f.data()) : reinterpret_cast<const char*>(h.data());
+      be.to_device(row, values, half * s);
+      if (up) be.to_device(row + up * s, values + half * s, half * s);
     }
   }
   ~Buffer() { be_.release(p_); }
@@ -94,12 +99,17 @@ class Buffer {
     return out;
   }
   std::vector<float> all() const { return get(0, n_); }
-  // Rows [r, r + count) of `cols` values from rows of `ld` elements, dense.
-  std::vector<float> rows(int64_t r, int64_t count, int64_t cols, int64_t ld) const {
+  // Rows [r, r + count) of `cols` values from rows of `ld` elements, dense; with `up`, [gate | up]
+  // rows whose second half starts at column `up`.
+  std::vector<float> rows(int64_t r, int64_t count, int64_t cols, int64_t ld, int64_t up = 0) const {
+    const int64_t half = up ? cols / 2 : cols;
     std::vector<float> out;
     for (int64_t i = r; i < r + count; ++i) {
-      const std::vector<float> row = get(i * ld, cols);
+      const std::vector<float> row = get(i * ld, half);
       out.insert(out.end(), row.begin(), row.end());
+      if (!up) continue;
+      const std::vector<float> second = get(i * ld + up, half);
+      out.insert(out.end(), second.begin(), second.end());
     }
     return out;
   }
@@ -251,12 +261,13 @@ TEST_F(LargeShapes, AttentionForTheFirstAndLastHeadOfTheBatch) {
 }
 
 // SwiGLU as llama_1b trains it on a GPU: the CUDA plan's 128-byte rows (gate_up 10944 elements,
-// s and ds 5504), where the up half starts 5 elements off a 16-byte pack in every row.
+// its up half from column 5464, s and ds 5504), each row's last pack 5 of its 8 elements.
 TEST_F(LargeShapes, SwiGluOnEightThousandByFiveThousandFourHundredSixtyOneInPaddedRows) {
-  constexpr int64_t kLdGateUp = 10944, kLdF = 5504;
-  ASSERT_EQ(cuda_scratch::gemm_staged_ld(2 * kF, 2), kLdGateUp);  // the plan's rows (activation_plan.cpp)
+  constexpr int64_t kLdGateUp = 10944, kLdF = 5504, kUp = 5464;
+  ASSERT_EQ(cuda_scratch::mlp_gate_up_ld(kF, 2), kLdGateUp);  // the plan's rows (activation_plan.cpp)
+  ASSERT_EQ(cuda_scratch::mlp_up_column(kF, kLdGateUp, 2), kUp);
   ASSERT_EQ(cuda_scratch::gemm_staged_ld(kF, 2), kLdF);
-  Buffer gc(*cpu, kBT * 2 * kF, DType::BF16, 8, 2.0f), gg(*cuda, kBT, 2 * kF, kLdGateUp, DType::BF16, 8, 2.0f);
+  Buffer gc(*cpu, kBT * 2 * kF, DType::BF16, 8, 2.0f), gg(*cuda, kBT, 2 * kF, kLdGateUp, DType::BF16, 8, 2.0f, kUp);
   Buffer oc(*cpu, kBT * kF, DType::BF16), og(*cuda, kBT * kLdF, DType::BF16);
   const Buf gate_up{gg.buf().ptr, DType::BF16, kLdGateUp}, out{og.buf().ptr, DType::BF16, kLdF};
   cpu->swiglu_forward(oc.buf(), gc.buf(), kBT, kF);
@@ -267,8 +278,11 @@ TEST_F(LargeShapes, SwiGluOnEightThousandByFiveThousandFourHundredSixtyOneInPadd
   cpu->swiglu_backward(dgc.buf(), Buf{nullptr, DType::BF16}, dc.buf(), gc.buf(), kBT, kF);
   cuda->swiglu_backward(Buf{dgg.buf().ptr, DType::BF16, kLdGateUp}, Buf{nullptr, DType::BF16}, Buf{dg.buf().ptr, DType::BF16, kLdF}, gate_up,
                         kBT, kF);
-  EXPECT_TRUE(close(dgg.rows(kBT - 4, 4, 2 * kF, kLdGateUp), dgc.get((kBT - 4) * 2 * kF, 4 * 2 * kF), kBf16)) << "the last rows";
-  EXPECT_TRUE(close(dgg.rows(0, kBT, 2 * kF, kLdGateUp), dgc.all(), kBf16));
+  EXPECT_TRUE(close(dgg.rows(kBT - 4, 4, 2 * kF, kLdGateUp, kUp), dgc.get((kBT - 4) * 2 * kF, 4 * 2 * kF), kBf16)) << "the last rows";
+  EXPECT_TRUE(close(dgg.rows(0, kBT, 2 * kF, kLdGateUp, kUp), dgc.all(), kBf16));
+  // between the halves and past them, the zeros allocate() wrote (SwiGLUOverPaddedRowsOffAPack plants sentinels there)
+  EXPECT_EQ(dgg.get(kF, kUp - kF), std::vector<float>(kUp - kF, 0.0f));
+  EXPECT_EQ(dgg.get((kBT - 1) * kLdGateUp + kUp + kF, kLdGateUp - kUp - kF), std::vector<float>(kLdGateUp - kUp - kF, 0.0f));
 }
 
 TEST_F(LargeShapes, CrossEntropyOnEightThousandRowsOfThirtyTwoThousandLogits) {

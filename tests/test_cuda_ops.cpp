@@ -174,10 +174,11 @@ TEST_P(CudaVsCpu, GemmOperandsOffSixteenBytesAreStagedThroughAlignedRows) {
 }
 
 // The CUDA plan pads the MLP's activations (gate_up, swiglu and their gradients) to 128-byte rows
-// where their width is off 16 bytes (ActivationLayout::pad_mlp_rows), so their GEMMs and SwiGLU take
-// them as they are: at F = 41 only the down projection's weight (rows of F) is staged, once in each
-// of its three GEMMs and its gradient back; the CPU's plan stays dense; both give the same training
-// step (ModelForwardBackwardMatchesTheCpuBackend compares them at F = 86).
+// where F's rows are off 16 bytes (ActivationLayout::pad_mlp_rows), gate_up's up half on a 16-byte
+// pack, so their GEMMs (the gate/up projection's by halves: Linear::halves) and SwiGLU take them as
+// they are: at F = 41 only the down projection's weight (rows of F) is staged, once in each of its
+// three GEMMs and its gradient back; the CPU's plan stays dense; both give the same training step
+// (ModelForwardBackwardMatchesTheCpuBackend compares them at F = 86).
 TEST_P(CudaVsCpu, PaddedMlpRowsLeaveOnlyTheDownWeightStaged) {
   ModelConfig cfg;
   cfg.name = "padded_mlp";
@@ -206,25 +207,34 @@ TEST_P(CudaVsCpu, PaddedMlpRowsLeaveOnlyTheDownWeightStaged) {
   cuda->set_profiling(true);
   cuda->take_profile();
   const LossSum lg = mg.forward_backward({tokens.data(), targets.data(), nullptr, B, T}, 1.0f / (B * T));
-  int64_t copies = 0;
-  for (const KernelTime& k : cuda->take_profile())
+  int64_t copies = 0, packed_swiglu = 0, elementwise_swiglu = 0;
+  for (const KernelTime& k : cuda->take_profile()) {
     if (k.name == "copy_rows") copies += k.launches;
+    if (k.name == "swiglu_forward" || k.name == "swiglu_backward") packed_swiglu += k.launches;
+    if (k.name.find("swiglu") != std::string::npos && k.name.find("elementwise") != std::string::npos) elementwise_swiglu += k.launches;
+  }
   cuda->set_profiling(false);
   // per layer: W_down in the forward and the input gradient, dW_down in and back
   EXPECT_EQ(copies, 4 * cfg.num_hidden_layers);
+  // SwiGLU in 16-byte packs over the padded rows (cuda_scratch::swiglu_packed), forward and backward a layer
+  EXPECT_EQ(packed_swiglu, 2 * cfg.num_hidden_layers);
+  EXPECT_EQ(elementwise_swiglu, 0);
   const LossSum lc = mc.forward_backward({tokens.data(), targets.data(), nullptr, B, T}, 1.0f / (B * T));
   EXPECT_NEAR(lg.mean(), lc.mean(), 2e-3 * lc.mean());  // BF16 activations: the model test's bound
   // The padding still holds zeros after a forward and backward pass (Buf::ld: the GEMMs run over it,
   // cuda_scratch::gemm_extents), though the emulated device memory starts as NaN.
+  // gate_up's rows: gate in [0, 41), up in [48, 89) (its first 16-byte pack from 41), zeros elsewhere.
   for (const char* name : {"layers.0.gate_up", "layers.1.gate_up", "swiglu", "d_swiglu", "d_gate_up"}) {
     const BufferSpec& spec = mg.activation_plan().find(name);
     std::vector<uint16_t> rows(static_cast<size_t>(spec.elements));
     cuda->to_host(rows.data(), mg.activation(name).ptr, spec.bytes());
-    const int64_t width = std::string(name).find("gate_up") != std::string::npos ? 82 : 41;
-    int64_t nonzero = 0;
+    const bool gate_up = std::string(name).find("gate_up") != std::string::npos;
+    auto value = [&](int64_t c) { return c < 41 || (gate_up && c >= 48 && c < 89); };
+    int64_t nonzero = 0, values = 0;
     for (int64_t r = 0; r < B * T; ++r)
-      for (int64_t c = width; c < spec.ld; ++c) nonzero += rows[static_cast<size_t>(r * spec.ld + c)] != 0;
+      for (int64_t c = 0; c < spec.ld; ++c) (value(c) ? values : nonzero) += rows[static_cast<size_t>(r * spec.ld + c)] != 0;
     EXPECT_EQ(nonzero, 0) << name;
+    EXPECT_GT(values, B * T * (gate_up ? 82 : 41) * 9 / 10) << name;  // the values are where the layout says (a few may round to 0)
   }
   // The down projection's GEMMs read that padding (they run over it): NaN planted there reaches the loss.
   const BufferSpec& s = mg.activation_plan().find("swiglu");
@@ -248,19 +258,19 @@ TEST(GemmExtents, WidenKAndNOnlyWhereEveryOperandCarryingThemIsPadded) {
   EXPECT_EQ(extents(T, F, C, false, false, 0, 0, Fp).N, Fp);  // Wd staged, ds padded
   EXPECT_EQ(extents(C, F, T, true, false, 0, Fp, 0).N, Fp);   // s padded, dWd staged
   EXPECT_EQ(extents(C, 5461, T, true, false, 0, 5504, 0, 4).N, 5472);  // an FP32 gradient's 128-byte rows (32 floats) bound it
-  // the gate/up projection: W [2F, C] has 2F rows, never more: nothing widened
-  const cs::GemmExtents g1 = extents(T, 2 * F, C, false, true, 0, 0, 128), g2 = extents(T, C, 2 * F, false, false, 128, 0, 0),
-                        g3 = extents(2 * F, C, T, true, false, 128, 0, 0);
-  EXPECT_EQ(g1.N, 2 * F);
-  EXPECT_EQ(g2.K, 2 * F);
+  // a half of the gate/up projection (Linear::halves): W's F rows, never more: nothing widened
+  const cs::GemmExtents g1 = extents(T, F, C, false, true, 0, 0, 128), g2 = extents(T, C, F, false, false, 128, 0, 0),
+                        g3 = extents(F, C, T, true, false, 128, 0, 0);
+  EXPECT_EQ(g1.N, F);
+  EXPECT_EQ(g2.K, F);
   EXPECT_EQ(g3.N, C);
   EXPECT_EQ(g3.K, T);
   // aligned widths: as they are
   EXPECT_EQ(extents(T, C, 40, false, true, 64, 64, 0).K, 40);
 }
 
-// An extent off whole 16-byte packs of the inputs (llama_1b's gate/up weight of 10922 rows) runs as
-// a bulk of whole packs and a rest; K only into an FP32 output. The parts tile the product.
+// An extent off whole 16-byte packs of the inputs (llama_1b's gate/up weight's halves of 5461 rows)
+// runs as a bulk of whole packs and a rest; K only into an FP32 output. The parts tile the product.
 TEST(GemmParts, ExtentsOffWholePacksSplitIntoABulkAndARest) {
   namespace cs = cuda_scratch;
   auto parts = [](int64_t M, int64_t N, int64_t K, int64_t in, int64_t out) {
@@ -270,15 +280,15 @@ TEST(GemmParts, ExtentsOffWholePacksSplitIntoABulkAndARest) {
   auto same = [](const cs::GemmPart& x, const cs::GemmPart& y) {
     return x.m0 == y.m0 && x.m == y.m && x.n0 == y.n0 && x.n == y.n && x.k0 == y.k0 && x.k == y.k;
   };
-  // llama_1b's gate/up projection at 32 x 256: forward (N), input gradient (K, FP32), weight gradient (M)
-  const auto fwd = parts(8192, 10922, 2048, 2, 2), dx = parts(8192, 2048, 10922, 2, 4), dw = parts(10922, 2048, 8192, 2, 2);
+  // a half of llama_1b's gate/up projection at 32 x 256: forward (N), input gradient (K, FP32), weight gradient (M)
+  const auto fwd = parts(8192, 5461, 2048, 2, 2), dx = parts(8192, 2048, 5461, 2, 4), dw = parts(5461, 2048, 8192, 2, 2);
   ASSERT_EQ(fwd.size(), 2u);
-  EXPECT_TRUE(same(fwd[0], {0, 8192, 0, 10920, 0, 2048}) && same(fwd[1], {0, 8192, 10920, 2, 0, 2048}));
+  EXPECT_TRUE(same(fwd[0], {0, 8192, 0, 5456, 0, 2048}) && same(fwd[1], {0, 8192, 5456, 5, 0, 2048}));
   ASSERT_EQ(dx.size(), 2u);
-  EXPECT_TRUE(same(dx[0], {0, 8192, 0, 2048, 0, 10920}) && same(dx[1], {0, 8192, 0, 2048, 10920, 2}));
+  EXPECT_TRUE(same(dx[0], {0, 8192, 0, 2048, 0, 5456}) && same(dx[1], {0, 8192, 0, 2048, 5456, 5}));
   ASSERT_EQ(dw.size(), 2u);
-  EXPECT_TRUE(same(dw[0], {0, 10920, 0, 2048, 0, 8192}) && same(dw[1], {10920, 2, 0, 2048, 0, 8192}));
-  EXPECT_EQ(parts(8192, 2048, 10922, 2, 2).size(), 1u);  // K into a BF16 output: not split (two roundings)
+  EXPECT_TRUE(same(dw[0], {0, 5456, 0, 2048, 0, 8192}) && same(dw[1], {5456, 5, 0, 2048, 0, 8192}));
+  EXPECT_EQ(parts(8192, 2048, 5461, 2, 2).size(), 1u);  // K into a BF16 output: not split (two roundings)
   EXPECT_EQ(parts(5, 7, 3, 2, 4).size(), 1u);            // every extent under a pack
   EXPECT_EQ(parts(8192, 2048, 2048, 2, 2).size(), 1u);   // whole packs
   EXPECT_EQ(parts(14, 8, 8, 4, 4).size(), 2u);           // FP32 inputs: packs of 4 (12 + 2)
@@ -525,58 +535,65 @@ TEST_P(CudaVsCpu, SwiGLUForwardBackward) {
     }
 }
 
-// Rows whose strides are whole 16-byte packs but whose width F is not (the plan's padded MLP rows at
-// llama_1b's F = 5461): the up half starts r = F % P elements off a pack in every row, and the kernel
-// moves it (and dup) through shared memory as whole aligned packs. Against the CPU on dense rows, at
-// BF16 shifts 3, 1, 3, 6, 5 and FP32 shifts 3, 1, 3, 2, 1, a row in 1 to 6 spans of 256 packs (F = 3:
-// less than a pack); NaN planted in the inputs' padding (never used), a sentinel in the outputs' (never
-// written).
+// The plan's padded MLP rows where F is off 16-byte packs (llama_1b's F = 5461): gate_up and its
+// gradient as [gate | gap | up | padding], the up half from F rounded up to a pack
+// (cuda_scratch::mlp_up_column), s and ds in 128-byte rows; every row's last pack holds F % P of its
+// values (BF16: 3, 1, 3, 6, 5 of 8; FP32: 3, 1, 3, 2, 1 of 4; F = 3: less than a pack). Against the
+// CPU on dense rows; NaN planted in the inputs' padding (loaded with a row's last pack, never in a
+// result), a sentinel in the outputs' gap and padding (never written).
 TEST_P(CudaVsCpu, SwiGLUOverPaddedRowsOffAPack) {
+  namespace cs = cuda_scratch;
   const int64_t N = 3;
   for (DType t : kTypes)
     for (int64_t F : {3, 41, 2051, 4102, 5461}) {
       const int64_t s = dtype_bytes(t);
-      auto padded = [s](int64_t cols) { return (cols * s + 127) / 128 * 128 / s; };  // 128-byte rows
-      const int64_t lg = padded(2 * F), lf = padded(F);
-      // dense [N, cols] values into rows of `ld`, `fill` in the padding; and back
-      auto pad = [N](const Vec& dense, int64_t cols, int64_t ld, double fill) {
+      const int64_t lg = cs::mlp_gate_up_ld(F, s), lf = cs::gemm_staged_ld(F, s), up = cs::mlp_up_column(F, lg, s);
+      ASSERT_TRUE(cs::mlp_rows_padded(F, s) && up % (16 / s) == 0 && up >= F && up + F <= lg);
+      // dense [N, cols] values into rows of `ld` (a [gate | up] row's second half from column `at`), `fill` elsewhere; and back
+      auto pad = [N](const Vec& dense, int64_t cols, int64_t ld, double fill, int64_t at) {
+        const int64_t half = at ? cols / 2 : cols;
         Vec v(static_cast<size_t>(N * ld), fill);
-        for (int64_t n = 0; n < N; ++n) std::copy_n(dense.begin() + n * cols, cols, v.begin() + n * ld);
+        for (int64_t n = 0; n < N; ++n) {
+          std::copy_n(dense.begin() + n * cols, half, v.begin() + n * ld);
+          if (at) std::copy_n(dense.begin() + n * cols + half, half, v.begin() + n * ld + at);
+        }
         return v;
       };
-      auto unpad = [N](const Vec& rows, int64_t cols, int64_t ld) {
+      auto unpad = [N](const Vec& rows, int64_t cols, int64_t ld, int64_t at) {
+        const int64_t half = at ? cols / 2 : cols;
         Vec v(static_cast<size_t>(N * cols));
-        for (int64_t n = 0; n < N; ++n) std::copy_n(rows.begin() + n * ld, cols, v.begin() + n * cols);
+        for (int64_t n = 0; n < N; ++n) {
+          std::copy_n(rows.begin() + n * ld, half, v.begin() + n * cols);
+          if (at) std::copy_n(rows.begin() + n * ld + at, half, v.begin() + n * cols + half);
+        }
         return v;
       };
-      auto padding_holds = [N](const Vec& rows, int64_t cols, int64_t ld, double fill) {
-        for (int64_t n = 0; n < N; ++n)
-          for (int64_t c = cols; c < ld; ++c)
-            if (rows[static_cast<size_t>(n * ld + c)] != fill) return false;
-        return true;
+      // every element outside the values is `fill`
+      auto padding_holds = [N, &pad, &unpad](const Vec& rows, int64_t cols, int64_t ld, double fill, int64_t at) {
+        return pad(unpad(rows, cols, ld, at), cols, ld, fill, at) == rows;
       };
       const double kSentinel = 7.0;
       const Vec gu = random_vec(N * 2 * F, 1, 2.0), dout = random_vec(N * F, 2);
       Pair out(*cpu, *cuda, Vec(N * F, 0.0), t), dgu(*cpu, *cuda, Vec(N * 2 * F, 0.0), t), out2(*cpu, *cuda, Vec(N * F, 0.0), t);
       DeviceBuffer gu_c(*cpu, gu, t), dout_c(*cpu, dout, t);
-      DeviceBuffer gu_g(*cuda, pad(gu, 2 * F, lg, NAN), t), dout_g(*cuda, pad(dout, F, lf, NAN), t);
-      DeviceBuffer out_g(*cuda, pad(Vec(N * F, 0.0), F, lf, kSentinel), t), out2_g(*cuda, pad(Vec(N * F, 0.0), F, lf, kSentinel), t),
-          dgu_g(*cuda, pad(Vec(N * 2 * F, 0.0), 2 * F, lg, kSentinel), t);
+      DeviceBuffer gu_g(*cuda, pad(gu, 2 * F, lg, NAN, up), t), dout_g(*cuda, pad(dout, F, lf, NAN, 0), t);
+      DeviceBuffer out_g(*cuda, pad(Vec(N * F, 0.0), F, lf, kSentinel, 0), t), out2_g(*cuda, pad(Vec(N * F, 0.0), F, lf, kSentinel, 0), t),
+          dgu_g(*cuda, pad(Vec(N * 2 * F, 0.0), 2 * F, lg, kSentinel, up), t);
       auto rows = [](const DeviceBuffer& b, int64_t ld) { return Buf{b.buf().ptr, b.buf().dtype, ld}; };
       const std::string what = std::string(dtype_name(t)) + " F " + std::to_string(F);
 
       cpu->swiglu_forward(out.c.buf(), gu_c.buf(), N, F);
       cuda->swiglu_forward(rows(out_g, lf), rows(gu_g, lg), N, F);
-      EXPECT_TRUE(close(unpad(out_g.get(), F, lf), out.c.get(), tol(t))) << what;
-      EXPECT_TRUE(padding_holds(out_g.get(), F, lf, kSentinel)) << what;
+      EXPECT_TRUE(close(unpad(out_g.get(), F, lf, 0), out.c.get(), tol(t))) << what;
+      EXPECT_TRUE(padding_holds(out_g.get(), F, lf, kSentinel, 0)) << what;
 
       cpu->swiglu_backward(dgu.c.buf(), out2.c.buf(), dout_c.buf(), gu_c.buf(), N, F);
       cuda->swiglu_backward(rows(dgu_g, lg), rows(out2_g, lf), rows(dout_g, lf), rows(gu_g, lg), N, F);
-      EXPECT_TRUE(close(unpad(dgu_g.get(), 2 * F, lg), dgu.c.get(), tol(t))) << what;
-      EXPECT_TRUE(padding_holds(dgu_g.get(), 2 * F, lg, kSentinel)) << what;
+      EXPECT_TRUE(close(unpad(dgu_g.get(), 2 * F, lg, up), dgu.c.get(), tol(t))) << what;
+      EXPECT_TRUE(padding_holds(dgu_g.get(), 2 * F, lg, kSentinel, up)) << what;
       EXPECT_EQ(out2_g.get(), out_g.get()) << what;  // the recomputed forward: the forward's bits, padding included
       // without the recomputed forward: the same gradient
-      DeviceBuffer dgu2_g(*cuda, pad(Vec(N * 2 * F, 0.0), 2 * F, lg, kSentinel), t);
+      DeviceBuffer dgu2_g(*cuda, pad(Vec(N * 2 * F, 0.0), 2 * F, lg, kSentinel, up), t);
       cuda->swiglu_backward(rows(dgu2_g, lg), Buf{nullptr, t}, rows(dout_g, lf), rows(gu_g, lg), N, F);
       EXPECT_EQ(dgu2_g.get(), dgu_g.get()) << what;
     }

@@ -14,7 +14,8 @@
 //                         d_qkv [BT,3C]  swiglu [BT,F]  d_swiglu [BT,F]  d_gate_up [BT,2F]
 // "act" buffers are stored in the parameter dtype (bf16 or fp32). gate_up, swiglu, d_swiglu and
 // d_gate_up have rows padded to 128 bytes where the backend asks (ActivationLayout::pad_mlp_rows)
-// and their width is off 16 bytes.
+// and F's rows are off 16 bytes; gate_up's and d_gate_up's up half then starts on a 16-byte pack
+// (cuda_scratch::mlp_up_column).
 //
 // A backend whose fused kernels never touch a buffer says so (Backend::activation_layout) and the
 // plan leaves it out: with the loss head fused, logits keeps min(R, kFusedLogitsRows) rows, for the

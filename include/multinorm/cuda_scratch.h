@@ -4,6 +4,7 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 #include <vector>
 
 namespace multinorm::cuda_scratch {
@@ -47,6 +48,35 @@ inline GemmStaging gemm_staging(int64_t M, int64_t N, int64_t K, bool trans_a, b
   return {operand(trans_a ? K : M, trans_a ? M : K, a_stride, in_bytes, a_address),
           operand(trans_b ? N : K, trans_b ? K : N, b_stride, in_bytes, b_address), operand(M, N, out_stride, out_bytes, out_address)};
 }
+// The MLP's activations where their rows of F are off 16 bytes (llama_1b's F = 5461): the CUDA plan
+// pads them (ActivationLayout::pad_mlp_rows), swiglu and its gradient [rows, F] to 128-byte rows,
+// gate_up and its gradient [rows, 2F] as [gate | zeros | up | zeros]: the up half starts at F rounded
+// up to a 16-byte pack, so both halves' rows start on 16 bytes. SwiGLU then moves whole packs (on an
+// H200, 2026-11-28, with up 5 elements off a pack: 2.98 + 6.96 ms a llama_1b micro-batch, where the
+// packed kernel took 2.17 + 4.41 at F = 5504 on an H100, a GPU of 0.7x the bandwidth), and the gate/up
+// projection runs as two GEMMs of F rows of its weight, one per half (Linear). Dense rows (ld 0):
+// up at F.
+inline bool mlp_rows_padded(int64_t F, int64_t element_bytes) { return gemm_operand_staged(F, element_bytes, 0); }
+inline int64_t mlp_up_column(int64_t F, int64_t ld, int64_t element_bytes) {
+  const int64_t pack = 16 / element_bytes;
+  return ld ? (F + pack - 1) / pack * pack : F;
+}
+inline int64_t mlp_gate_up_ld(int64_t F, int64_t element_bytes) { return gemm_staged_ld(mlp_up_column(F, 1, element_bytes) + F, element_bytes); }
+// SwiGLU (swiglu.cu) moves 16-byte packs where every array it touches has its rows (and the gate/up
+// arrays both halves) on 16 bytes, and a row's last pack, loaded whole, inside the row's stride;
+// anything else runs an element a thread, in launches named "..._elementwise" (a profile shows which
+// ran). One rule for the launchers and the cost model. An array: its base, row stride and a column
+// the kernel reads a pack at (0, or the up half's).
+struct SwigluArray {
+  uintptr_t address;
+  int64_t stride, column;
+};
+inline bool swiglu_packed(int64_t F, int64_t element_bytes, std::initializer_list<SwigluArray> arrays) {
+  const int64_t pack = 16 / element_bytes, last = (F + pack - 1) / pack * pack;
+  for (const SwigluArray& a : arrays)
+    if (a.address % 16 != 0 || a.stride % pack != 0 || a.column % pack != 0 || a.column + last > a.stride) return false;
+  return true;
+}
 // The extents a GEMM runs over. cuBLASLt's fast kernels also want the dimensions that are an
 // operand's rows' length to be multiples of 16 bytes, whatever the row stride: on an H100
 // (2026-11-27, torch.mm, T 8192, C 2048) the down projection's forward ran at 70 TFLOP/s with K = 5461
@@ -69,8 +99,9 @@ inline GemmExtents gemm_extents(const GemmStaging& st, int64_t N, int64_t K, boo
 // cuBLASLt's fast kernels also want every extent a whole number of 16-byte packs of the inputs
 // (8 BF16), whatever the rows: on an H200 (2026-11-28, `bench gemm`, every operand's rows and base
 // aligned) llama_1b's gate/up projection, whose weight has 2F = 10922 rows, ran at 215-392 TFLOP/s
-// with M, N or K = 10922 and at 660-725 with 10944. An extent that gemm_extents does not widen and
-// that is off whole packs runs as two GEMMs: the bulk, whole packs, and the rest (under a pack).
+// with M, N or K = 10922 and at 660-725 with 10944 (it now runs by halves, F = 5461 rows each: such
+// extents too). An extent that gemm_extents does not widen and that is off whole packs runs as two
+// GEMMs: the bulk, whole packs, and the rest (under a pack).
 // M and N split the output, each element still one FP32 sum over all of K, rounded to the output
 // once (though the parts may run other cuBLASLt kernels, and a GPU's in-place BF16 accumulation
 // rounds the product first on some: tests/test_cuda_ops.cpp). K splits only into an FP32 output,

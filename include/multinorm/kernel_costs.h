@@ -55,8 +55,8 @@ StepCosts record_step_costs(const RunConfig& run, DType dtype, int64_t B, int64_
 std::string staged_gemm_widths(const ModelConfig& m, DType dtype);
 // What the CUDA backend does with them, for the line that lists them (doctor, bench model).
 constexpr const char* kStagedGemmWidthsNote =
-    "the MLP's activations padded to 128-byte rows, weights staged by copy_rows, the down projection's GEMMs run over the zero padding, "
-    "the gate/up projection's (2F rows) as a bulk of whole 16-byte packs and a rest";
+    "the MLP's activations padded to 128-byte rows with the up half on a 16-byte pack, weights staged by copy_rows, the down projection's "
+    "GEMMs run over the zero padding, the gate/up projection's by halves (F rows of the weight each), each a bulk of whole 16-byte packs and a rest";
 
 // The fractions of peak the roofline assumes: stated, not measured (docs/cuda.md gives the sources).
 struct RooflineAssumptions {

@@ -8,12 +8,15 @@
 // and, for the MLP, the forms with SwiGLU fused where a backend fuses it (the gate/up projection's
 // forward, the down projection's backward_input). Layout and precision are decided here and in the
 // backend behind it (the CUDA backend stages rows off 16 bytes through 128-byte rows:
-// cuda_scratch::gemm_staging); gemms() lists the shapes for the memory plan and the cost model.
+// cuda_scratch::gemm_staging; the gate/up projection over the CUDA plan's padded rows runs by halves,
+// gate and up each a GEMM: halves()); gemms() lists the logical shapes (the FLOPs, the CPU's GEMMs).
 #pragma once
 #include <array>
 #include <cstdint>
 
 #include "multinorm/backend.h"
+#include "multinorm/cuda_scratch.h"
+#include "multinorm/error.h"
 
 namespace multinorm {
 
@@ -30,23 +33,51 @@ struct GemmShape {
 struct Linear {
   Buf w, dw;  // the weight [out, in] and its gradient (the gradient arena's dtype)
   int64_t in = 0, out = 0;
+  bool gated = false;  // the gate/up projection: W = [gate; up], out = 2F
 
-  void forward(Backend& be, Buf y, Buf x, int64_t N) const { be.matmul(y, x, w, N, out, in, false, true, false); }
+  void forward(Backend& be, Buf y, Buf x, int64_t N) const {
+    if (!halves(y)) return be.matmul(y, x, w, N, out, in, false, true, false);
+    be.matmul(y, x, w, N, half(), in, false, true, false);                           // gate = x Wgate^T
+    be.matmul(up_half(y), x, w.at(half() * in), N, half(), in, false, true, false);  // up = x Wup^T
+  }
   // A residual connection's projection: y = r + x W^T, r kept as it was (Backend::matmul_residual).
   void forward_residual(Backend& be, Buf y, Buf r, Buf x, int64_t N) const { be.matmul_residual(y, r, x, w, N, out, in, false, true); }
   // The gate/up projection (out = 2F): y = [gate | up] = x W^T, then s[N, F] = silu(gate) * up.
-  void forward_swiglu(Backend& be, Buf s, Buf y, Buf x, int64_t N) const { be.matmul_swiglu(s, y, x, w, N, out / 2, in); }
+  void forward_swiglu(Backend& be, Buf s, Buf y, Buf x, int64_t N) const {
+    if (!halves(y)) return be.matmul_swiglu(s, y, x, w, N, half(), in);
+    forward(be, y, x, N);
+    be.swiglu_forward(s, y, N, half());
+  }
   // The loss head (out = V): the logits and their cross-entropy, dlogits when given (Backend::linear_cross_entropy).
   void forward_cross_entropy(Backend& be, float* losses, Buf dlogits, Buf logits, Buf x, const int32_t* targets, const uint8_t* mask,
                              int64_t N, float grad_scale) const {
     be.linear_cross_entropy(losses, dlogits, logits, x, w, targets, mask, N, out, in, grad_scale);
   }
-  void backward_input(Backend& be, Buf dx, Buf dy, int64_t N) const { be.matmul(dx, dy, w, N, in, out, false, false, false); }
+  // dx = dy W; by halves, dx = dgate Wgate + dup Wup, the second added in FP32 (a BF16 dx would be
+  // rounded twice, and no plan asks for one).
+  void backward_input(Backend& be, Buf dx, Buf dy, int64_t N) const {
+    if (!halves(dy)) return be.matmul(dx, dy, w, N, in, out, false, false, false);
+    if (dx.dtype != DType::F32) throw Error("Linear: the gate/up projection's input gradient by halves needs an FP32 output");
+    be.matmul(dx, dy, w, N, in, half(), false, false, false);
+    be.matmul(dx, up_half(dy), w.at(half() * in), N, in, half(), false, false, true);
+  }
   // The down projection (in = F): ds = dy W, then SwiGLU's backward into dgate_up, s recomputed.
   void backward_input_swiglu(Backend& be, Buf dgate_up, Buf s, Buf ds, Buf dy, Buf gate_up, int64_t N) const {
     be.matmul_swiglu_backward(dgate_up, s, ds, dy, w, gate_up, N, in, out);
   }
-  void backward_weight(Backend& be, Buf dy, Buf x, int64_t N) const { be.matmul(dw, dy, x, out, in, N, true, false, true); }
+  void backward_weight(Backend& be, Buf dy, Buf x, int64_t N) const {
+    if (!halves(dy)) return be.matmul(dw, dy, x, out, in, N, true, false, true);
+    be.matmul(dw, dy, x, half(), in, N, true, false, true);                           // dWgate += dgate^T x
+    be.matmul(dw.at(half() * in), up_half(dy), x, half(), in, N, true, false, true);  // dWup += dup^T x
+  }
+
+  // Whether a gated projection's [gate | up] activation y (or its gradient) holds its up half apart
+  // from the gate's, on a 16-byte pack (the CUDA plan's padded rows: cuda_scratch::mlp_up_column):
+  // then each half is a GEMM of its own over F rows of W, each with every operand aligned.
+  bool halves(const Buf& y) const { return gated && up_column(y) != half(); }
+  int64_t half() const { return out / 2; }
+  int64_t up_column(const Buf& y) const { return cuda_scratch::mlp_up_column(half(), y.ld, dtype_bytes(y.dtype)); }
+  Buf up_half(const Buf& y) const { return y.at(up_column(y)); }
 
   // The three GEMMs of a projection of `in` to `out` over N rows, `count` of them a step: forward,
   // backward_input, backward_weight. swiglu_forward / swiglu_input mark the fused forms.

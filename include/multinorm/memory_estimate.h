@@ -53,7 +53,7 @@ struct GemmCall {
   int64_t M, N, K;
   bool ta, tb, accumulate;
   int64_t in, out;
-  bool a_mlp = false, b_mlp = false, out_mlp = false;  // an MLP activation: rows padded where the plan pads them
+  int64_t a_ld = 0, b_ld = 0, out_ld = 0;  // an MLP activation's row stride in the CUDA plan's padded rows (0: dense)
 };
 // The model's projections' (Linear::gemms: forward, input gradient, weight gradient) with their
 // outputs' element sizes (an activation, an FP32 input gradient, the gradient arena's), the loss
@@ -61,8 +61,8 @@ struct GemmCall {
 // aligned, as the model's buffers are where hidden_size x element bytes is a multiple of 16. Exact
 // against the backend (tests/test_memory.cpp, with a misaligned MLP width).
 std::vector<GemmCall> cuda_training_gemm_calls(const ModelConfig& m, int64_t BT, DType act, DType grad);
-// A call's operands as stored (the MLP's activations' rows padded where `layout` pads them) and what
-// the backend stages of them (cuda_scratch::gemm_staging).
+// A call's operands as stored (the MLP's activations' rows padded where `layout` pads them: the
+// call's strides, else dense) and what the backend stages of them (cuda_scratch::gemm_staging).
 cuda_scratch::GemmStaging cuda_gemm_call_staging(const GemmCall& c, const ActivationLayout& layout);
 
 // The CUDA backend's device scratch after a training step (include/multinorm/cuda_scratch.h: cuBLASLt's

@@ -132,7 +132,7 @@ class CudaBackend final : public Backend {
   // (cuda_scratch::gemm_staging): a and b copied in, out copied in when accumulating and back after.
   // A padded operand (Buf::ld) is taken as it is. Where every operand carrying K (or N) as its rows'
   // length is padded, the GEMM runs over the padding, zeros (cuda_scratch::gemm_extents). An extent
-  // still off whole 16-byte packs (a weight of 10922 rows) runs as a bulk and a rest
+  // still off whole 16-byte packs (the gate/up weight's halves of 5461 rows) runs as a bulk and a rest
   // (cuda_scratch::gemm_parts).
   void matmul(Buf out, Buf a, Buf b, int64_t M, int64_t N, int64_t K, bool ta, bool tb, bool acc) override {
     gemm(out, nullptr, a, b, M, N, K, ta, tb, acc);
@@ -215,7 +215,9 @@ class CudaBackend final : public Backend {
     same_dtype({out, gate_up}, "swiglu_forward");
     with_type(out.dtype, [&](auto* t) {
       using T = std::remove_pointer_t<decltype(t)>;
-      cuda::swiglu_forward(as<T>(out), as<T>(gate_up), N, F, {gate_up.stride(2 * F), out.stride(F), F, 2 * F}, q_->issue());
+      const int64_t s = sizeof(T);
+      cuda::swiglu_forward(as<T>(out), as<T>(gate_up), N, F,
+                           {gate_up.stride(2 * F), out.stride(F), F, 2 * F, cuda_scratch::mlp_up_column(F, gate_up.ld, s), F}, q_->issue());
     });
   }
   void swiglu_backward(Buf dgate_up, Buf out, Buf dout, Buf gate_up, int64_t N, int64_t F) override {
@@ -223,8 +225,11 @@ class CudaBackend final : public Backend {
     if (out.ptr) same_dtype({out, gate_up}, "swiglu_backward");
     with_type(dgate_up.dtype, [&](auto* t) {
       using T = std::remove_pointer_t<decltype(t)>;
+      const int64_t s = sizeof(T);
       cuda::swiglu_backward(as<T>(dgate_up), out.ptr ? as<T>(out) : nullptr, as<T>(dout), as<T>(gate_up), N, F,
-                            {gate_up.stride(2 * F), out.stride(F), dout.stride(F), dgate_up.stride(2 * F)}, q_->issue());
+                            {gate_up.stride(2 * F), out.stride(F), dout.stride(F), dgate_up.stride(2 * F), cuda_scratch::mlp_up_column(F, gate_up.ld, s),
+                             cuda_scratch::mlp_up_column(F, dgate_up.ld, s)},
+                            q_->issue());
     });
   }
   void cross_entropy(float* losses, Buf dlogits, const float* logits, const int32_t* targets, const uint8_t* mask, int64_t N, int64_t V,

@@ -69,9 +69,12 @@ template <class T>
 void rope(T* qkv, const float* cos_sin, int64_t B, int64_t T_, int64_t H, int64_t D, bool inverse, cudaStream_t stream);
 
 // ---- swiglu.cu -------------------------------------------------------------------------------------
-// Row strides in elements of SwiGLU's arrays (2F and F where dense; the CUDA plan pads rows off 16 bytes).
+// Row strides in elements of SwiGLU's arrays (2F and F where dense; the CUDA plan pads rows off 16
+// bytes), and the columns where gate_up's and dgate_up's up halves start (F where dense; a 16-byte
+// pack on in the plan's padded rows: cuda_scratch::mlp_up_column).
 struct SwigluStrides {
   int64_t gate_up, out, dout, dgate_up;
+  int64_t up, dup;
 };
 template <class T>
 void swiglu_forward(T* out, const T* gate_up, int64_t N, int64_t F, const SwigluStrides& ld, cudaStream_t stream);

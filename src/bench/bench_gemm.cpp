@@ -142,7 +142,7 @@ void bench_gemm(const GemmBenchOptions& o) {
     const double in_step = i >= o.shapes.size() ? 1.0 : 0.0;
     GemmCall padded = c;
     padded.M = round_up(c.M, 64), padded.N = round_up(c.N, 64), padded.K = round_up(c.K, 64);
-    padded.a_mlp = padded.b_mlp = padded.out_mlp = false;
+    padded.a_ld = padded.b_ld = padded.out_ld = 0;
     const Timing t = time_call(*be, c, layout, o);
     const Timing ta = time_call(*be, padded, dense, o);
     const double f = tflops(c, t.seconds), fa = tflops(padded, ta.seconds);

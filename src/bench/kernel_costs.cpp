@@ -33,6 +33,12 @@ const char* cost_unit_name(CostUnit u) {
 namespace {
 
 double s_of(const Buf& b) { return static_cast<double>(dtype_bytes(b.dtype)); }
+// A SwiGLU array as the backend's launchers see it (cuda_scratch::swiglu_packed): rows of `cols`
+// unless padded (Buf::ld), read in packs from `column`; a gate/up array's up half's column.
+cuda_scratch::SwigluArray array(const Buf& b, int64_t cols, int64_t column) {
+  return {reinterpret_cast<uintptr_t>(b.ptr), b.stride(cols), column};
+}
+int64_t up(const Buf& gate_up, int64_t F) { return cuda_scratch::mlp_up_column(F, gate_up.ld, dtype_bytes(gate_up.dtype)); }
 
 // The recorder's addresses are never dereferenced: its late copies copy nothing.
 class RecordingQueue final : public WorkQueue {
@@ -198,12 +204,21 @@ class CostRecorder final : public Backend, public OptimizerKernels {
   void attention_decode(Buf out, Buf, Buf, Buf, int64_t pos, int64_t H, int64_t D) override {
     add("attention_decode", CostUnit::Memory, 1, (2.0 * (pos + 1) + 4) * H * D * s_of(out), 4.0 * (pos + 1) * H * D);
   }
-  void swiglu_forward(Buf out, Buf, int64_t N, int64_t F) override {
-    if (N * F > 0) add("swiglu_forward", CostUnit::Memory, 1, 3.0 * N * F * s_of(out), 6.0 * N * F);
+  // The packed kernel or the elementwise one, as the backend picks (cuda_scratch::swiglu_packed).
+  void swiglu_forward(Buf out, Buf gate_up, int64_t N, int64_t F) override {
+    if (N * F == 0) return;
+    const bool packs = cuda_scratch::swiglu_packed(F, dtype_bytes(out.dtype), {array(out, F, 0), array(gate_up, 2 * F, 0), array(gate_up, 2 * F, up(gate_up, F))});
+    add(packs ? "swiglu_forward" : "swiglu_forward_elementwise", CostUnit::Memory, 1, 3.0 * N * F * s_of(out), 6.0 * N * F);
   }
   // gate_up and dout read, dgate_up written (2 F); out written too when given.
-  void swiglu_backward(Buf dgate_up, Buf out, Buf, Buf, int64_t N, int64_t F) override {
-    if (N * F > 0) add("swiglu_backward", CostUnit::Memory, 1, (out.ptr ? 6.0 : 5.0) * N * F * s_of(dgate_up), 12.0 * N * F);
+  void swiglu_backward(Buf dgate_up, Buf out, Buf dout, Buf gate_up, int64_t N, int64_t F) override {
+    if (N * F == 0) return;
+    const Buf o = out.ptr ? out : dout;
+    const bool packs = cuda_scratch::swiglu_packed(F, dtype_bytes(dgate_up.dtype),
+                                                   {array(dgate_up, 2 * F, 0), array(dgate_up, 2 * F, up(dgate_up, F)), array(dout, F, 0),
+                                                    array(gate_up, 2 * F, 0), array(gate_up, 2 * F, up(gate_up, F)), array(o, F, 0)});
+    add(packs ? "swiglu_backward" : "swiglu_backward_elementwise", CostUnit::Memory, 1, (out.ptr ? 6.0 : 5.0) * N * F * s_of(dgate_up),
+        12.0 * N * F);
   }
   // Logits (FP32) read twice (max and sum, then the gradient), dlogits written, targets, mask, loss.
   void cross_entropy(float*, Buf dlogits, const float*, const int32_t*, const uint8_t*, int64_t N, int64_t V, float) override {

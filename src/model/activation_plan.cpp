@@ -52,10 +52,13 @@ ActivationPlan plan_activations(const ModelConfig& m, int64_t B, int64_t T, DTyp
   p.seq_len = T;
   auto saved = [&](std::string name, int64_t n, DType t) { p.buffers.push_back({std::move(name), n, t, true}); };
   auto scratch = [&](std::string name, int64_t n, DType t) { p.buffers.push_back({std::move(name), n, t, false}); };
-  // An MLP activation [BT, cols]: rows padded where the backend asks and the width is off 16 bytes.
+  // An MLP activation [BT, F] or [BT, 2F] (gate_up): rows padded where the backend asks and F's rows
+  // are off 16 bytes, the up half then on a 16-byte pack (cuda_scratch::mlp_up_column).
   auto mlp = [&](std::string name, int64_t cols, bool keep) {
+    namespace cs = cuda_scratch;
     const int64_t s = dtype_bytes(act);
-    const int64_t ld = fused.pad_mlp_rows && cuda_scratch::gemm_operand_staged(cols, s, 0) ? cuda_scratch::gemm_staged_ld(cols, s) : 0;
+    const bool pad = fused.pad_mlp_rows && cs::mlp_rows_padded(F, s);
+    const int64_t ld = !pad ? 0 : cols == F ? cs::gemm_staged_ld(F, s) : cs::mlp_gate_up_ld(F, s);
     p.buffers.push_back({std::move(name), BT * (ld ? ld : cols), act, keep, ld});
   };
   for (int64_t l = 0; l < m.num_hidden_layers; ++l) {

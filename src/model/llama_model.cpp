@@ -109,12 +109,14 @@ LlamaModel::LlamaModel(Backend& backend, const ModelConfig& config, DType dtype,
   be_.to_device(rope_, cs.data(), cs.size() * 4);
 
   auto view = [&](const std::string& name, bool grad) { const auto& t = tensor(name); return grad ? this->grad(t) : param(t); };
-  auto linear = [&](const std::string& name, int64_t in, int64_t out) { return Linear{view(name, false), view(name, true), in, out}; };
+  auto linear = [&](const std::string& name, int64_t in, int64_t out, bool gated = false) {
+    return Linear{view(name, false), view(name, true), in, out, gated};
+  };
   const int64_t C = cfg_.hidden_size, F = cfg_.intermediate_size;
   for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     layers_.push_back({linear(p + "self_attn.q_proj.weight", C, 3 * C), linear(p + "self_attn.o_proj.weight", C, C),
-                       linear(p + "mlp.gate_proj.weight", C, 2 * F), linear(p + "mlp.down_proj.weight", F, C),
+                       linear(p + "mlp.gate_proj.weight", C, 2 * F, true), linear(p + "mlp.down_proj.weight", F, C),
                        view(p + "input_layernorm.weight", false), view(p + "post_attention_layernorm.weight", false),
                        view(p + "input_layernorm.weight", true), view(p + "post_attention_layernorm.weight", true)});
   }

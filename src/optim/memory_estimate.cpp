@@ -46,27 +46,37 @@ std::vector<OptimizerMemory> paper_memory_table(const ModelConfig& m) {
 }
 
 std::vector<GemmCall> cuda_training_gemm_calls(const ModelConfig& m, int64_t BT, DType act, DType grad) {
+  namespace cs = cuda_scratch;
   const int64_t C = m.hidden_size, F = m.intermediate_size, V = m.vocab_size;
   const int64_t a = dtype_bytes(act), g = dtype_bytes(grad);
   const int layers = static_cast<int>(m.num_hidden_layers);
+  // The MLP's activations' row strides in the CUDA plan (activation_plan.cpp): s [BT, F], gate_up [BT, 2F].
+  const bool padded = cuda_activation_layout(act).pad_mlp_rows && cs::mlp_rows_padded(F, a);
+  const int64_t s_ld = padded ? cs::gemm_staged_ld(F, a) : 0, gu_ld = padded ? cs::mlp_gate_up_ld(F, a) : 0;
   std::vector<GemmCall> calls;
   // A call, or `count` more of one already added under its name and shape (the loss head's row chunks repeat theirs).
-  auto add = [&](const std::string& name, int count, const GemmShape& s, int64_t out, bool a_mlp = false, bool b_mlp = false,
-                 bool out_mlp = false) {
-    GemmCall c{name, count, s.M, s.N, s.K, s.trans_a, s.trans_b, s.accumulate, a, out, a_mlp, b_mlp, out_mlp};
+  auto add = [&](const std::string& name, int count, const GemmShape& s, int64_t out, int64_t a_ld = 0, int64_t b_ld = 0, int64_t out_ld = 0) {
+    GemmCall c{name, count, s.M, s.N, s.K, s.trans_a, s.trans_b, s.accumulate, a, out, a_ld, b_ld, out_ld};
     for (GemmCall& d : calls)
       if (d.name == c.name && d.M == c.M && d.N == c.N && d.K == c.K) return void(d.count += count);
     calls.push_back(c);
   };
-  // A projection: its input x, its output y and the output's gradient dy an MLP activation or not.
-  auto linear = [&](const std::string& name, int64_t in, int64_t out, int64_t N, int64_t input_gradient, bool x_mlp, bool y_mlp) {
-    const auto three = Linear::gemms(in, out, N, 1);
-    add(name + " forward", layers, three[0], a, x_mlp, false, y_mlp);                   // y = x W^T
-    add(name + " backward_input", layers, three[1], input_gradient, y_mlp, false, x_mlp);  // dx = dy W
-    add(name + " backward_weight", layers, three[2], g, y_mlp, x_mlp, false);           // dW += dy^T x
+  // A projection (Linear): its input x's, its output y's (and the output's gradient dy's) row strides.
+  auto linear = [&](const std::string& name, int64_t in, int64_t out, int64_t N, int64_t input_gradient, int64_t x_ld, int64_t y_ld,
+                    bool accumulate_input = false) {
+    auto three = Linear::gemms(in, out, N, 1);
+    three[1].accumulate = accumulate_input;
+    add(name + " forward", layers, three[0], a, x_ld, 0, y_ld);                    // y = x W^T
+    add(name + " backward_input", layers, three[1], input_gradient, y_ld, 0, x_ld);  // dx = dy W
+    add(name + " backward_weight", layers, three[2], g, y_ld, x_ld, 0);            // dW += dy^T x
   };
-  linear("qkv", C, 3 * C, BT, 4, false, false), linear("o", C, C, BT, a, false, false);
-  linear("gate_up", C, 2 * F, BT, 4, false, true), linear("down", F, C, BT, a, true, false);
+  linear("qkv", C, 3 * C, BT, 4, 0, 0), linear("o", C, C, BT, a, 0, 0);
+  if (padded) {  // by halves (Linear::halves): gate and up each F rows of W, the up half's dx added to the gate half's
+    linear("gate", C, F, BT, 4, 0, gu_ld), linear("up", C, F, BT, 4, 0, gu_ld, true);
+  } else {
+    linear("gate_up", C, 2 * F, BT, 4, 0, 0);
+  }
+  linear("down", F, C, BT, a, s_ld, 0);
   for (int64_t r0 = 0; r0 < BT; r0 += kHeadChunkRows) {
     const int64_t R = std::min(kHeadChunkRows, BT - r0);
     const auto head = Linear::gemms(C, V, R, 1);
@@ -82,13 +92,8 @@ std::vector<GemmCall> cuda_training_gemm_calls(const ModelConfig& m, int64_t BT,
 }
 
 cuda_scratch::GemmStaging cuda_gemm_call_staging(const GemmCall& c, const ActivationLayout& layout) {
-  namespace cs = cuda_scratch;
-  auto stride = [&](bool mlp, bool trans, int64_t rows_if_trans, int64_t cols, int64_t bytes) {
-    const int64_t w = trans ? rows_if_trans : cols;  // the stored row width
-    return mlp && layout.pad_mlp_rows && cs::gemm_operand_staged(w, bytes, 0) ? cs::gemm_staged_ld(w, bytes) : 0;
-  };
-  return cs::gemm_staging(c.M, c.N, c.K, c.ta, c.tb, c.in, c.out, 0, 0, 0, stride(c.a_mlp, c.ta, c.M, c.K, c.in),
-                          stride(c.b_mlp, c.tb, c.K, c.N, c.in), stride(c.out_mlp, false, 0, c.N, c.out));
+  const bool pad = layout.pad_mlp_rows;
+  return cuda_scratch::gemm_staging(c.M, c.N, c.K, c.ta, c.tb, c.in, c.out, 0, 0, 0, pad ? c.a_ld : 0, pad ? c.b_ld : 0, pad ? c.out_ld : 0);
 }
 
 int64_t cuda_backend_scratch_bytes(const ModelConfig& m, int64_t B, int64_t T, DType act, DType grad, OptimizerKind matrix_optimizer,
