@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
+#include <utility>
 #include <vector>
 
 namespace multinorm::cuda_scratch {
@@ -219,8 +220,10 @@ inline int64_t swan_tensor_bytes(int64_t m, int64_t n) {
   return 8 * swan_x_floats(m, n) + 20 * swan_gram_floats(k) + 8 * kSwanReduceBlocks + kSwanStateBytes;
 }
 inline int64_t swan_pinned_bytes(int64_t m, int64_t n) { return 64 + 8 * m * n; }
-// The order SWAN runs a call's tensors in (stable by dtype pair `kind`, then k) and each chunk's end
-// in that order; the largest chunk's scratch and the pinned staging the call needs.
+// The order SWAN runs a call's tensors in (stable by dtype pair `kind`, then k, then shape: a chunk's
+// tensors of one shape are adjacent, their Gram matrices and U one strided-batched GEMM each:
+// swan_shape_runs) and each chunk's end in that order; the largest chunk's scratch and the pinned
+// staging the call needs.
 struct SwanShape {
   int64_t m = 0, n = 0;
   int kind = 0;
@@ -234,7 +237,10 @@ inline SwanPlan swan_plan(const std::vector<SwanShape>& shapes) {
   auto k_of = [&](int64_t i) { return std::min(shapes[i].m, shapes[i].n); };
   for (int64_t i = 0; i < static_cast<int64_t>(shapes.size()); ++i) p.order.push_back(i);
   std::stable_sort(p.order.begin(), p.order.end(), [&](int64_t a, int64_t b) {
-    return shapes[a].kind != shapes[b].kind ? shapes[a].kind < shapes[b].kind : k_of(a) < k_of(b);
+    const SwanShape &x = shapes[a], &y = shapes[b];
+    if (x.kind != y.kind) return x.kind < y.kind;
+    if (k_of(a) != k_of(b)) return k_of(a) < k_of(b);
+    return x.m != y.m ? x.m < y.m : x.n < y.n;
   });
   int64_t bytes = 0;
   for (size_t j = 0; j < p.order.size(); ++j) {
@@ -247,6 +253,18 @@ inline SwanPlan swan_plan(const std::vector<SwanShape>& shapes) {
   }
   if (!p.order.empty()) p.ends.push_back(static_cast<int64_t>(p.order.size()));
   return p;
+}
+
+// The runs of one shape among a chunk's `count` tensors (shape(i): tensor i's (m, n) in the chunk's
+// order), as [begin, end) pairs: each run's X, U and Gram matrices are evenly strided in the chunk's
+// scratch (swan_x_floats, swan_gram_floats), so a run is one strided-batched GEMM.
+template <class Shape>
+std::vector<std::pair<int64_t, int64_t>> swan_shape_runs(int64_t count, const Shape& shape) {
+  std::vector<std::pair<int64_t, int64_t>> runs;
+  for (int64_t i = 0; i < count; ++i)
+    if (i == 0 || shape(i) != shape(i - 1)) runs.push_back({i, i + 1});
+    else runs.back().second = i + 1;
+  return runs;
 }
 
 // multi-tensor element-wise updates (Adam, SGD): the tensor descriptors of one launch (at most

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
 
 #include "check.h"
 #include "profiler.h"
@@ -38,12 +39,14 @@ LtGemm::~LtGemm() {
 LtGemm::Plan& LtGemm::plan(const Key& key) {
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second;
-  const auto [M, N, K, ta, tb, in, out, align_out, align_a, align_b, ld_out, ld_a, ld_b, batch, stride] = key;
+  const auto [M, N, K, ta, tb, in, out, align_out, align_a, align_b, ld_out, ld_a, ld_b, batch, stride_out, stride_a, stride_b] = key;
   const std::string what = "matmul M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K) + (ta ? " a^T" : "") +
                            (tb ? " b^T" : "") + " (" + (in == CUDA_R_16BF ? "bf16" : "fp32") + " -> " + (out == CUDA_R_16BF ? "bf16" : "fp32") +
                            ", operands aligned to " + std::to_string(align_out) + "/" + std::to_string(align_a) + "/" + std::to_string(align_b) +
                            " B, row strides " + std::to_string(ld_out) + "/" + std::to_string(ld_a) + "/" + std::to_string(ld_b) + ")" +
-                           (batch > 1 ? " x " + std::to_string(batch) + " (stride " + std::to_string(stride) + ")" : "");
+                           (batch > 1 ? " x " + std::to_string(batch) + " (strides " + std::to_string(stride_out) + "/" + std::to_string(stride_a) +
+                                            "/" + std::to_string(stride_b) + ")"
+                                      : "");
   Plan p;
   MN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), what);
   // Column-major roles: first operand is b (stored row-major [K,N] or, transposed, [N,K]).
@@ -56,9 +59,10 @@ LtGemm::Plan& LtGemm::plan(const Key& key) {
   // a row-major [M,K] = column-major K x M (rows of K); transposed a row-major [K,M] = column-major M x K
   MN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, in_t, ta ? M : K, ta ? K : M, ld_a), what);
   MN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, out_t, N, M, ld_out), what);
-  if (batch > 1) {
+  if (batch > 1) {  // (cuBLASLt's first operand is b, its second a)
     const int32_t count = static_cast<int32_t>(batch);
-    for (cublasLtMatrixLayout_t l : {p.a, p.b, p.c}) {
+    const std::pair<cublasLtMatrixLayout_t, int64_t> strided[3] = {{p.a, stride_b}, {p.b, stride_a}, {p.c, stride_out}};
+    for (const auto& [l, stride] : strided) {
       MN_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)), what);
       MN_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)), what);
     }
@@ -102,7 +106,7 @@ void LtGemm::run(void* out, int64_t ld_out, cudaDataType out_type, const void* a
   // C and D share a layout and an alignment preference: the addend's, where it is less aligned than out.
   const uint32_t align_out = addend ? std::min(alignment_of(out), alignment_of(addend)) : alignment_of(out);
   const Plan& p = plan(Key{M, N, K, ta, tb, static_cast<int>(in_type), static_cast<int>(out_type), align_out, alignment_of(a), alignment_of(b), ld_out,
-                           ld_a, ld_b, int64_t{1}, int64_t{0}});
+                           ld_a, ld_b, int64_t{1}, int64_t{0}, int64_t{0}, int64_t{0}});
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   const bool timed = profiler::g_on;
   if (timed) profiler::begin(in_type == CUDA_R_16BF ? "gemm bf16 (cuBLASLt)" : "gemm fp32 (cuBLASLt)", stream);
@@ -112,15 +116,17 @@ void LtGemm::run(void* out, int64_t ld_out, cudaDataType out_type, const void* a
   if (timed) profiler::end(stream);
 }
 
-void LtGemm::run_batched(float* out, const float* a, const float* b, int64_t M, int64_t N, int64_t K, int64_t batch, int64_t stride,
-                         cudaStream_t stream) {
-  if (batch == 1) return run(out, CUDA_R_32F, a, b, CUDA_R_32F, M, N, K, false, false, false, stream);
+void LtGemm::run_batched(float* out, int64_t ld_out, int64_t stride_out, const float* a, int64_t ld_a, int64_t stride_a, const float* b, int64_t ld_b,
+                         int64_t stride_b, int64_t M, int64_t N, int64_t K, bool ta, bool tb, int64_t batch, cudaStream_t stream) {
+  if (batch == 1) return run(out, ld_out, CUDA_R_32F, a, ld_a, b, ld_b, CUDA_R_32F, M, N, K, ta, tb, false, stream);
   if (M == 0 || N == 0 || K == 0 || batch == 0) throw_cublas_error("a batched matmul with an empty dimension", CUBLAS_STATUS_INVALID_VALUE);
-  // Every matrix of the batch starts `stride` floats after the previous one: its alignment is the
-  // base's and the stride's, whichever is smaller.
-  auto aligned = [&](const void* p) { return std::min(alignment_of(p), alignment_of(reinterpret_cast<const void*>(stride * 4))); };
-  const Plan& p = plan(Key{M, N, K, false, false, static_cast<int>(CUDA_R_32F), static_cast<int>(CUDA_R_32F), aligned(out), aligned(a), aligned(b), N, K,
-                           N, batch, stride});
+  // Matrix i of an operand starts stride floats after matrix i - 1: its alignment is the base's and
+  // the stride's, whichever is smaller.
+  auto aligned = [](const void* p, int64_t stride) {
+    return stride ? std::min(alignment_of(p), alignment_of(reinterpret_cast<const void*>(stride * 4))) : alignment_of(p);
+  };
+  const Plan& p = plan(Key{M, N, K, ta, tb, static_cast<int>(CUDA_R_32F), static_cast<int>(CUDA_R_32F), aligned(out, stride_out), aligned(a, stride_a),
+                           aligned(b, stride_b), ld_out, ld_a, ld_b, batch, stride_out, stride_a, stride_b});
   const float alpha = 1.0f, beta = 0.0f;
   const bool timed = profiler::g_on;
   if (timed) profiler::begin("gemm fp32 batched (cuBLASLt)", stream);

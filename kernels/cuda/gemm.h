@@ -29,9 +29,14 @@ class LtGemm {
   // lesser of their alignments).
   void run(void* out, int64_t ld_out, cudaDataType out_type, const void* a, int64_t ld_a, const void* b, int64_t ld_b, cudaDataType in_type,
            int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, bool accumulate, cudaStream_t stream, const void* addend = nullptr);
-  // `batch` products of dense row-major matrices in FP32, matrix i of each operand `stride` elements
-  // after matrix i - 1 (one strided-batched cuBLASLt call: SWAN's Newton-Schulz on many k x k).
-  void run_batched(float* out, const float* a, const float* b, int64_t M, int64_t N, int64_t K, int64_t batch, int64_t stride, cudaStream_t stream);
+  // `batch` FP32 products as run() takes one, matrix i of each operand stride_* elements after
+  // matrix i - 1 (one strided-batched cuBLASLt call: SWAN's Gram matrices, Newton-Schulz steps and U).
+  void run_batched(float* out, int64_t ld_out, int64_t stride_out, const float* a, int64_t ld_a, int64_t stride_a, const float* b, int64_t ld_b,
+                   int64_t stride_b, int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, int64_t batch, cudaStream_t stream);
+  // Dense matrices, one stride for every operand (SWAN's k x k Newton-Schulz products).
+  void run_batched(float* out, const float* a, const float* b, int64_t M, int64_t N, int64_t K, int64_t batch, int64_t stride, cudaStream_t stream) {
+    run_batched(out, N, stride, a, K, stride, b, N, stride, M, N, K, false, false, batch, stream);
+  }
   // Dense rows (each stride its row width).
   void run(void* out, cudaDataType out_type, const void* a, const void* b, cudaDataType in_type, int64_t M, int64_t N, int64_t K, bool trans_a,
            bool trans_b, bool accumulate, cudaStream_t stream) {
@@ -50,8 +55,9 @@ class LtGemm {
   // Shape, transposes, types, the operands' alignments (out, a, b) and row strides (out, a, b):
   // cuBLASLt's algorithm is chosen for the alignments it is told and may rely on them, so a less
   // aligned pointer gets a plan of its own.
-  // A batched plan adds its batch count and stride (1 and 0 otherwise).
-  using Key = std::tuple<int64_t, int64_t, int64_t, bool, bool, int, int, uint32_t, uint32_t, uint32_t, int64_t, int64_t, int64_t, int64_t, int64_t>;
+  // A batched plan adds its batch count and strides (out, a, b) (1 and 0 otherwise).
+  using Key =
+      std::tuple<int64_t, int64_t, int64_t, bool, bool, int, int, uint32_t, uint32_t, uint32_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>;
   Plan& plan(const Key& key);
 
   cublasLtHandle_t handle_ = nullptr;

@@ -7,8 +7,9 @@
 //     scaled: (a, b) from the spectrum's lower bound, sqrt(reg / c) at first (optim_math::ns_step)
 //   U = sqrt(max(m, n)) Z X (or X Z) / sqrt(c);  W <- W (1 - lr wd) - lr U
 // Batched: every k x k step is one strided-batched cuBLASLt call for the whole chunk (a kernel's
-// grid has a y-row per matrix), so a model's matrices take a handful of launches a step, not one
-// per matrix.
+// grid has a y-row per matrix), and the Gram matrices and U one per run of one shape (a chunk is
+// ordered by shape: cuda_scratch::swan_plan), so a model's matrices take a handful of launches a
+// step, not one per matrix.
 // Decided on the device, with no host wait (the update can be captured in a graph):
 //   - convergence: each step's residual ||I - Z Y||_F / sqrt(k) is reduced per matrix; a matrix whose
 //     residual is under ns_tolerance is done, where the CPU would stop, and from then on its T is the
@@ -377,33 +378,46 @@ void inverse_sqrt_batched(Chunk& c, const SwanParams& a, LtGemm& gemm, const Dev
   reduce(c.P, nullptr, true, Reduced::Residual, stream);
 }
 
+// Per run of one shape (cuda_scratch::swan_shape_runs: evenly strided X, U and k x k matrices), one
+// strided-batched GEMM: the Gram matrices A = X X^T (m <= n) or X^T X into Y, or U = Z X or X Z.
+void gram_batched(const Chunk& c, int64_t b0, int64_t count, int64_t m, int64_t n, LtGemm& gemm, cudaStream_t stream) {
+  namespace cs = cuda_scratch;
+  const int64_t ld = cs::swan_ld(n), xs = cs::swan_x_floats(m, n), k = c.k;
+  float* A = c.Y + b0 * c.gram;
+  if (m <= n) gemm.run_batched(A, k, c.gram, c.X[b0], ld, xs, c.X[b0], ld, xs, m, m, n, false, true, count, stream);
+  else gemm.run_batched(A, k, c.gram, c.X[b0], ld, xs, c.X[b0], ld, xs, n, n, m, true, false, count, stream);
+}
+void u_batched(const Chunk& c, int64_t b0, int64_t count, int64_t m, int64_t n, LtGemm& gemm, cudaStream_t stream) {
+  namespace cs = cuda_scratch;
+  const int64_t ld = cs::swan_ld(n), xs = cs::swan_x_floats(m, n), k = c.k;
+  const float* Z = c.Z + b0 * c.gram;
+  if (m <= n) gemm.run_batched(c.U[b0], ld, xs, Z, k, c.gram, c.X[b0], ld, xs, m, n, m, false, false, count, stream);
+  else gemm.run_batched(c.U[b0], ld, xs, c.X[b0], ld, xs, Z, k, c.gram, m, n, n, false, false, count, stream);
+}
+
 }  // namespace
 
 template <class T, class G>
 void swan_chunk(const SwanItem* items, int64_t B, const SwanParams& a, LtGemm& gemm, void* scratch, SwanExactJob* const* jobs, const DeviceLoop& loop,
                 cudaStream_t stream) {
   Chunk c = chunk_layout(items, B, scratch);
-  const int64_t k = c.k;
+  const auto runs = cuda_scratch::swan_shape_runs(B, [&](int64_t b) { return std::pair<int64_t, int64_t>{items[b].m, items[b].n}; });
   for (int64_t b = 0; b < B; ++b) {
     const int64_t m = items[b].m, n = items[b].n, ld = cuda_scratch::swan_ld(n);
     launch("swan_normalize_rows", normalize_rows_kernel<G>, dim3(static_cast<unsigned>(m)), dim3(kThreads), 0, stream, c.X[b], ld,
            static_cast<const G*>(items[b].g), n, a.standardize, std::sqrt(static_cast<float>(n)), a.eps);
-    if (a.exact) continue;
-    float* A = c.Y + b * c.gram;
-    if (m <= n) gemm.run(A, k, CUDA_R_32F, c.X[b], ld, c.X[b], ld, CUDA_R_32F, m, m, n, false, true, false, stream);  // A = X X^T
-    else gemm.run(A, k, CUDA_R_32F, c.X[b], ld, c.X[b], ld, CUDA_R_32F, n, n, m, true, false, false, stream);        // A = X^T X
   }
-  if (!a.exact) inverse_sqrt_batched(c, a, gemm, loop, stream);
+  if (!a.exact) {
+    for (const auto& [b0, b1] : runs) gram_batched(c, b0, b1 - b0, items[b0].m, items[b0].n, gemm, stream);
+    inverse_sqrt_batched(c, a, gemm, loop, stream);
+    for (const auto& [b0, b1] : runs) u_batched(c, b0, b1 - b0, items[b0].m, items[b0].n, gemm, stream);
+  }
   const RuleScalars rule = optim_math::rule_scalars(a.lr, a.decoupled_decay);
   for (int64_t b = 0; b < B; ++b) {
     const SwanItem& t = items[b];
     const int64_t m = t.m, n = t.n, ld = cuda_scratch::swan_ld(n);
-    const float* Z = c.Z + b * c.gram;
-    if (!a.exact) {
-      if (m <= n) gemm.run(c.U[b], ld, CUDA_R_32F, Z, k, c.X[b], ld, CUDA_R_32F, m, n, m, false, false, false, stream);  // U = Z X
-      else gemm.run(c.U[b], ld, CUDA_R_32F, c.X[b], ld, Z, k, CUDA_R_32F, m, n, n, false, false, false, stream);        // U = X Z
+    if (!a.exact)
       launch("swan_count_nonfinite", count_nonfinite_kernel, dim3(grid_for(m * n)), dim3(kThreads), 0, stream, c.st + b, c.U[b], m, n, ld);
-    }
     WriteBack wb = a.write;
     wb.tensor = t.tensor;
     const float sqrt_max = std::sqrt(static_cast<float>(std::max(m, n)));  // ||U||_F = sqrt(mn)

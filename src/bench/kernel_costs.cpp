@@ -325,16 +325,17 @@ class CostRecorder final : public Backend, public OptimizerKernels {
     }
   }
   // SWAN as swan.cu runs it, chunk by chunk (cuda_scratch::swan_plan): per tensor its rows
-  // normalised into X (FP32) and A = X X^T (k = min(m, n)); per chunk of B matrices ||A||_F twice, the
+  // normalised into X (FP32); per run of one shape (cuda_scratch::swan_shape_runs) the Gram matrices
+  // A = X X^T (k = min(m, n)), one batched GEMM; per chunk of B matrices ||A||_F twice, the
   // regularisation, the largest absolute row sums, then the Newton-Schulz steps in bodies of two,
   // all ceil(ns_steps / 2) of them as an eager (profiled) run pays them; the update's graph ends its
   // device loop with the body where every matrix is done, within the scaled iteration's bound
   // (optim_math::ns_steps_bound: 10 steps at 1e-4, 6 bodies), which depends on no data but the
   // tolerance, yet is not what a profiled step runs: P = Z Y, its residual and T,
   // the freeze, Y <- Y T and Z <- T Z as strided-batched FP32 GEMMs, the step's end (one thread
-  // reading the states); the final iterate's P and residual; per tensor U = Z X, a finiteness
-  // count, the apply and the exact path's apply (which returns at once unless a matrix fell back: its
-  // host function is no device work); the statistics.
+  // reading the states); the final iterate's P and residual; per run U = Z X, one batched GEMM; per
+  // tensor a finiteness count, the apply and the exact path's apply (which returns at once unless a
+  // matrix fell back: its host function is no device work); the statistics.
   void swan_update_many(const SwanTensor* tensors, int64_t count, const SwanArgs& a) override {
     if (a.exact) throw Error("cost model: SWAN's exact path runs on the host (LAPACK), not on the device");
     std::vector<cuda_scratch::SwanShape> shapes;
@@ -346,12 +347,14 @@ class CostRecorder final : public Backend, public OptimizerKernels {
       const SwanTensor& first = tensors[plan.order[begin]];
       const double k = static_cast<double>(std::min(first.m, first.n)), kk = k * k;
       const double R = static_cast<double>(cuda_scratch::swan_reduce_blocks(std::min(first.m, first.n)));
+      const auto shape = [&](int64_t b) { return std::pair<int64_t, int64_t>{tensors[plan.order[begin + b]].m, tensors[plan.order[begin + b]].n}; };
+      const auto runs = cuda_scratch::swan_shape_runs(static_cast<int64_t>(end - begin), shape);
       for (size_t j = begin; j < end; ++j) {
         const SwanTensor& t = tensors[plan.order[j]];
         const double mn = double(t.m) * t.n;
         add("swan_normalize_rows", CostUnit::Memory, 1, mn * (s_of(t.g) + 4), 3.0 * mn);
-        gemm_fp32(k, k, static_cast<double>(std::max(t.m, t.n)));  // A
       }
+      for (const auto& [b0, b1] : runs) gemm_fp32_batched(k, k, static_cast<double>(std::max(shape(b0).first, shape(b0).second)), double(b1 - b0));  // A
       auto reduce = [&](double passes_bytes) {
         add("swan_partial_sums", CostUnit::Memory, 1, B * passes_bytes + 8.0 * R * B, 3.0 * B * kk);
         add("swan_reduce", CostUnit::Memory, 1, 8.0 * R * B + 64.0 * B, R * B);
@@ -373,10 +376,10 @@ class CostRecorder final : public Backend, public OptimizerKernels {
       }
       gemm_fp32_batched(k, k, k, B);  // the final iterate
       reduce(4.0 * kk);
+      for (const auto& [b0, b1] : runs) gemm_fp32_batched(double(shape(b0).first), double(shape(b0).second), k, double(b1 - b0));  // U
       for (size_t j = begin; j < end; ++j) {
         const SwanTensor& t = tensors[plan.order[j]];
         const double mn = double(t.m) * t.n;
-        gemm_fp32(static_cast<double>(t.m), static_cast<double>(t.n), k);  // U
         add("swan_count_nonfinite", CostUnit::Memory, 1, 4.0 * mn, mn);
         add("swan_apply", CostUnit::Memory, 1, mn * (4 + 2 * s_of(t.w)), 3.0 * mn);
         add("swan_exact_verdict", CostUnit::Memory, 1, 64.0, 0);  // the host function's flag, one read of pinned memory
@@ -435,8 +438,10 @@ class CostRecorder final : public Backend, public OptimizerKernels {
   void gemm_fp32(double M, double N, double K) {
     add("gemm fp32 (cuBLASLt)", CostUnit::GemmFp32, 1, 4.0 * (M * K + K * N + M * N), 2.0 * M * N * K);
   }
+  // (a batch of one is a plain GEMM: LtGemm::run_batched)
   void gemm_fp32_batched(double M, double N, double K, double batch) {
-    add("gemm fp32 batched (cuBLASLt)", CostUnit::GemmFp32, 1, batch * 4.0 * (M * K + K * N + M * N), batch * 2.0 * M * N * K);
+    add(batch == 1 ? "gemm fp32 (cuBLASLt)" : "gemm fp32 batched (cuBLASLt)", CostUnit::GemmFp32, 1, batch * 4.0 * (M * K + K * N + M * N),
+        batch * 2.0 * M * N * K);
   }
 
   RecordingQueue queue_;
