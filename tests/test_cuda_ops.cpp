@@ -269,6 +269,45 @@ TEST(GemmExtents, WidenKAndNOnlyWhereEveryOperandCarryingThemIsPadded) {
   EXPECT_EQ(extents(T, C, 40, false, true, 64, 64, 0).K, 40);
 }
 
+// SWAN's plan over a model's matrices listed layer by layer (the quickstart's llama_20m: 8 layers of
+// q, k, v, o 384 x 384, gate and up 1024 x 384, down 384 x 1024; all of k = 384): one chunk, its
+// tensors ordered by shape, so 3 runs (one strided-batched GEMM each); the exact path's staging in
+// groups of at most kSwanPinnedGroupBytes (2 here: 113 MB in all), each tensor after the last, the
+// plan's pinned bytes the largest group's. At llama_1b a 5461 x 2048 tensor's staging (89 MB) is a
+// group alone.
+TEST(SwanPlan, OrdersAChunkByShapeAndStagesTheExactPathInGroups) {
+  namespace cs = cuda_scratch;
+  std::vector<cs::SwanShape> shapes;
+  for (int l = 0; l < 8; ++l)
+    for (const auto& [m, n] : {std::pair<int64_t, int64_t>{384, 384}, {384, 384}, {384, 384}, {384, 384}, {1024, 384}, {1024, 384}, {384, 1024}})
+      shapes.push_back({m, n, 0});
+  const cs::SwanPlan plan = cs::swan_plan(shapes);
+  ASSERT_EQ(plan.ends, std::vector<int64_t>{56});
+  auto shape = [&](int64_t b) { return std::pair<int64_t, int64_t>{shapes[plan.order[b]].m, shapes[plan.order[b]].n}; };
+  const auto runs = cs::swan_shape_runs(56, shape);
+  ASSERT_EQ(runs.size(), 3u);
+  EXPECT_EQ(runs[0], (std::pair<int64_t, int64_t>{0, 32}));   // 384 x 384
+  EXPECT_EQ(runs[1], (std::pair<int64_t, int64_t>{32, 40}));  // 384 x 1024
+  EXPECT_EQ(runs[2], (std::pair<int64_t, int64_t>{40, 56}));  // 1024 x 384
+  for (int64_t b = 1; b < 32; ++b) EXPECT_LT(plan.order[b - 1], plan.order[b]);  // stable: model order within a shape
+  const auto groups = cs::swan_exact_groups(56, shape);
+  ASSERT_EQ(groups.size(), 2u);
+  int64_t largest = 0, at = 0;
+  for (const auto& [g0, g1] : groups) {
+    EXPECT_EQ(g0, at);
+    int64_t bytes = 0;
+    for (int64_t b = g0; b < g1; ++b) bytes += cs::swan_pinned_bytes(shape(b).first, shape(b).second);
+    EXPECT_LE(bytes, cs::kSwanPinnedGroupBytes);
+    if (g1 < 56) EXPECT_GT(bytes + cs::swan_pinned_bytes(shape(g1).first, shape(g1).second), cs::kSwanPinnedGroupBytes);  // as full as it gets
+    largest = std::max(largest, bytes), at = g1;
+  }
+  EXPECT_EQ(at, 56);
+  EXPECT_EQ(plan.pinned_bytes, largest);
+  // A tensor staged alone past the cap; more than kSwanChunkTensors of one k: another chunk.
+  EXPECT_EQ(cs::swan_exact_groups(2, [](int64_t) { return std::pair<int64_t, int64_t>{5461, 2048}; }).size(), 2u);
+  EXPECT_EQ(cs::swan_plan(std::vector<cs::SwanShape>(300, {4, 4, 0})).ends, (std::vector<int64_t>{256, 300}));
+}
+
 // An extent off whole 16-byte packs of the inputs (llama_1b's gate/up weight's halves of 5461 rows)
 // runs as a bulk of whole packs and a rest; K only into an FP32 output. The parts tile the product.
 TEST(GemmParts, ExtentsOffWholePacksSplitIntoABulkAndARest) {

@@ -251,6 +251,78 @@ TEST_P(CudaVsCpu, SwanFallsBackToTheExactPathOnTheDevice) {
   EXPECT_EQ(w.g.get(), w0);
 }
 
+// A call's matrices of one Gram size run as one chunk: its per-matrix work in one launch per kernel
+// (the normalisation, the finiteness count; the apply, the exact path's verdicts and apply per
+// exact-path group: one group here), its Gram matrices and U one strided-batched GEMM per shape
+// (cuda_scratch::swan_shape_runs). Given in an order that interleaves the shapes, as a model lists
+// its layers' matrices; each equals the CPU's per-tensor update (the bound of
+// SwanUpdateManyBatchesByGramSize). Then the exact path for all of them at once (one group staged
+// together, one host function): equal to the CPU's FP64 path within its 1e-6.
+TEST_P(CudaVsCpu, SwanRunsAChunksMatricesInOneLaunchAKernelAndOneGemmAShape) {
+  struct Shape {
+    int64_t m, n;
+  };
+  const Shape shapes[] = {{16, 24}, {24, 16}, {16, 24}, {16, 16}, {16, 24}, {24, 16}, {16, 16}, {16, 24}};  // 4 + 2 + 2 of k = 16
+  for (bool exact : {false, true}) {
+    std::vector<std::unique_ptr<Pair>> ws, gs;
+    std::vector<SwanTensor> tc, tg;
+    for (size_t i = 0; i < std::size(shapes); ++i) {
+      const Shape s = shapes[i];
+      ws.push_back(std::make_unique<Pair>(*cpu, *cuda, random_vec(s.m * s.n, 30 + uint32_t(i), 0.1), DType::F32));
+      gs.push_back(std::make_unique<Pair>(*cpu, *cuda, random_vec(s.m * s.n, 40 + uint32_t(i), 0.01), DType::F32));
+      tc.push_back({ws.back()->c.buf(), gs.back()->c.buf(), s.m, s.n, 200 + i});
+      tg.push_back({ws.back()->g.buf(), gs.back()->g.buf(), s.m, s.n, 200 + i});
+    }
+    SwanArgs a;
+    a.lr = 0.01f, a.decoupled_decay = 0.1f, a.ns_steps = 12, a.ns_tolerance = 1e-4f, a.exact = exact;
+    cpu->optimizer_kernels().swan_update_many(tc.data(), static_cast<int64_t>(tc.size()), a);
+    cuda->set_profiling(true);
+    cuda->take_profile();
+    cuda->optimizer_kernels().swan_update_many(tg.data(), static_cast<int64_t>(tg.size()), a);
+    std::map<std::string, int64_t> launches;
+    for (const KernelTime& k : cuda->take_profile()) launches[k.name] += k.launches;
+    cuda->set_profiling(false);
+    const std::string what = exact ? "exact" : "newton-schulz";
+    for (size_t i = 0; i < ws.size(); ++i) EXPECT_TRUE(ws[i]->same(exact ? 1e-6 : 1e-5)) << what << " tensor " << i;
+    for (const char* k : {"swan_normalize_rows", "swan_apply", "swan_exact_verdict", "swan_apply_exact"}) EXPECT_EQ(launches[k], 1) << what << " " << k;
+    EXPECT_EQ(launches["swan_count_nonfinite"], exact ? 0 : 1) << what;
+    EXPECT_EQ(launches["gemm fp32 (cuBLASLt)"], 0) << what;  // no product of one matrix
+    // Gram and U of 3 shapes; 12 steps eagerly: 1 product, then 3 each, and the final residual's
+    if (!exact) EXPECT_EQ(launches["gemm fp32 batched (cuBLASLt)"], 3 * 2 + 1 + 3 * 11 + 1) << what;
+  }
+}
+
+// Two matrices of one chunk fall back together (NaN planted in each gradient): one exact-path group
+// stages both, its host function takes both, each fails on its NaN and neither moves; the others,
+// staged beside them, update as on the CPU.
+TEST_P(CudaVsCpu, SwanFallsBackForTwoMatricesOfOneGroup) {
+  const int64_t m = 12, n = 20;
+  std::vector<std::unique_ptr<Pair>> ws, gs;
+  std::vector<SwanTensor> tc, tg;
+  for (int i = 0; i < 4; ++i) {
+    Vec gv = random_vec(m * n, 50 + uint32_t(i), 0.01);
+    if (i == 1 || i == 3) gv[static_cast<size_t>(7 * i)] = std::numeric_limits<double>::quiet_NaN();
+    ws.push_back(std::make_unique<Pair>(*cpu, *cuda, random_vec(m * n, 60 + uint32_t(i), 0.1), DType::F32));
+    gs.push_back(std::make_unique<Pair>(*cpu, *cuda, gv, DType::F32));
+    tc.push_back({ws.back()->c.buf(), gs.back()->c.buf(), m, n, uint64_t(i)});
+    tg.push_back({ws.back()->g.buf(), gs.back()->g.buf(), m, n, uint64_t(i)});
+  }
+  const Vec w1 = ws[1]->c.get(), w3 = ws[3]->c.get();
+  SwanArgs a;
+  a.lr = 0.01f, a.ns_steps = 30, a.ns_tolerance = 1e-4f;
+  for (int i : {0, 2}) cpu->optimizer_kernels().swan_update(tc[i].w, tc[i].g, m, n, a);  // the CPU throws on a NaN: only the finite ones
+  StatsPair stats(*cpu, *cuda);
+  a.stats = stats.g;
+  cuda->optimizer_kernels().swan_update_many(tg.data(), static_cast<int64_t>(tg.size()), a);
+  const SwanStats sg = stats.cuda();
+  EXPECT_EQ(sg.tensors, 4u);
+  EXPECT_EQ(sg.exact_failures, 2u);
+  EXPECT_EQ(ws[1]->g.get(), w1);
+  EXPECT_EQ(ws[3]->g.get(), w3);
+  EXPECT_TRUE(ws[0]->same(1e-5));
+  EXPECT_TRUE(ws[2]->same(1e-5));
+}
+
 // Multi-tensor Adam: one launch over tensors of different lengths (a block boundary inside a tensor,
 // 1-element tensors) and more tensors than one launch holds (300 > 256), against the CPU backend's
 // per-tensor updates, each tensor with its own stochastic-rounding id. Bounds as for Adam above

@@ -207,11 +207,15 @@ int64_t sinkgd_many_launch_end(int64_t begin, int64_t count, const Shape& shape,
 // SWAN (swan.cu) runs its tensors in chunks: tensors of one Gram size k = min(m, n) (and one dtype
 // pair), whose Newton-Schulz products are strided-batched GEMMs. A chunk's scratch, per tensor: X
 // and U (FP32, rows padded to 128 bytes for cuBLASLt), the k x k matrices Y (first the Gram matrix),
-// Z, P, T and a ping-pong spare, the residual's partial sums and the tensor's state (64 bytes). A chunk holds tensors while its scratch stays within
-// kSwanChunkBytes (a larger tensor alone). The exact path stages one tensor at a time in pinned
-// host memory: a flag and 8 bytes an element (X as floats, then U as doubles).
+// Z, P, T and a ping-pong spare, the residual's partial sums and the tensor's state (64 bytes). A
+// chunk holds tensors while its scratch stays within kSwanChunkBytes (a larger tensor alone), at most
+// kSwanChunkTensors of them (its kernels' descriptor table). The exact path stages a tensor in pinned
+// host memory, a flag and 8 bytes an element (X as floats, then U as doubles), a group of a chunk's
+// tensors at once (swan_exact_groups: one host function a group).
 constexpr int64_t kSwanChunkBytes = int64_t(1) << 30;
+constexpr int64_t kSwanChunkTensors = 256;
 constexpr int64_t kSwanStateBytes = 64;
+constexpr int64_t kSwanPinnedGroupBytes = int64_t(64) << 20;
 inline int64_t swan_ld(int64_t n) { return (n + 31) / 32 * 32; }
 inline int64_t swan_x_floats(int64_t m, int64_t n) { return (m * swan_ld(n) + 63) / 64 * 64; }
 inline int64_t swan_gram_floats(int64_t k) { return (k * k + 63) / 64 * 64; }
@@ -219,7 +223,22 @@ inline int64_t swan_tensor_bytes(int64_t m, int64_t n) {
   const int64_t k = std::min(m, n);
   return 8 * swan_x_floats(m, n) + 20 * swan_gram_floats(k) + 8 * kSwanReduceBlocks + kSwanStateBytes;
 }
-inline int64_t swan_pinned_bytes(int64_t m, int64_t n) { return 64 + 8 * m * n; }
+inline int64_t swan_pinned_bytes(int64_t m, int64_t n) { return (64 + 8 * m * n + 63) / 64 * 64; }
+// A chunk's exact-path groups, [begin, end) in its order: consecutive tensors whose staging
+// (swan_pinned_bytes(shape(i)), each at the sum of the ones before it) fits kSwanPinnedGroupBytes,
+// a larger tensor alone. Each group stages at once and takes one host function: a host node in the
+// update's graph, a round trip to the host each update even when no tensor falls back.
+template <class Shape>
+std::vector<std::pair<int64_t, int64_t>> swan_exact_groups(int64_t count, const Shape& shape) {
+  std::vector<std::pair<int64_t, int64_t>> groups;
+  int64_t bytes = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t b = swan_pinned_bytes(shape(i).first, shape(i).second);
+    if (i == 0 || bytes + b > kSwanPinnedGroupBytes) groups.push_back({i, i + 1}), bytes = b;
+    else groups.back().second = i + 1, bytes += b;
+  }
+  return groups;
+}
 // The order SWAN runs a call's tensors in (stable by dtype pair `kind`, then k, then shape: a chunk's
 // tensors of one shape are adjacent, their Gram matrices and U one strided-batched GEMM each:
 // swan_shape_runs) and each chunk's end in that order; the largest chunk's scratch and the pinned
@@ -245,13 +264,22 @@ inline SwanPlan swan_plan(const std::vector<SwanShape>& shapes) {
   int64_t bytes = 0;
   for (size_t j = 0; j < p.order.size(); ++j) {
     const int64_t i = p.order[j], t = swan_tensor_bytes(shapes[i].m, shapes[i].n);
-    const bool joins = j > 0 && shapes[p.order[j - 1]].kind == shapes[i].kind && k_of(p.order[j - 1]) == k_of(i) && bytes + t <= kSwanChunkBytes;
+    const int64_t in_chunk = j - (p.ends.empty() ? 0 : p.ends.back());
+    const bool joins = j > 0 && shapes[p.order[j - 1]].kind == shapes[i].kind && k_of(p.order[j - 1]) == k_of(i) && bytes + t <= kSwanChunkBytes &&
+                       in_chunk < kSwanChunkTensors;
     if (j > 0 && !joins) p.ends.push_back(static_cast<int64_t>(j)), bytes = 0;
     bytes += t;
     p.scratch_bytes = std::max(p.scratch_bytes, bytes);
-    p.pinned_bytes = std::max(p.pinned_bytes, swan_pinned_bytes(shapes[i].m, shapes[i].n));
   }
   if (!p.order.empty()) p.ends.push_back(static_cast<int64_t>(p.order.size()));
+  for (size_t c = 0, begin = 0; c < p.ends.size(); begin = static_cast<size_t>(p.ends[c++])) {  // the largest exact-path group's staging
+    const auto shape = [&](int64_t b) { return std::pair<int64_t, int64_t>{shapes[p.order[begin + b]].m, shapes[p.order[begin + b]].n}; };
+    for (const auto& [g0, g1] : swan_exact_groups(p.ends[c] - static_cast<int64_t>(begin), shape)) {
+      int64_t bytes_of_group = 0;
+      for (int64_t b = g0; b < g1; ++b) bytes_of_group += swan_pinned_bytes(shape(b).first, shape(b).second);
+      p.pinned_bytes = std::max(p.pinned_bytes, bytes_of_group);
+    }
+  }
   return p;
 }
 

@@ -98,7 +98,8 @@ void CudaOptimizerKernels::sinkgd_update_many(const SinkGDTensor* tensors, int64
   }
 }
 // The tensors in chunks of cuda_scratch::swan_plan's making (one Gram size and dtype pair each),
-// the scratch grown once to the largest chunk and the pinned staging to the largest tensor.
+// the scratch grown once to the largest chunk and the pinned staging to the largest exact-path group;
+// a chunk's matrices' table through the descriptor cache.
 void CudaOptimizerKernels::swan_update_many(const SwanTensor* tensors, int64_t count, const SwanArgs& a) {
   std::vector<cuda_scratch::SwanShape> shapes;
   for (int64_t i = 0; i < count; ++i)
@@ -108,20 +109,26 @@ void CudaOptimizerKernels::swan_update_many(const SwanTensor* tensors, int64_t c
   swan_staging_->reserve(static_cast<size_t>(plan.pinned_bytes));
   const cuda::SwanParams p{a.lr, a.decoupled_decay, a.eps, a.ns_tolerance, a.ns_steps, a.standardize, a.exact, a.write, a.scalars, a.stats};
   std::vector<cuda::SwanItem> items;
-  std::vector<cuda::SwanExactJob*> jobs;
+  std::vector<cuda::SwanExactGroup*> groups;
   const cuda::DeviceLoop loop = [this](const cuda::DeviceLoopBody& body) { return q_->device_loop(body); };
+  const cuda::Upload upload = [this](const void* table, size_t bytes) { return descriptors(table, bytes, "swan_update"); };
   for (size_t c = 0, begin = 0; c < plan.ends.size(); begin = static_cast<size_t>(plan.ends[c++])) {
-    items.clear(), jobs.clear();
+    items.clear(), groups.clear();
     for (size_t j = begin; j < static_cast<size_t>(plan.ends[c]); ++j) {
       const SwanTensor& t = tensors[plan.order[j]];
       items.push_back({t.w.ptr, t.g.ptr, t.m, t.n, t.tensor});
-      jobs.push_back(swan_staging_->job(t.m, t.n));
+    }
+    const auto shape = [&](int64_t b) { return std::pair<int64_t, int64_t>{items[b].m, items[b].n}; };
+    for (const auto& [g0, g1] : cuda_scratch::swan_exact_groups(static_cast<int64_t>(items.size()), shape)) {
+      std::vector<std::pair<int64_t, int64_t>> shapes;
+      for (int64_t b = g0; b < g1; ++b) shapes.push_back(shape(b));
+      groups.push_back(swan_staging_->group(shapes));
     }
     const SwanTensor& first = tensors[plan.order[begin]];
     dispatch::with_types<bf16>(first.w.dtype, first.g.dtype, "swan_update", [&](auto* t, auto* gt) {
       using T = std::remove_pointer_t<decltype(t)>;
       using G = std::remove_pointer_t<decltype(gt)>;
-      cuda::swan_chunk<T, G>(items.data(), static_cast<int64_t>(items.size()), p, *gemm_, work, jobs.data(), loop, q_->issue());
+      cuda::swan_chunk<T, G>(items.data(), static_cast<int64_t>(items.size()), p, *gemm_, work, groups.data(), loop, upload, q_->issue());
     });
   }
 }

@@ -49,7 +49,7 @@ class Scratch {
 };
 
 // SWAN's exact-path staging: pinned host memory that kernels write and host functions read (UVA:
-// one address for both), grown like Scratch, and the host functions' job descriptions by shape,
+// one address for both), grown like Scratch, and the host functions' group descriptions by shapes,
 // which a captured graph holds (dropped with the memory they point into).
 class SwanStaging {
  public:
@@ -68,10 +68,11 @@ class SwanStaging {
     bytes_ = bytes;
     q_.note_buffers_moved();
   }
-  cuda::SwanExactJob* job(int64_t m, int64_t n) {
-    auto& j = jobs_[{m, n}];
-    if (!j) j.reset(cuda::swan_exact_job(ptr_, m, n));
-    return j.get();
+  // An exact-path group of these shapes (cuda_scratch::swan_exact_groups), staged from the start.
+  cuda::SwanExactGroup* group(const std::vector<std::pair<int64_t, int64_t>>& shapes) {
+    auto& g = jobs_[shapes];
+    if (!g) g.reset(cuda::swan_exact_group(ptr_, shapes));
+    return g.get();
   }
 
  private:
@@ -79,9 +80,9 @@ class SwanStaging {
   void* ptr_ = nullptr;
   size_t bytes_ = 0;
   struct Free {
-    void operator()(cuda::SwanExactJob* j) const { cuda::swan_exact_job_free(j); }
+    void operator()(cuda::SwanExactGroup* g) const { cuda::swan_exact_group_free(g); }
   };
-  std::map<std::pair<int64_t, int64_t>, std::unique_ptr<cuda::SwanExactJob, Free>> jobs_;
+  std::map<std::vector<std::pair<int64_t, int64_t>>, std::unique_ptr<cuda::SwanExactGroup, Free>> jobs_;
 };
 
 // Device copies of the multi-tensor launches' descriptor tables, found by their bytes. An optimizer

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
+#include <utility>
+#include <vector>
 
 #include "../common/optim_math.h"
 #include "cuda_compat.h"
@@ -183,7 +185,7 @@ void sinkgd_many(const SinkgdManyItem* items, int64_t count, const SinkgdLayout&
 // decision (each matrix's convergence, the non-finite fallback, the update's skip flag) is made on
 // the device, and the exact FP64 path runs in a host function in stream order when a matrix needs it.
 // No host wait: the chunk can be captured in a graph. scratch: cuda_scratch::swan_plan's bytes;
-// pinned: swan_pinned_bytes of the chunk's largest tensor, in pinned host memory.
+// groups: the chunk's exact-path groups' staging in pinned host memory (swan_exact_groups' order).
 class LtGemm;
 struct SwanParams {
   float lr, decoupled_decay, eps, ns_tolerance;
@@ -199,11 +201,14 @@ struct SwanItem {
   int64_t m, n;
   uint64_t tensor;
 };
-// The host functions' descriptions of the exact path's staging (one per shape, kept by the caller
-// while a graph may run them).
-struct SwanExactJob;
-SwanExactJob* swan_exact_job(void* pinned, int64_t m, int64_t n);
-void swan_exact_job_free(SwanExactJob* job);
+// The host functions' descriptions of the exact path's staging: a group of a chunk's matrices
+// (cuda_scratch::swan_exact_groups) staged from `pinned` on, one host function for the group (kept by
+// the caller, by shapes, while a graph may run it).
+struct SwanExactGroup;
+SwanExactGroup* swan_exact_group(void* pinned, const std::vector<std::pair<int64_t, int64_t>>& shapes);
+void swan_exact_group_free(SwanExactGroup* group);
+// A descriptor table's device copy (the descriptor cache: uploaded once, found again by its bytes).
+using Upload = std::function<const void*(const void* table, size_t bytes)>;
 // A loop the device may end early (CudaQueue::device_loop): while the stream captures a graph, the
 // body is captured once as a WHILE node's body, on the stream it is given, and true is returned; its
 // last kernel says with cudaGraphSetConditional(handle, more) whether it runs again. Otherwise false:
@@ -212,7 +217,7 @@ using DeviceLoopBody = std::function<void(cudaStream_t, cudaGraphConditionalHand
 using DeviceLoop = std::function<bool(const DeviceLoopBody&)>;
 
 template <class T, class G>
-void swan_chunk(const SwanItem* items, int64_t count, const SwanParams& a, LtGemm& gemm, void* scratch, SwanExactJob* const* jobs,
-                const DeviceLoop& loop, cudaStream_t stream);
+void swan_chunk(const SwanItem* items, int64_t count, const SwanParams& a, LtGemm& gemm, void* scratch, SwanExactGroup* const* groups,
+                const DeviceLoop& loop, const Upload& upload, cudaStream_t stream);
 
 }  // namespace multinorm::cuda

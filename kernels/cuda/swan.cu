@@ -62,6 +62,23 @@ struct SwanExactJob {
   double* u;
   int64_t m, n;
 };
+// A group of a chunk's matrices staged at once (cuda_scratch::swan_exact_groups), one host function
+// for all: each job at the sum of the ones before it in the pinned region.
+struct SwanExactGroup {
+  std::vector<SwanExactJob> jobs;
+};
+
+// One matrix of a chunk as its per-matrix kernels take them, every matrix in one launch (blockIdx.y
+// the matrix; the table in device memory, uploaded once: the descriptor cache).
+struct SwanMatrix {
+  void* w;
+  const void* g;
+  float *x, *u;  // X and U in the chunk's scratch, rows of ld
+  int64_t m, n, ld;
+  uint64_t tensor;  // its stochastic rounding's tensor id
+  float sqrt_n, sqrt_max;  // sqrt(n) (the l2 rows' norm), sqrt(max(m, n)) (||U||_F = sqrt(mn)), rounded on the host
+  SwanExactJob job;  // its exact-path staging
+};
 
 namespace {
 
@@ -69,13 +86,17 @@ constexpr int kThreads = 256;
 constexpr int64_t kReduceBlocks = cuda_scratch::kSwanReduceBlocks;
 static_assert(kThreads == 256, "cuda_scratch::swan_reduce_blocks counts 256 elements a block");
 
+// Grid (rows of the tallest matrix, B): row blockIdx.x of matrix b normalised into X (a block a row;
+// a block past its matrix's rows returns whole).
 template <class G>
-__global__ void normalize_rows_kernel(float* X, int64_t ldx, const G* g, int64_t n, bool standardize, float sqrt_n, float eps) {
+__global__ void normalize_rows_kernel(const SwanMatrix* mats, bool standardize, float eps) {
   __shared__ double dscratch[32];
   __shared__ float fscratch[32];
-  const int64_t i = blockIdx.x;
-  const G* gi = g + i * n;
-  float* xi = X + i * ldx;
+  const SwanMatrix& t = mats[blockIdx.y];
+  const int64_t i = blockIdx.x, n = t.n;
+  if (i >= t.m) return;
+  const G* gi = static_cast<const G*>(t.g) + i * n;
+  float* xi = t.x + i * t.ld;
   if (standardize) {  // (g - mean) / std, statistics in FP64 as on the CPU
     double s = 0;
     for (int64_t j = threadIdx.x; j < n; j += blockDim.x) s += to_float(gi[j]);
@@ -91,7 +112,7 @@ __global__ void normalize_rows_kernel(float* X, int64_t ldx, const G* g, int64_t
   } else {
     float ss = 0.0f;
     for (int64_t j = threadIdx.x; j < n; j += blockDim.x) ss += to_float(gi[j]) * to_float(gi[j]);
-    const float inv = sqrt_n / fmaxf(sqrtf(block_sum(ss, fscratch)), eps);
+    const float inv = t.sqrt_n / fmaxf(sqrtf(block_sum(ss, fscratch)), eps);
     for (int64_t j = threadIdx.x; j < n; j += blockDim.x) xi[j] = to_float(gi[j]) * inv;
   }
 }
@@ -204,54 +225,67 @@ __global__ void ns_step_end_kernel(SwanState* st, int64_t B, int ns_steps, cudaG
   cudaGraphSetConditional(loop, more ? 1u : 0u);
 }
 
-// Non-finite entries of U [m, ld] -> st->nonfinite (deterministic: an integer count)
-__global__ void count_nonfinite_kernel(SwanState* st, const float* U, int64_t m, int64_t n, int64_t ld) {
+// Grid (g, B): non-finite entries of matrix b's U -> st[b].nonfinite (deterministic: an integer count)
+__global__ void count_nonfinite_kernel(SwanState* st, const SwanMatrix* mats) {
+  const SwanMatrix& t = mats[blockIdx.y];
   unsigned local = 0;
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < m * n; e += int64_t(gridDim.x) * blockDim.x)
-    local += !isfinite(U[(e / n) * ld + e % n]);
-  if (local) atomicAdd(&st->nonfinite, local);  // an integer: order-independent
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < t.m * t.n; e += int64_t(gridDim.x) * blockDim.x)
+    local += !isfinite(t.u[(e / t.n) * t.ld + e % t.n]);
+  if (local) atomicAdd(&st[blockIdx.y].nonfinite, local);  // an integer: order-independent
 }
 
-// Newton-Schulz's result, when finite: W <- W keep - lr sqrt(max(m, n)) / sqrt(c) U (the lr, keep and
-// write step from the update's scalars when given: take_update_scalars). Otherwise (or on the exact
-// path) X is staged for the host function, flag 1. A skipped update changes nothing and stages nothing.
+// Grid (g, matrices b0 ..): Newton-Schulz's result, when finite: W <- W keep - lr sqrt(max(m, n)) /
+// sqrt(c) U (the lr, keep and write step from the update's scalars when given: take_update_scalars).
+// Otherwise (or on the exact path) X is staged for the host function, flag 1. A skipped update
+// changes nothing and stages nothing.
 template <class T>
-__global__ void swan_apply_kernel(T* w, const float* U, const float* X, int64_t m, int64_t n, int64_t ld, const SwanState* st, bool exact,
-                                  RuleScalars r, float sqrt_max, WriteBack wb, const UpdateScalars* s, int slot, SwanExactJob job) {
+__global__ void swan_apply_kernel(const SwanMatrix* mats, int64_t b0, const SwanState* states, bool exact, RuleScalars r, WriteBack wb,
+                                  const UpdateScalars* s, int slot) {
+  const SwanMatrix& t = mats[b0 + blockIdx.y];
+  const SwanState* st = states + b0 + blockIdx.y;
   const bool skip = s && s->stats.skip;
   const bool ok = !exact && st->nonfinite == 0 && isfinite(st->residual);
-  if (blockIdx.x == 0 && threadIdx.x == 0) *job.flag = skip || ok ? 0u : 1u;
+  if (blockIdx.x == 0 && threadIdx.x == 0) *t.job.flag = skip || ok ? 0u : 1u;
   if (skip) return;
-  const int64_t total = m * n;
+  const int64_t m = t.m, n = t.n, ld = t.ld, total = m * n;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   if (!ok) {
-    for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total; e += stride) job.x[e] = X[(e / n) * ld + e % n];
+    for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total; e += stride) t.job.x[e] = t.x[(e / n) * ld + e % n];
     return;
   }
+  wb.tensor = t.tensor;
   take_update_scalars(s, slot, r, wb);
-  const float keep = r.keep, step = r.lr * sqrt_max;
+  const float keep = r.keep, step = r.lr * t.sqrt_max;
   const float scale = step * float(1.0 / sqrt(st->c));
+  T* w = static_cast<T*>(t.w);
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total; e += stride)
-    w[e] = store_weight<T>(to_float(w[e]) * keep - scale * U[(e / n) * ld + e % n], wb, static_cast<uint64_t>(e));
+    w[e] = store_weight<T>(to_float(w[e]) * keep - scale * t.u[(e / n) * ld + e % n], wb, static_cast<uint64_t>(e));
 }
 
-// One thread: the host function's verdict into the matrix's state (device memory). The flag lives in
-// pinned host memory: read once here, not by every thread of the apply kernel (each such read is a
-// PCIe round trip: on an H100 they made the update 25x its prediction, gpu_check 2026-11-27).
-__global__ void swan_exact_verdict_kernel(SwanState* st, SwanExactJob job) {
-  const uint32_t flag = *job.flag;
-  st->fallback = flag >= 2 ? flag : 0u;
+// A thread a matrix b0 + i: the host function's verdict into the matrix's state (device memory). The
+// flag lives in pinned host memory: read once here, not by every thread of the apply kernel (each
+// such read is a PCIe round trip: on an H100 they made the update 25x its prediction, gpu_check
+// 2026-11-27).
+__global__ void swan_exact_verdict_kernel(SwanState* states, const SwanMatrix* mats, int64_t b0, int64_t count) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i >= count) return;
+  const uint32_t flag = *mats[b0 + i].job.flag;
+  states[b0 + i].fallback = flag >= 2 ? flag : 0u;
 }
 
-// The host function's result: applied when it is ready (fallback 2), in FP64 as on the CPU.
+// Grid (g, matrices b0 ..): the host function's result, applied where it is ready (fallback 2), in
+// FP64 as on the CPU.
 template <class T>
-__global__ void swan_apply_exact_kernel(T* w, int64_t total, const SwanState* st, RuleScalars r, float sqrt_max, WriteBack wb,
-                                        const UpdateScalars* s, int slot, SwanExactJob job) {
-  if (st->fallback != 2 || !take_update_scalars(s, slot, r, wb)) return;
+__global__ void swan_apply_exact_kernel(const SwanMatrix* mats, int64_t b0, const SwanState* states, RuleScalars r, WriteBack wb, const UpdateScalars* s,
+                                        int slot) {
+  const SwanMatrix& t = mats[b0 + blockIdx.y];
+  wb.tensor = t.tensor;
+  if (states[b0 + blockIdx.y].fallback != 2 || !take_update_scalars(s, slot, r, wb)) return;
   const float keep = r.keep;
-  const double step = r.lr * sqrt_max;
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x)
-    w[e] = store_weight<T>(float(to_float(w[e]) * keep - step * job.u[e]), wb, static_cast<uint64_t>(e));
+  const double step = r.lr * t.sqrt_max;
+  T* w = static_cast<T*>(t.w);
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < t.m * t.n; e += int64_t(gridDim.x) * blockDim.x)
+    w[e] = store_weight<T>(float(to_float(w[e]) * keep - step * t.job.u[e]), wb, static_cast<uint64_t>(e));
 }
 
 // One thread: the chunk's matrices into the update's statistics (optim_math::add_swan_tensor, as the
@@ -270,19 +304,21 @@ __global__ void swan_statistics_kernel(SwanStats* out, const SwanState* st, int6
   }
 }
 
-// The host function: the exact FP64 polar factor of a staged X (flag 1), or nothing. No CUDA call
-// here (CUDA forbids them in a host function); a failure is a flag the device reads.
+// The host function of a group: the exact FP64 polar factor of each staged X (flag 1), nothing for
+// the others. No CUDA call here (CUDA forbids them in a host function); a failure is a flag the
+// device reads.
 void CUDART_CB swan_exact_on_host(void* data) {
-  SwanExactJob& j = *static_cast<SwanExactJob*>(data);
-  if (*j.flag != 1) return;
-  try {
-    const int64_t m = j.m, n = j.n, k = std::min(m, n);
-    std::vector<float> x(j.x, j.x + m * n);  // U overwrites X's bytes
-    std::vector<double> M(m * n), A(k * k + k), B(k * k), Z(k * k);
-    polar_exact_fp64(j.u, x.data(), m, n, M.data(), A.data(), B.data(), Z.data());
-    *j.flag = 2;
-  } catch (...) {
-    *j.flag = 3;
+  for (SwanExactJob& j : static_cast<SwanExactGroup*>(data)->jobs) {
+    if (*j.flag != 1) continue;
+    try {
+      const int64_t m = j.m, n = j.n, k = std::min(m, n);
+      std::vector<float> x(j.x, j.x + m * n);  // U overwrites X's bytes
+      std::vector<double> M(m * n), A(k * k + k), B(k * k), Z(k * k);
+      polar_exact_fp64(j.u, x.data(), m, n, M.data(), A.data(), B.data(), Z.data());
+      *j.flag = 2;
+    } catch (...) {
+      *j.flag = 3;
+    }
   }
 }
 
@@ -290,15 +326,16 @@ unsigned grid_for(int64_t n) { return static_cast<unsigned>(std::min<int64_t>(ce
 
 }  // namespace
 
-SwanExactJob* swan_exact_job(void* pinned, int64_t m, int64_t n) {
-  auto* j = new SwanExactJob;
-  j->flag = static_cast<volatile uint32_t*>(pinned);
-  j->x = reinterpret_cast<float*>(static_cast<char*>(pinned) + 64);
-  j->u = reinterpret_cast<double*>(static_cast<char*>(pinned) + 64);
-  j->m = m, j->n = n;
-  return j;
+SwanExactGroup* swan_exact_group(void* pinned, const std::vector<std::pair<int64_t, int64_t>>& shapes) {
+  auto* g = new SwanExactGroup;
+  char* at = static_cast<char*>(pinned);
+  for (const auto& [m, n] : shapes) {
+    g->jobs.push_back({reinterpret_cast<volatile uint32_t*>(at), reinterpret_cast<float*>(at + 64), reinterpret_cast<double*>(at + 64), m, n});
+    at += cuda_scratch::swan_pinned_bytes(m, n);
+  }
+  return g;
 }
-void swan_exact_job_free(SwanExactJob* job) { delete job; }
+void swan_exact_group_free(SwanExactGroup* group) { delete group; }
 
 namespace {
 
@@ -398,35 +435,44 @@ void u_batched(const Chunk& c, int64_t b0, int64_t count, int64_t m, int64_t n, 
 }  // namespace
 
 template <class T, class G>
-void swan_chunk(const SwanItem* items, int64_t B, const SwanParams& a, LtGemm& gemm, void* scratch, SwanExactJob* const* jobs, const DeviceLoop& loop,
-                cudaStream_t stream) {
+void swan_chunk(const SwanItem* items, int64_t B, const SwanParams& a, LtGemm& gemm, void* scratch, SwanExactGroup* const* groups,
+                const DeviceLoop& loop, const Upload& upload, cudaStream_t stream) {
+  namespace cs = cuda_scratch;
   Chunk c = chunk_layout(items, B, scratch);
-  const auto runs = cuda_scratch::swan_shape_runs(B, [&](int64_t b) { return std::pair<int64_t, int64_t>{items[b].m, items[b].n}; });
-  for (int64_t b = 0; b < B; ++b) {
-    const int64_t m = items[b].m, n = items[b].n, ld = cuda_scratch::swan_ld(n);
-    launch("swan_normalize_rows", normalize_rows_kernel<G>, dim3(static_cast<unsigned>(m)), dim3(kThreads), 0, stream, c.X[b], ld,
-           static_cast<const G*>(items[b].g), n, a.standardize, std::sqrt(static_cast<float>(n)), a.eps);
-  }
+  const auto shape = [&](int64_t b) { return std::pair<int64_t, int64_t>{items[b].m, items[b].n}; };
+  const auto runs = cs::swan_shape_runs(B, shape), exact_groups = cs::swan_exact_groups(B, shape);
+  // The matrices' table, each with its exact-path job (its group's, in chunk order).
+  std::vector<SwanMatrix> table;
+  int64_t rows = 0, most = 0;
+  for (size_t g = 0; g < exact_groups.size(); ++g)
+    for (int64_t b = exact_groups[g].first; b < exact_groups[g].second; ++b) {
+      const SwanItem& t = items[b];
+      table.push_back({t.w, t.g, c.X[b], c.U[b], t.m, t.n, cs::swan_ld(t.n), t.tensor, std::sqrt(static_cast<float>(t.n)),
+                       std::sqrt(static_cast<float>(std::max(t.m, t.n))), groups[g]->jobs[static_cast<size_t>(b - exact_groups[g].first)]});
+      rows = std::max(rows, t.m), most = std::max(most, t.m * t.n);
+    }
+  const auto* mats = static_cast<const SwanMatrix*>(upload(table.data(), table.size() * sizeof(SwanMatrix)));
+  const unsigned per_matrix = grid_for(most);
+  launch("swan_normalize_rows", normalize_rows_kernel<G>, dim3(static_cast<unsigned>(rows), static_cast<unsigned>(B)), dim3(kThreads), 0, stream, mats,
+         a.standardize, a.eps);
   if (!a.exact) {
     for (const auto& [b0, b1] : runs) gram_batched(c, b0, b1 - b0, items[b0].m, items[b0].n, gemm, stream);
     inverse_sqrt_batched(c, a, gemm, loop, stream);
     for (const auto& [b0, b1] : runs) u_batched(c, b0, b1 - b0, items[b0].m, items[b0].n, gemm, stream);
+    launch("swan_count_nonfinite", count_nonfinite_kernel, dim3(per_matrix, static_cast<unsigned>(B)), dim3(kThreads), 0, stream, c.st, mats);
   }
+  // Per exact-path group: the apply (staging X where a matrix falls back), the host function, its
+  // verdicts and the exact results applied.
   const RuleScalars rule = optim_math::rule_scalars(a.lr, a.decoupled_decay);
-  for (int64_t b = 0; b < B; ++b) {
-    const SwanItem& t = items[b];
-    const int64_t m = t.m, n = t.n, ld = cuda_scratch::swan_ld(n);
-    if (!a.exact)
-      launch("swan_count_nonfinite", count_nonfinite_kernel, dim3(grid_for(m * n)), dim3(kThreads), 0, stream, c.st + b, c.U[b], m, n, ld);
-    WriteBack wb = a.write;
-    wb.tensor = t.tensor;
-    const float sqrt_max = std::sqrt(static_cast<float>(std::max(m, n)));  // ||U||_F = sqrt(mn)
-    launch("swan_apply", swan_apply_kernel<T>, dim3(grid_for(m * n)), dim3(kThreads), 0, stream, static_cast<T*>(t.w), c.U[b], c.X[b], m, n,
-           ld, c.st + b, a.exact, rule, sqrt_max, wb, a.scalars.at, a.scalars.slot, *jobs[b]);
-    MN_CUDA_CHECK(cudaLaunchHostFunc(stream, swan_exact_on_host, jobs[b]), "swan's exact path (a host function)");
-    launch("swan_exact_verdict", swan_exact_verdict_kernel, dim3(1), dim3(1), 0, stream, c.st + b, *jobs[b]);
-    launch("swan_apply_exact", swan_apply_exact_kernel<T>, dim3(grid_for(m * n)), dim3(kThreads), 0, stream, static_cast<T*>(t.w), m * n,
-           c.st + b, rule, sqrt_max, wb, a.scalars.at, a.scalars.slot, *jobs[b]);
+  for (size_t g = 0; g < exact_groups.size(); ++g) {
+    const int64_t b0 = exact_groups[g].first, count = exact_groups[g].second - b0;
+    const dim3 grid(per_matrix, static_cast<unsigned>(count));
+    launch("swan_apply", swan_apply_kernel<T>, grid, dim3(kThreads), 0, stream, mats, b0, c.st, a.exact, rule, a.write, a.scalars.at, a.scalars.slot);
+    MN_CUDA_CHECK(cudaLaunchHostFunc(stream, swan_exact_on_host, groups[g]), "swan's exact path (a host function)");
+    launch("swan_exact_verdict", swan_exact_verdict_kernel, dim3(static_cast<unsigned>(ceil_div(count, kThreads))), dim3(kThreads), 0, stream, c.st, mats,
+           b0, count);
+    launch("swan_apply_exact", swan_apply_exact_kernel<T>, grid, dim3(kThreads), 0, stream, mats, b0, c.st, rule, a.write, a.scalars.at,
+           a.scalars.slot);
   }
   if (a.stats)
     launch("swan_statistics", swan_statistics_kernel, dim3(1), dim3(1), 0, stream, a.stats, c.st, B, a.exact, a.exact ? 0.0f : a.ns_tolerance,
@@ -434,8 +480,8 @@ void swan_chunk(const SwanItem* items, int64_t B, const SwanParams& a, LtGemm& g
 }
 
 #define MULTINORM_INSTANTIATE(T, G)                                                                                                  \
-  template void swan_chunk<T, G>(const SwanItem*, int64_t, const SwanParams&, LtGemm&, void*, SwanExactJob* const*, const DeviceLoop&, \
-                                 cudaStream_t);
+  template void swan_chunk<T, G>(const SwanItem*, int64_t, const SwanParams&, LtGemm&, void*, SwanExactGroup* const*, const DeviceLoop&, \
+                                 const Upload&, cudaStream_t);
 MULTINORM_INSTANTIATE(float, float)
 MULTINORM_INSTANTIATE(bf16, bf16)
 MULTINORM_INSTANTIATE(bf16, float)

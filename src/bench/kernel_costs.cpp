@@ -324,8 +324,8 @@ class CostRecorder final : public Backend, public OptimizerKernels {
       begin = end;
     }
   }
-  // SWAN as swan.cu runs it, chunk by chunk (cuda_scratch::swan_plan): per tensor its rows
-  // normalised into X (FP32); per run of one shape (cuda_scratch::swan_shape_runs) the Gram matrices
+  // SWAN as swan.cu runs it, chunk by chunk (cuda_scratch::swan_plan): the rows of every tensor
+  // normalised into X (FP32), one launch; per run of one shape (cuda_scratch::swan_shape_runs) the Gram matrices
   // A = X X^T (k = min(m, n)), one batched GEMM; per chunk of B matrices ||A||_F twice, the
   // regularisation, the largest absolute row sums, then the Newton-Schulz steps in bodies of two,
   // all ceil(ns_steps / 2) of them as an eager (profiled) run pays them; the update's graph ends its
@@ -333,9 +333,10 @@ class CostRecorder final : public Backend, public OptimizerKernels {
   // (optim_math::ns_steps_bound: 10 steps at 1e-4, 6 bodies), which depends on no data but the
   // tolerance, yet is not what a profiled step runs: P = Z Y, its residual and T,
   // the freeze, Y <- Y T and Z <- T Z as strided-batched FP32 GEMMs, the step's end (one thread
-  // reading the states); the final iterate's P and residual; per run U = Z X, one batched GEMM; per
-  // tensor a finiteness count, the apply and the exact path's apply (which returns at once unless a
-  // matrix fell back: its host function is no device work); the statistics.
+  // reading the states); the final iterate's P and residual; per run U = Z X, one batched GEMM; a
+  // finiteness count; per exact-path group (cuda_scratch::swan_exact_groups) the apply, the verdicts
+  // and the exact path's apply (which returns at once unless a matrix fell back: the group's host
+  // function is no device work); the statistics.
   void swan_update_many(const SwanTensor* tensors, int64_t count, const SwanArgs& a) override {
     if (a.exact) throw Error("cost model: SWAN's exact path runs on the host (LAPACK), not on the device");
     std::vector<cuda_scratch::SwanShape> shapes;
@@ -349,11 +350,13 @@ class CostRecorder final : public Backend, public OptimizerKernels {
       const double R = static_cast<double>(cuda_scratch::swan_reduce_blocks(std::min(first.m, first.n)));
       const auto shape = [&](int64_t b) { return std::pair<int64_t, int64_t>{tensors[plan.order[begin + b]].m, tensors[plan.order[begin + b]].n}; };
       const auto runs = cuda_scratch::swan_shape_runs(static_cast<int64_t>(end - begin), shape);
+      double normalize = 0, mn_all = 0;
       for (size_t j = begin; j < end; ++j) {
         const SwanTensor& t = tensors[plan.order[j]];
         const double mn = double(t.m) * t.n;
-        add("swan_normalize_rows", CostUnit::Memory, 1, mn * (s_of(t.g) + 4), 3.0 * mn);
+        normalize += mn * (s_of(t.g) + 4), mn_all += mn;
       }
+      add("swan_normalize_rows", CostUnit::Memory, 1, normalize, 3.0 * mn_all);
       for (const auto& [b0, b1] : runs) gemm_fp32_batched(k, k, static_cast<double>(std::max(shape(b0).first, shape(b0).second)), double(b1 - b0));  // A
       auto reduce = [&](double passes_bytes) {
         add("swan_partial_sums", CostUnit::Memory, 1, B * passes_bytes + 8.0 * R * B, 3.0 * B * kk);
@@ -377,13 +380,16 @@ class CostRecorder final : public Backend, public OptimizerKernels {
       gemm_fp32_batched(k, k, k, B);  // the final iterate
       reduce(4.0 * kk);
       for (const auto& [b0, b1] : runs) gemm_fp32_batched(double(shape(b0).first), double(shape(b0).second), k, double(b1 - b0));  // U
-      for (size_t j = begin; j < end; ++j) {
-        const SwanTensor& t = tensors[plan.order[j]];
-        const double mn = double(t.m) * t.n;
-        add("swan_count_nonfinite", CostUnit::Memory, 1, 4.0 * mn, mn);
-        add("swan_apply", CostUnit::Memory, 1, mn * (4 + 2 * s_of(t.w)), 3.0 * mn);
-        add("swan_exact_verdict", CostUnit::Memory, 1, 64.0, 0);  // the host function's flag, one read of pinned memory
-        add("swan_apply_exact", CostUnit::Memory, 1, 0, 0);  // returns at once unless the tensor fell back
+      add("swan_count_nonfinite", CostUnit::Memory, 1, 4.0 * mn_all, mn_all);
+      for (const auto& [g0, g1] : cuda_scratch::swan_exact_groups(static_cast<int64_t>(end - begin), shape)) {  // a launch each a group
+        double apply = 0, mn_group = 0;
+        for (int64_t b = g0; b < g1; ++b) {
+          const SwanTensor& t = tensors[plan.order[begin + static_cast<size_t>(b)]];
+          apply += double(t.m) * t.n * (4 + 2 * s_of(t.w)), mn_group += double(t.m) * t.n;
+        }
+        add("swan_apply", CostUnit::Memory, 1, apply, 3.0 * mn_group);
+        add("swan_exact_verdict", CostUnit::Memory, 1, 64.0 * double(g1 - g0), 0);  // the host function's flags, a read of pinned memory each
+        add("swan_apply_exact", CostUnit::Memory, 1, 0, 0);  // returns at once unless a tensor fell back
       }
       add("swan_statistics", CostUnit::Memory, 1, 64.0 * B, 0);
     }
