@@ -212,17 +212,25 @@ __global__ void freeze_kernel(float* T, int64_t k, int64_t gram, const SwanState
     T[b * gram + e] = e / k == e % k ? 1.0f : 0.0f;
 }
 
-// One thread, at the end of a Newton-Schulz step: every matrix's spectrum bound and the chunk's step
-// advance. At the end of a device loop's body (`decide`, with a loop's handle) it says whether the body
-// runs again: while a step is left and some matrix is not done. Those are the steps the CPU would run
-// for its slowest matrix.
+// One block, a thread a matrix (a chunk holds at most kSwanChunkTensors), at the end of a
+// Newton-Schulz step: every matrix's spectrum bound, then the chunk's step advanced by thread 0. At
+// the end of a device loop's body (`decide`, with a loop's handle) it says whether the body runs
+// again: while a step is left and some matrix is not done. Those are the steps the CPU would run for
+// its slowest matrix. (It was one thread over the matrices: 32 us a launch on an H200 at 56 of them.)
+static_assert(cuda_scratch::kSwanChunkTensors <= kThreads, "a thread per matrix of a chunk");
 __global__ void ns_step_end_kernel(SwanState* st, int64_t B, int ns_steps, cudaGraphConditionalHandle loop, int decide) {
-  for (int64_t b = 0; b < B; ++b) st[b].lower = optim_math::ns_step(st[b].lower).next_lower;
+  __shared__ int scratch[32];
+  const int64_t b = threadIdx.x;
+  int open = 0;
+  if (b < B) {
+    st[b].lower = optim_math::ns_step(st[b].lower).next_lower;
+    open = st[b].done ? 0 : 1;
+  }
+  const int not_done = block_sum(open, scratch);
+  if (threadIdx.x != 0) return;
   const uint32_t step = ++st[0].chunk_step;
   if (!decide || loop == 0) return;
-  bool more = false;
-  for (int64_t b = 0; b < B && step < uint32_t(ns_steps); ++b) more = more || !st[b].done;
-  cudaGraphSetConditional(loop, more ? 1u : 0u);
+  cudaGraphSetConditional(loop, not_done > 0 && step < uint32_t(ns_steps) ? 1u : 0u);
 }
 
 // Grid (g, B): non-finite entries of matrix b's U -> st[b].nonfinite (deterministic: an integer count)
@@ -391,7 +399,7 @@ void inverse_sqrt_batched(Chunk& c, const SwanParams& a, LtGemm& gemm, const Dev
     std::swap(c.Y, c.P);
     gemm.run_batched(c.spare, c.T, c.Z, k, k, k, B, gram, s);  // Z <- T Z
     std::swap(c.Z, c.spare);
-    launch("swan_ns_step_end", ns_step_end_kernel, dim3(1), dim3(1), 0, s, c.st, B, a.ns_steps, handle, body_end ? 1 : 0);
+    launch("swan_ns_step_end", ns_step_end_kernel, dim3(1), dim3(kThreads), 0, s, c.st, B, a.ns_steps, handle, body_end ? 1 : 0);
   };
   // The first step with Z0 = I: P = Z0 Y0 is Y0 and Z1 = T0 Z0 is T0 (a product with the identity is
   // exact in FP32 for finite values, the CPU's bits), so it takes one product, Y T, of the three; Z
@@ -402,7 +410,7 @@ void inverse_sqrt_batched(Chunk& c, const SwanParams& a, LtGemm& gemm, const Dev
     gemm.run_batched(c.P, c.Y, c.T, k, k, k, B, gram, s);  // Y <- Y T
     std::swap(c.Y, c.P);
     std::swap(c.Z, c.T);  // Z <- T
-    launch("swan_ns_step_end", ns_step_end_kernel, dim3(1), dim3(1), 0, s, c.st, B, a.ns_steps, cudaGraphConditionalHandle{0}, 0);
+    launch("swan_ns_step_end", ns_step_end_kernel, dim3(1), dim3(kThreads), 0, s, c.st, B, a.ns_steps, cudaGraphConditionalHandle{0}, 0);
   };
   auto body = [&](cudaStream_t s, cudaGraphConditionalHandle handle) { step(s, handle, false), step(s, handle, true); };
   // Steps 1 and 2 before the loop, then bodies of two (the buffers back where they were after each).
