@@ -298,7 +298,9 @@ TEST(SwanPlan, OrdersAChunkByShapeAndStagesTheExactPathInGroups) {
     int64_t bytes = 0;
     for (int64_t b = g0; b < g1; ++b) bytes += cs::swan_pinned_bytes(shape(b).first, shape(b).second);
     EXPECT_LE(bytes, cs::kSwanPinnedGroupBytes);
-    if (g1 < 56) EXPECT_GT(bytes + cs::swan_pinned_bytes(shape(g1).first, shape(g1).second), cs::kSwanPinnedGroupBytes);  // as full as it gets
+    if (g1 < 56) {
+      EXPECT_GT(bytes + cs::swan_pinned_bytes(shape(g1).first, shape(g1).second), cs::kSwanPinnedGroupBytes);  // as full as it gets
+    }
     largest = std::max(largest, bytes), at = g1;
   }
   EXPECT_EQ(at, 56);

@@ -288,7 +288,9 @@ TEST_P(CudaVsCpu, SwanRunsAChunksMatricesInOneLaunchAKernelAndOneGemmAShape) {
     EXPECT_EQ(launches["swan_count_nonfinite"], exact ? 0 : 1) << what;
     EXPECT_EQ(launches["gemm fp32 (cuBLASLt)"], 0) << what;  // no product of one matrix
     // Gram and U of 3 shapes; 12 steps eagerly: 1 product, then 3 each, and the final residual's
-    if (!exact) EXPECT_EQ(launches["gemm fp32 batched (cuBLASLt)"], 3 * 2 + 1 + 3 * 11 + 1) << what;
+    if (!exact) {
+      EXPECT_EQ(launches["gemm fp32 batched (cuBLASLt)"], 3 * 2 + 1 + 3 * 11 + 1) << what;
+    }
   }
 }
 

@@ -11,6 +11,7 @@
 // cuda_scratch::gemm_staging; the gate/up projection over the CUDA plan's padded rows runs by halves,
 // gate and up each a GEMM: halves()); gemms() lists the logical shapes (the FLOPs, the CPU's GEMMs).
 #pragma once
+#include <algorithm>
 #include <array>
 #include <cstdint>
 
@@ -58,7 +59,7 @@ struct Linear {
   void backward_input(Backend& be, Buf dx, Buf dy, int64_t N) const {
     if (!halves(dy)) return be.matmul(dx, dy, w, N, in, out, false, false, false);
     if (dx.dtype != DType::F32) throw Error("Linear: the gate/up projection's input gradient by halves needs an FP32 output");
-    be.matmul(dx, dy, w, N, in, half(), false, false, false);
+    be.matmul(dx, dy, w, N, in, gate_extent(dy), false, false, false);
     be.matmul(dx, up_half(dy), w.at(half() * in), N, in, half(), false, false, true);
   }
   // The down projection (in = F): ds = dy W, then SwiGLU's backward into dgate_up, s recomputed.
@@ -67,7 +68,7 @@ struct Linear {
   }
   void backward_weight(Backend& be, Buf dy, Buf x, int64_t N) const {
     if (!halves(dy)) return be.matmul(dw, dy, x, out, in, N, true, false, true);
-    be.matmul(dw, dy, x, half(), in, N, true, false, true);                           // dWgate += dgate^T x
+    be.matmul(dw, dy, x, gate_extent(dy), in, N, true, false, true);                  // dWgate += dgate^T x
     be.matmul(dw.at(half() * in), up_half(dy), x, half(), in, N, true, false, true);  // dWup += dup^T x
   }
 
@@ -78,6 +79,11 @@ struct Linear {
   int64_t half() const { return out / 2; }
   int64_t up_column(const Buf& y) const { return cuda_scratch::mlp_up_column(half(), y.ld, dtype_bytes(y.dtype)); }
   Buf up_half(const Buf& y) const { return y.at(up_column(y)); }
+  // The gate half's extent in its gradients' GEMMs: on to the up half's column (within W's 2F rows),
+  // so it is whole packs, one GEMM and not a bulk and a rest. The gradient's columns between the
+  // halves are zeros (the plan's padding, which SwiGLU never writes) and meet the up half's first rows
+  // of W and dW: the input gradient adds exact zeros, the weight gradient adds zeros to those rows.
+  int64_t gate_extent(const Buf& dy) const { return std::min(up_column(dy), out); }
 
   // The three GEMMs of a projection of `in` to `out` over N rows, `count` of them a step: forward,
   // backward_input, backward_weight. swiglu_forward / swiglu_input mark the fused forms.
