@@ -66,9 +66,10 @@ inline VocabChunks fused_loss_head_chunks(int64_t R, int64_t V) {
 }
 
 // What a backend wants of the plan: the scratch its fused kernels never write (see above), and
-// whether the MLP's activations (gate_up, swiglu and their gradients) get rows padded where their
-// width is off 16 bytes (cuda_scratch::gemm_staged_ld: 128-byte rows), so its GEMMs take them as
-// they are instead of staging them (an MLP width of 5461).
+// whether the MLP's activations (gate_up, swiglu and their gradients) get rows padded where F's rows
+// are off 16 bytes (cuda_scratch::gemm_staged_ld: 128-byte rows; gate_up's up half on a pack:
+// cuda_scratch::mlp_up_column), so its GEMMs take them as they are instead of staging them (an MLP
+// width of 5461).
 struct ActivationLayout {
   bool loss_head = false;        // linear_cross_entropy never stores `logits`
   bool swiglu_backward = false;  // matmul_swiglu_backward never stores `ds`

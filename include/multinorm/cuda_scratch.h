@@ -67,7 +67,8 @@ inline int64_t mlp_gate_up_ld(int64_t F, int64_t element_bytes) { return gemm_st
 // arrays both halves) on 16 bytes, and a row's last pack, loaded whole, inside the row's stride;
 // anything else runs an element a thread, in launches named "..._elementwise" (a profile shows which
 // ran). One rule for the launchers and the cost model. An array: its base, row stride and a column
-// the kernel reads a pack at (0, or the up half's).
+// the kernel reads a pack at (0, or the up half's); every row, the last too, allocated to its full
+// stride (the plan's buffers are).
 struct SwigluArray {
   uintptr_t address;
   int64_t stride, column;
@@ -209,7 +210,7 @@ int64_t sinkgd_many_launch_end(int64_t begin, int64_t count, const Shape& shape,
 // and U (FP32, rows padded to 128 bytes for cuBLASLt), the k x k matrices Y (first the Gram matrix),
 // Z, P, T and a ping-pong spare, the residual's partial sums and the tensor's state (64 bytes). A
 // chunk holds tensors while its scratch stays within kSwanChunkBytes (a larger tensor alone), at most
-// kSwanChunkTensors of them (its kernels' descriptor table). The exact path stages a tensor in pinned
+// kSwanChunkTensors of them (a Newton-Schulz step's end is one block, a thread a tensor). The exact path stages a tensor in pinned
 // host memory, a flag and 8 bytes an element (X as floats, then U as doubles), a group of a chunk's
 // tensors at once (swan_exact_groups: one host function a group).
 constexpr int64_t kSwanChunkBytes = int64_t(1) << 30;
@@ -245,8 +246,9 @@ std::vector<std::pair<int64_t, int64_t>> swan_exact_groups(int64_t count, const 
 // staging the call needs.
 struct SwanShape {
   int64_t m = 0, n = 0;
-  int kind = 0;
+  int kind = 0;  // the dtype pair (swan_kind): a chunk holds one
 };
+inline int swan_kind(int weight_dtype, int grad_dtype) { return weight_dtype * 16 + grad_dtype; }
 struct SwanPlan {
   std::vector<int64_t> order, ends;
   int64_t scratch_bytes = 0, pinned_bytes = 0;

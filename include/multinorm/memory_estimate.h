@@ -45,7 +45,8 @@ int64_t cpu_backend_scratch_bytes(const ModelConfig& m, int64_t micro_batch, int
 
 // One GEMM of a training step as the CUDA backend runs it: out[M,N] = op(a) op(b) (+ out when
 // accumulate), elements of `in` bytes in a and b, `out` bytes in out; `count` of them a micro-batch.
-// name: the projection and pass ("gate_up backward_input"). What the GEMM staging scratch is sized by
+// name: the projection and pass ("qkv backward_input"; "gate ..." and "up ..." where the gate/up
+// projection runs by halves: Linear::halves). What the GEMM staging scratch is sized by
 // and what `bench gemm -c MODEL` times.
 struct GemmCall {
   std::string name;

@@ -103,7 +103,7 @@ void CudaOptimizerKernels::sinkgd_update_many(const SinkGDTensor* tensors, int64
 void CudaOptimizerKernels::swan_update_many(const SwanTensor* tensors, int64_t count, const SwanArgs& a) {
   std::vector<cuda_scratch::SwanShape> shapes;
   for (int64_t i = 0; i < count; ++i)
-    shapes.push_back({tensors[i].m, tensors[i].n, static_cast<int>(tensors[i].w.dtype) * 16 + static_cast<int>(tensors[i].g.dtype)});
+    shapes.push_back({tensors[i].m, tensors[i].n, cuda_scratch::swan_kind(static_cast<int>(tensors[i].w.dtype), static_cast<int>(tensors[i].g.dtype))});
   const cuda_scratch::SwanPlan plan = cuda_scratch::swan_plan(shapes);
   void* work = scratch(opt_scratch_, static_cast<size_t>(plan.scratch_bytes), "swan_update");
   swan_staging_->reserve(static_cast<size_t>(plan.pinned_bytes));
@@ -120,9 +120,9 @@ void CudaOptimizerKernels::swan_update_many(const SwanTensor* tensors, int64_t c
     }
     const auto shape = [&](int64_t b) { return std::pair<int64_t, int64_t>{items[b].m, items[b].n}; };
     for (const auto& [g0, g1] : cuda_scratch::swan_exact_groups(static_cast<int64_t>(items.size()), shape)) {
-      std::vector<std::pair<int64_t, int64_t>> shapes;
-      for (int64_t b = g0; b < g1; ++b) shapes.push_back(shape(b));
-      groups.push_back(swan_staging_->group(shapes));
+      std::vector<std::pair<int64_t, int64_t>> group_shapes;
+      for (int64_t b = g0; b < g1; ++b) group_shapes.push_back(shape(b));
+      groups.push_back(swan_staging_->group(group_shapes));
     }
     const SwanTensor& first = tensors[plan.order[begin]];
     dispatch::with_types<bf16>(first.w.dtype, first.g.dtype, "swan_update", [&](auto* t, auto* gt) {

@@ -236,9 +236,11 @@ __global__ void ns_step_end_kernel(SwanState* st, int64_t B, int ns_steps, cudaG
 // Grid (g, B): non-finite entries of matrix b's U -> st[b].nonfinite (deterministic: an integer count)
 __global__ void count_nonfinite_kernel(SwanState* st, const SwanMatrix* mats) {
   const SwanMatrix& t = mats[blockIdx.y];
+  const int64_t n = t.n, ld = t.ld, total = t.m * n;
+  const float* u = t.u;
   unsigned local = 0;
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < t.m * t.n; e += int64_t(gridDim.x) * blockDim.x)
-    local += !isfinite(t.u[(e / t.n) * t.ld + e % t.n]);
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x)
+    local += !isfinite(u[(e / n) * ld + e % n]);
   if (local) atomicAdd(&st[blockIdx.y].nonfinite, local);  // an integer: order-independent
 }
 
@@ -255,10 +257,13 @@ __global__ void swan_apply_kernel(const SwanMatrix* mats, int64_t b0, const Swan
   const bool ok = !exact && st->nonfinite == 0 && isfinite(st->residual);
   if (blockIdx.x == 0 && threadIdx.x == 0) *t.job.flag = skip || ok ? 0u : 1u;
   if (skip) return;
+  // (the table's fields in registers: a store to w may alias the table for all the compiler knows)
   const int64_t m = t.m, n = t.n, ld = t.ld, total = m * n;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  const float *x = t.x, *u = t.u;
   if (!ok) {
-    for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total; e += stride) t.job.x[e] = t.x[(e / n) * ld + e % n];
+    float* staged = t.job.x;
+    for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total; e += stride) staged[e] = x[(e / n) * ld + e % n];
     return;
   }
   wb.tensor = t.tensor;
@@ -267,7 +272,7 @@ __global__ void swan_apply_kernel(const SwanMatrix* mats, int64_t b0, const Swan
   const float scale = step * float(1.0 / sqrt(st->c));
   T* w = static_cast<T*>(t.w);
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total; e += stride)
-    w[e] = store_weight<T>(to_float(w[e]) * keep - scale * t.u[(e / n) * ld + e % n], wb, static_cast<uint64_t>(e));
+    w[e] = store_weight<T>(to_float(w[e]) * keep - scale * u[(e / n) * ld + e % n], wb, static_cast<uint64_t>(e));
 }
 
 // A thread a matrix b0 + i: the host function's verdict into the matrix's state (device memory). The
@@ -292,8 +297,10 @@ __global__ void swan_apply_exact_kernel(const SwanMatrix* mats, int64_t b0, cons
   const float keep = r.keep;
   const double step = r.lr * t.sqrt_max;
   T* w = static_cast<T*>(t.w);
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < t.m * t.n; e += int64_t(gridDim.x) * blockDim.x)
-    w[e] = store_weight<T>(float(to_float(w[e]) * keep - step * t.job.u[e]), wb, static_cast<uint64_t>(e));
+  const double* exact = t.job.u;
+  const int64_t total = t.m * t.n;
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x)
+    w[e] = store_weight<T>(float(to_float(w[e]) * keep - step * exact[e]), wb, static_cast<uint64_t>(e));
 }
 
 // One thread: the chunk's matrices into the update's statistics (optim_math::add_swan_tensor, as the
@@ -348,7 +355,7 @@ void swan_exact_group_free(SwanExactGroup* group) { delete group; }
 namespace {
 
 // A chunk's scratch (cuda_scratch::swan_tensor_bytes per matrix): X and U per matrix, then the
-// batched k x k matrices, the power vectors, the partial sums and the states.
+// batched k x k matrices, the partial sums and the states.
 struct Chunk {
   int64_t B, k, gram;
   std::vector<float*> X, U;

@@ -332,15 +332,16 @@ class CostRecorder final : public Backend, public OptimizerKernels {
   // device loop with the body where every matrix is done, within the scaled iteration's bound
   // (optim_math::ns_steps_bound: 10 steps at 1e-4, 6 bodies), which depends on no data but the
   // tolerance, yet is not what a profiled step runs: P = Z Y, its residual and T,
-  // the freeze, Y <- Y T and Z <- T Z as strided-batched FP32 GEMMs, the step's end (one thread
-  // reading the states); the final iterate's P and residual; per run U = Z X, one batched GEMM; a
+  // the freeze, Y <- Y T and Z <- T Z as strided-batched FP32 GEMMs, the step's end (a thread a
+  // matrix); the final iterate's P and residual; per run U = Z X, one batched GEMM; a
   // finiteness count; per exact-path group (cuda_scratch::swan_exact_groups) the apply, the verdicts
   // and the exact path's apply (which returns at once unless a matrix fell back: the group's host
   // function is no device work); the statistics.
   void swan_update_many(const SwanTensor* tensors, int64_t count, const SwanArgs& a) override {
     if (a.exact) throw Error("cost model: SWAN's exact path runs on the host (LAPACK), not on the device");
     std::vector<cuda_scratch::SwanShape> shapes;
-    for (int64_t i = 0; i < count; ++i) shapes.push_back({tensors[i].m, tensors[i].n, 0});
+    for (int64_t i = 0; i < count; ++i)
+      shapes.push_back({tensors[i].m, tensors[i].n, cuda_scratch::swan_kind(static_cast<int>(tensors[i].w.dtype), static_cast<int>(tensors[i].g.dtype))});
     const cuda_scratch::SwanPlan plan = cuda_scratch::swan_plan(shapes);
     for (size_t c = 0, begin = 0; c < plan.ends.size(); begin = static_cast<size_t>(plan.ends[c++])) {
       const size_t end = static_cast<size_t>(plan.ends[c]);
