@@ -55,7 +55,8 @@
 #                 one process each; SDPA as PyTorch picks it, FlashAttention-2 and cuDNN forced
 #   hf_logits     hf_export 20 [3], hf_compare 30 [14]: llama_60m exported, loaded by transformers
 #   optimizers    optim_llama_1b 60 [27]: as optim_llama_60m (SWAN's Newton-Schulz: 5.6 s an update)
-#   doctor        doctor_llama_1b 60 [33]: the op checks and a timed step at llama_1b's shapes
+#   doctor        doctor_llama_1b 60 [33]: the op checks at llama_1b's shapes (4 x 256) and a timed step at 32 x 256
+#                 (the whole SinkGD update: micro-batch, update, graphs)
 #   step_vs_torch step_compile_llama_60m 60 [25], step_compile_llama_1b 90 [23]: PyTorch under
 #                 torch.compile, each transformer block compiled on its own (the compile time does not
 #                 grow with depth; last: it mostly compiles; a failure or timeout is recorded in the
@@ -229,7 +230,7 @@ EOF
 if [ "$dry" = 1 ]; then
   model_60m=$tiny model_1b=$tiny
   doctor_shape=(--batch 1 --seq 16 --steps 1 --warmup 0)
-  doctor_60m_only=(--only op --only checkpoint) doctor_1b_only=(--only op)
+  doctor_60m_only=(--only op --only checkpoint) doctor_1b_only=(--only op --step-batch 2)
   step_batch=1 step_seq=16 step_steps=1 step_warmup=0 torch_device=cpu
   attention_seqs="32 64" attention_tokens=64 attention_width=128 attention_steps=1 attention_warmup=0
   logits_tokens=16 optim_steps=1 gemm_reference=128 optim_quickstart=$tiny
@@ -244,7 +245,9 @@ if [ "$dry" = 1 ]; then
 else
   model_60m=$configs/models/llama_60m.json model_1b=$configs/models/llama_1b.json
   doctor_shape=(--steps 3 --warmup 1)
-  doctor_60m_only=() doctor_1b_only=(--only op)
+  # llama_1b's timed step at 32 x 256: the whole SinkGD update the paper's model trains by (its op
+  # checks stay at 4 x 256, the CPU backend's side of them)
+  doctor_60m_only=() doctor_1b_only=(--only op --step-batch 32)
   step_batch=32 step_seq=256 step_steps=10 step_warmup=3 torch_device=cuda
   # FlashAttention-2's benchmark: 16k tokens a call, width H x D = 2048
   attention_seqs="256 1024 2048" attention_tokens=16384 attention_width=2048 attention_steps=20 attention_warmup=3

@@ -107,6 +107,7 @@ for m in s["doctor"]["models"]:  # 52 and 50 checks at one layer; the trainer's 
     assert pos(st["tokens_per_s"]) and pos(st["step_seconds"]) and pos(st["graph_speedup"]), st
     assert (st["host_waits_per_step"], st["host_drains_per_step"], st["host_waits_per_step_eager"], st["host_drains_per_step_eager"]) == (1, 0, 1, 1), st
     assert {"attention_forward_mma", "sinkgd_rows"} <= {k["name"] for k in st["kernels"]} and all(pos(k["ms"]) for k in st["kernels"]), st
+assert [m["step"]["batch"] for m in s["doctor"]["models"]] == [1, 2], s["doctor"]["models"]  # llama_1b's slot: --step-batch
 
 rows = s["step_vs_torch"]["rows"]
 assert [x["slot"] for x in rows] == ["llama_60m", "llama_1b"], rows

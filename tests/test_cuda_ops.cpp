@@ -173,6 +173,52 @@ TEST_P(CudaVsCpu, GemmOperandsOffSixteenBytesAreStagedThroughAlignedRows) {
   }
 }
 
+// An accumulating GEMM whose FP32 output is staged (the down projection's weight gradient, rows of
+// F = 5461 floats) writes the staged copy afresh and adds it back into out (cuda_scratch::
+// gemm_adds_back): out is never copied in, only b (rows of 5461 BF16) is; the sum within the FP32
+// accumulation bound of out's values before plus the product. The emulated scratch starts as NaN: a
+// staged element the GEMM left unwritten would show.
+TEST_P(CudaVsCpu, AnAccumulatingFp32OutputStagedIsWrittenAfreshAndAddedBack) {
+  const int64_t M = 8, N = 5461, K = 16;  // dW[M, N] += dy^T s: a stored [K, M], b [K, N]
+  Pair a(*cpu, *cuda, random_vec(K * M, 1), DType::BF16), b(*cpu, *cuda, random_vec(K * N, 2), DType::BF16), o(*cpu, *cuda, random_vec(M * N, 3), DType::F32);
+  const Vec av = a.c.get(), bv = b.c.get(), before = o.c.get();
+  cuda->set_profiling(true);
+  cuda->take_profile();
+  cuda->matmul(o.g.buf(), a.g.buf(), b.g.buf(), M, N, K, true, false, true);
+  std::map<std::string, int64_t> launches;
+  for (const KernelTime& t : cuda->take_profile()) launches[t.name] += t.launches;
+  cuda->set_profiling(false);
+  EXPECT_EQ(launches["copy_rows"], 1);  // b in; out neither in nor back
+  EXPECT_EQ(launches["add_rows"], 1);
+  EXPECT_TRUE(gemm_within_bound(o.g.get(), av, bv, before, M, N, K, true, false, true, DType::F32));
+  // In a model with FP32 gradients of BF16 weights at F = 41 (dW_down's rows 164 bytes): per layer the
+  // weight staged twice and its gradient added back, over two micro-batches' accumulation; the
+  // gradients as the CPU backend's with FP32 gradients (BF16 activations: 5e-2 of each tensor's
+  // largest, ModelForwardBackwardMatchesTheCpuBackend's bound; measured 8.3e-3).
+  ModelConfig cfg;
+  cfg.vocab_size = 64, cfg.hidden_size = 32, cfg.intermediate_size = 41, cfg.num_hidden_layers = 2, cfg.num_attention_heads = 2;
+  cfg.max_position_embeddings = 16;
+  const int64_t B = 2, T = 8;
+  const std::vector<int32_t> tokens = random_ids(B * T, 64, 4), targets = random_ids(B * T, 64, 5);
+  LlamaModel mc(*cpu, cfg, DType::BF16, B, T, DType::F32), mg(*cuda, cfg, DType::BF16, B, T, DType::F32);
+  mc.init_random(7);
+  mg.params_from_host(mc.params_to_host());
+  cuda->set_profiling(true);
+  cuda->take_profile();
+  for (LlamaModel* m : {&mc, &mg})
+    for (int pass = 0; pass < 2; ++pass) m->forward_backward({tokens.data(), targets.data(), nullptr, B, T}, 1.0f / (B * T));
+  launches.clear();
+  for (const KernelTime& t : cuda->take_profile()) launches[t.name] += t.launches;
+  cuda->set_profiling(false);
+  EXPECT_EQ(launches["copy_rows"], 2 * 2 * cfg.num_hidden_layers);
+  EXPECT_EQ(launches["add_rows"], 2 * cfg.num_hidden_layers);
+  const std::vector<float> gc = mc.grads_to_host(), gg = mg.grads_to_host();
+  for (const auto& t : mc.tensors()) {
+    const Vec a(gg.begin() + t.offset, gg.begin() + t.offset + t.numel()), e(gc.begin() + t.offset, gc.begin() + t.offset + t.numel());
+    EXPECT_TRUE(close(a, e, 5e-2)) << t.name;
+  }
+}
+
 // The CUDA plan pads the MLP's activations (gate_up, swiglu and their gradients) to 128-byte rows
 // where F's rows are off 16 bytes (ActivationLayout::pad_mlp_rows), gate_up's up half on a 16-byte
 // pack, so their GEMMs (the gate/up projection's by halves: Linear::halves) and SwiGLU take them as
@@ -209,15 +255,18 @@ TEST_P(CudaVsCpu, PaddedMlpRowsLeaveOnlyTheDownWeightStaged) {
   mg.forward_backward({tokens.data(), targets.data(), nullptr, B, T}, 1.0f / (B * T));  // a pass before: the gaps below stay zeros over passes
   cuda->take_profile();
   const LossSum lg = mg.forward_backward({tokens.data(), targets.data(), nullptr, B, T}, 1.0f / (B * T));
-  int64_t copies = 0, packed_swiglu = 0, elementwise_swiglu = 0;
+  int64_t copies = 0, adds = 0, packed_swiglu = 0, elementwise_swiglu = 0;
   for (const KernelTime& k : cuda->take_profile()) {
     if (k.name == "copy_rows") copies += k.launches;
+    if (k.name == "add_rows") adds += k.launches;
     if (k.name == "swiglu_forward" || k.name == "swiglu_backward") packed_swiglu += k.launches;
     if (k.name.find("swiglu") != std::string::npos && k.name.find("elementwise") != std::string::npos) elementwise_swiglu += k.launches;
   }
   cuda->set_profiling(false);
-  // per layer: W_down in the forward and the input gradient, dW_down in and back
+  // per layer: W_down in the forward and the input gradient, dW_down (BF16 rows of 82 bytes, the
+  // paper's BF16 gradients) in and back
   EXPECT_EQ(copies, 4 * cfg.num_hidden_layers);
+  EXPECT_EQ(adds, 0);
   // SwiGLU in 16-byte packs over the padded rows (cuda_scratch::swiglu_packed), forward and backward a layer
   EXPECT_EQ(packed_swiglu, 2 * cfg.num_hidden_layers);
   EXPECT_EQ(elementwise_swiglu, 0);

@@ -18,6 +18,7 @@ struct DoctorOptions {
   // share/multinorm/configs) or path; "largest": the largest model whose training step fits the GPU.
   std::vector<std::string> models{"llama_60m"};
   int64_t batch = 4, seq = 256;  // the micro-batch of the op shapes and of the timed step
+  int64_t step_batch = 0;        // the timed step's micro-batch instead (0: batch): the op checks' CPU side stays small
   int steps = 5;                 // timed steps
   int warmup = 2;                // untimed steps first
   bool bench = true;             // the timed step

@@ -14,6 +14,9 @@
 //   copy_rows:     rows x cols elements between row strides (a GEMM operand to or from its staged
 //                  copy with 128-byte rows: cuda_scratch::gemm_staging), zeros in the destination's
 //                  padding: reads rows*cols and writes rows*dst_ld elements, 0 FLOPs
+//   add_rows:      dst += src over rows x cols FP32 elements between row strides (an accumulating
+//                  GEMM's staged output added back: cuda_scratch::gemm_adds_back): reads 2 rows*cols
+//                  and writes rows*cols floats, rows*cols FLOPs
 // convert, scale and clip take runs of 8 elements a thread (16-byte packs of BF16, two of FP32) where
 // the arrays are 16-byte aligned, the last n mod 8 one by one: the same bits either way.
 #include <algorithm>
@@ -92,6 +95,21 @@ __global__ void copy_rows_kernel(W* dst, int64_t dst_ld, const W* src, int64_t s
         for (int k = 0; k < P; ++k)
           if (c0 + k < dst_ld) d[c0 + k] = v[k];
       }
+    }
+  }
+}
+
+// dst[r, c] += src[r, c] for c < cols, rows dst_ld and src_ld floats apart: a thread 4 columns of a
+// row (src's 128-byte rows as one 16-byte load where dst's rows allow it too, else float by float).
+__global__ void add_rows_kernel(float* dst, int64_t dst_ld, const float* src, int64_t src_ld, int64_t rows, int64_t cols) {
+  constexpr int P = 4;
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+    const float* s = src + r * src_ld;
+    float* d = dst + r * dst_ld;
+    for (int64_t c0 = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * P; c0 < cols; c0 += int64_t(gridDim.x) * blockDim.x * P) {
+#pragma unroll
+      for (int k = 0; k < P; ++k)
+        if (c0 + k < cols) d[c0 + k] += s[c0 + k];
     }
   }
 }
@@ -205,6 +223,11 @@ void copy_rows(void* dst, int64_t dst_ld, const void* src, int64_t src_ld, int64
   else
     launch("copy_rows", copy_rows_kernel<uint32_t>, grid, dim3(256), 0, stream, static_cast<uint32_t*>(dst), dst_ld,
            static_cast<const uint32_t*>(src), src_ld, rows, cols, packed);
+}
+void add_rows(float* dst, int64_t dst_ld, const float* src, int64_t src_ld, int64_t rows, int64_t cols, cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0) return;
+  const dim3 grid(ceil_div(ceil_div(cols, 4), 256), static_cast<unsigned>(std::min<int64_t>(rows, 65535)));
+  launch("add_rows", add_rows_kernel, grid, dim3(256), 0, stream, dst, dst_ld, src, src_ld, rows, cols);
 }
 template <class T>
 void scale(T* x, int64_t n, float factor, cudaStream_t stream) {

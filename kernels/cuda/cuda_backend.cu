@@ -129,7 +129,8 @@ class CudaBackend final : public Backend {
   // ---- GEMM ---------------------------------------------------------------------------------------
   // An operand whose rows or base are not 16-byte aligned (an MLP width of 5461, where the plan does
   // not pad it) is staged through scratch with 128-byte rows, where cuBLASLt runs its fast kernels
-  // (cuda_scratch::gemm_staging): a and b copied in, out copied in when accumulating and back after.
+  // (cuda_scratch::gemm_staging): a and b copied in, out copied in when accumulating and back after
+  // (an FP32 out written afresh and added back instead: cuda_scratch::gemm_adds_back).
   // A padded operand (Buf::ld) is taken as it is. Where every operand carrying K (or N) as its rows'
   // length is padded, the GEMM runs over the padding, zeros (cuda_scratch::gemm_extents). An extent
   // still off whole 16-byte packs (the gate/up weight's halves of 5461 rows) runs as a bulk and a rest
@@ -303,9 +304,10 @@ class CudaBackend final : public Backend {
       if (copy_in) cuda::copy_rows(copy, o.ld, p, o.stride, o.rows, o.cols, static_cast<int>(bytes), q_->issue());
       return copy;
     };
+    const bool add_back = cuda_scratch::gemm_adds_back(st, acc, so);  // the staged output written afresh, added back after
     void* sa = stage(st.a, gemm_stage_[0], a.ptr, si, true);
     void* sb = stage(st.b, gemm_stage_[1], b.ptr, si, true);
-    void* sout = stage(st.out, gemm_stage_[2], out.ptr, so, acc);
+    void* sout = stage(st.out, gemm_stage_[2], out.ptr, so, acc && !add_back);
     const cuda_scratch::GemmExtents e = cuda_scratch::gemm_extents(st, N, K, ta, tb, si, so);  // over zero padding
     const cuda_scratch::GemmParts parts = cuda_scratch::gemm_parts(M, e.N, e.K, si, so);          // extents off whole packs split
     for (int i = 0; i < parts.count; ++i) {
@@ -315,9 +317,10 @@ class CudaBackend final : public Backend {
       const int64_t at_out = so * (p.m0 * st.out.ld + p.n0);
       const void* part_addend = addend && p.k0 == 0 ? static_cast<const char*>(addend) + at_out : nullptr;  // (dense, as out)
       gemm_->run(static_cast<char*>(sout) + at_out, st.out.ld, lt_type(out.dtype), pa, st.a.ld, pb, st.b.ld, lt_type(a.dtype), p.m, p.n, p.k, ta, tb,
-                 acc || p.k0 > 0, q_->issue(), part_addend);
+                 (acc && !add_back) || p.k0 > 0, q_->issue(), part_addend);
     }
-    if (staged && st.out.staged) cuda::copy_rows(out.ptr, st.out.stride, sout, st.out.ld, M, N, static_cast<int>(so), q_->issue());
+    if (add_back) cuda::add_rows(out.f32(), st.out.stride, static_cast<const float*>(sout), st.out.ld, M, N, q_->issue());
+    else if (staged && st.out.staged) cuda::copy_rows(out.ptr, st.out.stride, sout, st.out.ld, M, N, static_cast<int>(so), q_->issue());
   }
 
   std::unique_ptr<Scratch> gemm_stage_[3];  // a GEMM's staged a, b and out (cuda_scratch::gemm_staging)

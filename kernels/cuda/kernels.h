@@ -31,6 +31,9 @@ void scale(T* x, int64_t n, float factor, cudaStream_t stream);
 // dst[r, c] = src[r, c], r < rows, c < cols, rows dst_ld and src_ld elements apart, elements of 2 or 4
 // bytes: a GEMM operand to or from its staged copy (cuda_scratch::gemm_staging).
 void copy_rows(void* dst, int64_t dst_ld, const void* src, int64_t src_ld, int64_t rows, int64_t cols, int element_bytes, cudaStream_t stream);
+// dst += src over rows x cols floats: an accumulating GEMM's staged FP32 output added back
+// (cuda_scratch::gemm_adds_back).
+void add_rows(float* dst, int64_t dst_ld, const float* src, int64_t src_ld, int64_t rows, int64_t cols, cudaStream_t stream);
 // sum of squares in FP64, deterministic (fixed grid, fixed-order final sum) into *result (device)
 constexpr int kSumSquaresBlocks = static_cast<int>(cuda_scratch::kSumSquaresBlocks);
 template <class T>

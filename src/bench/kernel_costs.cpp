@@ -90,7 +90,8 @@ class CostRecorder final : public Backend, public OptimizerKernels {
       return;
     }
     const auto st = staging(out, a, b, M, N, K, ta, tb);
-    record_staging(st, s_of(a), s_of(out), accumulate, true);
+    const bool add_back = cuda_scratch::gemm_adds_back(st, accumulate, dtype_bytes(out.dtype));
+    record_staging(st, s_of(a), s_of(out), accumulate && !add_back, true);
     const bool bf16 = a.dtype == DType::BF16;
     // over the zero padding where the backend widens N or K (cuda_scratch::gemm_extents)
     const cuda_scratch::GemmExtents e = cuda_scratch::gemm_extents(st, N, K, ta, tb, dtype_bytes(a.dtype), dtype_bytes(out.dtype));
@@ -98,11 +99,12 @@ class CostRecorder final : public Backend, public OptimizerKernels {
     const cuda_scratch::GemmParts parts = cuda_scratch::gemm_parts(M, e.N, e.K, dtype_bytes(a.dtype), dtype_bytes(out.dtype));
     for (int i = 0; i < parts.count; ++i) {
       const cuda_scratch::GemmPart& p = parts.part[i];
-      const double bytes = double(p.m * p.k + p.k * p.n) * s_of(a) + double(p.m * p.n) * s_of(out) * (accumulate || p.k0 > 0 ? 2 : 1);
+      const double bytes = double(p.m * p.k + p.k * p.n) * s_of(a) + double(p.m * p.n) * s_of(out) * ((accumulate && !add_back) || p.k0 > 0 ? 2 : 1);
       add(bf16 ? "gemm bf16 (cuBLASLt)" : "gemm fp32 (cuBLASLt)", bf16 ? CostUnit::GemmTensorCore : CostUnit::GemmFp32, 1, bytes,
           2.0 * p.m * p.n * p.k);
     }
-    record_staging(st, s_of(a), s_of(out), accumulate, false);
+    if (add_back) add("add_rows", CostUnit::Memory, 1, 3.0 * M * N * 4, double(M) * N);  // out read and written, the staged copy read
+    else record_staging(st, s_of(a), s_of(out), accumulate, false);
   }
   // The residual read as the GEMM's addend (the same bytes as accumulating into out), or copied into
   // out first where the backend does that (cuda_scratch::gemm_reads_residual).

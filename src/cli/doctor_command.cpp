@@ -15,6 +15,9 @@ void add_doctor_command(CLI::App& app) {
   cmd->add_option("--model,-m", o.models, "model configs by name or path, repeatable; 'largest': the largest that fits the GPU")
       ->capture_default_str();
   cmd->add_option("--batch", o.batch, "micro-batch (sequences) of the op shapes and the timed step")->capture_default_str();
+  cmd->add_option("--step-batch", o.step_batch, "the timed step's micro-batch instead (0: --batch), e.g. 32 for llama_1b's 32 x 256 update")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   cmd->add_option("--seq", o.seq, "sequence length")->capture_default_str();
   cmd->add_option("--steps", o.steps, "timed steps")->capture_default_str();
   cmd->add_option("--warmup", o.warmup, "untimed steps first")->capture_default_str();

@@ -70,7 +70,7 @@ std::string largest_fitting(const DoctorOptions& o, size_t free_bytes) {
   for (const char* name : {"llama_tiny", "llama_20m", "llama_60m", "llama_130m", "llama_350m", "llama_1b", "llama_7b"}) {
     try {
       const ModelConfig m = load_model_config(model_config_path(name));
-      const RunConfig run = step_run(m, o.batch, std::min(o.seq, m.max_position_embeddings));
+      const RunConfig run = step_run(m, std::max(o.batch, o.step_batch), std::min(o.seq, m.max_position_embeddings));
       const TrainingMemory mem = training_memory(run, true);
       // Keep a tenth for the CUDA context, cuBLASLt's plans and fragmentation.
       if (static_cast<double>(mem.total()) > 0.9 * static_cast<double>(free_bytes)) continue;
@@ -105,7 +105,7 @@ double square_gemm_tflops(Backend& be, int64_t n) {
 }
 
 json timed_step(Backend& gpu, const ModelConfig& cfg, const DoctorOptions& o, const json& device, bool emulated) {
-  const int64_t B = o.batch, T = std::min(o.seq, cfg.max_position_embeddings), BT = B * T;
+  const int64_t B = o.step_batch > 0 ? o.step_batch : o.batch, T = std::min(o.seq, cfg.max_position_embeddings), BT = B * T;
   const RunConfig run = step_run(cfg, B, T);
   // The trainer's own update pipeline (update_pipeline.h) on one rank: its gradient scales, gradient
   // sync (an identity on one rank), optimizer and spike test.
