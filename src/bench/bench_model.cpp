@@ -132,7 +132,10 @@ void bench_model_predict(const ModelBenchOptions& o) {
   for (const OptimizerKind kind : {OptimizerKind::SinkGD, OptimizerKind::Swan, OptimizerKind::Adam}) {
     RunConfig r = run;
     r.optimizer.name = kind;
-    const double u = secs(record_step_costs(r, dt, B, T).update, all);
+    const std::vector<KernelCost> update = record_step_costs(r, dt, B, T).update;
+    const double u = secs(update, all);
+    int64_t launches_of_update = 0;  // each a few us the roofline does not count (a graph replays them)
+    for (const KernelCost& k : update) launches_of_update += k.launches;
     std::string note;
     if (kind == OptimizerKind::Swan) {
       const int64_t eager = (r.optimizer.swan.ns_steps + 1) / 2 * 2, tolerance_steps = optim_math::ns_steps_bound(r.optimizer.swan.ns_tolerance);
@@ -149,7 +152,7 @@ void bench_model_predict(const ModelBenchOptions& o) {
       }
       note = text;
     }
-    std::printf(" %s %.3f ms%s", choice_name(kind).c_str(), u * 1e3, note.c_str());
+    std::printf(" %s %.3f ms in %lld launches%s", choice_name(kind).c_str(), u * 1e3, static_cast<long long>(launches_of_update), note.c_str());
   }
   std::printf("\n");
   if (o.ranks > 0) bench_scaling_predict(o, run, *peak, a);  // what N GPUs add (scaling_model.h)
