@@ -135,8 +135,8 @@ inline GemmParts gemm_parts(int64_t M, int64_t N, int64_t K, int64_t in_bytes, i
       for (int l = 0; l < ck; ++l) p.part[p.count++] = {m[i].begin, m[i].length, n[j].begin, n[j].length, k[l].begin, k[l].length};
   return p;
 }
-// An accumulating GEMM whose FP32 output is staged (llama_1b's down projection's weight gradient,
-// rows of 5461 floats) writes the staged copy afresh and adds it back into out (`add_rows`): out is
+// An accumulating GEMM whose FP32 output is staged (llama_1b's down projection's weight gradient with
+// precision.grads=fp32, rows of 5461 floats) writes the staged copy afresh and adds it back into out (`add_rows`): out is
 // not copied in first, and its copy in is never read by the GEMM. fl(product + out) either way: the
 // bits cuBLASLt's accumulation gives. Two passes over out instead of four (at llama_1b, 32 x 256:
 // 2.2 GB a micro-batch less). A BF16 output keeps the copy in: its product would be rounded twice.
@@ -215,10 +215,10 @@ int64_t sinkgd_many_launch_end(int64_t begin, int64_t count, const Shape& shape,
 // pair), whose Newton-Schulz products are strided-batched GEMMs. A chunk's scratch, per tensor: X
 // and U (FP32, rows padded to 128 bytes for cuBLASLt), the k x k matrices Y (first the Gram matrix),
 // Z, P, T and a ping-pong spare, the residual's partial sums and the tensor's state (64 bytes). A
-// chunk holds tensors while its scratch stays within kSwanChunkBytes (a larger tensor alone), at most
-// kSwanChunkTensors of them (a Newton-Schulz step's end is one block, a thread a tensor). The exact path stages a tensor in pinned
-// host memory, a flag and 8 bytes an element (X as floats, then U as doubles), a group of a chunk's
-// tensors at once (swan_exact_groups: one host function a group).
+// chunk holds tensors while its scratch stays within kSwanChunkBytes (a larger tensor alone), at
+// most kSwanChunkTensors of them (a Newton-Schulz step's end is one block, a thread a tensor). The
+// exact path stages a tensor in pinned host memory, a flag and 8 bytes an element (X as floats, then
+// U as doubles), a group of a chunk's tensors at once (swan_exact_groups: one host function a group).
 constexpr int64_t kSwanChunkBytes = int64_t(1) << 30;
 constexpr int64_t kSwanChunkTensors = 256;
 constexpr int64_t kSwanStateBytes = 64;
