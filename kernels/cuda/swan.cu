@@ -14,9 +14,9 @@
 //   - convergence: each step's residual ||I - Z Y||_F / sqrt(k) is reduced per matrix; a matrix whose
 //     residual is under ns_tolerance is done, where the CPU would stop, and from then on its T is the
 //     identity, so Y T = Y and T Z = Z exactly (FP32 products with 0 and 1) and its iterate stays
-//     as it was. In a graph the steps are a device loop (a WHILE node, two steps a body) that ends
-//     once every matrix of the chunk is done: the chunk pays its slowest matrix's steps plus one or
-//     two, not ns_steps. Run eagerly (profiling, no graphs) or where the loop is not captured (a
+//     as it was. In a graph the steps are a device loop (a WHILE node, two steps a body, each step
+//     checked at its end) that ends once every matrix of the chunk is done: the chunk pays its
+//     slowest matrix's steps, and one frozen step where that count is odd, not ns_steps. Run eagerly (profiling, no graphs) or where the loop is not captured (a
 //     CUDA 12 build, a runtime refusing it) every one of ns_steps runs, frozen matrices unchanged,
 //     so the results are the same bits either way.
 //   - the fallback: a matrix whose residual or U is not finite takes the exact path. Its apply kernel
@@ -27,7 +27,7 @@
 //   - the skip flag: every apply kernel reads the update's statistics and changes nothing when they
 //     say skip; the statistics kernel then counts nothing.
 // whitening=eigh takes the exact path for every matrix the same way.
-// Cost per step: 3 batched GEMMs of B x 2 k^3 FLOPs (the first step 1: Z0 = I); the Gram matrix and
+// Cost per step: 3 batched GEMMs of B x 2 k^3 FLOPs (the first step 2: Z0 = I); the Gram matrix and
 // U: 2 m n k FLOPs each; the element-wise passes read and write k^2 floats per matrix (cost model:
 // src/bench/kernel_costs.cpp).
 #include <cmath>
@@ -135,13 +135,14 @@ __global__ void partial_sums_kernel(double* partials, float* T, const float* M, 
 }
 
 // What the final sum of a matrix's partials becomes.
-enum class Reduced : int { Frobenius, Residual, ResidualAtStep };
+enum class Reduced : int { Frobenius, ResidualAtStep };
 
-// Grid (1, B): matrix b's partials added in a fixed order. Frobenius: ||A||_F^2; Residual: the
-// residual; ResidualAtStep: the residual at the chunk's step (its first state's chunk_step), and the
-// decision the CPU makes there: under the tolerance the matrix is done (its `step` iterations are what
-// it applied), else it applies one more. A step past ns_steps (a device loop's body is two steps, so
-// an odd count ends on one) decides nothing: it is frozen (freeze_kernel).
+// Grid (1, B): matrix b's partials added in a fixed order. Frobenius: ||A||_F^2; ResidualAtStep: the
+// residual at the chunk's step (its first state's chunk_step), and the decision the CPU makes there:
+// under the tolerance the matrix is done (its `step` iterations are what it applied), else it applies
+// one more. A check at ns_steps or past it (after the last step; a device loop's body is two steps,
+// so an odd count ends past it) decides nothing but the residual: the final iterate's; its T is
+// frozen (freeze_kernel).
 __global__ void reduce_kernel(SwanState* st, const double* partials, int64_t blocks, int64_t k, Reduced what, int ns_steps, float tolerance) {
   __shared__ double scratch[32];
   const int64_t b = blockIdx.y;
@@ -214,25 +215,26 @@ __global__ void freeze_kernel(float* T, int64_t k, int64_t gram, const SwanState
     T[b * gram + e] = e / k == e % k ? 1.0f : 0.0f;
 }
 
-// One block, a thread a matrix (a chunk holds at most kSwanChunkTensors), at the end of a
-// Newton-Schulz step: every matrix's spectrum bound, then the chunk's step advanced by thread 0. At
-// the end of a device loop's body (`decide`, with a loop's handle) it says whether the body runs
-// again: while a step is left and some matrix is not done. Those are the steps the CPU would run for
-// its slowest matrix. (It was one thread over the matrices: 32 us a launch on an H200 at 56 of them.)
+// One block, a thread a matrix (a chunk holds at most kSwanChunkTensors), once a Newton-Schulz step
+// is applied: every matrix's spectrum bound, then (after a barrier: every thread has read its state)
+// the chunk's step advanced by thread 0. (It was one thread over the matrices: 32 us a launch on an
+// H200 at 56 of them.)
 static_assert(cuda_scratch::kSwanChunkTensors <= kThreads, "a thread per matrix of a chunk");
-__global__ void ns_step_end_kernel(SwanState* st, int64_t B, int ns_steps, cudaGraphConditionalHandle loop, int decide) {
-  __shared__ int scratch[32];
+__global__ void ns_step_end_kernel(SwanState* st, int64_t B) {
   const int64_t b = threadIdx.x;
-  int open = 0;
-  if (b < B) {
-    st[b].lower = optim_math::ns_step(st[b].lower).next_lower;
-    open = st[b].done ? 0 : 1;
-  }
+  if (b < B) st[b].lower = optim_math::ns_step(st[b].lower).next_lower;
+  __syncthreads();
+  if (threadIdx.x == 0) ++st[0].chunk_step;
+}
+
+// One block, a thread a matrix, at the end of a device loop's body (after its last check): whether
+// the body runs again: while a step is left and some matrix is not done. Those are the steps the CPU
+// would run for its slowest matrix.
+__global__ void ns_loop_kernel(const SwanState* st, int64_t B, int ns_steps, cudaGraphConditionalHandle loop) {
+  __shared__ int scratch[32];
+  const int open = threadIdx.x < B && !st[threadIdx.x].done ? 1 : 0;
   const int not_done = block_sum(open, scratch);
-  if (threadIdx.x != 0) return;
-  const uint32_t step = ++st[0].chunk_step;
-  if (!decide || loop == 0) return;
-  cudaGraphSetConditional(loop, not_done > 0 && step < uint32_t(ns_steps) ? 1u : 0u);
+  if (threadIdx.x == 0) cudaGraphSetConditional(loop, not_done > 0 && st[0].chunk_step < uint32_t(ns_steps) ? 1u : 0u);
 }
 
 // Grid (g, B): non-finite entries of matrix b's U -> st[b].nonfinite (deterministic: an integer count)
@@ -381,10 +383,10 @@ Chunk chunk_layout(const SwanItem* items, int64_t B, void* scratch) {
 // The chunk's Gram matrices (in Y) to their inverse square roots (scaled by sqrt(c): in Z), every
 // matrix's decisions on the device; its residual and steps in its state. The steps run in bodies of
 // two: Y trades places with P and Z with spare at every step, so after two each buffer is where it
-// started and one body serves every run. The first two steps run before the bodies (the first is one
-// product: Z0 = I). In a graph the bodies are a device loop (a WHILE node) that ends once every
-// matrix is done; run eagerly, all ceil((ns_steps - 2) / 2) bodies run (done matrices frozen), with
-// the same results.
+// started and one body serves every run. The first check and two steps run before the bodies (the
+// first step two products: Z0 = I). In a graph the bodies are a device loop (a WHILE node) that ends
+// once every matrix is done; run eagerly, all floor((ns_steps - 1) / 2) bodies run (done matrices
+// frozen), with the same results.
 void inverse_sqrt_batched(Chunk& c, const SwanParams& a, LtGemm& gemm, const DeviceLoop& loop, cudaStream_t stream) {
   const int64_t B = c.B, k = c.k, gram = c.gram;
   const dim3 per_k(ceil_div(k, kThreads), static_cast<unsigned>(B)), per_gram(grid_for(k * k), static_cast<unsigned>(B));
@@ -400,36 +402,41 @@ void inverse_sqrt_batched(Chunk& c, const SwanParams& a, LtGemm& gemm, const Dev
   launch("swan_row_sums", row_sums_kernel, dim3(ceil_div(k, kThreads / 32), static_cast<unsigned>(B)), dim3(kThreads), 0, stream, c.st, c.Y, k,
          gram);
   launch("swan_ns_init", ns_init_kernel, per_gram, dim3(kThreads), 0, stream, c.Y, c.Z, k, gram, c.st);
-  auto step = [&](cudaStream_t s, cudaGraphConditionalHandle handle, bool body_end) {
-    gemm.run_batched(c.P, c.Z, c.Y, k, k, k, B, gram, s);  // P = Z Y
-    reduce(c.P, c.T, true, Reduced::ResidualAtStep, s);    // and T = a I - b P; done?
+  // An iterate's check: P's residual (P = Z Y; Y0 itself at first, Z0 = I) and the next step's T
+  // from it, each matrix's decision at the chunk's step, the done matrices' T frozen.
+  auto check = [&](const float* P, cudaStream_t s) {
+    reduce(P, c.T, true, Reduced::ResidualAtStep, s);
     launch("swan_freeze", freeze_kernel, reduce_grid, dim3(kThreads), 0, s, c.T, k, gram, c.st, a.ns_steps);
+  };
+  // A step: Y <- Y T and Z <- T Z (the first, Z0 = I: Z <- T, T's buffer: a product with the identity
+  // is exact in FP32 for finite values, the CPU's bits), the bound and the chunk's step advanced,
+  // then the new iterate's check. Checking at a step's end, not its start, lets a loop's body end on
+  // the check that finds every matrix done.
+  auto step = [&](cudaStream_t s, bool first) {
     gemm.run_batched(c.P, c.Y, c.T, k, k, k, B, gram, s);  // Y <- Y T, into P (T holds all P was needed for)
     std::swap(c.Y, c.P);
-    gemm.run_batched(c.spare, c.T, c.Z, k, k, k, B, gram, s);  // Z <- T Z
-    std::swap(c.Z, c.spare);
-    launch("swan_ns_step_end", ns_step_end_kernel, dim3(1), dim3(kThreads), 0, s, c.st, B, a.ns_steps, handle, body_end ? 1 : 0);
+    if (first) {
+      std::swap(c.Z, c.T);
+    } else {
+      gemm.run_batched(c.spare, c.T, c.Z, k, k, k, B, gram, s);  // Z <- T Z
+      std::swap(c.Z, c.spare);
+    }
+    launch("swan_ns_step_end", ns_step_end_kernel, dim3(1), dim3(kThreads), 0, s, c.st, B);
+    gemm.run_batched(c.P, c.Z, c.Y, k, k, k, B, gram, s);  // P = Z Y
+    check(c.P, s);
   };
-  // The first step with Z0 = I: P = Z0 Y0 is Y0 and Z1 = T0 Z0 is T0 (a product with the identity is
-  // exact in FP32 for finite values, the CPU's bits), so it takes one product, Y T, of the three; Z
-  // takes T's buffer.
-  auto first_step = [&](cudaStream_t s) {
-    reduce(c.Y, c.T, true, Reduced::ResidualAtStep, s);  // the residual of P = Y0, and T
-    launch("swan_freeze", freeze_kernel, reduce_grid, dim3(kThreads), 0, s, c.T, k, gram, c.st, a.ns_steps);
-    gemm.run_batched(c.P, c.Y, c.T, k, k, k, B, gram, s);  // Y <- Y T
-    std::swap(c.Y, c.P);
-    std::swap(c.Z, c.T);  // Z <- T
-    launch("swan_ns_step_end", ns_step_end_kernel, dim3(1), dim3(kThreads), 0, s, c.st, B, a.ns_steps, cudaGraphConditionalHandle{0}, 0);
+  auto body = [&](cudaStream_t s, cudaGraphConditionalHandle handle) {
+    step(s, false), step(s, false);
+    if (handle) launch("swan_ns_loop", ns_loop_kernel, dim3(1), dim3(kThreads), 0, s, c.st, B, a.ns_steps, handle);
   };
-  auto body = [&](cudaStream_t s, cudaGraphConditionalHandle handle) { step(s, handle, false), step(s, handle, true); };
-  // Steps 1 and 2 before the loop, then bodies of two (the buffers back where they were after each).
-  if (a.ns_steps >= 1) first_step(stream);
-  if (a.ns_steps >= 2) step(stream, 0, false);
-  const int bodies = std::max(0, a.ns_steps - 2 + 1) / 2;
+  // The first check, steps 1 and 2 before the loop, then bodies of two (the buffers back where they
+  // were after each). The last check leaves each matrix's residual that of its final iterate.
+  check(c.Y, stream);
+  if (a.ns_steps >= 1) step(stream, true);
+  if (a.ns_steps >= 2) step(stream, false);
+  const int bodies = std::max(0, a.ns_steps - 1) / 2;
   if (bodies > 0 && !(loop && loop(body)))
     for (int i = 0; i < bodies; ++i) body(stream, 0);
-  gemm.run_batched(c.P, c.Z, c.Y, k, k, k, B, gram, stream);  // the final iterate's residual (a done matrix's: the same)
-  reduce(c.P, nullptr, true, Reduced::Residual, stream);
 }
 
 // Per run of one shape (cuda_scratch::swan_shape_runs: evenly strided X, U and k x k matrices), one

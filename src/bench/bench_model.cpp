@@ -139,7 +139,8 @@ void bench_model_predict(const ModelBenchOptions& o) {
     std::string note;
     if (kind == OptimizerKind::Swan) {
       const int64_t eager = (r.optimizer.swan.ns_steps + 1) / 2 * 2, tolerance_steps = optim_math::ns_steps_bound(r.optimizer.swan.ns_tolerance);
-      const int64_t graphed = r.optimizer.swan.ns_tolerance > 0 ? std::min(eager, (tolerance_steps / 2 + 1) * 2) : eager;
+      // each step checked at its end: the loop's last body the one whose check finds every matrix done
+      const int64_t graphed = r.optimizer.swan.ns_tolerance > 0 ? std::min(eager, std::max<int64_t>(2, (tolerance_steps + 1) / 2 * 2)) : eager;
       char text[160];
       if (graphed == eager) {
         std::snprintf(text, sizeof text, " (%lld Newton-Schulz steps, eagerly and in the trainer's graph)", (long long)eager);

@@ -333,9 +333,9 @@ class CostRecorder final : public Backend, public OptimizerKernels {
   // all ceil(ns_steps / 2) of them as an eager (profiled) run pays them; the update's graph ends its
   // device loop with the body where every matrix is done, within the scaled iteration's bound
   // (optim_math::ns_steps_bound: 10 steps at 1e-4, 6 bodies), which depends on no data but the
-  // tolerance, yet is not what a profiled step runs: P = Z Y, its residual and T,
-  // the freeze, Y <- Y T and Z <- T Z as strided-batched FP32 GEMMs, the step's end (a thread a
-  // matrix); the final iterate's P and residual; per run U = Z X, one batched GEMM; a
+  // tolerance, yet is not what a profiled step runs: Y <- Y T and Z <- T Z as strided-batched FP32
+  // GEMMs, the step's end (a thread a matrix), then the check, P = Z Y, its residual and T, the
+  // freeze (the device loop's decision a body is the graph's: not in an eager step); per run U = Z X, one batched GEMM; a
   // finiteness count; per exact-path group (cuda_scratch::swan_exact_groups) the apply, the verdicts
   // and the exact path's apply (which returns at once unless a matrix fell back: the group's host
   // function is no device work); the statistics.
@@ -370,18 +370,21 @@ class CostRecorder final : public Backend, public OptimizerKernels {
       reduce(4.0 * kk);
       add("swan_row_sums", CostUnit::Memory, 1, B * 4.0 * kk, B * 2.0 * kk);
       add("swan_ns_init", CostUnit::Memory, 1, B * 12.0 * kk, B * kk);
-      // the first step (Z0 = I: Y T alone), the second, then the device loop's bodies of two
-      const int steps = a.ns_steps <= 0 ? 0 : std::min(a.ns_steps, 2) + std::max(0, a.ns_steps - 2 + 1) / 2 * 2;
-      for (int s = 0; s < steps; ++s) {
-        if (s > 0) gemm_fp32_batched(k, k, k, B);  // P = Z Y
-        reduce(8.0 * kk);                          // reads P (Y0 at first), writes T
+      // the first check (P = Y0), the first step (Z0 = I: Y T alone), the second, then the device
+      // loop's bodies of two, each step checked at its end (the last check: the final iterate's residual)
+      auto check = [&] {
+        reduce(8.0 * kk);                                          // reads P, writes T
         add("swan_freeze", CostUnit::Memory, 1, B * 4.0 * kk, 0);  // the worst case: every matrix done, its T rewritten
-        gemm_fp32_batched(k, k, k, B);                             // Y <- Y T
-        if (s > 0) gemm_fp32_batched(k, k, k, B);                  // Z <- T Z
+      };
+      const int steps = a.ns_steps <= 0 ? 0 : std::min(a.ns_steps, 2) + std::max(0, a.ns_steps - 1) / 2 * 2;
+      check();
+      for (int s = 0; s < steps; ++s) {
+        gemm_fp32_batched(k, k, k, B);              // Y <- Y T
+        if (s > 0) gemm_fp32_batched(k, k, k, B);  // Z <- T Z
         add("swan_ns_step_end", CostUnit::Memory, 1, 64.0 * B, 0);
+        gemm_fp32_batched(k, k, k, B);  // P = Z Y
+        check();
       }
-      gemm_fp32_batched(k, k, k, B);  // the final iterate
-      reduce(4.0 * kk);
       for (const auto& [b0, b1] : runs) gemm_fp32_batched(double(shape(b0).first), double(shape(b0).second), k, double(b1 - b0));  // U
       add("swan_count_nonfinite", CostUnit::Memory, 1, 4.0 * mn_all, mn_all);
       for (const auto& [g0, g1] : cuda_scratch::swan_exact_groups(static_cast<int64_t>(end - begin), shape)) {  // a launch each a group
