@@ -229,12 +229,12 @@ __global__ void ns_step_end_kernel(SwanState* st, int64_t B) {
 
 // One block, a thread a matrix, at the end of a device loop's body (after its last check): whether
 // the body runs again: while a step is left and some matrix is not done. Those are the steps the CPU
-// would run for its slowest matrix.
+// would run for its slowest matrix. (Run eagerly, with no loop's handle, it decides nothing.)
 __global__ void ns_loop_kernel(const SwanState* st, int64_t B, int ns_steps, cudaGraphConditionalHandle loop) {
   __shared__ int scratch[32];
   const int open = threadIdx.x < B && !st[threadIdx.x].done ? 1 : 0;
   const int not_done = block_sum(open, scratch);
-  if (threadIdx.x == 0) cudaGraphSetConditional(loop, not_done > 0 && st[0].chunk_step < uint32_t(ns_steps) ? 1u : 0u);
+  if (threadIdx.x == 0 && loop != 0) cudaGraphSetConditional(loop, not_done > 0 && st[0].chunk_step < uint32_t(ns_steps) ? 1u : 0u);
 }
 
 // Grid (g, B): non-finite entries of matrix b's U -> st[b].nonfinite (deterministic: an integer count)
@@ -427,7 +427,7 @@ void inverse_sqrt_batched(Chunk& c, const SwanParams& a, LtGemm& gemm, const Dev
   };
   auto body = [&](cudaStream_t s, cudaGraphConditionalHandle handle) {
     step(s, false), step(s, false);
-    if (handle) launch("swan_ns_loop", ns_loop_kernel, dim3(1), dim3(kThreads), 0, s, c.st, B, a.ns_steps, handle);
+    launch("swan_ns_loop", ns_loop_kernel, dim3(1), dim3(kThreads), 0, s, c.st, B, a.ns_steps, handle);
   };
   // The first check, steps 1 and 2 before the loop, then bodies of two (the buffers back where they
   // were after each). The last check leaves each matrix's residual that of its final iterate.

@@ -327,18 +327,19 @@ class CostRecorder final : public Backend, public OptimizerKernels {
     }
   }
   // SWAN as swan.cu runs it, chunk by chunk (cuda_scratch::swan_plan): the rows of every tensor
-  // normalised into X (FP32), one launch; per run of one shape (cuda_scratch::swan_shape_runs) the Gram matrices
-  // A = X X^T (k = min(m, n)), one batched GEMM; per chunk of B matrices ||A||_F twice, the
-  // regularisation, the largest absolute row sums, then the Newton-Schulz steps in bodies of two,
-  // all ceil(ns_steps / 2) of them as an eager (profiled) run pays them; the update's graph ends its
-  // device loop with the body where every matrix is done, within the scaled iteration's bound
-  // (optim_math::ns_steps_bound: 10 steps at 1e-4, 6 bodies), which depends on no data but the
-  // tolerance, yet is not what a profiled step runs: Y <- Y T and Z <- T Z as strided-batched FP32
-  // GEMMs, the step's end (a thread a matrix), then the check, P = Z Y, its residual and T, the
-  // freeze (the device loop's decision a body is the graph's: not in an eager step); per run U = Z X, one batched GEMM; a
-  // finiteness count; per exact-path group (cuda_scratch::swan_exact_groups) the apply, the verdicts
-  // and the exact path's apply (which returns at once unless a matrix fell back: the group's host
-  // function is no device work); the statistics.
+  // normalised into X (FP32), one launch; per run of one shape (cuda_scratch::swan_shape_runs) the
+  // Gram matrices A = X X^T (k = min(m, n)), one batched GEMM; per chunk of B matrices ||A||_F twice,
+  // the regularisation, the largest absolute row sums, the first check, then the Newton-Schulz steps
+  // as an eager (profiled) run pays all of them: Y <- Y T and Z <- T Z as strided-batched FP32 GEMMs,
+  // the step's end (a thread a matrix), then the check (P = Z Y, its residual and T, the freeze), and
+  // after the first two steps a device loop's bodies of two, each ending with its decision (an eager
+  // run launches it to no effect). The update's graph ends its loop with the body whose check finds
+  // every matrix done, within the scaled iteration's bound (optim_math::ns_steps_bound: 10 steps at
+  // 1e-4), which depends on no data but the tolerance, yet is not what a profiled step runs. Then per
+  // run U = Z X, one batched GEMM; a finiteness count; per exact-path group
+  // (cuda_scratch::swan_exact_groups) the apply, the verdicts and the exact path's apply (which
+  // returns at once unless a matrix fell back: the group's host function is no device work); the
+  // statistics.
   void swan_update_many(const SwanTensor* tensors, int64_t count, const SwanArgs& a) override {
     if (a.exact) throw Error("cost model: SWAN's exact path runs on the host (LAPACK), not on the device");
     std::vector<cuda_scratch::SwanShape> shapes;
@@ -384,6 +385,7 @@ class CostRecorder final : public Backend, public OptimizerKernels {
         add("swan_ns_step_end", CostUnit::Memory, 1, 64.0 * B, 0);
         gemm_fp32_batched(k, k, k, B);  // P = Z Y
         check();
+        if (s >= 3 && s % 2 == 1) add("swan_ns_loop", CostUnit::Memory, 1, 64.0 * B, 0);  // a body's end (steps 3-4, 5-6, ...)
       }
       for (const auto& [b0, b1] : runs) gemm_fp32_batched(double(shape(b0).first), double(shape(b0).second), k, double(b1 - b0));  // U
       add("swan_count_nonfinite", CostUnit::Memory, 1, 4.0 * mn_all, mn_all);
