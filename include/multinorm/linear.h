@@ -11,7 +11,6 @@
 // cuda_scratch::gemm_staging; the gate/up projection over the CUDA plan's padded rows runs by halves,
 // gate and up each a GEMM: halves()); gemms() lists the logical shapes (the FLOPs, the CPU's GEMMs).
 #pragma once
-#include <algorithm>
 #include <array>
 #include <cstdint>
 
@@ -83,7 +82,7 @@ struct Linear {
   // so it is whole packs, one GEMM and not a bulk and a rest. The gradient's columns between the
   // halves are zeros (the plan's padding, which SwiGLU never writes) and meet the up half's first rows
   // of W and dW: the input gradient adds exact zeros, the weight gradient adds zeros to those rows.
-  int64_t gate_extent(const Buf& dy) const { return std::min(up_column(dy), out); }
+  int64_t gate_extent(const Buf& dy) const { return cuda_scratch::mlp_gate_extent(half(), dy.ld, dtype_bytes(dy.dtype)); }
 
   // The three GEMMs of a projection of `in` to `out` over N rows, `count` of them a step: forward,
   // backward_input, backward_weight. swiglu_forward / swiglu_input mark the fused forms.

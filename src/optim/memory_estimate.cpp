@@ -72,7 +72,7 @@ std::vector<GemmCall> cuda_training_gemm_calls(const ModelConfig& m, int64_t BT,
   };
   linear("qkv", C, 3 * C, BT, 4, 0, 0), linear("o", C, C, BT, a, 0, 0);
   if (padded) {  // by halves (Linear::halves): gate and up each F rows of W, the up half's dx added to the gate half's
-    const int64_t gate = std::min(cs::mlp_up_column(F, gu_ld, a), 2 * F);  // the gate's gradients' extent (Linear::gate_extent)
+    const int64_t gate = cs::mlp_gate_extent(F, gu_ld, a);  // the gate's gradients' extent (Linear::gate_extent)
     const auto three = Linear::gemms(C, F, BT, 1), extended = Linear::gemms(C, gate, BT, 1);
     add("gate forward", layers, three[0], a, 0, 0, gu_ld);
     add("gate backward_input", layers, extended[1], 4, gu_ld, 0, 0);
