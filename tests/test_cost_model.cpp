@@ -10,7 +10,7 @@ using namespace cuda_test;
 // FLOP columns come from) names the kernels the CUDA backend launches, as many times: checked
 // against the emulated backend's profiler for a micro-batch (tensor-core attention at D = 64, the
 // SIMT kernels at D = 16) and an update of every optimizer, clipped (the recorder's norm is huge).
-// SWAN with its default tolerance: the device runs every one of its steps whichever matrices are done
+// SWAN with its default tolerance, with FP32 and with split TF32 products: the device runs every one of its steps whichever matrices are done
 // (swan.cu), so the launches do not depend on the data. Its GEMM FLOPs equal the model's own
 // list of a step's GEMMs (training_step_gemms), an independent enumeration.
 TEST(CudaBackend, CostModelLaunchesWhatTheBackendLaunches) {
@@ -18,13 +18,14 @@ TEST(CudaBackend, CostModelLaunchesWhatTheBackendLaunches) {
   if (!p) GTEST_SKIP() << "no CUDA plugin";
   auto be = make_cuda_backend(*p);
   for (const int64_t hidden : {128, 32}) {  // 2 heads: D = 64 (mma.sync) and 16 (SIMT)
-    for (const char* name : {"sinkgd", "swan", "adam", "sgd"}) {
+    for (const std::string variant : {"sinkgd", "swan", "swan split_tf32", "adam", "sgd"}) {
+      const std::string name = variant.substr(0, variant.find(' ')), products = variant == name ? "auto" : variant.substr(name.size() + 1);
       const json j = json::parse(std::string(R"({
         "model": {"config": {"vocab_size": 101, "hidden_size": )") + std::to_string(hidden) + R"(, "intermediate_size": 40,
                              "num_hidden_layers": 2, "num_attention_heads": 2, "max_position_embeddings": 32}},
         "batch": {"global_batch": 2, "micro_batch": 2, "seq_len": 19},
         "optimizer": {"name": ")" + name + R"(", "grad_clip": 0.5, "momentum": 0.9,
-                      "swan": {"ns_steps": 6}}})");
+                      "swan": {"ns_steps": 6, "ns_products": ")" + products + R"("}}})");
       const RunConfig run = run_config_from_json(j, "test");
       std::vector<int32_t> tokens = random_ids(38, 101, 21), targets = random_ids(38, 101, 22);
       const MicroBatch mb{tokens.data(), targets.data(), nullptr, 2, 19};
@@ -58,14 +59,14 @@ TEST(CudaBackend, CostModelLaunchesWhatTheBackendLaunches) {
       const auto [predicted, flops] = measure(*rec);
       const auto [launched, unused] = measure(*be);
       (void)unused;
-      EXPECT_EQ(predicted[0], launched[0]) << name << ", hidden " << hidden << ": a micro-batch's kernels";
-      EXPECT_EQ(predicted[1], launched[1]) << name << ", hidden " << hidden << ": an update's kernels";
+      EXPECT_EQ(predicted[0], launched[0]) << variant << ", hidden " << hidden << ": a micro-batch's kernels";
+      EXPECT_EQ(predicted[1], launched[1]) << variant << ", hidden " << hidden << ": an update's kernels";
       if (hidden == 128) {
         EXPECT_TRUE(predicted[0].count("attention_forward_mma")) << "the tensor-core path";
       }
       double expected = 0;
       for (const GemmShape& g : training_step_gemms(run.model, 38)) expected += 2.0 * g.M * g.N * g.K * g.count;
-      EXPECT_DOUBLE_EQ(flops[0], expected) << name << ", hidden " << hidden << ": GEMM FLOPs of a micro-batch";
+      EXPECT_DOUBLE_EQ(flops[0], expected) << variant << ", hidden " << hidden << ": GEMM FLOPs of a micro-batch";
     }
   }
 }

@@ -184,6 +184,79 @@ TEST_P(CudaVsCpu, SwanUpdateManyBatchesByGramSize) {
   }
 }
 
+// Split TF32 products (optimizer.swan.ns_products = split_tf32: the default from k = 1024, forced
+// here at small k): each Newton-Schulz product three TF32 GEMMs of the operands' halves, Y and Z split
+// once a step. The CPU computes FP32 products: the results agree within the FP32 bound of
+// SwanUpdateManyBatchesByGramSize (1e-5; measured 6.0e-6, where this test's matrices with FP32
+// products give 5.7e-6: the square one's conditioning) with the same statistics, so the split path loses nothing a tolerance of 1e-4 sees (mutation check: with
+// the lo halves zeroed, plain TF32 products, no matrix converges in 25 steps). The launches: per step
+// 3 TF32 GEMMs a product and one split, FP32 GEMMs only for the Gram matrices and U. Then the frozen
+// iterate: frozen steps (T = I) change no bit of the weights nor of the statistics (halves kept, Z
+// put back: products of halves by I give hi + lo, not the FP32 value Z was; mutation check: without
+// putting Z back the weights differ), so a graph's loop that ends early gives an eager run's bits.
+TEST_P(CudaVsCpu, SwanSplitTf32ProductsMatchTheCpusFp32AndFreezeExactly) {
+  struct Shape {
+    int64_t m, n;
+  };
+  const Shape shapes[] = {{16, 24}, {24, 16}, {16, 16}, {40, 16}, {9, 30}};  // two chunks: k = 16 (4 shapes) and k = 9
+  for (const auto& [wt, gt] : kWeightGrad) {
+    std::vector<std::unique_ptr<Pair>> ws, gs;
+    std::vector<SwanTensor> tc, tg;
+    for (size_t i = 0; i < std::size(shapes); ++i) {
+      const Shape s = shapes[i];
+      ws.push_back(std::make_unique<Pair>(*cpu, *cuda, random_vec(s.m * s.n, 70 + uint32_t(i), 0.1), wt));
+      Vec g = random_vec(s.m * s.n, 80 + uint32_t(i), 0.01);
+      for (int64_t r = 0; r < std::min(s.m, s.n); ++r) g[r * s.n + r] += 0.005 * double(i);  // conditioning differs: steps differ
+      gs.push_back(std::make_unique<Pair>(*cpu, *cuda, g, gt));
+      tc.push_back({ws.back()->c.buf(), gs.back()->c.buf(), s.m, s.n, 300 + i});
+      tg.push_back({ws.back()->g.buf(), gs.back()->g.buf(), s.m, s.n, 300 + i});
+    }
+    const std::vector<Vec> w0 = [&] {
+      std::vector<Vec> v;
+      for (const auto& w : ws) v.push_back(w->g.get());
+      return v;
+    }();
+    StatsPair stats(*cpu, *cuda);
+    SwanArgs a;
+    a.lr = 0.01f, a.decoupled_decay = 0.1f, a.ns_steps = 25, a.ns_tolerance = 1e-4f, a.ns_products = SwanProducts::SplitTf32;
+    a.write = WriteBack{wt == DType::BF16, 7, 3, 0};
+    a.stats = stats.c;
+    cpu->optimizer_kernels().swan_update_many(tc.data(), static_cast<int64_t>(tc.size()), a);
+    a.stats = stats.g;
+    cuda->set_profiling(true);
+    cuda->take_profile();
+    cuda->optimizer_kernels().swan_update_many(tg.data(), static_cast<int64_t>(tg.size()), a);
+    std::map<std::string, int64_t> launches;
+    for (const KernelTime& k : cuda->take_profile()) launches[k.name] += k.launches;
+    cuda->set_profiling(false);
+    const std::string what = dtype_name(wt);
+    for (size_t i = 0; i < ws.size(); ++i) EXPECT_TRUE(ws[i]->same(wt == DType::F32 ? 1e-5 : kBf16)) << "tensor " << i << " " << what;
+    const SwanStats sc = *stats.c, sg = stats.cuda();
+    EXPECT_EQ(sg.unconverged, 0u) << what;
+    EXPECT_EQ(sg.steps, sc.steps) << what;
+    EXPECT_GT(sc.steps, 3u) << what;
+    EXPECT_NEAR(sg.worst_residual, sc.worst_residual, 0.5 * sc.worst_residual) << what;
+    // 2 chunks of 26 steps eagerly (two, then 12 bodies of two): the first 2 products (Z0 = I), then 3 each
+    const int64_t products = 2 * (2 + 3 * 25);
+    EXPECT_EQ(launches["gemm tf32 batched (cuBLASLt)"], 3 * products) << what;
+    EXPECT_EQ(launches["swan_ns_split"], 2 * 26) << what;
+    EXPECT_EQ(launches["gemm fp32 batched (cuBLASLt)"] + launches["gemm fp32 (cuBLASLt)"], 2 * 5) << what;  // Gram and U of 5 shapes
+    // Frozen steps change nothing: again from the same weights with ns_steps = the slowest matrix's
+    // steps (even: an eager run then runs that many, none of them frozen for it), where the run above
+    // froze every matrix for 16 steps or more.
+    ASSERT_EQ(sg.steps % 2, 0u) << what;
+    std::vector<Vec> w1;
+    for (size_t i = 0; i < ws.size(); ++i) w1.push_back(ws[i]->g.get()), ws[i]->g.set(w0[i]);
+    StatsPair again(*cpu, *cuda);
+    a.ns_steps = static_cast<int>(sg.steps), a.stats = again.g;
+    cuda->optimizer_kernels().swan_update_many(tg.data(), static_cast<int64_t>(tg.size()), a);
+    for (size_t i = 0; i < ws.size(); ++i) EXPECT_EQ(ws[i]->g.get(), w1[i]) << "tensor " << i << " " << what;
+    const SwanStats s2 = again.cuda();
+    EXPECT_EQ(s2.steps, sg.steps) << what;
+    EXPECT_EQ(s2.worst_residual, sg.worst_residual) << what;
+  }
+}
+
 // A gradient whose Gram matrix hid its largest eigenvalue from the power-iteration scale SWAN once
 // used: rows 0, 7, .. 49 are +-sqrt(n) e_0 with alternating signs (orthogonal to a start vector
 // constant over rows 7 apart), the other rows sqrt(n) e_j. The top eigenvalue is 8n where such an

@@ -738,3 +738,53 @@ TEST(Schedule, WarmupThenCosineToMinRatio) {
   s.kind = ScheduleKind::Cosine;
   EXPECT_NEAR(schedule_multiplier(s, 0), 1.0, 1e-12);
 }
+
+// Split TF32 (optim_math::split_tf32, SWAN's Newton-Schulz products on a GPU at large k): both
+// halves are TF32 (13 low bits zero, so a tensor core's conversion of them is exact), hi is x
+// rounded to nearest with ties away from zero (checked against an FP64 rounding to 11 significant
+// bits), and x - hi - lo is within 2^-22 |x|: over 2^16 random floats of every binade from 2^-60 to
+// 2^60 and the ties. A dot product of length 1024 from the three TF32 products of the halves (in
+// FP64, as a tensor core's exact products) is within 2^-26 sum |a b| of the exact one; hi x hi alone,
+// a plain TF32 product (the planted loss of the lo terms), misses that bound by over 100x.
+TEST(SplitTf32, HalvesAreTf32AndSumToTheFloatWithin2ToTheMinus22) {
+  auto bits = [](float x) {
+    uint32_t u;
+    std::memcpy(&u, &x, 4);
+    return u;
+  };
+  auto round11 = [](double x) {  // to 11 significant bits, ties away from zero
+    int e;
+    const double f = std::frexp(std::fabs(x), &e);  // |x| = f 2^e, f in [0.5, 1)
+    return std::copysign(std::ldexp(std::floor(std::ldexp(f, 11) + 0.5), e - 11), x);
+  };
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<double> mant(1.0, 2.0);
+  std::uniform_int_distribution<int> expo(-60, 60);
+  std::vector<float> xs;
+  for (int i = 0; i < 1 << 16; ++i) xs.push_back(static_cast<float>((i % 2 ? -1 : 1) * std::ldexp(mant(rng), expo(rng))));
+  for (uint32_t u : {0x3f801000u, 0x3f803000u, 0xbf801000u, 0x3f800fffu, 0x3fffffffu}) {  // ties both ways, just under, rounding up a binade
+    float x;
+    std::memcpy(&x, &u, 4);
+    xs.push_back(x);
+  }
+  for (float x : xs) {
+    const optim_math::Tf32Split s = optim_math::split_tf32(x);
+    ASSERT_EQ(bits(s.hi) & 0x1fffu, 0u) << x;
+    ASSERT_EQ(bits(s.lo) & 0x1fffu, 0u) << x;
+    ASSERT_EQ(static_cast<double>(s.hi), round11(x)) << x;
+    ASSERT_LE(std::fabs(double(x) - double(s.hi) - double(s.lo)), std::ldexp(std::fabs(double(x)), -22)) << x;
+  }
+  const int K = 1024;
+  std::vector<float> a(K), b(K);
+  for (int i = 0; i < K; ++i) a[i] = static_cast<float>(mant(rng) - 1.5), b[i] = static_cast<float>(mant(rng) - 1.5);
+  double exact = 0, scale = 0, split = 0, plain = 0;
+  for (int i = 0; i < K; ++i) {
+    const optim_math::Tf32Split x = optim_math::split_tf32(a[i]), y = optim_math::split_tf32(b[i]);
+    exact += double(a[i]) * b[i], scale += std::fabs(double(a[i]) * b[i]);
+    split += double(x.lo) * y.hi + double(x.hi) * y.lo + double(x.hi) * y.hi;
+    plain += double(x.hi) * y.hi;
+  }
+  const double bound = std::ldexp(scale, -26);             // measured 1.6e-9 of scale: 0.1 x the bound
+  EXPECT_LE(std::fabs(split - exact), bound);
+  EXPECT_GT(std::fabs(plain - exact), 100 * bound);  // measured 7.3e-6 of scale: the bound catches a lost lo
+}

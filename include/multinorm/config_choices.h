@@ -52,6 +52,13 @@ inline const std::vector<std::string>& choice_names(SwanWhitening) {
   static const std::vector<std::string> n{"newton_schulz", "eigh"};
   return n;
 }
+// optimizer.swan.ns_products: Newton-Schulz's products on a GPU in FP32, or each as three TF32
+// tensor-core products of split operands (hi + lo), or split from a Gram size on (cuda_scratch::swan_split_tf32).
+enum class SwanProducts : uint8_t { Auto, Fp32, SplitTf32 };
+inline const std::vector<std::string>& choice_names(SwanProducts) {
+  static const std::vector<std::string> n{"auto", "fp32", "split_tf32"};
+  return n;
+}
 // schedule.kind: the learning-rate multiplier after the warm-up.
 enum class ScheduleKind : uint8_t { Cosine, Linear, Constant };
 inline const std::vector<std::string>& choice_names(ScheduleKind) {

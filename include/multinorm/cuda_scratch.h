@@ -229,9 +229,18 @@ constexpr int64_t kSwanPinnedGroupBytes = int64_t(64) << 20;
 inline int64_t swan_ld(int64_t n) { return (n + 31) / 32 * 32; }
 inline int64_t swan_x_floats(int64_t m, int64_t n) { return (m * swan_ld(n) + 63) / 64 * 64; }
 inline int64_t swan_gram_floats(int64_t k) { return (k * k + 63) / 64 * 64; }
-inline int64_t swan_tensor_bytes(int64_t m, int64_t n) {
+// Newton-Schulz's products in split TF32 (swan.cu: each FP32 operand as hi + lo, both TF32, and
+// each product as three TF32 tensor-core products) from Gram size `split_from_k` on (SwanArgs'
+// ns_products: swan_split_from_k): every k for split_tf32, none for fp32, and for auto from
+// kSwanSplitTf32MinK on, where the roofline predicts it faster on an A100, an H100 and an
+// H200 alike (docs/optimizers.md: at k = 512 an H100 gains nothing, the extra traffic costing what
+// the tensor cores save; an A100, with 8x FP32's rate in TF32, gains from k = 384).
+// A split chunk keeps Y's, Z's and T's halves too: 6 more k x k matrices a tensor.
+constexpr int64_t kSwanSplitTf32MinK = 768;
+inline bool swan_split_tf32(int64_t split_from_k, int64_t k) { return k >= split_from_k; }
+inline int64_t swan_tensor_bytes(int64_t m, int64_t n, bool split) {
   const int64_t k = std::min(m, n);
-  return 8 * swan_x_floats(m, n) + 20 * swan_gram_floats(k) + 8 * kSwanReduceBlocks + kSwanStateBytes;
+  return 8 * swan_x_floats(m, n) + (split ? 44 : 20) * swan_gram_floats(k) + 8 * kSwanReduceBlocks + kSwanStateBytes;
 }
 inline int64_t swan_pinned_bytes(int64_t m, int64_t n) { return (64 + 8 * m * n + 63) / 64 * 64; }
 // A chunk's exact-path groups, [begin, end) in its order: consecutive tensors whose staging
@@ -255,9 +264,20 @@ std::vector<std::pair<int64_t, int64_t>> swan_exact_groups(int64_t count, const 
 // staging the call needs.
 struct SwanShape {
   int64_t m = 0, n = 0;
-  int kind = 0;  // the dtype pair (swan_kind): a chunk holds one
+  int kind = 0;        // the dtype pair (swan_kind): a chunk holds one
+  bool split = false;  // split TF32 products (swan_split_tf32): a chunk holds one kind of products
 };
 inline int swan_kind(int weight_dtype, int grad_dtype) { return weight_dtype * 16 + grad_dtype; }
+// A call's SwanTensors (optimizer_kernels.h) as the plan takes them, with their products' kind.
+template <class SwanTensor>
+std::vector<SwanShape> swan_shapes(const SwanTensor* tensors, int64_t count, int64_t split_from_k) {
+  std::vector<SwanShape> shapes;
+  for (int64_t i = 0; i < count; ++i) {
+    const SwanTensor& t = tensors[i];
+    shapes.push_back({t.m, t.n, swan_kind(static_cast<int>(t.w.dtype), static_cast<int>(t.g.dtype)), swan_split_tf32(split_from_k, std::min(t.m, t.n))});
+  }
+  return shapes;
+}
 struct SwanPlan {
   std::vector<int64_t> order, ends;
   int64_t scratch_bytes = 0, pinned_bytes = 0;
@@ -274,10 +294,11 @@ inline SwanPlan swan_plan(const std::vector<SwanShape>& shapes) {
   });
   int64_t bytes = 0;
   for (size_t j = 0; j < p.order.size(); ++j) {
-    const int64_t i = p.order[j], t = swan_tensor_bytes(shapes[i].m, shapes[i].n);
+    const int64_t i = p.order[j], t = swan_tensor_bytes(shapes[i].m, shapes[i].n, shapes[i].split);
     const int64_t in_chunk = j - (p.ends.empty() ? 0 : p.ends.back());
-    const bool joins = j > 0 && shapes[p.order[j - 1]].kind == shapes[i].kind && k_of(p.order[j - 1]) == k_of(i) && bytes + t <= kSwanChunkBytes &&
-                       in_chunk < kSwanChunkTensors;
+    const SwanShape& prev = shapes[p.order[j > 0 ? j - 1 : 0]];
+    const bool joins = j > 0 && prev.kind == shapes[i].kind && prev.split == shapes[i].split && k_of(p.order[j - 1]) == k_of(i) &&
+                       bytes + t <= kSwanChunkBytes && in_chunk < kSwanChunkTensors;
     if (j > 0 && !joins) p.ends.push_back(static_cast<int64_t>(j)), bytes = 0;
     bytes += t;
     p.scratch_bytes = std::max(p.scratch_bytes, bytes);

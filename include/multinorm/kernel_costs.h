@@ -17,8 +17,9 @@
 namespace multinorm {
 
 // What bounds a kernel's compute: the BF16 tensor cores through cuBLASLt, our own mma.sync kernels
-// (attention), FP32 GEMMs through cuBLASLt (SWAN), FP32 FMAs in our kernels, or nothing (memory).
-enum class CostUnit { GemmTensorCore, KernelTensorCore, GemmFp32, KernelFp32, Memory };
+// (attention), FP32 GEMMs through cuBLASLt (SWAN), TF32 tensor-core GEMMs through cuBLASLt (SWAN's
+// split TF32 products), FP32 FMAs in our kernels, or nothing (memory).
+enum class CostUnit { GemmTensorCore, KernelTensorCore, GemmFp32, GemmTf32, KernelFp32, Memory };
 const char* cost_unit_name(CostUnit u);
 
 struct KernelCost {
@@ -69,7 +70,7 @@ struct RooflineAssumptions {
 // A GPU's peaks (dense, no sparsity) from its datasheet, and what the roofline assumes of it.
 struct DevicePeak {
   std::string name;
-  double bf16_tflops = 0, fp32_tflops = 0, bandwidth_gbs = 0;
+  double bf16_tflops = 0, fp32_tflops = 0, tf32_tflops = 0, bandwidth_gbs = 0;
   // FlashAttention-2's forward + backward fraction of the BF16 peak on this architecture at the
   // paper's shapes (T 256-2048, D 64-128, causal); our attention is estimated at kAttentionOfFa2 of it.
   double fa2_of_peak = 0;

@@ -70,9 +70,10 @@ cuda_scratch::GemmStaging cuda_gemm_call_staging(const GemmCall& c, const Activa
 // workspace, RMSNorm's block partials, attention's row sums, the embedding buckets, the sum of
 // squares, the matrix optimizer's buffers for the largest matrix, the GEMM operands staged through
 // 128-byte rows). Exact against the backend's workspace_bytes (tests/test_memory.cpp, on the
-// emulated build). act: the weights' and activations' dtype; grad: the gradients'.
+// emulated build). act: the weights' and activations' dtype; grad: the gradients'; swan_products:
+// SWAN's Newton-Schulz products (split TF32 chunks hold more).
 int64_t cuda_backend_scratch_bytes(const ModelConfig& m, int64_t micro_batch, int64_t seq_len, DType act, DType grad,
-                                   OptimizerKind matrix_optimizer, const std::vector<std::string>& matrix_params);
+                                   OptimizerKind matrix_optimizer, const std::vector<std::string>& matrix_params, SwanProducts swan_products);
 
 struct TrainingMemory {
   bool cuda = false;  // device memory of the CUDA backend (else host memory of the CPU backend)

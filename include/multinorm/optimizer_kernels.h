@@ -7,6 +7,8 @@
 #pragma once
 #include <cstdint>
 
+#include "multinorm/config_choices.h"
+#include "multinorm/cuda_scratch.h"
 #include "multinorm/dtype.h"
 #include "multinorm/update_scalars.h"
 #include "multinorm/write_back.h"
@@ -49,11 +51,16 @@ struct SwanArgs {
   bool exact = false;        // exact FP64 eigendecomposition instead of Newton-Schulz
   int ns_steps = 10;
   float ns_tolerance = 0;    // stop when ||I - Y Z||_F / sqrt(m) < tolerance (0: all steps)
+  SwanProducts ns_products = SwanProducts::Auto;  // the CUDA backend's (swan_split_from_k); the CPU's are FP32
   float eps = 1e-8f;
   WriteBack write;
   ScalarsRef scalars;
   SwanStats* stats = nullptr;  // backend memory the op adds its Newton-Schulz statistics to (null: none)
 };
+// The Gram size from which the CUDA backend splits SWAN's Newton-Schulz products (cuda_scratch::swan_split_tf32).
+inline int64_t swan_split_from_k(SwanProducts p) {
+  return p == SwanProducts::SplitTf32 ? 0 : p == SwanProducts::Fp32 ? INT64_MAX : cuda_scratch::kSwanSplitTf32MinK;
+}
 // One tensor of a multi-tensor SWAN update: its buffers, shape and stochastic-rounding tensor id.
 struct SwanTensor {
   Buf w, g;

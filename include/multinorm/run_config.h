@@ -40,6 +40,7 @@ struct SwanConfig {
   SwanWhitening whitening = SwanWhitening::NewtonSchulz;  // or eigh (exact, FP64)
   int64_t ns_steps = 12;  // a ceiling: the scaled steps reach 1e-4 within 10 from any start (optim_math::ns_steps_bound)
   double ns_tolerance = 1e-4;
+  SwanProducts ns_products = SwanProducts::Auto;  // on a GPU: FP32 or split TF32 products (cuda_scratch::swan_split_tf32)
   double eps = 1e-8;
 };
 

@@ -4,6 +4,8 @@
 // per-tensor sums of squares and its loss totals.
 #pragma once
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 
 #include "host_device.h"
 #include "multinorm/optimizer_kernels.h"
@@ -86,6 +88,26 @@ MN_HOST_DEVICE NsStep ns_step(double lower) {
   const double l = lower < 1.0 ? lower : 1.0;
   const double alpha = sqrt(3.0 / (1.0 + l + l * l));
   return {1.5 * alpha, 0.5 * alpha * alpha * alpha, alpha * l * (3.0 - alpha * alpha * l * l) / 2.0};
+}
+
+// A float rounded to TF32 (10 explicit mantissa bits; to nearest, ties away from zero, as PTX's
+// cvt.rna.tf32.f32), kept in an FP32 word; inf and NaN stay as they are.
+MN_HOST_DEVICE float tf32_round(float x) {
+  uint32_t u;
+  memcpy(&u, &x, sizeof(u));
+  if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0x1000u) & 0xffffe000u;
+  memcpy(&x, &u, sizeof(u));
+  return x;
+}
+// x as hi + lo, both exactly TF32 (split TF32 products: hi·hi + hi·lo + lo·hi): hi is x rounded,
+// lo the rest (exact in FP32) rounded, so |x - hi - lo| <= 2^-22 |x| whatever a tensor core does to
+// an FP32 operand's low bits (they are zero here).
+struct Tf32Split {
+  float hi, lo;
+};
+MN_HOST_DEVICE Tf32Split split_tf32(float x) {
+  const float hi = tf32_round(x);
+  return {hi, tf32_round(x - hi)};
 }
 
 // The steps after which that bound puts every eigenvalue of P within `tolerance` of 1 (the residual

@@ -101,13 +101,10 @@ void CudaOptimizerKernels::sinkgd_update_many(const SinkGDTensor* tensors, int64
 // the scratch grown once to the largest chunk and the pinned staging to the largest exact-path group;
 // a chunk's matrices' table through the descriptor cache.
 void CudaOptimizerKernels::swan_update_many(const SwanTensor* tensors, int64_t count, const SwanArgs& a) {
-  std::vector<cuda_scratch::SwanShape> shapes;
-  for (int64_t i = 0; i < count; ++i)
-    shapes.push_back({tensors[i].m, tensors[i].n, cuda_scratch::swan_kind(static_cast<int>(tensors[i].w.dtype), static_cast<int>(tensors[i].g.dtype))});
-  const cuda_scratch::SwanPlan plan = cuda_scratch::swan_plan(shapes);
+  const cuda_scratch::SwanPlan plan = cuda_scratch::swan_plan(cuda_scratch::swan_shapes(tensors, count, swan_split_from_k(a.ns_products)));
   void* work = scratch(opt_scratch_, static_cast<size_t>(plan.scratch_bytes), "swan_update");
   swan_staging_->reserve(static_cast<size_t>(plan.pinned_bytes));
-  const cuda::SwanParams p{a.lr, a.decoupled_decay, a.eps, a.ns_tolerance, a.ns_steps, a.standardize, a.exact, a.write, a.scalars, a.stats};
+  const cuda::SwanParams p{a.lr, a.decoupled_decay, a.eps, a.ns_tolerance, a.ns_steps, a.standardize, a.exact, a.write, a.scalars, a.stats, a.ns_products};
   std::vector<cuda::SwanItem> items;
   std::vector<cuda::SwanExactGroup*> groups;
   const cuda::DeviceLoop loop = [this](const cuda::DeviceLoopBody& body) { return q_->device_loop(body); };

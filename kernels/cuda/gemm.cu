@@ -39,16 +39,17 @@ LtGemm::~LtGemm() {
 LtGemm::Plan& LtGemm::plan(const Key& key) {
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second;
-  const auto [M, N, K, ta, tb, in, out, align_out, align_a, align_b, ld_out, ld_a, ld_b, batch, stride_out, stride_a, stride_b] = key;
+  const auto [M, N, K, ta, tb, in, out, align_out, align_a, align_b, ld_out, ld_a, ld_b, batch, stride_out, stride_a, stride_b, tf32] = key;
   const std::string what = "matmul M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K) + (ta ? " a^T" : "") +
                            (tb ? " b^T" : "") + " (" + (in == CUDA_R_16BF ? "bf16" : "fp32") + " -> " + (out == CUDA_R_16BF ? "bf16" : "fp32") +
                            ", operands aligned to " + std::to_string(align_out) + "/" + std::to_string(align_a) + "/" + std::to_string(align_b) +
                            " B, row strides " + std::to_string(ld_out) + "/" + std::to_string(ld_a) + "/" + std::to_string(ld_b) + ")" +
                            (batch > 1 ? " x " + std::to_string(batch) + " (strides " + std::to_string(stride_out) + "/" + std::to_string(stride_a) +
                                             "/" + std::to_string(stride_b) + ")"
-                                      : "");
+                                      : "") +
+                           (tf32 ? ", TF32 compute" : "");
   Plan p;
-  MN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), what);
+  MN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F), what);
   // Column-major roles: first operand is b (stored row-major [K,N] or, transposed, [N,K]).
   const int32_t op_first = tb ? CUBLAS_OP_T : CUBLAS_OP_N, op_second = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
   MN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof(op_first)), what);
@@ -106,7 +107,7 @@ void LtGemm::run(void* out, int64_t ld_out, cudaDataType out_type, const void* a
   // C and D share a layout and an alignment preference: the addend's, where it is less aligned than out.
   const uint32_t align_out = addend ? std::min(alignment_of(out), alignment_of(addend)) : alignment_of(out);
   const Plan& p = plan(Key{M, N, K, ta, tb, static_cast<int>(in_type), static_cast<int>(out_type), align_out, alignment_of(a), alignment_of(b), ld_out,
-                           ld_a, ld_b, int64_t{1}, int64_t{0}, int64_t{0}, int64_t{0}});
+                           ld_a, ld_b, int64_t{1}, int64_t{0}, int64_t{0}, int64_t{0}, false});
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   const bool timed = profiler::g_on;
   if (timed) profiler::begin(in_type == CUDA_R_16BF ? "gemm bf16 (cuBLASLt)" : "gemm fp32 (cuBLASLt)", stream);
@@ -126,13 +127,34 @@ void LtGemm::run_batched(float* out, int64_t ld_out, int64_t stride_out, const f
     return stride ? std::min(alignment_of(p), alignment_of(reinterpret_cast<const void*>(stride * 4))) : alignment_of(p);
   };
   const Plan& p = plan(Key{M, N, K, ta, tb, static_cast<int>(CUDA_R_32F), static_cast<int>(CUDA_R_32F), aligned(out, stride_out), aligned(a, stride_a),
-                           aligned(b, stride_b), ld_out, ld_a, ld_b, batch, stride_out, stride_a, stride_b});
+                           aligned(b, stride_b), ld_out, ld_a, ld_b, batch, stride_out, stride_a, stride_b, false});
   const float alpha = 1.0f, beta = 0.0f;
   const bool timed = profiler::g_on;
   if (timed) profiler::begin("gemm fp32 batched (cuBLASLt)", stream);
   MN_CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, b, p.a, a, p.b, &beta, out, p.c, out, p.c, &p.algo, workspace_, kWorkspaceBytes, stream),
                   "batched matmul M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K) + " x " + std::to_string(batch));
   if (timed) profiler::end(stream);
+}
+
+void LtGemm::run_batched_split_tf32(float* out, const float* a_hi, const float* a_lo, const float* b_hi, const float* b_lo, int64_t M, int64_t N,
+                                    int64_t K, int64_t batch, int64_t stride, cudaStream_t stream) {
+  if (M == 0 || N == 0 || K == 0 || batch == 0) throw_cublas_error("a batched matmul with an empty dimension", CUBLAS_STATUS_INVALID_VALUE);
+  const int64_t s = batch > 1 ? stride : 0;
+  auto aligned = [s](const void* p) { return s ? std::min(alignment_of(p), alignment_of(reinterpret_cast<const void*>(s * 4))) : alignment_of(p); };
+  const bool timed = profiler::g_on;
+  const float alpha = 1.0f;
+  auto product = [&](const float* a, const float* b, float beta) {
+    const Plan& p = plan(Key{M, N, K, false, false, static_cast<int>(CUDA_R_32F), static_cast<int>(CUDA_R_32F), aligned(out), aligned(a), aligned(b), N, K,
+                             N, batch, s, s, s, true});
+    if (timed) profiler::begin("gemm tf32 batched (cuBLASLt)", stream);
+    MN_CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, b, p.a, a, p.b, &beta, out, p.c, out, p.c, &p.algo, workspace_, kWorkspaceBytes, stream),
+                    "split TF32 matmul M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K) + " x " +
+                        std::to_string(batch));
+    if (timed) profiler::end(stream);
+  };
+  product(a_lo, b_hi, 0.0f);
+  product(a_hi, b_lo, 1.0f);
+  product(a_hi, b_hi, 1.0f);
 }
 
 }  // namespace multinorm::cuda

@@ -37,6 +37,13 @@ class LtGemm {
   void run_batched(float* out, const float* a, const float* b, int64_t M, int64_t N, int64_t K, int64_t batch, int64_t stride, cudaStream_t stream) {
     run_batched(out, N, stride, a, K, stride, b, N, stride, M, N, K, false, false, batch, stream);
   }
+  // Split TF32 (SWAN's Newton-Schulz products at large k): out = a b for `batch` dense products,
+  // each operand given as its halves (optim_math::split_tf32: x = hi + lo, both exactly TF32), as
+  // three TF32 tensor-core products summed in FP32, the small ones first: lo_a hi_b + hi_a lo_b +
+  // hi_a hi_b (lo lo, 2^-22 of the product, left out). ~FP32 accuracy at ~3/7 of an FP32 product's
+  // arithmetic time on an H100 (3/8 on an A100); out is written once and read and written twice.
+  void run_batched_split_tf32(float* out, const float* a_hi, const float* a_lo, const float* b_hi, const float* b_lo, int64_t M, int64_t N, int64_t K,
+                              int64_t batch, int64_t stride, cudaStream_t stream);
   // Dense rows (each stride its row width).
   void run(void* out, cudaDataType out_type, const void* a, const void* b, cudaDataType in_type, int64_t M, int64_t N, int64_t K, bool trans_a,
            bool trans_b, bool accumulate, cudaStream_t stream) {
@@ -55,9 +62,10 @@ class LtGemm {
   // Shape, transposes, types, the operands' alignments (out, a, b) and row strides (out, a, b):
   // cuBLASLt's algorithm is chosen for the alignments it is told and may rely on them, so a less
   // aligned pointer gets a plan of its own.
-  // A batched plan adds its batch count and strides (out, a, b) (1 and 0 otherwise).
-  using Key =
-      std::tuple<int64_t, int64_t, int64_t, bool, bool, int, int, uint32_t, uint32_t, uint32_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>;
+  // A batched plan adds its batch count and strides (out, a, b) (1 and 0 otherwise); last, whether
+  // its compute type is TF32 (CUBLAS_COMPUTE_32F_FAST_TF32) rather than FP32.
+  using Key = std::tuple<int64_t, int64_t, int64_t, bool, bool, int, int, uint32_t, uint32_t, uint32_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                         int64_t, int64_t, bool>;
   Plan& plan(const Key& key);
 
   cublasLtHandle_t handle_ = nullptr;

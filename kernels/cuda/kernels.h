@@ -184,7 +184,7 @@ void sinkgd_many(const SinkgdManyItem* items, int64_t count, const SinkgdLayout&
                  const WriteBack& wb, ScalarsRef s, cudaStream_t stream);
 
 // SWAN on a chunk of matrices of one Gram size k and one dtype pair (swan.cu): row normalisation,
-// the Gram matrices, Newton-Schulz as strided-batched FP32 cuBLASLt products, U and the apply; every
+// the Gram matrices, Newton-Schulz as strided-batched FP32 (or split TF32) cuBLASLt products, U and the apply; every
 // decision (each matrix's convergence, the non-finite fallback, the update's skip flag) is made on
 // the device, and the exact FP64 path runs in a host function in stream order when a matrix needs it.
 // No host wait: the chunk can be captured in a graph. scratch: cuda_scratch::swan_plan's bytes;
@@ -197,6 +197,7 @@ struct SwanParams {
   WriteBack write;
   ScalarsRef scalars;  // as the other optimizers' (the apply kernels read them)
   SwanStats* stats;    // device memory the chunk adds its statistics to (null: none)
+  SwanProducts ns_products;  // FP32 or split TF32 Newton-Schulz products (cuda_scratch::swan_split_tf32)
 };
 struct SwanItem {
   void* w;

@@ -118,8 +118,10 @@ __global__ void normalize_rows_kernel(const SwanMatrix* mats, bool standardize, 
 }
 
 // Grid (swan_reduce_blocks(k), B): partial sums over matrix b's k x k elements (at M + b gram): of p^2
-// (residual = false) or of (I - P)^2, then T = a I - b P (the step's scaled coefficients) when T is given.
-__global__ void partial_sums_kernel(double* partials, float* T, const float* M, int64_t k, int64_t gram, bool residual, const SwanState* st) {
+// (residual = false) or of (I - P)^2, then T = a I - b P (the step's scaled coefficients) when T is given,
+// and its split TF32 halves when Th and Tl are.
+__global__ void partial_sums_kernel(double* partials, float* T, float* Th, float* Tl, const float* M, int64_t k, int64_t gram, bool residual,
+                                    const SwanState* st) {
   __shared__ double scratch[32];
   const int64_t b = blockIdx.y, total = k * k;
   const float* P = M + b * gram;
@@ -128,7 +130,13 @@ __global__ void partial_sums_kernel(double* partials, float* T, const float* M, 
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
     const double p = P[e], eye = residual && e / k == e % k ? 1.0 : 0.0;
     r2 += (eye - p) * (eye - p);
-    if (T) T[b * gram + e] = float(step.identity * (e / k == e % k ? 1.0 : 0.0) - step.product * p);
+    if (!T) continue;
+    const float t = float(step.identity * (e / k == e % k ? 1.0 : 0.0) - step.product * p);
+    T[b * gram + e] = t;
+    if (Th) {
+      const optim_math::Tf32Split h = optim_math::split_tf32(t);
+      Th[b * gram + e] = h.hi, Tl[b * gram + e] = h.lo;
+    }
   }
   r2 = block_sum(r2, scratch);
   if (threadIdx.x == 0) partials[b * kReduceBlocks + blockIdx.x] = r2;
@@ -186,15 +194,21 @@ __global__ void row_sums_kernel(SwanState* st, const float* A, int64_t k, int64_
 }
 
 // Grid (g, B): c = min(||A||_F, largest absolute row sum), both bounds of A's largest eigenvalue; Y =
-// A / c in place; Z = I; the spectrum's lower bound sqrt(reg / c); the matrix's state starts.
-__global__ void ns_init_kernel(float* Y, float* Z, int64_t k, int64_t gram, SwanState* st) {
+// A / c in place (and its split TF32 halves when Yh and Yl are given); Z = I; the spectrum's lower
+// bound sqrt(reg / c); the matrix's state starts.
+__global__ void ns_init_kernel(float* Y, float* Z, float* Yh, float* Yl, int64_t k, int64_t gram, SwanState* st) {
   const int64_t b = blockIdx.y;
   const double frob = sqrt(st[b].frob2), rows = __longlong_as_double(static_cast<long long>(st[b].row_max));
   const double cc = fmin(frob, rows);
   const int64_t total = k * k;
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
-    Y[b * gram + e] = float(Y[b * gram + e] / cc);
+    const float y = float(Y[b * gram + e] / cc);
+    Y[b * gram + e] = y;
     Z[b * gram + e] = e / k == e % k ? 1.0f : 0.0f;
+    if (Yh) {
+      const optim_math::Tf32Split h = optim_math::split_tf32(y);
+      Yh[b * gram + e] = h.hi, Yl[b * gram + e] = h.lo;
+    }
   }
   if (blockIdx.x == 0 && threadIdx.x == 0) {
     st[b].c = cc;
@@ -207,12 +221,37 @@ __global__ void ns_init_kernel(float* Y, float* Z, int64_t k, int64_t gram, Swan
 // and every matrix's at a step past ns_steps. Few blocks a matrix: most steps most matrices' blocks
 // only read their state and return, and a grid of k^2 / 256 blocks a matrix took 27 us a launch on an
 // H200 at the quickstart's 56 matrices of k = 384 (0.32 ms over 12 steps).
-__global__ void freeze_kernel(float* T, int64_t k, int64_t gram, const SwanState* st, int ns_steps) {
+// (Split TF32: T's halves I and 0 too.)
+__device__ bool frozen(const SwanState* st, int64_t b, int ns_steps) { return st[b].done || st[0].chunk_step >= uint32_t(ns_steps); }
+__global__ void freeze_kernel(float* T, float* Th, float* Tl, int64_t k, int64_t gram, const SwanState* st, int ns_steps) {
   const int64_t b = blockIdx.y;
-  if (!st[b].done && st[0].chunk_step < uint32_t(ns_steps)) return;
+  if (!frozen(st, b, ns_steps)) return;
   const int64_t total = k * k;
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x)
-    T[b * gram + e] = e / k == e % k ? 1.0f : 0.0f;
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
+    const float eye = e / k == e % k ? 1.0f : 0.0f;
+    T[b * gram + e] = eye;
+    if (Th) Th[b * gram + e] = eye, Tl[b * gram + e] = 0.0f;
+  }
+}
+
+// Grid (g, B), split TF32 only, once a step's Y T and T Z are in: the new Y and Z
+// into their halves. A frozen matrix (as freeze_kernel's T said: T = I) keeps its halves, and its Z
+// is put back from Z_prev (the previous iterate, still in the ping-pong partner): products of
+// halves by I return hi + lo, not the FP32 value they split, so a frozen iterate stays exactly as it
+// was, as with FP32 products (U takes Z; the products only the halves).
+__global__ void ns_split_kernel(const float* Y, float* Z, const float* Z_prev, float* Yh, float* Yl, float* Zh, float* Zl, int64_t k, int64_t gram,
+                                const SwanState* st, int ns_steps) {
+  const int64_t b = blockIdx.y, total = k * k;
+  const bool keep = frozen(st, b, ns_steps);
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t i = b * gram + e;
+    if (keep) {
+      Z[i] = Z_prev[i];
+      continue;
+    }
+    const optim_math::Tf32Split y = optim_math::split_tf32(Y[i]), z = optim_math::split_tf32(Z[i]);
+    Yh[i] = y.hi, Yl[i] = y.lo, Zh[i] = z.hi, Zl[i] = z.lo;
+  }
 }
 
 // One block, a thread a matrix (a chunk holds at most kSwanChunkTensors), once a Newton-Schulz step
@@ -364,18 +403,22 @@ struct Chunk {
   int64_t B, k, gram;
   std::vector<float*> X, U;
   float *Y, *Z, *P, *T, *spare;  // Y holds the Gram matrices first; P is Y's ping-pong partner, spare Z's
+  bool split;                    // split TF32 products (cuda_scratch::swan_split_tf32): the halves of Y, Z and T, else null
+  float *Yh = nullptr, *Yl = nullptr, *Zh = nullptr, *Zl = nullptr, *Th = nullptr, *Tl = nullptr;
   double* partials;
   SwanState* st;
 };
-Chunk chunk_layout(const SwanItem* items, int64_t B, void* scratch) {
+Chunk chunk_layout(const SwanItem* items, int64_t B, bool split, void* scratch) {
   namespace cs = cuda_scratch;
   Chunk c;
-  c.B = B, c.k = std::min(items[0].m, items[0].n), c.gram = cs::swan_gram_floats(c.k);
+  c.B = B, c.k = std::min(items[0].m, items[0].n), c.gram = cs::swan_gram_floats(c.k), c.split = split;
   float* cursor = static_cast<float*>(scratch);
   for (int64_t b = 0; b < B; ++b) c.X.push_back(cursor), cursor += cs::swan_x_floats(items[b].m, items[b].n);
   for (int64_t b = 0; b < B; ++b) c.U.push_back(cursor), cursor += cs::swan_x_floats(items[b].m, items[b].n);
-  c.Y = cursor, c.Z = c.Y + B * c.gram, c.P = c.Z + B * c.gram, c.T = c.P + B * c.gram, c.spare = c.T + B * c.gram;
-  c.partials = reinterpret_cast<double*>(c.spare + B * c.gram);
+  for (float** m : {&c.Y, &c.Z, &c.P, &c.T, &c.spare}) *m = cursor, cursor += B * c.gram;
+  if (split)
+    for (float** m : {&c.Yh, &c.Yl, &c.Zh, &c.Zl, &c.Th, &c.Tl}) *m = cursor, cursor += B * c.gram;
+  c.partials = reinterpret_cast<double*>(cursor);
   c.st = reinterpret_cast<SwanState*>(c.partials + B * kReduceBlocks);
   return c;
 }
@@ -392,37 +435,53 @@ void inverse_sqrt_batched(Chunk& c, const SwanParams& a, LtGemm& gemm, const Dev
   const dim3 per_k(ceil_div(k, kThreads), static_cast<unsigned>(B)), per_gram(grid_for(k * k), static_cast<unsigned>(B));
   const int64_t blocks = cuda_scratch::swan_reduce_blocks(k);
   const dim3 reduce_grid(static_cast<unsigned>(blocks), static_cast<unsigned>(B)), one_per_matrix(1, static_cast<unsigned>(B));
-  auto reduce = [&](const float* M, float* T_out, bool residual, Reduced what, cudaStream_t s) {
-    launch("swan_partial_sums", partial_sums_kernel, reduce_grid, dim3(kThreads), 0, s, c.partials, T_out, M, k, gram, residual, c.st);
+  auto reduce = [&](const float* M, bool make_T, bool residual, Reduced what, cudaStream_t s) {
+    float *T = make_T ? c.T : nullptr, *Th = make_T ? c.Th : nullptr, *Tl = make_T ? c.Tl : nullptr;
+    launch("swan_partial_sums", partial_sums_kernel, reduce_grid, dim3(kThreads), 0, s, c.partials, T, Th, Tl, M, k, gram, residual, c.st);
     launch("swan_reduce", reduce_kernel, one_per_matrix, dim3(kThreads), 0, s, c.st, c.partials, blocks, k, what, a.ns_steps, a.ns_tolerance);
   };
-  reduce(c.Y, nullptr, false, Reduced::Frobenius, stream);
+  reduce(c.Y, false, false, Reduced::Frobenius, stream);
   launch("swan_regularize", regularize_kernel, per_k, dim3(kThreads), 0, stream, c.Y, k, gram, c.st, a.eps);
-  reduce(c.Y, nullptr, false, Reduced::Frobenius, stream);  // ||A||_F after regularisation, as on the CPU
+  reduce(c.Y, false, false, Reduced::Frobenius, stream);  // ||A||_F after regularisation, as on the CPU
   launch("swan_row_sums", row_sums_kernel, dim3(ceil_div(k, kThreads / 32), static_cast<unsigned>(B)), dim3(kThreads), 0, stream, c.st, c.Y, k,
          gram);
-  launch("swan_ns_init", ns_init_kernel, per_gram, dim3(kThreads), 0, stream, c.Y, c.Z, k, gram, c.st);
+  launch("swan_ns_init", ns_init_kernel, per_gram, dim3(kThreads), 0, stream, c.Y, c.Z, c.Yh, c.Yl, k, gram, c.st);
   // An iterate's check: P's residual (P = Z Y; Y0 itself at first, Z0 = I) and the next step's T
   // from it, each matrix's decision at the chunk's step, the done matrices' T frozen.
   auto check = [&](const float* P, cudaStream_t s) {
-    reduce(P, c.T, true, Reduced::ResidualAtStep, s);
-    launch("swan_freeze", freeze_kernel, reduce_grid, dim3(kThreads), 0, s, c.T, k, gram, c.st, a.ns_steps);
+    reduce(P, true, true, Reduced::ResidualAtStep, s);
+    launch("swan_freeze", freeze_kernel, reduce_grid, dim3(kThreads), 0, s, c.T, c.Th, c.Tl, k, gram, c.st, a.ns_steps);
+  };
+  // out = a b for the chunk's k x k matrices: one FP32 product, or split TF32's three of their halves.
+  struct Operand {
+    const float *x, *hi, *lo;
+  };
+  auto multiply = [&](float* out, Operand x, Operand y, cudaStream_t s) {
+    if (c.split) gemm.run_batched_split_tf32(out, x.hi, x.lo, y.hi, y.lo, k, k, k, B, gram, s);
+    else gemm.run_batched(out, x.x, y.x, k, k, k, B, gram, s);
   };
   // A step: Y <- Y T and Z <- T Z (the first, Z0 = I: Z <- T, T's buffer: a product with the identity
   // is exact in FP32 for finite values, the CPU's bits), the bound and the chunk's step advanced,
   // then the new iterate's check. Checking at a step's end, not its start, lets a loop's body end on
   // the check that finds every matrix done.
+  // Split TF32: the new Y and Z split into their halves before the check's product (Y's in place:
+  // the step's products have read them), a frozen matrix's Z put back from the previous iterate.
   auto step = [&](cudaStream_t s, bool first) {
-    gemm.run_batched(c.P, c.Y, c.T, k, k, k, B, gram, s);  // Y <- Y T, into P (T holds all P was needed for)
+    multiply(c.P, {c.Y, c.Yh, c.Yl}, {c.T, c.Th, c.Tl}, s);  // Y <- Y T, into P (T holds all P was needed for)
     std::swap(c.Y, c.P);
+    const float* z_prev = nullptr;  // where the previous Z is once the new one is in
     if (first) {
-      std::swap(c.Z, c.T);
+      std::swap(c.Z, c.T), std::swap(c.Zh, c.Th), std::swap(c.Zl, c.Tl);
+      z_prev = c.T;
     } else {
-      gemm.run_batched(c.spare, c.T, c.Z, k, k, k, B, gram, s);  // Z <- T Z
+      multiply(c.spare, {c.T, c.Th, c.Tl}, {c.Z, c.Zh, c.Zl}, s);  // Z <- T Z
       std::swap(c.Z, c.spare);
+      z_prev = c.spare;
     }
+    if (c.split)
+      launch("swan_ns_split", ns_split_kernel, per_gram, dim3(kThreads), 0, s, c.Y, c.Z, z_prev, c.Yh, c.Yl, c.Zh, c.Zl, k, gram, c.st, a.ns_steps);
     launch("swan_ns_step_end", ns_step_end_kernel, dim3(1), dim3(kThreads), 0, s, c.st, B);
-    gemm.run_batched(c.P, c.Z, c.Y, k, k, k, B, gram, s);  // P = Z Y
+    multiply(c.P, {c.Z, c.Zh, c.Zl}, {c.Y, c.Yh, c.Yl}, s);  // P = Z Y
     check(c.P, s);
   };
   auto body = [&](cudaStream_t s, cudaGraphConditionalHandle handle) {
@@ -462,7 +521,7 @@ template <class T, class G>
 void swan_chunk(const SwanItem* items, int64_t B, const SwanParams& a, LtGemm& gemm, void* scratch, SwanExactGroup* const* groups,
                 const DeviceLoop& loop, const Upload& upload, cudaStream_t stream) {
   namespace cs = cuda_scratch;
-  Chunk c = chunk_layout(items, B, scratch);
+  Chunk c = chunk_layout(items, B, cs::swan_split_tf32(swan_split_from_k(a.ns_products), std::min(items[0].m, items[0].n)), scratch);
   const auto shape = [&](int64_t b) { return std::pair<int64_t, int64_t>{items[b].m, items[b].n}; };
   const auto runs = cs::swan_shape_runs(B, shape), exact_groups = cs::swan_exact_groups(B, shape);
   // The matrices' table, each with its exact-path job (its group's, in chunk order).

@@ -69,7 +69,7 @@ RooflineAssumptions roofline_assumptions(const DevicePeak& peak, const ModelBenc
 }
 
 bool is_attention(const std::string& name) { return name.rfind("attention_", 0) == 0; }
-bool is_gemm(const KernelCost& k) { return k.unit == CostUnit::GemmTensorCore || k.unit == CostUnit::GemmFp32; }
+bool is_gemm(const KernelCost& k) { return k.unit == CostUnit::GemmTensorCore || k.unit == CostUnit::GemmFp32 || k.unit == CostUnit::GemmTf32; }
 
 }  // namespace
 
@@ -100,9 +100,9 @@ void bench_model_predict(const ModelBenchOptions& o) {
   const double mfu = flops_token * B * T / step / (peak->bf16_tflops * 1e12);
   std::printf("bench model --predict %s: %s, micro-batch %lld x %lld, %s; a roofline from the kernels' byte and FLOP counts, not a measurement\n",
               peak->name.c_str(), run.model.name.c_str(), (long long)B, (long long)T, o.precision.c_str());
-  std::printf("  peaks: %.1f TFLOP/s BF16 dense, %.1f FP32, %.0f GB/s; assumed: cuBLASLt GEMMs at %.0f%% of peak, mma.sync attention at %.0f%%,\n"
+  std::printf("  peaks: %.1f TFLOP/s BF16 dense, %.1f FP32, %.1f TF32, %.0f GB/s; assumed: cuBLASLt GEMMs at %.0f%% of peak, mma.sync attention at %.0f%%,\n"
               "  FP32 FMA kernels at %.0f%%, memory-bound kernels at %.0f%% of the bandwidth\n",
-              peak->bf16_tflops, peak->fp32_tflops, peak->bandwidth_gbs, 100 * a.gemm, 100 * a.attention, 100 * a.simt, 100 * a.memory);
+              peak->bf16_tflops, peak->fp32_tflops, peak->tf32_tflops, peak->bandwidth_gbs, 100 * a.gemm, 100 * a.attention, 100 * a.simt, 100 * a.memory);
   if (const std::string w = staged_gemm_widths(run.model, run.precision.params); !w.empty())
     std::printf("  GEMM widths off 16 bytes (%s): %s\n", kStagedGemmWidthsNote, w.c_str());
   std::printf("  one micro-batch, forward and backward:\n");

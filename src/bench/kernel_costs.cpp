@@ -24,6 +24,7 @@ const char* cost_unit_name(CostUnit u) {
     case CostUnit::GemmTensorCore: return "tensor cores (cuBLASLt)";
     case CostUnit::KernelTensorCore: return "tensor cores (mma.sync)";
     case CostUnit::GemmFp32: return "FP32 (cuBLASLt)";
+    case CostUnit::GemmTf32: return "TF32 tensor cores (cuBLASLt)";
     case CostUnit::KernelFp32: return "FP32 FMA";
     case CostUnit::Memory: return "memory";
   }
@@ -330,8 +331,8 @@ class CostRecorder final : public Backend, public OptimizerKernels {
   // normalised into X (FP32), one launch; per run of one shape (cuda_scratch::swan_shape_runs) the
   // Gram matrices A = X X^T (k = min(m, n)), one batched GEMM; per chunk of B matrices ||A||_F twice,
   // the regularisation, the largest absolute row sums, the first check, then the Newton-Schulz steps
-  // as an eager (profiled) run pays all of them: Y <- Y T and Z <- T Z as strided-batched FP32 GEMMs,
-  // the step's end (a thread a matrix), then the check (P = Z Y, its residual and T, the freeze), and
+  // as an eager (profiled) run pays all of them: Y <- Y T and Z <- T Z as strided-batched FP32 GEMMs
+  // (split TF32, cuda_scratch::swan_split_tf32: three TF32 GEMMs each, then Y and Z split), the step's end (a thread a matrix), then the check (P = Z Y, its residual and T, the freeze), and
   // after the first two steps a device loop's bodies of two, each ending with its decision (an eager
   // run launches it to no effect). The update's graph ends its loop with the body whose check finds
   // every matrix done, within the scaled iteration's bound (optim_math::ns_steps_bound: 10 steps at
@@ -342,10 +343,7 @@ class CostRecorder final : public Backend, public OptimizerKernels {
   // statistics.
   void swan_update_many(const SwanTensor* tensors, int64_t count, const SwanArgs& a) override {
     if (a.exact) throw Error("cost model: SWAN's exact path runs on the host (LAPACK), not on the device");
-    std::vector<cuda_scratch::SwanShape> shapes;
-    for (int64_t i = 0; i < count; ++i)
-      shapes.push_back({tensors[i].m, tensors[i].n, cuda_scratch::swan_kind(static_cast<int>(tensors[i].w.dtype), static_cast<int>(tensors[i].g.dtype))});
-    const cuda_scratch::SwanPlan plan = cuda_scratch::swan_plan(shapes);
+    const cuda_scratch::SwanPlan plan = cuda_scratch::swan_plan(cuda_scratch::swan_shapes(tensors, count, swan_split_from_k(a.ns_products)));
     for (size_t c = 0, begin = 0; c < plan.ends.size(); begin = static_cast<size_t>(plan.ends[c++])) {
       const size_t end = static_cast<size_t>(plan.ends[c]);
       const double B = static_cast<double>(end - begin);
@@ -354,6 +352,8 @@ class CostRecorder final : public Backend, public OptimizerKernels {
       const double R = static_cast<double>(cuda_scratch::swan_reduce_blocks(std::min(first.m, first.n)));
       const auto shape = [&](int64_t b) { return std::pair<int64_t, int64_t>{tensors[plan.order[begin + b]].m, tensors[plan.order[begin + b]].n}; };
       const auto runs = cuda_scratch::swan_shape_runs(static_cast<int64_t>(end - begin), shape);
+      const bool split = cuda_scratch::swan_split_tf32(swan_split_from_k(a.ns_products), std::min(first.m, first.n));  // Y, Z and T in halves too
+      auto product = [&] { split ? gemm_split_tf32_batched(k, B) : gemm_fp32_batched(k, k, k, B); };
       double normalize = 0, mn_all = 0;
       for (size_t j = begin; j < end; ++j) {
         const SwanTensor& t = tensors[plan.order[j]];
@@ -370,20 +370,21 @@ class CostRecorder final : public Backend, public OptimizerKernels {
       add("swan_regularize", CostUnit::Memory, 1, B * 8.0 * k, B * k);
       reduce(4.0 * kk);
       add("swan_row_sums", CostUnit::Memory, 1, B * 4.0 * kk, B * 2.0 * kk);
-      add("swan_ns_init", CostUnit::Memory, 1, B * 12.0 * kk, B * kk);
+      add("swan_ns_init", CostUnit::Memory, 1, B * (split ? 20.0 : 12.0) * kk, B * kk);
       // the first check (P = Y0), the first step (Z0 = I: Y T alone), the second, then the device
       // loop's bodies of two, each step checked at its end (the last check: the final iterate's residual)
       auto check = [&] {
-        reduce(8.0 * kk);                                          // reads P, writes T
-        add("swan_freeze", CostUnit::Memory, 1, B * 4.0 * kk, 0);  // the worst case: every matrix done, its T rewritten
+        reduce((split ? 16.0 : 8.0) * kk);                                           // reads P, writes T (and its halves)
+        add("swan_freeze", CostUnit::Memory, 1, B * (split ? 12.0 : 4.0) * kk, 0);  // the worst case: every matrix done, its T rewritten
       };
       const int steps = a.ns_steps <= 0 ? 0 : std::min(a.ns_steps, 2) + std::max(0, a.ns_steps - 1) / 2 * 2;
       check();
       for (int s = 0; s < steps; ++s) {
-        gemm_fp32_batched(k, k, k, B);              // Y <- Y T
-        if (s > 0) gemm_fp32_batched(k, k, k, B);  // Z <- T Z
+        product();              // Y <- Y T
+        if (s > 0) product();  // Z <- T Z
+        if (split) add("swan_ns_split", CostUnit::Memory, 1, B * 24.0 * kk, B * 4.0 * kk);  // Y and Z read, their halves written
         add("swan_ns_step_end", CostUnit::Memory, 1, 64.0 * B, 0);
-        gemm_fp32_batched(k, k, k, B);  // P = Z Y
+        product();  // P = Z Y
         check();
         if (s >= 3 && s % 2 == 1) add("swan_ns_loop", CostUnit::Memory, 1, 64.0 * B, 0);  // a body's end (steps 3-4, 5-6, ...)
       }
@@ -452,6 +453,11 @@ class CostRecorder final : public Backend, public OptimizerKernels {
   void gemm_fp32(double M, double N, double K) {
     add("gemm fp32 (cuBLASLt)", CostUnit::GemmFp32, 1, 4.0 * (M * K + K * N + M * N), 2.0 * M * N * K);
   }
+  // LtGemm::run_batched_split_tf32: three TF32 products, the first writing out, the others adding to it
+  void gemm_split_tf32_batched(double k, double batch) {
+    for (int i = 0; i < 3; ++i)
+      add("gemm tf32 batched (cuBLASLt)", CostUnit::GemmTf32, 1, batch * 4.0 * k * k * (i == 0 ? 3 : 4), batch * 2.0 * k * k * k);
+  }
   // (a batch of one is a plain GEMM: LtGemm::run_batched)
   void gemm_fp32_batched(double M, double N, double K, double batch) {
     add(batch == 1 ? "gemm fp32 (cuBLASLt)" : "gemm fp32 batched (cuBLASLt)", CostUnit::GemmFp32, 1, batch * 4.0 * (M * K + K * N + M * N),
@@ -514,9 +520,9 @@ std::vector<KernelCost> take_kernel_costs(Backend& recorder) {
   return r->take();
 }
 
-// Datasheet peaks, dense. A100 SXM4 80 GB: 312 TFLOP/s BF16 tensor core, 19.5 FP32, HBM2e 2,039 GB/s.
-// H100 SXM5: 989.4 BF16 tensor core, 67 FP32, HBM3 3,350 GB/s. H200 SXM: the H100's chip with HBM3e,
-// 4,800 GB/s.
+// Datasheet peaks, dense. A100 SXM4 80 GB: 312 TFLOP/s BF16 tensor core, 19.5 FP32, 156 TF32 tensor
+// core, HBM2e 2,039 GB/s. H100 SXM5: 989.4 BF16 tensor core, 67 FP32, 494.7 TF32, HBM3 3,350 GB/s.
+// H200 SXM: the H100's chip with HBM3e, 4,800 GB/s.
 // Assumed fractions (sources in docs/cuda.md): cuBLASLt's large BF16 GEMMs at 75% of the A100's peak
 // and 70% of the H100's (wgmma GEMMs are held back more by their clocks under load); FlashAttention-2
 // forward + backward at ~60% of an A100 (its paper: 50-73%, the upper end at long sequences and D =
@@ -524,9 +530,9 @@ std::vector<KernelCost> take_kernel_costs(Backend& recorder) {
 // memory-bound kernels at 80% of the bandwidth; FP32 FMA kernels at 50%.
 const DevicePeak* find_device_peak(const std::string& name) {
   static const DevicePeak peaks[] = {
-      {"a100", 312.0, 19.5, 2039.0, 0.60, RooflineAssumptions{0.75, 0.60 * kAttentionOfFa2, 0.5, 0.8}},
-      {"h100", 989.4, 67.0, 3350.0, 0.35, RooflineAssumptions{0.70, 0.35 * kAttentionOfFa2, 0.5, 0.8}},
-      {"h200", 989.4, 67.0, 4800.0, 0.35, RooflineAssumptions{0.70, 0.35 * kAttentionOfFa2, 0.5, 0.8}},
+      {"a100", 312.0, 19.5, 156.0, 2039.0, 0.60, RooflineAssumptions{0.75, 0.60 * kAttentionOfFa2, 0.5, 0.8}},
+      {"h100", 989.4, 67.0, 494.7, 3350.0, 0.35, RooflineAssumptions{0.70, 0.35 * kAttentionOfFa2, 0.5, 0.8}},
+      {"h200", 989.4, 67.0, 494.7, 4800.0, 0.35, RooflineAssumptions{0.70, 0.35 * kAttentionOfFa2, 0.5, 0.8}},
   };
   for (const DevicePeak& p : peaks)
     if (p.name == name) return &p;
@@ -539,6 +545,7 @@ double compute_seconds(const KernelCost& k, const DevicePeak& p, const RooflineA
     case CostUnit::GemmTensorCore: return k.flops / (p.bf16_tflops * 1e12 * a.gemm);
     case CostUnit::KernelTensorCore: return k.flops / (p.bf16_tflops * 1e12 * a.attention);
     case CostUnit::GemmFp32: return k.flops / (p.fp32_tflops * 1e12 * a.gemm);
+    case CostUnit::GemmTf32: return k.flops / (p.tf32_tflops * 1e12 * a.gemm);
     case CostUnit::KernelFp32: return k.flops / (p.fp32_tflops * 1e12 * a.simt);
     case CostUnit::Memory: return 0.0;
   }

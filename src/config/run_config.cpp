@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "multinorm/cuda_scratch.h"
 #include "multinorm/error.h"
 #include "multinorm/json_file.h"
 
@@ -81,6 +82,9 @@ const Schema& run_schema() {
       integer("optimizer.swan.ns_steps", 12,
               "Newton-Schulz iterations (a ceiling when ns_tolerance > 0: the scaled steps reach 1e-4 within 10 from any start; 12 leaves FP32 rounding two)", 1, 1000),
       number("optimizer.swan.ns_tolerance", 1e-4, "stop Newton-Schulz once ||I - Z Y||_F / sqrt(k) falls below; 0 = run every step", 0, 1),
+      choice("optimizer.swan.ns_products", "auto", choice_names(SwanProducts{}),
+             "Newton-Schulz's products on a GPU: fp32, split_tf32 (three TF32 tensor-core products of split operands, ~FP32 accuracy), or auto (split from k = " +
+                 std::to_string(cuda_scratch::kSwanSplitTf32MinK) + ", the Gram size min(m, n)); the CPU computes FP32"),
       positive("optimizer.swan.eps", 1e-8, "floor on row norms and the Gram scaling", 1),
       below("optimizer.adam.beta1", 0.9, "Adam first-moment decay (< 1: the bias correction divides by 1 - beta1^t)", 0, 1),
       below("optimizer.adam.beta2", 0.999, "Adam second-moment decay (< 1: the bias correction divides by 1 - beta2^t)", 0, 1),
@@ -217,6 +221,7 @@ RunConfig run_config_from_json(const json& doc_in, const std::string& source, co
   c.optimizer.swan.whitening = choice_at<SwanWhitening>(o["swan"]["whitening"]);
   c.optimizer.swan.ns_steps = o["swan"]["ns_steps"].get<int64_t>();
   c.optimizer.swan.ns_tolerance = o["swan"]["ns_tolerance"].get<double>();
+  c.optimizer.swan.ns_products = choice_at<SwanProducts>(o["swan"]["ns_products"]);
   c.optimizer.swan.eps = o["swan"]["eps"].get<double>();
   c.optimizer.adam.beta1 = o["adam"]["beta1"].get<double>();
   c.optimizer.adam.beta2 = o["adam"]["beta2"].get<double>();

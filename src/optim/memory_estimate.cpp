@@ -102,7 +102,7 @@ cuda_scratch::GemmStaging cuda_gemm_call_staging(const GemmCall& c, const Activa
 }
 
 int64_t cuda_backend_scratch_bytes(const ModelConfig& m, int64_t B, int64_t T, DType act, DType grad, OptimizerKind matrix_optimizer,
-                                   const std::vector<std::string>& matrix_params) {
+                                   const std::vector<std::string>& matrix_params, SwanProducts swan_products) {
   namespace cs = cuda_scratch;  // the sizes the backend allocates by (include/multinorm/cuda_scratch.h)
   const int64_t C = m.hidden_size, H = m.num_attention_heads, BT = B * T;
   // GEMM operands staged through 128-byte rows: one buffer per role (a, b, out), the largest need.
@@ -128,7 +128,7 @@ int64_t cuda_backend_scratch_bytes(const ModelConfig& m, int64_t B, int64_t T, D
     if (matrix_optimizer == OptimizerKind::SinkGD) {
       sinkgd_all += cs::sinkgd_floats(r, c), sinkgd_largest = std::max(sinkgd_largest, cs::sinkgd_floats(r, c));
     } else if (matrix_optimizer == OptimizerKind::Swan) {
-      swan.push_back({r, c, 0});
+      swan.push_back({r, c, 0, cs::swan_split_tf32(swan_split_from_k(swan_products), std::min(r, c))});
     }
   }
   optimizer = std::max(optimizer, cs::swan_plan(swan).scratch_bytes);
@@ -170,7 +170,8 @@ TrainingMemory training_memory(const RunConfig& run, bool cuda) {
   t.activations = training_activation_plan(run, cuda).bytes();
   t.cuda = cuda;
   t.backend_scratch = cuda ? cuda_backend_scratch_bytes(run.model, run.batch.micro_batch, run.batch.seq_len, run.precision.params,
-                                                        run.precision.grads, run.optimizer.name, run.optimizer.matrix_params)
+                                                        run.precision.grads, run.optimizer.name, run.optimizer.matrix_params,
+                                                        run.optimizer.swan.ns_products)
                            : cpu_backend_scratch_bytes(run.model, run.batch.micro_batch, run.batch.seq_len, run.precision.params,
                                                        run.precision.grads, run.optimizer.name, matrix_shapes(specs, run.optimizer),
                                                        run.optimizer.swan.whitening == SwanWhitening::Eigh,

@@ -35,6 +35,7 @@ class Swan final : public TensorRule {
     a.exact = c_.swan.whitening == SwanWhitening::Eigh;
     a.ns_steps = static_cast<int>(c_.swan.ns_steps);
     a.ns_tolerance = static_cast<float>(c_.swan.ns_tolerance);
+    a.ns_products = c_.swan.ns_products;
     a.eps = static_cast<float>(c_.swan.eps);
     a.write = {ctx.stochastic, ctx.seed, static_cast<uint64_t>(ctx.update), ctx.tensor};
     a.scalars = ctx.scalars;

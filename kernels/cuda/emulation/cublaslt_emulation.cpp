@@ -1,7 +1,7 @@
 // A CPU stand-in for the cuBLASLt calls the CUDA backend makes, with cuBLASLt's semantics: column-major
 // matrices described by (type, rows, cols, ld) as stored, op() per TRANSA/TRANSB on the descriptor,
 // D = alpha * op(A) op(B) + beta * C with FP32 compute and scale, BF16 or FP32 inputs, BF16 or FP32
-// output. Dimensions, leading dimensions, type combinations and device pointers are validated the way
+// output; or TF32 compute (CUBLAS_COMPUTE_32F_FAST_TF32) of FP32 operands, each truncated to TF32. Dimensions, leading dimensions, type combinations and device pointers are validated the way
 // cuBLASLt rejects them (CUBLAS_STATUS_INVALID_VALUE / NOT_SUPPORTED), so the backend's layout logic
 // (row-major to column-major, transposes, odd leading dimensions) is exercised exactly as on a GPU.
 //
@@ -74,6 +74,15 @@ float load(const void* p, cudaDataType t, int64_t i) {
   if (t == CUDA_R_32F) return static_cast<const float*>(p)[i];
   return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
 }
+// An FP32 operand as a TF32 tensor core takes it: its 13 low mantissa bits dropped (truncated, the
+// worst a conversion may do; an operand already TF32, as split TF32's halves are, is unchanged).
+float tf32_operand(float v) {
+  uint32_t u;
+  std::memcpy(&u, &v, sizeof(u));
+  u &= 0xffffe000u;
+  std::memcpy(&v, &u, sizeof(u));
+  return v;
+}
 void store(void* p, cudaDataType t, int64_t i, float v) {
   if (t == CUDA_R_32F) static_cast<float*>(p)[i] = v;
   else static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16(v);  // round to nearest even, as cuBLASLt
@@ -112,7 +121,7 @@ const char* cublasLtGetStatusName(cublasStatus_t s) {
 const char* cublasLtGetStatusString(cublasStatus_t s) { return cublasLtGetStatusName(s); }
 
 cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* d, cublasComputeType_t compute, cudaDataType_t scale) {
-  if (compute != CUBLAS_COMPUTE_32F || scale != CUDA_R_32F) return CUBLAS_STATUS_NOT_SUPPORTED;  // all the backend uses
+  if ((compute != CUBLAS_COMPUTE_32F && compute != CUBLAS_COMPUTE_32F_FAST_TF32) || scale != CUDA_R_32F) return CUBLAS_STATUS_NOT_SUPPORTED;  // all the backend uses
   *d = new cublasLtMatmulDescOpaque_t{};
   put(*d, Desc{compute, scale});
   return CUBLAS_STATUS_SUCCESS;
@@ -202,6 +211,7 @@ cublasStatus_t shapes(const Desc& d, const Layout& a, const Layout& b, const Lay
   if (a.batch != dl.batch || b.batch != dl.batch || c.batch != dl.batch) return CUBLAS_STATUS_INVALID_VALUE;
   if (a.type != b.type || c.type != dl.type) return CUBLAS_STATUS_NOT_SUPPORTED;
   if (a.type == CUDA_R_32F && c.type != CUDA_R_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (d.compute == CUBLAS_COMPUTE_32F_FAST_TF32 && a.type != CUDA_R_32F) return CUBLAS_STATUS_NOT_SUPPORTED;  // TF32 takes FP32 operands
   return CUBLAS_STATUS_SUCCESS;
 }
 }  // namespace
@@ -269,15 +279,15 @@ float rounded(cudaDataType type, float v) {
 }
 void multiply_one(const Desc& d, const Layout& a, const Layout& b, const Layout& c, const Layout& dl, uint64_t m, uint64_t n, uint64_t k,
                   uint64_t split, float al, const void* A, const void* B, float be, const void* C, void* D) {
-  const bool ta = d.trans_a == CUBLAS_OP_T, tb = d.trans_b == CUBLAS_OP_T;
+  const bool ta = d.trans_a == CUBLAS_OP_T, tb = d.trans_b == CUBLAS_OP_T, tf32 = d.compute == CUBLAS_COMPUTE_32F_FAST_TF32;
+  auto operand = [tf32](const void* p, const Layout& l, int64_t i) { return tf32 ? tf32_operand(load(p, l.type, i)) : load(p, l.type, i); };
   std::vector<float> column(m), total(split ? m : 0);  // total: the running split-K sum
   for (uint64_t j = 0; j < n; ++j) {
     std::fill(column.begin(), column.end(), 0.0f);
     std::fill(total.begin(), total.end(), 0.0f);
     for (uint64_t p = 0; p < k; ++p) {
-      const float bv = load(B, b.type, tb ? static_cast<int64_t>(p * b.ld + j) : static_cast<int64_t>(j * b.ld + p));
-      for (uint64_t i = 0; i < m; ++i)
-        column[i] += load(A, a.type, ta ? static_cast<int64_t>(i * a.ld + p) : static_cast<int64_t>(p * a.ld + i)) * bv;
+      const float bv = operand(B, b, tb ? static_cast<int64_t>(p * b.ld + j) : static_cast<int64_t>(j * b.ld + p));
+      for (uint64_t i = 0; i < m; ++i) column[i] += operand(A, a, ta ? static_cast<int64_t>(i * a.ld + p) : static_cast<int64_t>(p * a.ld + i)) * bv;
       if (split && ((p + 1) % split == 0 || p + 1 == k)) {  // a slice's sum into the total, in the output's type
         for (uint64_t i = 0; i < m; ++i) total[i] = rounded(dl.type, total[i] + column[i]), column[i] = 0.0f;
       }
