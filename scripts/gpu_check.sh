@@ -54,7 +54,7 @@
 #   attention     attention_ours 30 [3], attention_sdpa 30 [16]: T 256, 1024, 2048 x D 64, 128, all in
 #                 one process each; SDPA as PyTorch picks it, FlashAttention-2 and cuDNN forced
 #   hf_logits     hf_export 20 [3], hf_compare 30 [14]: llama_60m exported, loaded by transformers
-#   optimizers    optim_llama_1b 60 [27]: as optim_llama_60m (SWAN's Newton-Schulz: 5.6 s an update)
+#   optimizers    optim_llama_1b 60 [27]: as optim_llama_60m, and SWAN with FP32 products beside its split TF32 ones
 #   doctor        doctor_llama_1b 60 [33]: the op checks at llama_1b's shapes (4 x 256) and a timed step at 32 x 256
 #                 (the whole SinkGD update: micro-batch, update, graphs)
 #   step_vs_torch step_compile_llama_60m 60 [25], step_compile_llama_1b 90 [23]: PyTorch under

@@ -52,6 +52,11 @@ if [ -f "$emu" ]; then
   check "emulated plugin detected" 0 "CUDA emulation on the CPU" -- env MULTINORM_CUDA_PLUGIN="$emu" "$bin" devices
   check "auto never picks the emulation" 0 "backend auto -> cpu \(auto: the CUDA plugin is the CPU emulation" -- env MULTINORM_CUDA_PLUGIN="$emu" "$bin" devices
   check "bench model on the CUDA backend: per-kernel table" 0 "attention_forward_mma +4 .*[0-9]+\.[0-9]+ *$" -- env MULTINORM_CUDA_PLUGIN="$emu" "$bin" bench model --config "$models/llama_tiny.json" --backend cuda --batch 1 --seq 32 --steps 1 --warmup 0 --torch off
+  # SWAN timed with its split TF32 products and, beside them, with FP32 ones (forced split at a tiny k)
+  echo '{"model": {"config": {"vocab_size": 101, "hidden_size": 32, "intermediate_size": 40, "num_hidden_layers": 1, "num_attention_heads": 2,
+         "max_position_embeddings": 32}}, "batch": {"global_batch": 1, "micro_batch": 1, "seq_len": 8},
+         "optimizer": {"swan": {"ns_products": "split_tf32", "ns_steps": 4}}}' > "$tmp/split.json"
+  check "bench optim: SWAN split against FP32 products" 0 "SWAN with split TF32 products \(from k = 0\) / with FP32 products: [0-9.]+" -- env MULTINORM_CUDA_PLUGIN="$emu" "$bin" bench optim --config "$tmp/split.json" --backend cuda --steps 1
   check "cuda without a usable plugin" 2 "backend cuda requested, but it cannot be used" -- env MULTINORM_CUDA_PLUGIN="$tmp/none.so" "$bin" bench model --config "$models/llama_tiny.json" --backend cuda --torch off
 fi
 echo "cli_smoke: $passes passed, $fails failed"

@@ -177,7 +177,7 @@ assert s["nccl"]["reason"] == "1 GPU visible", s["nccl"]
 
 assert md.startswith("# gpu_check: ok"), md[:200]
 for header in ("| section | status | why |", "| model | B x T | ours tokens/s | ours MFU (fwd+bwd, no optimizer) |", "| B x H x T x D |",
-               "| step | section | status |", "| tokens/s | MFU (step with the update) |", "| model | SinkGD ms | SWAN ms |"):
+               "| step | section | status |", "| tokens/s | MFU (step with the update) |", "| model | SinkGD ms | SWAN ms | SWAN, FP32 products, ms |"):
     assert header in md, header
 print("gpu_check dry run: %d sections, %d steps, llama_60m slot %.0f tokens/s ours, %.0f PyTorch" %
       (len(s), len(r["steps"]), rows[0]["ours_tokens_per_s"], rows[0]["torch_eager_tokens_per_s"]))

@@ -85,17 +85,31 @@ struct OptimRow {
 
 bool is_matrix(const TensorSpec& t) { return t.group() == TensorGroup::Attention || t.group() == TensorGroup::Mlp; }
 
-// Adam, SinkGD and SWAN over the model, warmed up (workspace sizing, primitive creation), each with
-// its matrix items and their states built once, outside the timings.
+// Whether a device backend splits some of the model's SWAN products (optimizer.swan.ns_products):
+// then SWAN is timed with FP32 products too, for the comparison.
+bool splits_swan_products(const Backend& be, const LlamaModel& model, const RunConfig& run) {
+  if (be.host_memory() || run.optimizer.swan.ns_products == SwanProducts::Fp32) return false;
+  for (const auto& t : model.tensors())
+    if (is_matrix(t) && cuda_scratch::swan_split_tf32(swan_split_from_k(run.optimizer.swan.ns_products), std::min(t.rows(), t.cols()))) return true;
+  return false;
+}
+
+// Adam, SinkGD and SWAN over the model (and SWAN with FP32 products, "swan_fp32", where a device
+// splits them), warmed up (workspace sizing, primitive creation), each with its matrix items and
+// their states built once, outside the timings.
 std::vector<OptimRow> make_rows(Backend& be, LlamaModel& model, const RunConfig& base) {
   std::vector<OptimRow> rows;
   const int64_t sb = dtype_bytes(base.precision.optimizer_states);
-  for (const OptimizerKind kind : {OptimizerKind::Adam, OptimizerKind::SinkGD, OptimizerKind::Swan}) {
+  std::vector<OptimizerKind> kinds{OptimizerKind::Adam, OptimizerKind::SinkGD, OptimizerKind::Swan};
+  if (splits_swan_products(be, model, base)) kinds.push_back(OptimizerKind::Swan);
+  for (size_t i = 0; i < kinds.size(); ++i) {
+    const OptimizerKind kind = kinds[i];
     OptimRow r;
     r.kind = kind;
-    r.name = choice_name(kind);
+    r.name = choice_name(kind) + (i == 3 ? "_fp32" : "");
     r.run = base;
     r.run.optimizer.name = kind;
+    if (i == 3) r.run.optimizer.swan.ns_products = SwanProducts::Fp32;
     r.opt = std::make_unique<Optimizer>(model.store(), r.run);
     r.opt->step(1, 1);
     r.rule = make_rule(kind, r.run.optimizer);
@@ -181,6 +195,7 @@ void report(const OptimBenchOptions& o, const RunConfig& base, int threads, cons
     j["sinkgd_over_adam_matrix_params"] = sinkgd.matrix_s / adam.matrix_s;
     j["sinkgd_one_tensor_per_call_s"] = sinkgd.one_by_one_s;
     j["swan_over_sinkgd"] = swan.full_s / sinkgd.full_s;
+    if (rows.size() > 3) j["swan_over_swan_fp32"] = swan.full_s / rows[3].full_s;
     j["sinkgd_gb_s"] = sinkgd_bytes / sinkgd.matrix_s / 1e9;
     j["adam_gb_s"] = adam_bytes / adam.matrix_s / 1e9;
     j["sinkgd_memory_floor_s"] = floor_s;
@@ -193,6 +208,9 @@ void report(const OptimBenchOptions& o, const RunConfig& base, int threads, cons
   std::printf("  SinkGD matrices one tensor per call: %.4f s; the multi-tensor op takes %.2fx that\n", sinkgd.one_by_one_s,
               sinkgd.matrix_s / sinkgd.one_by_one_s);
   std::printf("  SWAN / SinkGD: %.1f\n", swan.full_s / sinkgd.full_s);
+  if (rows.size() > 3)
+    std::printf("  SWAN with split TF32 products (from k = %lld) / with FP32 products: %.2f\n",
+                static_cast<long long>(swan_split_from_k(base.optimizer.swan.ns_products)), swan.full_s / rows[3].full_s);
   std::printf("  memory copy: %.1f GB/s; SinkGD moves %.1f GB/s (%.0f%% of copy, L = %d, L + 1 reads of g counted), "
               "Adam %.1f GB/s (%.0f%%)\n",
               copy_gbs, sinkgd_bytes / sinkgd.matrix_s / 1e9, 100 * sinkgd_bytes / sinkgd.matrix_s / 1e9 / copy_gbs, L,
@@ -239,7 +257,7 @@ void bench_optim(const OptimBenchOptions& o) {
     std::printf("bench optim: %s, %s weights and states, %d threads, best of %d interleaved rounds (SWAN: %d)\n", base.model.name.c_str(),
                 o.precision.c_str(), be->threads(), o.steps, swan_rounds);
   auto print_row = [&](const OptimRow& r) {
-    std::fprintf(progress, "  %-8s %10.4f s full step %10.4f s matrix params %10.1f MiB state (matrices: %.1f MiB)\n", r.name.c_str(), r.full_s,
+    std::fprintf(progress, "  %-9s %10.4f s full step %10.4f s matrix params %10.1f MiB state (matrices: %.1f MiB)\n", r.name.c_str(), r.full_s,
                  r.matrix_s, r.opt->state_bytes() / 1048576.0, r.opt->matrix_state_bytes() / 1048576.0);
     std::fflush(progress);
   };
@@ -256,8 +274,10 @@ void bench_optim(const OptimBenchOptions& o) {
   }
   for (const auto& r : rows)
     if (r.kind != OptimizerKind::Swan) print_row(r);
-  for (int round = 0; round < swan_rounds; ++round) time_rule(rows[2]);
-  print_row(rows[2]);
+  for (size_t i = 2; i < rows.size(); ++i) {  // SWAN, then SWAN with FP32 products
+    for (int round = 0; round < swan_rounds; ++round) time_rule(rows[i]);
+    print_row(rows[i]);
+  }
   json profiles = json::object();
   if (o.profile)
     for (auto& r : rows) profiles[r.name] = profile_step(*be, r, o);
