@@ -35,7 +35,7 @@
 #   optimizers    optim_quickstart 30, optim_llama_60m 30 [4]: `bench optim --backend cuda --profile`, one
 #                 update of the whole model by SinkGD, SWAN and Adam (the quickstart's run config: its
 #                 SWAN settings), then one more eager step of each with every kernel's time beside its
-#                 roofline (optim_llama_1b 60 [27] comes before doctor_llama_1b)
+#                 roofline (optim_llama_1b 90 [27] comes before doctor_llama_1b)
 #   sanitizer     memcheck and racecheck, each on three targets: training (a tiny model's updates and
 #                 timed step through `doctor`, the trainer's path with graphs), kernels (every kernel
 #                 family's CudaVsCpu tests but attention's) and attention (the tensor-core and SIMT
@@ -54,7 +54,8 @@
 #   attention     attention_ours 30 [3], attention_sdpa 30 [16]: T 256, 1024, 2048 x D 64, 128, all in
 #                 one process each; SDPA as PyTorch picks it, FlashAttention-2 and cuDNN forced
 #   hf_logits     hf_export 20 [3], hf_compare 30 [14]: llama_60m exported, loaded by transformers
-#   optimizers    optim_llama_1b 60 [27]: as optim_llama_60m, and SWAN with FP32 products beside its split TF32 ones
+#   optimizers    optim_llama_1b 90 [27, before the FP32 row]: as optim_llama_60m, and SWAN with FP32 products beside
+#                 its split TF32 ones (predicted 2 s an update with FP32 products on an H100, 6.5 on an A100)
 #   doctor        doctor_llama_1b 60 [33]: the op checks at llama_1b's shapes (4 x 256) and a timed step at 32 x 256
 #                 (the whole SinkGD update: micro-batch, update, graphs)
 #   step_vs_torch step_compile_llama_60m 60 [25], step_compile_llama_1b 90 [23]: PyTorch under
@@ -62,7 +63,7 @@
 #                 grow with depth; last: it mostly compiles; a failure or timeout is recorded in the
 #                 comparison's row and does not fail the section)
 # Expected about 400 s in all (an H200 took 355 s on 2026-11-28, before the gemm step and the
-# optimizers' profiles). The limits add up to 1,260 s; the deadline GPU_CHECK_BUDGET_S (default
+# optimizers' profiles). The limits add up to 1,290 s; the deadline GPU_CHECK_BUDGET_S (default
 # 450 s) caps them: a step is cut to what is left, one that would start with under 5 s left is
 # skipped, so the call ends by about 460 s (under 8 minutes) with its reports written.
 #
@@ -558,7 +559,7 @@ else
   skip_step hf_compare hf_logits "$torch_missing"
 fi
 
-optim_step llama_1b "$model_1b" 60
+optim_step llama_1b "$model_1b" 90
 
 run_step doctor_llama_1b doctor 60 "$mn" doctor --model "$model_1b" "${doctor_shape[@]}" "${doctor_1b_only[@]}" \
   --report "$out/raw/doctor_llama_1b.json"

@@ -3,11 +3,11 @@
 // resolves these symbols, so it starts on machines without CUDA libraries and falls back to the CPU
 // backend. The backend object crosses as a multinorm::Backend* (the C++ seam of
 // include/multinorm/backend.h, compiled by the same g++ on both sides): bump the ABI version on any
-// change of this file or of backend.h.
+// change of this file, of backend.h or of the headers it includes (SwanArgs: optimizer_kernels.h).
 #pragma once
 #include <stddef.h>
 
-#define MULTINORM_CUDA_PLUGIN_ABI 11
+#define MULTINORM_CUDA_PLUGIN_ABI 12
 
 #ifdef __cplusplus
 extern "C" {

@@ -14,7 +14,7 @@
 //   - convergence: each step's residual ||I - Z Y||_F / sqrt(k) is reduced per matrix; a matrix whose
 //     residual is under ns_tolerance is done, where the CPU would stop, and from then on its T is the
 //     identity, so Y T = Y and T Z = Z exactly (FP32 products with 0 and 1) and its iterate stays
-//     as it was. In a graph the steps are a device loop (a WHILE node, two steps a body, each step
+//     as it was (split TF32 products: its halves are kept and Z put back, ns_split_kernel). In a graph the steps are a device loop (a WHILE node, two steps a body, each step
 //     checked at its end) that ends once every matrix of the chunk is done: the chunk pays its
 //     slowest matrix's steps, and one frozen step where that count is odd, not ns_steps. Run eagerly (profiling, no graphs) or where the loop is not captured (a
 //     CUDA 12 build, a runtime refusing it) every one of ns_steps runs, frozen matrices unchanged,
