@@ -90,14 +90,17 @@ TEST(Memory, CudaBackendScratchPlanIsWhatItAllocates) {
   const CudaProbe* p = multinorm::testing::test_cuda_plugin();
   if (!p) GTEST_SKIP() << "no CUDA plugin";
   // Adam also with an MLP width of 41 (rows of 82 bytes in BF16, as llama_1b's 5461: its GEMMs staged
-  // through 128-byte rows) and in FP32 (the loss head unfused).
-  for (const std::string opt : {"sinkgd", "swan", "adam", "adam F41", "adam F41 fp32"}) {
+  // through 128-byte rows) and in FP32 (the loss head unfused); SWAN also with split TF32 products
+  // (six more k x k matrices a tensor: a plan larger than FP32's, checked below).
+  int64_t swan_fp32_scratch = 0;
+  for (const std::string opt : {"sinkgd", "swan", "swan split", "adam", "adam F41", "adam F41 fp32"}) {
     json j = json::parse(R"({"model": {"config": {"vocab_size": 50, "hidden_size": 16, "intermediate_size": 40,
       "num_hidden_layers": 2, "num_attention_heads": 2, "max_position_embeddings": 16}},
       "batch": {"global_batch": 3, "micro_batch": 3, "seq_len": 7}, "backend": "cuda"})");
     j["optimizer"]["name"] = opt.substr(0, opt.find(' '));
     if (opt.find("F41") != std::string::npos) j["model"]["config"]["intermediate_size"] = 41;
     if (opt.find("fp32") != std::string::npos) j["precision"]["params"] = "fp32";
+    if (opt == "swan split") j["optimizer"]["swan"]["ns_products"] = "split_tf32";
     const RunConfig run = run_config_from_json(j, "test");
     auto be = make_cuda_backend(*p);
     LlamaModel model(*be, run.model, run.precision.params, 3, 7);
@@ -112,6 +115,8 @@ TEST(Memory, CudaBackendScratchPlanIsWhatItAllocates) {
     EXPECT_EQ(be->workspace_bytes(), tm.backend_scratch) << opt;
     EXPECT_EQ(model.activation_bytes(), tm.activations) << opt;
     EXPECT_EQ(optimizer.state_bytes(), tm.states) << opt;
+    if (opt == "swan") swan_fp32_scratch = tm.backend_scratch;
+    if (opt == "swan split") EXPECT_GT(tm.backend_scratch, swan_fp32_scratch);
   }
 }
 
