@@ -28,10 +28,11 @@
 #   tests         tests_cuda 90 [35]: the CUDA tests of multinorm_tests on the GPU, through
 #                 gpu_check/run_gtests.py: a test that crashes the binary is recorded and the tests
 #                 after it run in a new process, so one crash hides nothing
-#   training      training_smoke 150 [80]: configs/quickstart.json on the GPU (the bundled shards of
-#                 the default corpus), SinkGD and SWAN, each trained twice: the last checkpoints
-#                 byte-identical, the validation perplexity within 2% of the CPU backend's
-#                 (gpu_check/smoke_reference.json, measured on the same shards)
+#   training      training_smoke 180 [80, before SWAN's split TF32 run]: configs/quickstart.json on
+#                 the GPU (the bundled shards of the default corpus), SinkGD, SWAN and SWAN with split
+#                 TF32 products, each trained twice: the last checkpoints byte-identical, the
+#                 validation perplexity within 2% of the CPU backend's (gpu_check/smoke_reference.json,
+#                 measured on the same shards; SWAN's for both SWAN runs: the CPU's products are FP32)
 #   optimizers    optim_quickstart 30, optim_llama_60m 30 [4]: `bench optim --backend cuda --profile`, one
 #                 update of the whole model by SinkGD, SWAN and Adam (the quickstart's run config: its
 #                 SWAN settings), then one more eager step of each with every kernel's time beside its
@@ -63,7 +64,7 @@
 #                 grow with depth; last: it mostly compiles; a failure or timeout is recorded in the
 #                 comparison's row and does not fail the section)
 # Expected about 400 s in all (an H200 took 355 s on 2026-11-28, before the gemm step and the
-# optimizers' profiles). The limits add up to 1,290 s; the deadline GPU_CHECK_BUDGET_S (default
+# optimizers' profiles). The limits add up to 1,320 s; the deadline GPU_CHECK_BUDGET_S (default
 # 450 s) caps them: a step is cut to what is left, one that would start with under 5 s left is
 # skipped, so the call ends by about 460 s (under 8 minutes) with its reports written.
 #
@@ -242,7 +243,7 @@ if [ "$dry" = 1 ]; then
   san_attention_filter='Backends/OpsBf16.Attention/cuda'
   # the smoke: the tests' generated corpus and tokenizer, the tiny model, 3 updates; the CPU reference
   # trained here
-  smoke_optimizers=(sinkgd swan) smoke_reference=cpu
+  smoke_optimizers=(sinkgd swan swan:split_tf32) smoke_reference=cpu
 else
   model_60m=$configs/models/llama_60m.json model_1b=$configs/models/llama_1b.json
   doctor_shape=(--steps 3 --warmup 1)
@@ -258,7 +259,7 @@ else
   san_training=(--batch 2 --seq 64 --only update --steps 1 --warmup 0)
   san_kernels_filter=$node_kernels_filter
   san_attention_filter=$node_attention_filter
-  smoke_optimizers=(sinkgd swan) smoke_reference=$here/gpu_check/smoke_reference.json
+  smoke_optimizers=(sinkgd swan swan:split_tf32) smoke_reference=$here/gpu_check/smoke_reference.json
 fi
 
 # ---- the reports -------------------------------------------------------------------------------------
@@ -472,7 +473,7 @@ elif [ -d "$root/share/multinorm/smoke" ]; then
               --set data.tokenizer="$smoke_dir/tokenizer.model" --quiet)
 fi
 if [ -n "$smoke_config" ] && [ -f "$smoke_config" ]; then
-  run_step training_smoke training 150 bash "$here/gpu_check/training_smoke.sh" "$mn" "$smoke_config" "$smoke_reference" \
+  run_step training_smoke training 180 bash "$here/gpu_check/training_smoke.sh" "$mn" "$smoke_config" "$smoke_reference" \
     "$work/smoke" "$out/raw/training_smoke.json" "${smoke_optimizers[@]}" -- "${smoke_sets[@]}"
 else
   skip_step training_smoke training "no smoke data: the bundle's share/multinorm/smoke (scripts/bundle.sh packs it from data/default)"

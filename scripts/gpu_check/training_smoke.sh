@@ -6,6 +6,9 @@
 #
 #   training_smoke.sh MULTINORM CONFIG REFERENCE WORK OUT_JSON OPTIMIZER... [-- --set key=value ...]
 #
+# OPTIMIZER: a name, or swan:PRODUCTS (optimizer.swan.ns_products, e.g. swan:split_tf32), held to the
+# reference of its name (the CPU's products are FP32).
+#
 # REFERENCE: a JSON file {"<optimizer>": {"val_ppl": P, ...}} of the CPU backend's perplexities
 # (scripts/gpu_check/smoke_reference.json for the bundled quickstart data), or "cpu": train once on
 # the CPU backend here to make it (the dry run's tiny model). The --set arguments go to every run
@@ -26,30 +29,32 @@ rows=()  # "optimizer|what differs or failed, comma-separated"
 fails=0
 for opt in "${optimizers[@]}"; do
   echo "== $opt"
+  name=${opt%%:*} dir=${opt//:/_} variant=()
+  [ "$name" != "$opt" ] && variant=(--set optimizer.swan.ns_products="${opt#*:}")
   for run in a b; do
-    rm -rf "$work/${opt}_$run"
+    rm -rf "$work/${dir}_$run"
     t0=$(date +%s.%N)
-    if ! "$mn" train -c "$config" "${sets[@]}" --set optimizer.name="$opt" --set backend=cuda --set output_dir="$work/${opt}_$run"; then
+    if ! "$mn" train -c "$config" "${sets[@]}" --set optimizer.name="$name" "${variant[@]}" --set backend=cuda --set output_dir="$work/${dir}_$run"; then
       echo "training_smoke: $opt run $run failed"
       rows+=("$opt|run $run failed")
       continue 2
     fi
     echo "$opt run $run: $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s"
   done
-  if [ "$reference" = cpu ]; then
-    rm -rf "$work/${opt}_cpu"
-    "$mn" train -c "$config" "${sets[@]}" --set optimizer.name="$opt" --set backend=cpu --set output_dir="$work/${opt}_cpu" --quiet ||
-      { echo "training_smoke: the CPU reference run of $opt failed"; rows+=("$opt|the CPU reference run failed"); continue; }
+  if [ "$reference" = cpu ] && [ ! -f "$work/${name}_cpu/result.json" ]; then
+    rm -rf "$work/${name}_cpu"
+    "$mn" train -c "$config" "${sets[@]}" --set optimizer.name="$name" --set backend=cpu --set output_dir="$work/${name}_cpu" --quiet ||
+      { echo "training_smoke: the CPU reference run of $name failed"; rows+=("$opt|the CPU reference run failed"); continue; }
   fi
   # The newest checkpoint of each run, its state file by file (run_config.json and the manifest's
   # checksum of it name the run's own output_dir: they differ by design).
-  last=$(ls -d "$work/${opt}_a"/checkpoints/step_* 2>/dev/null | sort | tail -1)
+  last=$(ls -d "$work/${dir}_a"/checkpoints/step_* 2>/dev/null | sort | tail -1)
   differing=()
   if [ -z "$last" ]; then
     differing=("no checkpoint")
   else
     for f in model.safetensors optimizer.bin trainer_state.json config.json; do
-      cmp -s "$last/$f" "$work/${opt}_b/checkpoints/$(basename "$last")/$f" || differing+=("$(basename "$last")/$f")
+      cmp -s "$last/$f" "$work/${dir}_b/checkpoints/$(basename "$last")/$f" || differing+=("$(basename "$last")/$f")
     done
   fi
   rows+=("$opt|$(IFS=,; echo "${differing[*]:-}")")
@@ -68,9 +73,10 @@ def result(d):
 runs, ok_all = [], True
 for row in rows:
     opt, differing = row.split("|", 1)
+    name = opt.split(":")[0]  # swan:split_tf32 is held to swan's reference
     differing = [d for d in differing.split(",") if d]
-    a = result(os.path.join(work, opt + "_a"))
-    ref_ppl = result(os.path.join(work, opt + "_cpu")).get("final_val_ppl") if ref is None else (ref.get(opt) or {}).get("val_ppl")
+    a = result(os.path.join(work, opt.replace(":", "_") + "_a"))
+    ref_ppl = result(os.path.join(work, name + "_cpu")).get("final_val_ppl") if ref is None else (ref.get(name) or {}).get("val_ppl")
     ppl = a.get("final_val_ppl")
     rel = abs(ppl - ref_ppl) / ref_ppl if ppl and ref_ppl else None
     ok = not differing and rel is not None and rel <= BOUND
@@ -78,7 +84,7 @@ for row in rows:
     runs.append({"optimizer": opt, "identical": not differing, "differing": differing, "val_ppl": ppl, "reference_ppl": ref_ppl,
                  "relative": rel, "ok": ok, "updates": a.get("updates"), "seconds": a.get("wall_s"), "tokens_per_s": a.get("tokens_per_s"),
                  "step_s": a["update_s"] / a["updates"] if a.get("updates") else None, "cuda_graphs": a.get("cuda_graphs"),
-                 "reference": "the CPU backend, trained here" if ref is None else (ref.get(opt) or {}).get("measured", "")})
+                 "reference": "the CPU backend, trained here" if ref is None else (ref.get(name) or {}).get("measured", "")})
     print(f"{opt}: runs {'byte-identical' if not differing else 'differ in ' + ', '.join(differing)}; validation perplexity {ppl} "
           f"against the CPU's {ref_ppl} ({'%.2f%%' % (100 * rel) if rel is not None else 'n/a'}, bound {100 * BOUND:.0f}%)")
 json.dump({"bound": BOUND, "runs": runs}, open(out, "w"), indent=1)
