@@ -144,27 +144,47 @@ TEST_P(CudaVsCpu, SwanUpdateOnTallWideSquareAndVectorShapes) {
       }
 }
 
+// Matrices of the given shapes (m, n) on both backends, as the optimizer passes a model's: weights
+// drawn from seed w_seed + i, gradients from g_seed + i with their diagonals raised by 0.005 i (the
+// conditioning differs, so the steps differ), tensor ids from `id` on.
+struct SwanMatrices {
+  std::vector<std::unique_ptr<Pair>> ws, gs;
+  std::vector<SwanTensor> tc, tg;  // cpu, cuda
+  SwanMatrices(Backend& cpu, Backend& cuda, const std::vector<std::pair<int64_t, int64_t>>& shapes, DType wt, DType gt, uint32_t w_seed,
+               uint32_t g_seed, uint64_t id) {
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      const auto [m, n] = shapes[i];
+      ws.push_back(std::make_unique<Pair>(cpu, cuda, random_vec(m * n, w_seed + uint32_t(i), 0.1), wt));
+      Vec g = random_vec(m * n, g_seed + uint32_t(i), 0.01);
+      for (int64_t r = 0; r < std::min(m, n); ++r) g[r * n + r] += 0.005 * double(i);
+      gs.push_back(std::make_unique<Pair>(cpu, cuda, g, gt));
+      tc.push_back({ws.back()->c.buf(), gs.back()->c.buf(), m, n, id + i});
+      tg.push_back({ws.back()->g.buf(), gs.back()->g.buf(), m, n, id + i});
+    }
+  }
+};
+
+// One SWAN call's kernel launches, by name, from the backend's profile (eager).
+std::map<std::string, int64_t> swan_launches(Backend& be, const std::vector<SwanTensor>& tensors, const SwanArgs& a) {
+  be.set_profiling(true);
+  be.take_profile();
+  be.optimizer_kernels().swan_update_many(tensors.data(), static_cast<int64_t>(tensors.size()), a);
+  std::map<std::string, int64_t> launches;
+  for (const KernelTime& k : be.take_profile()) launches[k.name] += k.launches;
+  be.set_profiling(false);
+  return launches;
+}
+
 // Many matrices in one call, as the optimizer passes a model's: several Gram sizes (chunks of one k
 // each, tall and wide tensors of one k together), with a tolerance that stops each at its own step.
 // Each equals the CPU's per-tensor update (FP32 bound 1e-5, measured 5.6e-7: converged to the
 // tolerance, so under the 10-step bounds above) with the same statistics.
 TEST_P(CudaVsCpu, SwanUpdateManyBatchesByGramSize) {
-  struct Shape {
-    int64_t m, n;
-  };
-  const Shape shapes[] = {{16, 24}, {24, 16}, {9, 16}, {16, 16}, {40, 16}, {9, 30}, {5, 5}};
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{16, 24}, {24, 16}, {9, 16}, {16, 16}, {40, 16}, {9, 30}, {5, 5}};
   for (const auto& [wt, gt] : kWeightGrad) {
-    std::vector<std::unique_ptr<Pair>> ws, gs;
-    std::vector<SwanTensor> tc, tg;
-    for (size_t i = 0; i < std::size(shapes); ++i) {
-      const Shape s = shapes[i];
-      ws.push_back(std::make_unique<Pair>(*cpu, *cuda, random_vec(s.m * s.n, 10 + uint32_t(i), 0.1), wt));
-      Vec g = random_vec(s.m * s.n, 20 + uint32_t(i), 0.01);
-      for (int64_t r = 0; r < std::min(s.m, s.n); ++r) g[r * s.n + r] += 0.005 * double(i);  // conditioning differs: steps differ
-      gs.push_back(std::make_unique<Pair>(*cpu, *cuda, g, gt));
-      tc.push_back({ws.back()->c.buf(), gs.back()->c.buf(), s.m, s.n, 100 + i});
-      tg.push_back({ws.back()->g.buf(), gs.back()->g.buf(), s.m, s.n, 100 + i});
-    }
+    SwanMatrices x(*cpu, *cuda, shapes, wt, gt, 10, 20, 100);
+    auto& ws = x.ws;
+    auto &tc = x.tc, &tg = x.tg;
     StatsPair stats(*cpu, *cuda);
     SwanArgs a;
     a.lr = 0.01f, a.decoupled_decay = 0.1f, a.ns_steps = 25, a.ns_tolerance = 1e-4f;
@@ -195,22 +215,11 @@ TEST_P(CudaVsCpu, SwanUpdateManyBatchesByGramSize) {
 // put back: products of halves by I give hi + lo, not the FP32 value Z was; mutation check: without
 // putting Z back the weights differ), so a graph's loop that ends early gives an eager run's bits.
 TEST_P(CudaVsCpu, SwanSplitTf32ProductsMatchTheCpusFp32AndFreezeExactly) {
-  struct Shape {
-    int64_t m, n;
-  };
-  const Shape shapes[] = {{16, 24}, {24, 16}, {16, 16}, {40, 16}, {9, 30}};  // two chunks: k = 16 (4 shapes) and k = 9
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{16, 24}, {24, 16}, {16, 16}, {40, 16}, {9, 30}};  // two chunks: k = 16 (4 shapes) and 9
   for (const auto& [wt, gt] : kWeightGrad) {
-    std::vector<std::unique_ptr<Pair>> ws, gs;
-    std::vector<SwanTensor> tc, tg;
-    for (size_t i = 0; i < std::size(shapes); ++i) {
-      const Shape s = shapes[i];
-      ws.push_back(std::make_unique<Pair>(*cpu, *cuda, random_vec(s.m * s.n, 70 + uint32_t(i), 0.1), wt));
-      Vec g = random_vec(s.m * s.n, 80 + uint32_t(i), 0.01);
-      for (int64_t r = 0; r < std::min(s.m, s.n); ++r) g[r * s.n + r] += 0.005 * double(i);  // conditioning differs: steps differ
-      gs.push_back(std::make_unique<Pair>(*cpu, *cuda, g, gt));
-      tc.push_back({ws.back()->c.buf(), gs.back()->c.buf(), s.m, s.n, 300 + i});
-      tg.push_back({ws.back()->g.buf(), gs.back()->g.buf(), s.m, s.n, 300 + i});
-    }
+    SwanMatrices x(*cpu, *cuda, shapes, wt, gt, 70, 80, 300);
+    auto& ws = x.ws;
+    auto &tc = x.tc, &tg = x.tg;
     const std::vector<Vec> w0 = [&] {
       std::vector<Vec> v;
       for (const auto& w : ws) v.push_back(w->g.get());
@@ -223,12 +232,7 @@ TEST_P(CudaVsCpu, SwanSplitTf32ProductsMatchTheCpusFp32AndFreezeExactly) {
     a.stats = stats.c;
     cpu->optimizer_kernels().swan_update_many(tc.data(), static_cast<int64_t>(tc.size()), a);
     a.stats = stats.g;
-    cuda->set_profiling(true);
-    cuda->take_profile();
-    cuda->optimizer_kernels().swan_update_many(tg.data(), static_cast<int64_t>(tg.size()), a);
-    std::map<std::string, int64_t> launches;
-    for (const KernelTime& k : cuda->take_profile()) launches[k.name] += k.launches;
-    cuda->set_profiling(false);
+    std::map<std::string, int64_t> launches = swan_launches(*cuda, tg, a);
     const std::string what = dtype_name(wt);
     for (size_t i = 0; i < ws.size(); ++i) EXPECT_TRUE(ws[i]->same(wt == DType::F32 ? 1e-5 : kBf16)) << "tensor " << i << " " << what;
     const SwanStats sc = *stats.c, sg = stats.cuda();
@@ -349,12 +353,7 @@ TEST_P(CudaVsCpu, SwanRunsAChunksMatricesInOneLaunchAKernelAndOneGemmAShape) {
     SwanArgs a;
     a.lr = 0.01f, a.decoupled_decay = 0.1f, a.ns_steps = 12, a.ns_tolerance = 1e-4f, a.exact = exact;
     cpu->optimizer_kernels().swan_update_many(tc.data(), static_cast<int64_t>(tc.size()), a);
-    cuda->set_profiling(true);
-    cuda->take_profile();
-    cuda->optimizer_kernels().swan_update_many(tg.data(), static_cast<int64_t>(tg.size()), a);
-    std::map<std::string, int64_t> launches;
-    for (const KernelTime& k : cuda->take_profile()) launches[k.name] += k.launches;
-    cuda->set_profiling(false);
+    std::map<std::string, int64_t> launches = swan_launches(*cuda, tg, a);
     const std::string what = exact ? "exact" : "newton-schulz";
     for (size_t i = 0; i < ws.size(); ++i) EXPECT_TRUE(ws[i]->same(exact ? 1e-6 : 1e-5)) << what << " tensor " << i;
     for (const char* k : {"swan_normalize_rows", "swan_apply", "swan_exact_verdict", "swan_apply_exact"}) EXPECT_EQ(launches[k], 1) << what << " " << k;
