@@ -14,11 +14,16 @@
 //   - convergence: each step's residual ||I - Z Y||_F / sqrt(k) is reduced per matrix; a matrix whose
 //     residual is under ns_tolerance is done, where the CPU would stop, and from then on its T is the
 //     identity, so Y T = Y and T Z = Z exactly (FP32 products with 0 and 1) and its iterate stays
-//     as it was (split TF32 products: its halves are kept and Z put back, ns_split_kernel). In a graph the steps are a device loop (a WHILE node, two steps a body, each step
-//     checked at its end) that ends once every matrix of the chunk is done: the chunk pays its
-//     slowest matrix's steps, and one frozen step where that count is odd, not ns_steps. Run eagerly (profiling, no graphs) or where the loop is not captured (a
-//     CUDA 12 build, a runtime refusing it) every one of ns_steps runs, frozen matrices unchanged,
-//     so the results are the same bits either way.
+//     as it was (split TF32 products: its halves are kept and Z put back, ns_split_kernel). In a
+//     graph the steps are a device loop (a WHILE node, two steps a body, each step checked at its
+//     end) that ends once every matrix of the chunk is done: the chunk pays its slowest matrix's
+//     steps, and one frozen step where that count is odd, not ns_steps. Run eagerly (profiling, no
+//     graphs) or where the loop is not captured (a CUDA 12 build, a runtime refusing it) every one of
+//     ns_steps runs, frozen matrices unchanged, so the results are the same bits either way.
+//   - split TF32 products (from k = cuda_scratch::kSwanSplitTf32MinK by default): Y, Z and T are
+//     also kept as halves hi + lo, both TF32 (optim_math::split_tf32), and each product is three
+//     TF32 tensor-core products of them (LtGemm::run_batched_split_tf32); T's halves come with T,
+//     Y's and Z's from one split kernel a step.
 //   - the fallback: a matrix whose residual or U is not finite takes the exact path. Its apply kernel
 //     copies X into pinned host memory and raises a flag there; a host function in stream order
 //     (cudaLaunchHostFunc: a host node in a graph) computes the FP64 polar factor on the host
@@ -27,8 +32,8 @@
 //   - the skip flag: every apply kernel reads the update's statistics and changes nothing when they
 //     say skip; the statistics kernel then counts nothing.
 // whitening=eigh takes the exact path for every matrix the same way.
-// Cost per step: 3 batched GEMMs of B x 2 k^3 FLOPs (the first step 2: Z0 = I); the Gram matrix and
-// U: 2 m n k FLOPs each; the element-wise passes read and write k^2 floats per matrix (cost model:
+// Cost per step: 3 batched GEMMs of B x 2 k^3 FLOPs (the first step 2: Z0 = I; split TF32: 3 TF32
+// GEMMs each); the Gram matrix and U: 2 m n k FLOPs each; the element-wise passes read and write k^2 floats per matrix (cost model:
 // src/bench/kernel_costs.cpp).
 #include <cmath>
 #include <vector>

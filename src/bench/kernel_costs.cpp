@@ -332,7 +332,8 @@ class CostRecorder final : public Backend, public OptimizerKernels {
   // Gram matrices A = X X^T (k = min(m, n)), one batched GEMM; per chunk of B matrices ||A||_F twice,
   // the regularisation, the largest absolute row sums, the first check, then the Newton-Schulz steps
   // as an eager (profiled) run pays all of them: Y <- Y T and Z <- T Z as strided-batched FP32 GEMMs
-  // (split TF32, cuda_scratch::swan_split_tf32: three TF32 GEMMs each, then Y and Z split), the step's end (a thread a matrix), then the check (P = Z Y, its residual and T, the freeze), and
+  // (split TF32, cuda_scratch::swan_split_tf32: three TF32 GEMMs each, then Y and Z split), the
+  // step's end (a thread a matrix), then the check (P = Z Y, its residual and T, the freeze), and
   // after the first two steps a device loop's bodies of two, each ending with its decision (an eager
   // run launches it to no effect). The update's graph ends its loop with the body whose check finds
   // every matrix done, within the scaled iteration's bound (optim_math::ns_steps_bound: 10 steps at

@@ -1,7 +1,8 @@
 // A CPU stand-in for the cuBLASLt calls the CUDA backend makes, with cuBLASLt's semantics: column-major
 // matrices described by (type, rows, cols, ld) as stored, op() per TRANSA/TRANSB on the descriptor,
 // D = alpha * op(A) op(B) + beta * C with FP32 compute and scale, BF16 or FP32 inputs, BF16 or FP32
-// output; or TF32 compute (CUBLAS_COMPUTE_32F_FAST_TF32) of FP32 operands, each truncated to TF32. Dimensions, leading dimensions, type combinations and device pointers are validated the way
+// output; or TF32 compute (CUBLAS_COMPUTE_32F_FAST_TF32) of FP32 operands, each truncated to TF32.
+// Dimensions, leading dimensions, type combinations and device pointers are validated the way
 // cuBLASLt rejects them (CUBLAS_STATUS_INVALID_VALUE / NOT_SUPPORTED), so the backend's layout logic
 // (row-major to column-major, transposes, odd leading dimensions) is exercised exactly as on a GPU.
 //
@@ -121,7 +122,8 @@ const char* cublasLtGetStatusName(cublasStatus_t s) {
 const char* cublasLtGetStatusString(cublasStatus_t s) { return cublasLtGetStatusName(s); }
 
 cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* d, cublasComputeType_t compute, cudaDataType_t scale) {
-  if ((compute != CUBLAS_COMPUTE_32F && compute != CUBLAS_COMPUTE_32F_FAST_TF32) || scale != CUDA_R_32F) return CUBLAS_STATUS_NOT_SUPPORTED;  // all the backend uses
+  const bool supported = compute == CUBLAS_COMPUTE_32F || compute == CUBLAS_COMPUTE_32F_FAST_TF32;  // all the backend uses
+  if (!supported || scale != CUDA_R_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
   *d = new cublasLtMatmulDescOpaque_t{};
   put(*d, Desc{compute, scale});
   return CUBLAS_STATUS_SUCCESS;
