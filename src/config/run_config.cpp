@@ -78,7 +78,7 @@ const Schema& run_schema() {
       integer("optimizer.sinkgd.iterations", 5, "L: alternating row/column normalisations per step", 1, 1000),
       positive("optimizer.sinkgd.eps", 1e-8, "floor on row/column norms, so zero rows/columns give zero updates", 1),
       choice("optimizer.swan.row_norm", "l2", choice_names(SwanRowNorm{}), "l2: rows to norm sqrt(n) (this paper); standardize: subtract mean, divide by std (SWAN paper)"),
-      choice("optimizer.swan.whitening", "newton_schulz", choice_names(SwanWhitening{}), "(X X^T)^(-1/2) by Newton-Schulz (FP32) or an exact FP64 eigendecomposition"),
+      choice("optimizer.swan.whitening", "newton_schulz", choice_names(SwanWhitening{}), "(X X^T)^(-1/2) by Newton-Schulz (FP32; on a GPU see ns_products) or an exact FP64 eigendecomposition"),
       integer("optimizer.swan.ns_steps", 12,
               "Newton-Schulz iterations (a ceiling when ns_tolerance > 0: the scaled steps reach 1e-4 within 10 from any start; 12 leaves FP32 rounding two)", 1, 1000),
       number("optimizer.swan.ns_tolerance", 1e-4, "stop Newton-Schulz once ||I - Z Y||_F / sqrt(k) falls below; 0 = run every step", 0, 1),
