@@ -204,7 +204,7 @@ TEST_P(CudaVsCpu, SwanUpdateManyBatchesByGramSize) {
   }
 }
 
-// Split TF32 products (optimizer.swan.ns_products = split_tf32: the default from k = 768, forced
+// Split TF32 products (optimizer.swan.ns_products = split_tf32: the default from k = 512, forced
 // here at small k): each Newton-Schulz product three TF32 GEMMs of the operands' halves, Y and Z split
 // once a step. The CPU computes FP32 products: the results agree within the FP32 bound of
 // SwanUpdateManyBatchesByGramSize (1e-5; measured 6.0e-6, where this test's matrices with FP32

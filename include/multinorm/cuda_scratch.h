@@ -232,11 +232,11 @@ inline int64_t swan_gram_floats(int64_t k) { return (k * k + 63) / 64 * 64; }
 // Newton-Schulz's products in split TF32 (swan.cu: each FP32 operand as hi + lo, both TF32, and
 // each product as three TF32 tensor-core products) from Gram size `split_from_k` on (SwanArgs'
 // ns_products: swan_split_from_k): every k for split_tf32, none for fp32, and for auto from
-// kSwanSplitTf32MinK on, where the roofline predicts it faster on an A100, an H100 and an
-// H200 alike (docs/optimizers.md: at k = 512 an H100 gains nothing, the extra traffic costing what
-// the tensor cores save; an A100, with 8x FP32's rate in TF32, gains from k = 384).
+// kSwanSplitTf32MinK on, where the roofline predicts an A100, an H100 and an H200 no slower
+// (docs/optimizers.md: at k = 512 an H100 breaks even, 11.66 ms against 11.64 at llama_60m, an H200
+// and an A100 gain 25% and 41%; at k = 384 an H100 would lose 26%).
 // A split chunk keeps Y's, Z's and T's halves too: 6 more k x k matrices a tensor.
-constexpr int64_t kSwanSplitTf32MinK = 768;
+constexpr int64_t kSwanSplitTf32MinK = 512;
 inline bool swan_split_tf32(int64_t split_from_k, int64_t k) { return k >= split_from_k; }
 inline int64_t swan_tensor_bytes(int64_t m, int64_t n, bool split) {
   const int64_t k = std::min(m, n);
