@@ -18,6 +18,11 @@ uint32_t alignment_of(const void* p) {
   const uintptr_t a = reinterpret_cast<uintptr_t>(p);
   return a == 0 ? 256u : static_cast<uint32_t>(std::min<uintptr_t>(256, a & (~a + 1)));
 }
+// Matrix i of a batched FP32 operand starts stride floats after matrix i - 1: its alignment is the
+// base's and the stride's, whichever is smaller (the base's alone for stride 0).
+uint32_t batch_alignment_of(const void* p, int64_t stride) {
+  return stride ? std::min(alignment_of(p), alignment_of(reinterpret_cast<const void*>(stride * 4))) : alignment_of(p);
+}
 }  // namespace
 
 LtGemm::LtGemm() {
@@ -121,13 +126,9 @@ void LtGemm::run_batched(float* out, int64_t ld_out, int64_t stride_out, const f
                          int64_t stride_b, int64_t M, int64_t N, int64_t K, bool ta, bool tb, int64_t batch, cudaStream_t stream) {
   if (batch == 1) return run(out, ld_out, CUDA_R_32F, a, ld_a, b, ld_b, CUDA_R_32F, M, N, K, ta, tb, false, stream);
   if (M == 0 || N == 0 || K == 0 || batch == 0) throw_cublas_error("a batched matmul with an empty dimension", CUBLAS_STATUS_INVALID_VALUE);
-  // Matrix i of an operand starts stride floats after matrix i - 1: its alignment is the base's and
-  // the stride's, whichever is smaller.
-  auto aligned = [](const void* p, int64_t stride) {
-    return stride ? std::min(alignment_of(p), alignment_of(reinterpret_cast<const void*>(stride * 4))) : alignment_of(p);
-  };
-  const Plan& p = plan(Key{M, N, K, ta, tb, static_cast<int>(CUDA_R_32F), static_cast<int>(CUDA_R_32F), aligned(out, stride_out), aligned(a, stride_a),
-                           aligned(b, stride_b), ld_out, ld_a, ld_b, batch, stride_out, stride_a, stride_b, false});
+  const Plan& p = plan(Key{M, N, K, ta, tb, static_cast<int>(CUDA_R_32F), static_cast<int>(CUDA_R_32F), batch_alignment_of(out, stride_out),
+                           batch_alignment_of(a, stride_a), batch_alignment_of(b, stride_b), ld_out, ld_a, ld_b, batch, stride_out, stride_a,
+                           stride_b, false});
   const float alpha = 1.0f, beta = 0.0f;
   const bool timed = profiler::g_on;
   if (timed) profiler::begin("gemm fp32 batched (cuBLASLt)", stream);
@@ -140,7 +141,7 @@ void LtGemm::run_batched_split_tf32(float* out, const float* a_hi, const float* 
                                     int64_t K, int64_t batch, int64_t stride, cudaStream_t stream) {
   if (M == 0 || N == 0 || K == 0 || batch == 0) throw_cublas_error("a batched matmul with an empty dimension", CUBLAS_STATUS_INVALID_VALUE);
   const int64_t s = batch > 1 ? stride : 0;
-  auto aligned = [s](const void* p) { return s ? std::min(alignment_of(p), alignment_of(reinterpret_cast<const void*>(s * 4))) : alignment_of(p); };
+  auto aligned = [s](const void* p) { return batch_alignment_of(p, s); };
   const bool timed = profiler::g_on;
   const float alpha = 1.0f;
   auto product = [&](const float* a, const float* b, float beta) {
