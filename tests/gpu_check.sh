@@ -24,7 +24,8 @@
 #      tests section, and the tests after it still run, in a new process;
 #   9. the sanitizer's kernels and attention targets on a node (their gtest filters) launch every
 #      kernel of ours between them, by the emulation's launch log against the launches in
-#      kernels/cuda/*.cu, and their tests pass here.
+#      kernels/cuda/*.cu, and their tests pass here;
+#  10. the profile runs on request only (--only profile), a stand-in ncu's CSV read into its table.
 # usage: gpu_check.sh <source dir> <multinorm> <multinorm_tests> <emulated plugin>
 set -uo pipefail
 src=$1
@@ -71,6 +72,41 @@ exit $rc
 SH
 chmod +x "$tmp/bin/compute-sanitizer"
 
+# The stand-in ncu: takes Nsight Compute's options, writes its details page as CSV (a row per launch and
+# metric, as `ncu --csv --page details` does) for two launches into --log-file, with a tool line
+# before it, records its arguments in $STUB_NCU_ARGS and runs the program.
+cat >"$tmp/bin/ncu" <<'SH'
+#!/usr/bin/env bash
+log=/dev/stdout
+[ -n "${STUB_NCU_ARGS:-}" ] && printf '%s\n' "$*" >>"$STUB_NCU_ARGS"
+while [ $# -gt 0 ]; do
+  case $1 in
+    --csv) shift ;;
+    --log-file) log=$2; shift 2 ;;
+    --*) shift 2 ;;
+    *) break ;;
+  esac
+done
+row() {  # ID KERNEL GRID SECTION METRIC UNIT VALUE
+  printf '"%s","4242","multinorm","node","%s","1","7","(256, 1, 1)","%s","0","9.0","%s","%s","%s","%s"\n' "$@"
+}
+{
+  echo "==PROF== Connected to process 4242 (stand-in ncu, tests/gpu_check.sh)"
+  echo '"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"'
+  row 0 rmsnorm_backward_rows_kernel "(256, 1, 1)" "GPU Speed Of Light Throughput" "Duration" "msecond" "1.25"
+  row 0 rmsnorm_backward_rows_kernel "(256, 1, 1)" "GPU Speed Of Light Throughput" "DRAM Throughput" "%" "59.10"
+  row 0 rmsnorm_backward_rows_kernel "(256, 1, 1)" "Occupancy" "Achieved Occupancy" "%" "23.40"
+  row 0 rmsnorm_backward_rows_kernel "(256, 1, 1)" "Launch Statistics" "Registers Per Thread" "register/thread" "71"
+  row 0 rmsnorm_backward_rows_kernel "(256, 1, 1)" "Command line profiler metrics" "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio" "" "0.50"
+  row 0 rmsnorm_backward_rows_kernel "(256, 1, 1)" "Command line profiler metrics" "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio" "" "3.20"
+  row 1 cross_entropy_chunk_kernel "(1024, 1, 1)" "GPU Speed Of Light Throughput" "Duration" "usecond" "12,400.5"
+  row 1 cross_entropy_chunk_kernel "(1024, 1, 1)" "GPU Speed Of Light Throughput" "Compute (SM) Throughput" "%" "57.00"
+  row 1 cross_entropy_chunk_kernel "(1024, 1, 1)" "Command line profiler metrics" "smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio" "" "n/a"
+} >"$log"
+"$@"
+SH
+chmod +x "$tmp/bin/ncu"
+
 # 1. The whole dry run. A peak of 0.001 TFLOP/s stands in for a GPU's, so that MFU is computed.
 start=$(date +%s)
 PATH="$tmp/bin:$PATH" GPU_CHECK_PEAK_TFLOPS=0.001 bash "$src/scripts/gpu_check.sh" --dry --work "$tmp/work" "$tmp/all" > "$tmp/all.txt" 2>&1
@@ -95,9 +131,11 @@ s = r["sections"]
 pos = lambda x: isinstance(x, (int, float)) and math.isfinite(x) and x > 0
 assert r["ok"] is True and r["gpu_check"]["dry"] is True and r["gpu_check"]["layout"] == "build", r["gpu_check"]
 expected = {"environment": "ok", "doctor": "ok", "tests": "ok", "training": "ok", "sanitizer": "ok", "step_vs_torch": "ok", "attention": "ok",
-            "hf_logits": "skipped", "optimizers": "ok", "gemm": "ok", "nccl": "skipped"}
+            "hf_logits": "skipped", "optimizers": "ok", "gemm": "ok", "nccl": "skipped", "profile": "skipped"}
 assert {k: v["status"] for k, v in s.items()} == expected, {k: (v["status"], v.get("reason")) for k, v in s.items()}
-assert len(r["steps"]) == 25 and all(x["status"] == "ok" for x in r["steps"]), [(x["id"], x["status"], x["reason"]) for x in r["steps"]]
+assert "on request only" in s["profile"]["reason"], s["profile"]  # (the stand-in ncu is on PATH)
+ran = [x for x in r["steps"] if x["section"] != "profile"]
+assert len(ran) == 25 and all(x["status"] == "ok" for x in ran), [(x["id"], x["status"], x["reason"]) for x in r["steps"]]
 assert all(x["seconds"] <= x["limit_s"] for x in r["steps"]), "a step ran past its limit"
 assert s["environment"]["python"]["offline"] == {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}, s["environment"]["python"]
 
@@ -368,4 +406,30 @@ grep -ho 'launch("[a-z_0-9]*"' "$src"/kernels/cuda/*.cu | sed 's/launch("//; s/"
 missing=$(sort -u "$launched" | comm -23 "$tmp/all_kernels.txt" -)
 [ -z "$missing" ] || fail "kernels no sanitizer target launches: $(echo $missing)"
 echo "gpu_check: the sanitizer's targets launch all $(wc -l < "$tmp/all_kernels.txt") kernels"
+
+# 10. The profile, on request: ncu on the micro-batch and the update, our kernels only, its CSV read into
+# a table (durations to microseconds whatever the unit, thousands separators, stalls largest first, a
+# value that is no number left out); without --only profile it does not run (1. above).
+PATH="$tmp/bin:$PATH" STUB_NCU_ARGS=$tmp/ncu_args bash "$src/scripts/gpu_check.sh" --dry --only profile "$tmp/prof" > "$tmp/prof.txt" 2>&1
+rc=$?
+[ $rc -eq 0 ] || { tail -20 "$tmp/prof.txt"; fail "the profile run: exit $rc"; }
+/usr/bin/python3 - "$tmp/prof" "$tmp/ncu_args" <<'PY' || { cat "$tmp/prof/gpu_check.md"; fail "the profile run's report (above)"; }
+import json, sys
+r = json.load(open(sys.argv[1] + "/gpu_check.json"))
+p = r["sections"]["profile"]
+assert p["status"] == "ok", p
+for run in ("profile_llama_1b_step", "profile_llama_1b_update"):
+    a, b = p["runs"][run]
+    assert a["kernel"] == "rmsnorm_backward_rows_kernel" and a["grid"] == "(256, 1, 1)", a
+    assert (a["duration_us"], a["dram_pct"], a["achieved_occupancy_pct"], a["registers"]) == (1250.0, 59.1, 23.4, 71.0), a
+    assert a["stalls"] == [["long_scoreboard", 3.2], ["barrier", 0.5]], a["stalls"]
+    assert (b["kernel"], b["duration_us"], b["sm_pct"], b["stalls"]) == ("cross_entropy_chunk_kernel", 12400.5, 57.0, []), b
+assert all(r["sections"][k]["status"] == "skipped" for k in r["sections"] if k not in ("profile", "nccl")), r["sections"]
+assert "## Nsight Compute" in open(sys.argv[1] + "/gpu_check.md").read()
+args = open(sys.argv[2]).read().splitlines()
+assert len(args) == 2 and all("--filter-mode per-launch-config --launch-skip 1 --launch-count 1" in x for x in args), args
+assert "regex:(copy_rows|cross_entropy|" in args[0] and " bench model " in args[0] and "regex:(sinkgd|" in args[1] and " bench optim " in args[1], args
+assert all("smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio" in x for x in args), args
+PY
+echo "gpu_check: the profile on request: ncu's CSV read into its table"
 echo "gpu_check: passed"

@@ -3,7 +3,8 @@ OUT/logs/*.log and OUT/raw/*. Standard library only (it runs under any python3).
 
     python3 scripts/gpu_check/report.py OUT
 
-Sections: environment, doctor, tests, training, sanitizer, step_vs_torch, gemm, attention, hf_logits, optimizers, nccl.
+Sections: environment, doctor, tests, training, sanitizer, step_vs_torch, gemm, attention, hf_logits, optimizers, nccl,
+profile (on request).
 Each has a status: failed when one of its steps failed or its figures say so (a failed or crashed
 test, runs that differ or a perplexity off the CPU's, a sanitizer finding, a sanitizer run cut by its
 time limit (no verdict is no pass), logits beyond their bound) or a step that exited 0 left no figure
@@ -11,6 +12,7 @@ time limit (no verdict is no pass), logits beyond their bound) or a step that ex
 script cannot read is failed, with why, not a crash.
 Exits 1 when a section failed, or when the check stopped early (no GPU, the CUDA emulation).
 """
+import csv
 import json
 import math
 import os
@@ -306,6 +308,61 @@ def gemm(r):
     return {"status": status, "reason": reason, "reference": ref, "total": total, "rows": rows}
 
 
+# Nsight Compute's details page as CSV: a row per (launch, metric). The figures kept of each launch.
+PROFILE_METRICS = {"Duration": "duration_us", "DRAM Throughput": "dram_pct", "Memory Throughput": "memory_pct",
+                   "Compute (SM) Throughput": "sm_pct", "Achieved Occupancy": "achieved_occupancy_pct",
+                   "Theoretical Occupancy": "theoretical_occupancy_pct", "Registers Per Thread": "registers", "Waves Per SM": "waves_per_sm",
+                   "Warp Cycles Per Issued Instruction": "cycles_per_issue"}
+TIME_UNITS_US = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3, "second": 1e6, "s": 1e6}
+STALL = re.compile(r"smsp__average_warps_issue_stalled_(\w+?)_per_issue_active\.ratio")
+
+
+def ncu_number(text):
+    try:
+        return float(str(text).replace(",", ""))
+    except ValueError:
+        return None
+
+
+def ncu_launches(path):
+    """[{kernel, grid, block, the PROFILE_METRICS figures, stalls: [(reason, warps a cycle), ...] largest first}]
+    from `ncu --csv --page details --log-file`; the tool's own lines (==PROF==, ==WARNING==) skipped."""
+    try:
+        with open(path, errors="replace") as f:
+            lines = [line for line in f if line.startswith('"')]
+    except OSError:
+        return []
+    launches = {}
+    for row in csv.DictReader(lines):
+        key = row.get("ID")
+        if key is None or "Metric Name" not in row:
+            continue
+        x = launches.setdefault(key, {"kernel": row.get("Kernel Name", "?"), "grid": row.get("Grid Size"), "block": row.get("Block Size"),
+                                      "stalls": []})
+        name, value = row["Metric Name"], ncu_number(row.get("Metric Value"))
+        if value is None:
+            continue
+        if name == "Duration":
+            scale = TIME_UNITS_US.get((row.get("Metric Unit") or "").strip())
+            value = value * scale if scale else None
+        stall = STALL.fullmatch(name)
+        if stall:
+            x["stalls"].append((stall.group(1), value))
+        elif name in PROFILE_METRICS and value is not None:
+            x[PROFILE_METRICS[name]] = value
+    for x in launches.values():
+        x["stalls"].sort(key=lambda s: -s[1])
+    return [launches[k] for k in sorted(launches, key=lambda k: ncu_number(k) or 0)]
+
+
+def profile(r):
+    """Nsight Compute on our kernels (on request: --only profile): llama_1b's micro-batch and one update per optimizer."""
+    ids = ["profile_llama_1b_step", "profile_llama_1b_update"]
+    runs = {i: ncu_launches(r.raw_path(i + ".csv")) for i in ids}
+    status, reason = r.section_status(ids, figures={i: bool(runs[i]) for i in ids})
+    return {"status": status, "reason": reason, "runs": runs}
+
+
 def sdpa_variant(x):
     v = x.get("variant")
     if v in ("flash", "cudnn"):
@@ -544,7 +601,7 @@ def build(out):
                 "training": guarded("training", training, r), "sanitizer": guarded("sanitizer", sanitizer, r),
                 "step_vs_torch": guarded("step_vs_torch", step_vs_torch, r), "attention": guarded("attention", attention, r),
                 "hf_logits": guarded("hf_logits", hf_logits, r), "optimizers": guarded("optimizers", optimizers, r), "gemm": guarded("gemm", gemm, r),
-                "nccl": guarded("nccl", nccl_section, nccl)}
+                "nccl": guarded("nccl", nccl_section, nccl), "profile": guarded("profile", profile, r)}
     finished = r.meta.get("finished", time.time())
     report = {"gpu_check": {"dry": r.meta.get("dry"), "layout": r.meta.get("layout"), "host": r.meta.get("host"),
                             "multinorm": r.meta.get("version"),
@@ -668,6 +725,7 @@ def markdown(rep):
     if n.get("collectives"):
         md += [""] + table(["collective", "MB", "bus GB/s", "exact"],
                            [[c["name"], fmt((c["bytes"] or 0) / 1e6), fmt(c["bus_bandwidth_gbs"]), c["exact"]] for c in n["collectives"]])
+    md += profile_markdown(s["profile"])
     md += ["", "## Steps", ""]
     md += table(["step", "section", "status", "seconds", "limit s", "why"],
                 [[x["id"], x["section"], x["status"], f"{x['seconds']:.1f}", f"{x['limit_s']:.0f}", x["reason"]] for x in rep["steps"]])
@@ -697,6 +755,21 @@ def doctor_markdown(d):
             md += ["", f"{m['model']}: the slowest kernels of one step, measured and predicted ({m['step'].get('predicted_on', 'no roofline for this device')}):", ""]
             md += table(["kernel", "launches", "ms", "predicted ms", "measured / predicted"],
                         [[x["name"], x["launches"], fmt(x["ms"]), fmt(x.get("predicted_ms")), fmt(x.get("measured_over_predicted"))] for x in k[:15]])
+    return md
+
+
+def profile_markdown(p):
+    md = ["", "## Nsight Compute (on request: --only profile)", "", f"status {p.get('status')}{': ' + p['reason'] if p.get('reason') else ''}."]
+    for run, launches in (p.get("runs") or {}).items():
+        if not launches:
+            continue
+        md += ["", f"{run}: one launch of each kernel and launch configuration ({len(launches)}); stalls in warps a cycle per issue:", ""]
+        md += table(["kernel", "grid", "block", "us", "DRAM %", "memory %", "SM %", "occupancy % (achieved / theoretical)", "registers",
+                     "waves / SM", "cycles / issue", "stalls (largest three)"],
+                    [[x["kernel"], x.get("grid"), x.get("block"), fmt(x.get("duration_us")), fmt(x.get("dram_pct")), fmt(x.get("memory_pct")),
+                      fmt(x.get("sm_pct")), f"{fmt(x.get('achieved_occupancy_pct'))} / {fmt(x.get('theoretical_occupancy_pct'))}",
+                      fmt(x.get("registers")), fmt(x.get("waves_per_sm")), fmt(x.get("cycles_per_issue")),
+                      ", ".join(f"{n} {v:.2g}" for n, v in x["stalls"][:3]) or "—"] for x in launches])
     return md
 
 
