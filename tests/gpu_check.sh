@@ -93,12 +93,12 @@ row() {  # ID KERNEL GRID SECTION METRIC UNIT VALUE
 {
   echo "==PROF== Connected to process 4242 (stand-in ncu, tests/gpu_check.sh)"
   echo '"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"'
-  row 0 rmsnorm_backward_rows_kernel "(256, 1, 1)" "GPU Speed Of Light Throughput" "Duration" "msecond" "1.25"
-  row 0 rmsnorm_backward_rows_kernel "(256, 1, 1)" "GPU Speed Of Light Throughput" "DRAM Throughput" "%" "59.10"
-  row 0 rmsnorm_backward_rows_kernel "(256, 1, 1)" "Occupancy" "Achieved Occupancy" "%" "23.40"
-  row 0 rmsnorm_backward_rows_kernel "(256, 1, 1)" "Launch Statistics" "Registers Per Thread" "register/thread" "71"
-  row 0 rmsnorm_backward_rows_kernel "(256, 1, 1)" "Command line profiler metrics" "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio" "" "0.50"
-  row 0 rmsnorm_backward_rows_kernel "(256, 1, 1)" "Command line profiler metrics" "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio" "" "3.20"
+  row 0 "void multinorm::cuda::(anonymous namespace)::rmsnorm_backward_rows_kernel<__nv_bfloat16>(...)" "(256, 1, 1)" "GPU Speed Of Light Throughput" "Duration" "msecond" "1.25"
+  row 0 "void multinorm::cuda::(anonymous namespace)::rmsnorm_backward_rows_kernel<__nv_bfloat16>(...)" "(256, 1, 1)" "GPU Speed Of Light Throughput" "DRAM Throughput" "%" "59.10"
+  row 0 "void multinorm::cuda::(anonymous namespace)::rmsnorm_backward_rows_kernel<__nv_bfloat16>(...)" "(256, 1, 1)" "Occupancy" "Achieved Occupancy" "%" "23.40"
+  row 0 "void multinorm::cuda::(anonymous namespace)::rmsnorm_backward_rows_kernel<__nv_bfloat16>(...)" "(256, 1, 1)" "Launch Statistics" "Registers Per Thread" "register/thread" "71"
+  row 0 "void multinorm::cuda::(anonymous namespace)::rmsnorm_backward_rows_kernel<__nv_bfloat16>(...)" "(256, 1, 1)" "Command line profiler metrics" "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio" "" "0.50"
+  row 0 "void multinorm::cuda::(anonymous namespace)::rmsnorm_backward_rows_kernel<__nv_bfloat16>(...)" "(256, 1, 1)" "Command line profiler metrics" "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio" "" "3.20"
   row 1 cross_entropy_chunk_kernel "(1024, 1, 1)" "GPU Speed Of Light Throughput" "Duration" "usecond" "12,400.5"
   row 1 cross_entropy_chunk_kernel "(1024, 1, 1)" "GPU Speed Of Light Throughput" "Compute (SM) Throughput" "%" "57.00"
   row 1 cross_entropy_chunk_kernel "(1024, 1, 1)" "Command line profiler metrics" "smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio" "" "n/a"

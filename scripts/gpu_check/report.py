@@ -337,7 +337,9 @@ def ncu_launches(path):
         key = row.get("ID")
         if key is None or "Metric Name" not in row:
             continue
-        x = launches.setdefault(key, {"kernel": row.get("Kernel Name", "?"), "grid": row.get("Grid Size"), "block": row.get("Block Size"),
+        name = row.get("Kernel Name", "?")
+        short = re.search(r"\w+_kernel", name)  # demangled names carry the namespace and template arguments
+        x = launches.setdefault(key, {"kernel": short.group(0) if short else name, "grid": row.get("Grid Size"), "block": row.get("Block Size"),
                                       "stalls": []})
         name, value = row["Metric Name"], ncu_number(row.get("Metric Value"))
         if value is None:
