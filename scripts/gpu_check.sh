@@ -65,9 +65,10 @@
 #                 grow with depth; last: it mostly compiles; a failure or timeout is recorded in the
 #                 comparison's row and does not fail the section)
 #   profile       profile_llama_1b_step 150, profile_llama_1b_update 120: on request only (--only
-#                 profile, a call of its own): Nsight Compute on one launch of each of our kernels at
-#                 each launch configuration, llama_1b's micro-batch at 32 x 256 and one update per
-#                 optimizer (bench optim), into a table of speed of light, occupancy and warp stalls
+#                 profile, a call of its own): Nsight Compute on the second launch of each of our
+#                 kernels (by name and launch shape), llama_1b's micro-batch at 32 x 256 and one
+#                 update per optimizer (bench optim), into a table of speed of light, occupancy and
+#                 warp stalls
 # Expected about 400 s in all (an H200 took 355 s on 2026-11-28, before the gemm step and the
 # optimizers' profiles). The limits add up to 1,320 s (and the profile's 270 s, on request); the
 # deadline GPU_CHECK_BUDGET_S (default 450 s) caps them: a step is cut to what is left, one that
@@ -576,27 +577,28 @@ torch_step step_compile_llama_60m "$model_60m" bf16_sdpa_compile 60
 torch_step step_compile_llama_1b "$model_1b" bf16_sdpa_compile 90
 
 # Nsight Compute on request only (--only profile: a call of its own, as its replays would spend the
-# figures' budget): one launch of each of our kernels at each launch configuration (its second: the
-# first is the warm-up's) in llama_1b's micro-batch at 32 x 256 and in one update per optimizer, each
-# with its speed of light, occupancy, launch shape and where its warps stall: the measured reasons
-# docs/cuda.md gives for a kernel off its prediction. cuBLASLt's kernels and SWAN's are not profiled.
-profile_sections=(--section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis)
+# figures' budget): the second launch of each of our kernels (--kernel-id counts a kernel's launches
+# by name and launch shape) in llama_1b's micro-batch at 32 x 256 and in one update per optimizer,
+# each with its speed of light, occupancy, launch shape and where its warps stall, at the clocks it
+# runs at (not ncu's locked base clock): the measured reasons docs/cuda.md gives for a kernel off its
+# prediction. cuBLASLt's kernels and SWAN's are not profiled. A kernel's name is matched whole: a
+# letter or underscore on neither side.
+profile_sections=(--section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats)
 profile_stalls=""
 for reason in long_scoreboard short_scoreboard barrier wait math_pipe_throttle mio_throttle lg_throttle not_selected no_instruction branch_resolving; do
   profile_stalls+="${profile_stalls:+,}smsp__average_warps_issue_stalled_${reason}_per_issue_active.ratio"
 done
-profile_step() {  # SLOT LIMIT KERNEL_REGEX COMMAND...
-  local id=profile_$1 limit=$2 re=$3
+profile_step() {  # SLOT LIMIT KERNEL_NAMES COMMAND...
+  local id=profile_$1 limit=$2 re="(^|[^a-z_])($3)[a-z_]*_kernel([^a-z_]|\$)"
   shift 3
   if [ -z "$only" ]; then skip_step "$id" profile "on request only: --only profile, a call of its own"; return; fi
   if [ -z "$ncu" ]; then skip_step "$id" profile "ncu not found (PATH, \$CUDA_HOME/bin, /usr/local/cuda*/bin)"; return; fi
-  run_step "$id" profile "$limit" "$ncu" --target-processes all --kernel-name-base function --kernel-name "regex:$re" \
-    --filter-mode per-launch-config --launch-skip 1 --launch-count 1 "${profile_sections[@]}" --metrics "$profile_stalls" \
-    --csv --page details --log-file "$out/raw/$id.csv" "$@"
+  run_step "$id" profile "$limit" "$ncu" --target-processes all --kernel-name-base function --kernel-id "::regex:$re:2" \
+    --clock-control none "${profile_sections[@]}" --metrics "$profile_stalls" --csv --page details --log-file "$out/raw/$id.csv" "$@"
 }
-profile_step llama_1b_step 150 '(copy_rows|cross_entropy|rmsnorm|swiglu|attention|rope|embedding|bitonic|add_rows|accumulate_loss|convert)[a-z_]*_kernel' \
+profile_step llama_1b_step 150 'copy_rows|cross_entropy|rmsnorm|swiglu|attention|rope|embedding|bitonic|add_rows|accumulate_loss|convert' \
   "$mn" bench model -c "$model_1b" --backend cuda --batch $step_batch --seq $step_seq --steps 1 --warmup 1 --torch off
-profile_step llama_1b_update 120 '(sinkgd|sum_squares|clip_gradients|update_statistics|step_many|scale)[a-z_]*_kernel' \
+profile_step llama_1b_update 120 'sinkgd|sum_squares|clip_gradients|update_statistics|step|scale' \
   "$mn" bench optim -c "$model_1b" --backend cuda --steps 1
 
 write_reports

@@ -74,7 +74,8 @@ chmod +x "$tmp/bin/compute-sanitizer"
 
 # The stand-in ncu: takes Nsight Compute's options, writes its details page as CSV (a row per launch and
 # metric, as `ncu --csv --page details` does) for two launches into --log-file, with a tool line
-# before it, records its arguments in $STUB_NCU_ARGS and runs the program.
+# before it and its header repeated, records its arguments in $STUB_NCU_ARGS and runs the program;
+# with STUB_NCU_ERROR set it writes ncu's refusal of the counters there instead and exits 1.
 cat >"$tmp/bin/ncu" <<'SH'
 #!/usr/bin/env bash
 log=/dev/stdout
@@ -87,6 +88,10 @@ while [ $# -gt 0 ]; do
     *) break ;;
   esac
 done
+if [ -n "${STUB_NCU_ERROR:-}" ]; then
+  echo "==ERROR== ERR_NVGPUCTRPERM - The user does not have permission to access NVIDIA GPU Performance Counters (stand-in)" >"$log"
+  exit 1
+fi
 row() {  # ID KERNEL GRID SECTION METRIC UNIT VALUE
   printf '"%s","4242","multinorm","node","%s","1","7","(256, 1, 1)","%s","0","9.0","%s","%s","%s","%s"\n' "$@"
 }
@@ -99,6 +104,9 @@ row() {  # ID KERNEL GRID SECTION METRIC UNIT VALUE
   row 0 "void multinorm::cuda::(anonymous namespace)::rmsnorm_backward_rows_kernel<__nv_bfloat16>(...)" "(256, 1, 1)" "Launch Statistics" "Registers Per Thread" "register/thread" "71"
   row 0 "void multinorm::cuda::(anonymous namespace)::rmsnorm_backward_rows_kernel<__nv_bfloat16>(...)" "(256, 1, 1)" "Command line profiler metrics" "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio" "" "0.50"
   row 0 "void multinorm::cuda::(anonymous namespace)::rmsnorm_backward_rows_kernel<__nv_bfloat16>(...)" "(256, 1, 1)" "Command line profiler metrics" "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio" "" "3.20"
+  row 0 "void multinorm::cuda::(anonymous namespace)::rmsnorm_backward_rows_kernel<__nv_bfloat16>(...)" "(256, 1, 1)" "GPU Speed Of Light Throughput" "Memory Throughput" "%" "76.00"
+  row 0 "void multinorm::cuda::(anonymous namespace)::rmsnorm_backward_rows_kernel<__nv_bfloat16>(...)" "(256, 1, 1)" "Memory Workload Analysis" "Memory Throughput" "byte/second" "2,800,000,000,000"
+  echo '"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"'
   row 1 cross_entropy_chunk_kernel "(1024, 1, 1)" "GPU Speed Of Light Throughput" "Duration" "usecond" "12,400.5"
   row 1 cross_entropy_chunk_kernel "(1024, 1, 1)" "GPU Speed Of Light Throughput" "Compute (SM) Throughput" "%" "57.00"
   row 1 cross_entropy_chunk_kernel "(1024, 1, 1)" "Command line profiler metrics" "smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio" "" "n/a"
@@ -407,9 +415,11 @@ missing=$(sort -u "$launched" | comm -23 "$tmp/all_kernels.txt" -)
 [ -z "$missing" ] || fail "kernels no sanitizer target launches: $(echo $missing)"
 echo "gpu_check: the sanitizer's targets launch all $(wc -l < "$tmp/all_kernels.txt") kernels"
 
-# 10. The profile, on request: ncu on the micro-batch and the update, our kernels only, its CSV read into
-# a table (durations to microseconds whatever the unit, thousands separators, stalls largest first, a
-# value that is no number left out); without --only profile it does not run (1. above).
+# 10. The profile, on request: ncu on the micro-batch and the update, our kernels only (SWAN's and
+# cuBLASLt's not), its CSV read into a table (durations to microseconds whatever the unit, thousands
+# separators, a byte/s figure of a percentage's name and a value that is no number left out, a
+# repeated header no launch, stalls largest first); ncu's own error fails the section, quoted; without
+# --only profile it does not run (1. above).
 PATH="$tmp/bin:$PATH" STUB_NCU_ARGS=$tmp/ncu_args bash "$src/scripts/gpu_check.sh" --dry --only profile "$tmp/prof" > "$tmp/prof.txt" 2>&1
 rc=$?
 [ $rc -eq 0 ] || { tail -20 "$tmp/prof.txt"; fail "the profile run: exit $rc"; }
@@ -421,15 +431,29 @@ assert p["status"] == "ok", p
 for run in ("profile_llama_1b_step", "profile_llama_1b_update"):
     a, b = p["runs"][run]
     assert a["kernel"] == "rmsnorm_backward_rows_kernel" and a["grid"] == "(256, 1, 1)", a
-    assert (a["duration_us"], a["dram_pct"], a["achieved_occupancy_pct"], a["registers"]) == (1250.0, 59.1, 23.4, 71.0), a
+    assert (a["duration_us"], a["dram_pct"], a["memory_pct"], a["achieved_occupancy_pct"], a["registers"]) == (1250.0, 59.1, 76.0, 23.4, 71.0), a
     assert a["stalls"] == [["long_scoreboard", 3.2], ["barrier", 0.5]], a["stalls"]
     assert (b["kernel"], b["duration_us"], b["sm_pct"], b["stalls"]) == ("cross_entropy_chunk_kernel", 12400.5, 57.0, []), b
+    assert len(p["runs"][run]) == 2, p["runs"][run]  # (the repeated header line is no launch)
 assert all(r["sections"][k]["status"] == "skipped" for k in r["sections"] if k not in ("profile", "nccl")), r["sections"]
 assert "## Nsight Compute" in open(sys.argv[1] + "/gpu_check.md").read()
 args = open(sys.argv[2]).read().splitlines()
-assert len(args) == 2 and all("--filter-mode per-launch-config --launch-skip 1 --launch-count 1" in x for x in args), args
-assert "regex:(copy_rows|cross_entropy|" in args[0] and " bench model " in args[0] and "regex:(sinkgd|" in args[1] and " bench optim " in args[1], args
+assert len(args) == 2 and all(":2 --clock-control none" in x for x in args), args
+assert "--kernel-id ::regex:(^|[^a-z_])(copy_rows|cross_entropy|" in args[0] and " bench model " in args[0], args
+assert "--kernel-id ::regex:(^|[^a-z_])(sinkgd|" in args[1] and "|step|scale)[a-z_]*_kernel([^a-z_]|$):2" in args[1] and " bench optim " in args[1], args
+import re
+update = re.compile(args[1].split("::regex:")[1].split(":2 ")[0])  # the update's kernels, and not SWAN's
+assert all(update.search(k) for k in ("step_kernel", "step_many_kernel", "sinkgd_rows_kernel", "scale_kernel")), update.pattern
+assert not any(update.search(k) for k in ("ns_step_end_kernel", "swan_apply_kernel", "sm90_xmma_gemm_bf16", "splitKreduce_kernel")), update.pattern
 assert all("smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio" in x for x in args), args
 PY
-echo "gpu_check: the profile on request: ncu's CSV read into its table"
+PATH="$tmp/bin:$PATH" STUB_NCU_ERROR=1 bash "$src/scripts/gpu_check.sh" --dry --only profile_llama_1b_step "$tmp/prof_err" > "$tmp/prof_err.txt" 2>&1
+rc=$?
+[ $rc -eq 1 ] || { tail -20 "$tmp/prof_err.txt"; fail "ncu's error: exit $rc, expected 1"; }
+/usr/bin/python3 - "$tmp/prof_err/gpu_check.json" <<'PY' || fail "ncu's error in the report"
+import json, sys
+p = json.load(open(sys.argv[1]))["sections"]["profile"]
+assert p["status"] == "failed" and "ERR_NVGPUCTRPERM" in p["reason"] and "profile_llama_1b_step: exit status 1" in p["reason"], p
+PY
+echo "gpu_check: the profile on request: ncu's CSV read into its table, its error quoted"
 echo "gpu_check: passed"

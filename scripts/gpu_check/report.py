@@ -335,7 +335,7 @@ def ncu_launches(path):
     launches = {}
     for row in csv.DictReader(lines):
         key = row.get("ID")
-        if key is None or "Metric Name" not in row:
+        if ncu_number(key) is None or "Metric Name" not in row:  # (a header line repeated)
             continue
         name = row.get("Kernel Name", "?")
         short = re.search(r"\w+_kernel", name)  # demangled names carry the namespace and template arguments
@@ -351,7 +351,9 @@ def ncu_launches(path):
         if stall:
             x["stalls"].append((stall.group(1), value))
         elif name in PROFILE_METRICS and value is not None:
-            x[PROFILE_METRICS[name]] = value
+            field = PROFILE_METRICS[name]
+            if not field.endswith("_pct") or (row.get("Metric Unit") or "").strip() == "%":  # (not a section's byte/s of that name)
+                x[field] = value
     for x in launches.values():
         x["stalls"].sort(key=lambda s: -s[1])
     return [launches[k] for k in sorted(launches, key=lambda k: ncu_number(k) or 0)]
@@ -361,7 +363,14 @@ def profile(r):
     """Nsight Compute on our kernels (on request: --only profile): llama_1b's micro-batch and one update per optimizer."""
     ids = ["profile_llama_1b_step", "profile_llama_1b_update"]
     runs = {i: ncu_launches(r.raw_path(i + ".csv")) for i in ids}
-    status, reason = r.section_status(ids, figures={i: bool(runs[i]) for i in ids})
+    errors = []  # ncu's own errors (no access to the counters, an unknown metric) go to its --log-file
+    for i in ids:
+        try:
+            with open(r.raw_path(i + ".csv"), errors="replace") as f:
+                errors += [f"{i}: {line.strip()}" for line in f if line.startswith("==ERROR==")][:3]
+        except OSError:
+            pass
+    status, reason = r.section_status(ids, "; ".join(errors)[:600] or None, figures={i: bool(runs[i]) for i in ids})
     return {"status": status, "reason": reason, "runs": runs}
 
 
