@@ -191,10 +191,11 @@ TEST_P(CudaVsCpu, AnAccumulatingFp32OutputStagedIsWrittenAfreshAndAddedBack) {
   EXPECT_EQ(launches["copy_rows"], 1);  // b in; out neither in nor back
   EXPECT_EQ(launches["add_rows"], 1);
   EXPECT_TRUE(gemm_within_bound(o.g.get(), av, bv, before, M, N, K, true, false, true, DType::F32));
-  // In a model with FP32 gradients of BF16 weights at F = 41 (dW_down's rows 164 bytes): per layer the
-  // weight staged twice and its gradient added back, over two micro-batches' accumulation; the
-  // gradients as the CPU backend's with FP32 gradients (BF16 activations: 5e-2 of each tensor's
-  // largest, ModelForwardBackwardMatchesTheCpuBackend's bound; measured 8.3e-3).
+  // In a model with FP32 gradients of BF16 weights at F = 41 (dW_down's rows 164 bytes) the down
+  // projection's weight and gradient have rows of 64 elements in the arenas (layout_arena: 128 bytes
+  // BF16, 256 FP32): over two micro-batches' accumulation no operand is staged and nothing is added
+  // back; the gradients as the CPU backend's with FP32 gradients (BF16 activations: 5e-2 of each
+  // tensor's largest, ModelForwardBackwardMatchesTheCpuBackend's bound; measured 8.3e-3).
   ModelConfig cfg;
   cfg.vocab_size = 64, cfg.hidden_size = 32, cfg.intermediate_size = 41, cfg.num_hidden_layers = 2, cfg.num_attention_heads = 2;
   cfg.max_position_embeddings = 16;
@@ -210,8 +211,9 @@ TEST_P(CudaVsCpu, AnAccumulatingFp32OutputStagedIsWrittenAfreshAndAddedBack) {
   launches.clear();
   for (const KernelTime& t : cuda->take_profile()) launches[t.name] += t.launches;
   cuda->set_profiling(false);
-  EXPECT_EQ(launches["copy_rows"], 2 * 2 * cfg.num_hidden_layers);
-  EXPECT_EQ(launches["add_rows"], 2 * cfg.num_hidden_layers);
+  EXPECT_EQ(mg.store().tensor("model.layers.0.mlp.down_proj.weight").arena_ld, 64);
+  EXPECT_EQ(launches["copy_rows"], 0);
+  EXPECT_EQ(launches["add_rows"], 0);
   const std::vector<float> gc = mc.grads_to_host(), gg = mg.grads_to_host();
   for (const auto& t : mc.tensors()) {
     const Vec a(gg.begin() + t.offset, gg.begin() + t.offset + t.numel()), e(gc.begin() + t.offset, gc.begin() + t.offset + t.numel());
@@ -221,11 +223,11 @@ TEST_P(CudaVsCpu, AnAccumulatingFp32OutputStagedIsWrittenAfreshAndAddedBack) {
 
 // The CUDA plan pads the MLP's activations (gate_up, swiglu and their gradients) to 128-byte rows
 // where F's rows are off 16 bytes (ActivationLayout::pad_mlp_rows), gate_up's up half on a 16-byte
-// pack, so their GEMMs (the gate/up projection's by halves: Linear::halves) and SwiGLU take them as
-// they are: at F = 41 only the down projection's weight (rows of F) is staged, once in each of its
-// three GEMMs and its gradient back; the CPU's plan stays dense; both give the same training step
-// (ModelForwardBackwardMatchesTheCpuBackend compares them at F = 86).
-TEST_P(CudaVsCpu, PaddedMlpRowsLeaveOnlyTheDownWeightStaged) {
+// pack, and the arenas the down projection's weight and gradient (layout_arena), so their GEMMs (the
+// gate/up projection's by halves: Linear::halves) and SwiGLU take them as they are: at F = 41 no
+// operand is staged; the CPU's plan and arenas stay dense; both give the same training step
+// (ModelForwardBackwardMatchesTheCpuBackend compares them at F = 86, tests/cuda_training.sh trains at 86).
+TEST_P(CudaVsCpu, PaddedMlpRowsAndArenaRowsStageNoOperand) {
   ModelConfig cfg;
   cfg.name = "padded_mlp";
   cfg.vocab_size = 64;
@@ -263,9 +265,12 @@ TEST_P(CudaVsCpu, PaddedMlpRowsLeaveOnlyTheDownWeightStaged) {
     if (k.name.find("swiglu") != std::string::npos && k.name.find("elementwise") != std::string::npos) elementwise_swiglu += k.launches;
   }
   cuda->set_profiling(false);
-  // per layer: W_down in the forward and the input gradient, dW_down (BF16 rows of 82 bytes, the
-  // paper's BF16 gradients) in and back
-  EXPECT_EQ(copies, 4 * cfg.num_hidden_layers);
+  // W_down and dW_down (the paper's BF16 gradients) in rows of 64 elements where they live
+  for (const auto& t : mg.tensors()) {
+    EXPECT_EQ(t.arena_ld, t.role == TensorRole::MlpDown ? 64 : 0) << t.name;
+    EXPECT_EQ(mc.store().tensor(t.name).arena_ld, 0) << t.name;
+  }
+  EXPECT_EQ(copies, 0);
   EXPECT_EQ(adds, 0);
   // SwiGLU in 16-byte packs over the padded rows (cuda_scratch::swiglu_packed), forward and backward a layer
   EXPECT_EQ(packed_swiglu, 2 * cfg.num_hidden_layers);
@@ -287,6 +292,19 @@ TEST_P(CudaVsCpu, PaddedMlpRowsLeaveOnlyTheDownWeightStaged) {
     EXPECT_EQ(nonzero, 0) << name;
     EXPECT_GT(values, B * T * (gate_up ? 82 : 41) * 9 / 10) << name;  // the values are where the layout says (a few may round to 0)
   }
+  // The arenas' padding (the down projection's columns 41-63) too: the weights' after a load, the
+  // gradients' after two passes; the host's copies have no padding (the CPU's logical order).
+  for (const Buf arena : {mg.store().params(), mg.store().grads()}) {
+    std::vector<uint16_t> raw(static_cast<size_t>(mg.store().arena_elements()));
+    cuda->to_host(raw.data(), arena.ptr, mg.store().arena_elements() * 2);
+    int64_t nonzero = 0, values = 0;
+    for (const auto& t : mg.tensors())
+      for (int64_t r = 0; t.arena_ld && r < t.rows(); ++r)
+        for (int64_t c = 0; c < t.arena_ld; ++c) (c < t.cols() ? values : nonzero) += raw[static_cast<size_t>(t.arena_offset + r * t.arena_ld + c)] != 0;
+    EXPECT_EQ(nonzero, 0);
+    EXPECT_GT(values, cfg.num_hidden_layers * 32 * 41 * 9 / 10);
+  }
+  EXPECT_EQ(mg.params_to_host(), mc.params_to_host());
   // The down projection's GEMMs read that padding (they run over it): NaN planted there reaches the loss.
   const BufferSpec& s = mg.activation_plan().find("swiglu");
   std::vector<uint16_t> planted(static_cast<size_t>(s.elements), 0);

@@ -89,11 +89,13 @@ TEST(Memory, ActivationPlanSizes) {
 TEST(Memory, CudaBackendScratchPlanIsWhatItAllocates) {
   const CudaProbe* p = multinorm::testing::test_cuda_plugin();
   if (!p) GTEST_SKIP() << "no CUDA plugin";
-  // Adam also with an MLP width of 41 (rows of 82 bytes in BF16, as llama_1b's 5461: its GEMMs staged
-  // through 128-byte rows) and in FP32 (the loss head unfused); SWAN also with split TF32 products
-  // (six more k x k matrices a tensor: a plan larger than FP32's, checked below).
+  // Adam and SinkGD also with an MLP width of 41 (rows of 82 bytes in BF16, as llama_1b's 5461: the
+  // MLP's activations and the down projection's rows in the arenas padded to 128 bytes, Adam's rule on
+  // it through dense copies), Adam so in FP32 too (the loss head unfused); SWAN also with split TF32
+  // products (six more k x k matrices a tensor: a plan larger than FP32's, checked below). The
+  // weights' and gradients' bytes are the arenas' (their padding included).
   int64_t swan_fp32_scratch = 0;
-  for (const std::string opt : {"sinkgd", "swan", "swan split", "adam", "adam F41", "adam F41 fp32"}) {
+  for (const std::string opt : {"sinkgd", "swan", "swan split", "adam", "adam F41", "adam F41 fp32", "sinkgd F41"}) {
     json j = json::parse(R"({"model": {"config": {"vocab_size": 50, "hidden_size": 16, "intermediate_size": 40,
       "num_hidden_layers": 2, "num_attention_heads": 2, "max_position_embeddings": 16}},
       "batch": {"global_batch": 3, "micro_batch": 3, "seq_len": 7}, "backend": "cuda"})");
@@ -115,8 +117,13 @@ TEST(Memory, CudaBackendScratchPlanIsWhatItAllocates) {
     EXPECT_EQ(be->workspace_bytes(), tm.backend_scratch) << opt;
     EXPECT_EQ(model.activation_bytes(), tm.activations) << opt;
     EXPECT_EQ(optimizer.state_bytes(), tm.states) << opt;
+    EXPECT_EQ(model.store().arena_elements() * dtype_bytes(run.precision.params), tm.weights) << opt;
+    EXPECT_EQ(model.store().arena_elements() * dtype_bytes(run.precision.grads), tm.grads) << opt;
+    EXPECT_EQ(model.store().arena_elements() > model.num_params(), opt.find("F41") != std::string::npos) << opt;
     if (opt == "swan") swan_fp32_scratch = tm.backend_scratch;
-    if (opt == "swan split") EXPECT_GT(tm.backend_scratch, swan_fp32_scratch);
+    if (opt == "swan split") {
+      EXPECT_GT(tm.backend_scratch, swan_fp32_scratch);
+    }
   }
 }
 

@@ -7,7 +7,7 @@
 #pragma once
 #include <stddef.h>
 
-#define MULTINORM_CUDA_PLUGIN_ABI 12
+#define MULTINORM_CUDA_PLUGIN_ABI 13
 
 #ifdef __cplusplus
 extern "C" {

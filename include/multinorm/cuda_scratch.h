@@ -154,7 +154,9 @@ inline bool gemm_reads_residual(const GemmStaging& st, int64_t M, int64_t N, int
 // base is on 16 bytes and its rows are whole packs (sinkgd.cu's sinkgd_rows); any other tensor (llama_1b's
 // 5461-wide down projection) by the aligned packs that hold each row (sinkgd_rows_spanning), in a
 // launch of its own: one rule for the launches and the cost model's count of them.
-inline bool sinkgd_rows_packed(uintptr_t g_address, int64_t n, int64_t g_bytes) { return g_address % 16 == 0 && (n * g_bytes) % 16 == 0; }
+inline bool sinkgd_rows_packed(uintptr_t g_address, int64_t n, int64_t ld, int64_t g_bytes) {
+  return g_address % 16 == 0 && (n * g_bytes) % 16 == 0 && (ld * g_bytes) % 16 == 0;
+}
 // RMSNorm backward's blocks (1024 of at least 8 rows, for more waves at llama_1b, ran 5.56 ms against
 // 5.03 for 256 on an H200, 2026-11-28, and its dw pass 0.68 against 0.32).
 constexpr int64_t kRmsnormBackwardBlocks = 256;      // fixed: the same reduction tree on every GPU
@@ -192,6 +194,10 @@ inline int64_t sum_squares_many_bytes(int64_t tensors) { return kSumSquaresBlock
 // The multi-tensor launches' descriptor tables (SinkGD, Adam, the sums of squares), uploaded once and
 // kept on the device (cuda_backend.cu's DescriptorCache): one buffer, allocated on first use.
 constexpr int64_t kDescriptorCacheBytes = 1 << 20;
+// An element-wise rule (Adam, SGD) on a weight with padded rows: w's and g's n elements in dense rows
+// (CudaOptimizerKernels::elementwise_padded), g from a 256-byte boundary, bytes
+inline int64_t padded_rule_g_offset(int64_t n, int64_t w_bytes) { return (n * w_bytes + 255) / 256 * 256; }
+inline int64_t padded_rule_bytes(int64_t n, int64_t w_bytes, int64_t g_bytes) { return padded_rule_g_offset(n, w_bytes) + n * g_bytes; }
 // SinkGD on [m, n]: u (m), v (n), column partials per row chunk, floats
 inline int64_t sinkgd_floats(int64_t m, int64_t n) { return m + n + std::min(m, kSinkgdChunks) * n; }
 // multi-tensor SinkGD: the tensors go, in the call's order, in launches of at most
@@ -199,7 +205,7 @@ inline int64_t sinkgd_floats(int64_t m, int64_t n) { return m + n + std::min(m, 
 // kSinkgdManyFloats, or one tensor alone that needs more. The descriptors of one launch:
 constexpr int64_t kSinkgdManyPerLaunch = 64;
 constexpr int64_t kSinkgdManyFloats = 16ll << 20;  // 64 MB
-constexpr int64_t kSinkgdManyItemBytes = 96;       // 3 pointers, 8 integers, 2 floats
+constexpr int64_t kSinkgdManyItemBytes = 104;      // 3 pointers, 9 integers, 2 floats
 // The end of the launch that starts at tensor `begin` of `count`, shape(i) giving tensor i's
 // (m, n); *floats is set to the launch's scratch.
 template <class Shape>

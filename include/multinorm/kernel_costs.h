@@ -52,12 +52,14 @@ struct StepCosts {
 StepCosts record_step_costs(const RunConfig& run, DType dtype, int64_t B, int64_t T);
 // The model's GEMM row widths off 16 bytes in `dtype` (cuda_scratch::gemm_operand_staged), as
 // "intermediate_size 5461, 2 x intermediate_size 10922"; "" when none. On the CUDA backend the MLP's
-// activations of those widths are padded in the plan and the weights staged (copy_rows).
+// activations of those widths are padded in the plan, the down projection's weight and gradient in
+// the arenas (layout_arena).
 std::string staged_gemm_widths(const ModelConfig& m, DType dtype);
 // What the CUDA backend does with them, for the line that lists them (doctor, bench model).
 constexpr const char* kStagedGemmWidthsNote =
-    "the MLP's activations padded to 128-byte rows with the up half on a 16-byte pack, weights staged by copy_rows, the down projection's "
-    "GEMMs run over the zero padding, the gate/up projection's by halves (F rows of the weight each), each a bulk of whole 16-byte packs and a rest";
+    "the MLP's activations and the down projection's weight and gradient padded to 128-byte rows, the up half on a 16-byte pack, the down "
+    "projection's GEMMs run over the zero padding, the gate/up projection's by halves (F rows of the weight each), each a bulk of whole 16-byte "
+    "packs and a rest";
 
 // The fractions of peak the roofline assumes: stated, not measured (docs/cuda.md gives the sources).
 struct RooflineAssumptions {

@@ -54,7 +54,7 @@ struct GemmCall {
   int64_t M, N, K;
   bool ta, tb, accumulate;
   int64_t in, out;
-  int64_t a_ld = 0, b_ld = 0, out_ld = 0;  // an MLP activation's row stride in the CUDA plan's padded rows (0: dense)
+  int64_t a_ld = 0, b_ld = 0, out_ld = 0;  // an MLP activation's or a padded weight's row stride (0: dense)
 };
 // The model's projections' (Linear::gemms: forward, input gradient, weight gradient) with their
 // outputs' element sizes (an activation, an FP32 input gradient, the gradient arena's), the loss

@@ -32,7 +32,11 @@ struct TensorSpec {
   TensorRole role;
   int layer;  // -1 outside the blocks
   std::vector<int64_t> shape;
-  int64_t offset = 0;  // elements from the start of the parameter arena
+  int64_t offset = 0;  // elements before it in the parameters' logical order (host vectors, checkpoints)
+  // Where it lives in the backend's arenas (ParamStore: weights and gradients alike): its first
+  // element, and its rows' stride where they are padded (0: dense rows). layout_arena sets them; a
+  // backend that pads no rows has arena_offset == offset.
+  int64_t arena_offset = 0, arena_ld = 0;
 
   int64_t numel() const {
     int64_t n = 1;
@@ -41,6 +45,7 @@ struct TensorSpec {
   }
   int64_t rows() const { return shape[0]; }
   int64_t cols() const { return shape.size() > 1 ? shape[1] : 1; }
+  int64_t arena_numel() const { return arena_ld ? rows() * arena_ld : numel(); }
   TensorGroup group() const;
 };
 
@@ -48,6 +53,16 @@ const char* group_name(TensorGroup g);
 
 std::vector<TensorSpec> llama_parameters(const ModelConfig& m);
 int64_t count_parameters(const std::vector<TensorSpec>& specs);
+// The tensors laid out in the backend's arenas, in table order. With pad_mlp_rows (the backend's
+// ActivationLayout: the CUDA backend's) a matrix whose rows are the MLP's width (the down projection,
+// [C, F]) gets rows of 128 bytes where F's are off 16 bytes in the weights' or the gradients' dtype
+// (llama_1b's 5461 BF16: 5504), as the MLP's activations do, so its GEMMs take it as it is: no copy
+// a micro-batch (cuda_scratch::gemm_staging). Only where its arena offset is on 16 bytes in both
+// dtypes (every LLaMA with C a multiple of 8): the arena has no gaps. The padding holds zeros (an
+// arena is zero-filled; ops write a row's columns only). Returns the arena's length in elements.
+int64_t layout_arena(std::vector<TensorSpec>& specs, bool pad_mlp_rows, int64_t param_bytes, int64_t grad_bytes);
+// The arena's length in elements (the end of its last tensor).
+int64_t arena_elements(const std::vector<TensorSpec>& specs);
 
 // '*' matches any run of characters (dots included); everything else matches itself.
 bool glob_match(const std::string& pattern, const std::string& name);

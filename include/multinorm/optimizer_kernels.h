@@ -82,23 +82,28 @@ struct SinkGDTensor {
   int64_t m = 0, n = 0;  // rows, columns
   uint64_t tensor = 0;
 };
-// One tensor of a multi-tensor Adam update: its buffers, length and stochastic-rounding tensor id.
+// One tensor of a multi-tensor Adam update: its buffers, length and stochastic-rounding tensor id;
+// where w and g have padded rows (Buf::ld, a matrix of a padded arena), their rows' length.
 struct AdamTensor {
   Buf w, g, m, v;
   int64_t n = 0;
   uint64_t tensor = 0;
+  int64_t cols = 0;
 };
 // The element-wise optimizers (each one's step on an element: kernels/common/elementwise_rules.h).
 enum class ElementwiseKind { Adam, Sgd };
 constexpr int kMaxElementwiseStates = 2;
 // One tensor of an element-wise update: its buffers (the states its rule keeps for it: Adam m, v;
-// SGD its momentum buffer, or none without momentum), length and stochastic-rounding tensor id.
+// SGD its momentum buffer, or none without momentum), length and stochastic-rounding tensor id;
+// where w and g have padded rows (Buf::ld, a matrix of a padded arena: the states stay dense), their
+// rows' length.
 struct ElementwiseTensor {
   Buf w, g;
   Buf states[kMaxElementwiseStates];
   int nstates = 0;
   int64_t n = 0;
   uint64_t tensor = 0;
+  int64_t cols = 0;
 };
 // An element-wise update's arguments: the rule's scalars for the update (optim_math::rule_scalars
 // forms them), the write-back, and with `scalars` set the update's scalars in backend memory, whose
@@ -163,9 +168,10 @@ class OptimizerKernels {
   // The rules' entries (kernels/common/elementwise_ops.cpp): Adam/AdamW with torch semantics, states
   // m, v in their own dtype; on many tensors (the norm weights: one launch on a device); SGD, torch
   // semantics: buf = momentum * buf + g, w -= lr * buf (no buffer when momentum is 0).
-  void adam_update(Buf w, Buf g, Buf m, Buf v, int64_t n, const AdamArgs& args);
+  // (cols: as AdamTensor's and ElementwiseTensor's, where w and g have padded rows)
+  void adam_update(Buf w, Buf g, Buf m, Buf v, int64_t n, const AdamArgs& args, int64_t cols = 0);
   void adam_update_many(const AdamTensor* tensors, int64_t count, const AdamArgs& args);
-  void sgd_update(Buf w, Buf g, Buf momentum_buf, int64_t n, const SgdArgs& args);
+  void sgd_update(Buf w, Buf g, Buf momentum_buf, int64_t n, const SgdArgs& args, int64_t cols = 0);
 };
 
 }  // namespace multinorm

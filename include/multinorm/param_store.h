@@ -25,11 +25,12 @@ class GradientListener {
   virtual void progress() = 0;
 };
 
-// Arena ranges [begin, end), in elements.
+// Arena ranges [begin, end), in elements (TensorSpec::arena_offset's).
 using ArenaRanges = std::vector<std::pair<int64_t, int64_t>>;
 
 class ParamStore {
  public:
+  // `tensors`: laid out in the arenas (layout_arena; llama_parameters' dense layout is one).
   // `ready_order`: the ranges the backward pass finishes, in its order; they tile the arena.
   // `grad_dtype`: the parameters' dtype, or FP32 gradients of BF16 weights.
   ParamStore(Backend& backend, std::vector<TensorSpec> tensors, DType dtype, DType grad_dtype, ArenaRanges ready_order);
@@ -43,15 +44,21 @@ class ParamStore {
   DType dtype() const { return dtype_; }
   DType grad_dtype() const { return grad_dtype_; }
   int64_t num_params() const { return nparams_; }
+  // The arenas' length in elements: num_params() and any padding of rows (TensorSpec::arena_ld),
+  // which holds zeros. What runs over a whole arena or a range of it (sums of squares, clipping,
+  // reductions, broadcasts) runs over these.
+  int64_t arena_elements() const { return arena_elements_; }
   Buf params() const { return {params_, dtype_}; }
   Buf grads() const { return {grads_, grad_dtype_}; }
-  Buf param(const TensorSpec& t) const { return params().at(t.offset); }
-  Buf grad(const TensorSpec& t) const { return grads().at(t.offset); }
+  // A tensor's weights and gradients, with its rows' stride where they are padded (Buf::ld).
+  Buf param(const TensorSpec& t) const { return {params().at(t.arena_offset).ptr, dtype_, t.arena_ld}; }
+  Buf grad(const TensorSpec& t) const { return {grads().at(t.arena_offset).ptr, grad_dtype_, t.arena_ld}; }
   // The update's loss totals, summed by the micro-batches' backward passes (the optimizer's
   // statistics read them).
   LossTotals* update_loss_totals() const { return loss_totals_; }
 
-  // Parameters or gradients as FP32 on the host, in arena order, and back (RNE to BF16).
+  // Parameters or gradients as FP32 on the host, in the tensors' logical order (TensorSpec::offset:
+  // no padding), and back (RNE to BF16; the padding zeros).
   std::vector<float> params_to_host() const;
   std::vector<float> grads_to_host() const;
   void params_from_host(const std::vector<float>& values);
@@ -63,10 +70,12 @@ class ParamStore {
   GradientListener* gradient_listener() const { return listener_; }
 
  private:
+  std::vector<float> arena_to_host(Buf arena) const;
+
   Backend& be_;
   std::vector<TensorSpec> specs_;
   DType dtype_, grad_dtype_;
-  int64_t nparams_ = 0;
+  int64_t nparams_ = 0, arena_elements_ = 0;
   ArenaRanges ready_order_;
   void* params_ = nullptr;
   void* grads_ = nullptr;

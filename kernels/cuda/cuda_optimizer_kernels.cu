@@ -3,19 +3,32 @@
 #include "cuda_optimizer_kernels.h"
 
 #include <algorithm>
+#include <string>
 
 #include "../common/dtype_dispatch.h"
 #include "../common/elementwise_rules.h"
 #include "../common/optim_math.h"
 #include "multinorm/cuda_scratch.h"
+#include "multinorm/error.h"
 
 namespace multinorm::cuda {
 
 using dispatch::as;
 
+namespace {
+// The row stride a matrix's weight and gradient share: both live at one offset of their arenas, with
+// one row stride (TensorSpec::arena_ld); n where the rows are dense.
+int64_t same_rows(const Buf& w, const Buf& g, int64_t n, const char* op) {
+  if (w.stride(n) != g.stride(n))
+    throw Error(std::string(op) + ": a weight with rows of " + std::to_string(w.stride(n)) + " elements and its gradient with rows of " +
+                std::to_string(g.stride(n)));
+  return w.stride(n);
+}
+}  // namespace
+
 CudaOptimizerKernels::CudaOptimizerKernels(CudaQueue& q, LtGemm& gemm, DescriptorCache& descriptors)
     : q_(&q), gemm_(&gemm), descriptors_(descriptors), reduce_scratch_(std::make_unique<Scratch>(q)), opt_scratch_(std::make_unique<Scratch>(q)),
-      swan_staging_(std::make_unique<SwanStaging>(q)) {}
+      padded_scratch_(std::make_unique<Scratch>(q)), swan_staging_(std::make_unique<SwanStaging>(q)) {}
 
 double CudaOptimizerKernels::sum_squares(Buf x, int64_t n) {
   auto* d = static_cast<double*>(scratch(reduce_scratch_, cuda_scratch::sum_squares_bytes(), "sum_squares"));
@@ -83,7 +96,7 @@ void CudaOptimizerKernels::sinkgd_update_many(const SinkGDTensor* tensors, int64
     sinkgd_items_.clear();
     for (int64_t i = begin; i < end; ++i) {
       const SinkGDTensor& t = tensors[i];
-      sinkgd_items_.push_back(cuda::sinkgd_item(t.w.ptr, t.g.ptr, t.m, t.n, uv, t.tensor));
+      sinkgd_items_.push_back(cuda::sinkgd_item(t.w.ptr, t.g.ptr, t.m, t.n, same_rows(t.w, t.g, t.n, "sinkgd_update_many"), uv, t.tensor));
       uv += sinkgd_scratch(t.m, t.n);
     }
     const cuda::SinkgdLayout layout = cuda::sinkgd_layout(sinkgd_items_.data(), end - begin, dtype_bytes(tensors[begin].g.dtype));
@@ -113,7 +126,7 @@ void CudaOptimizerKernels::swan_update_many(const SwanTensor* tensors, int64_t c
     items.clear(), groups.clear();
     for (size_t j = begin; j < static_cast<size_t>(plan.ends[c]); ++j) {
       const SwanTensor& t = tensors[plan.order[j]];
-      items.push_back({t.w.ptr, t.g.ptr, t.m, t.n, t.tensor});
+      items.push_back({t.w.ptr, t.g.ptr, t.m, t.n, same_rows(t.w, t.g, t.n, "swan_update_many"), t.tensor});
     }
     const auto shape = [&](int64_t b) { return std::pair<int64_t, int64_t>{items[b].m, items[b].n}; };
     for (const auto& [g0, g1] : cuda_scratch::swan_exact_groups(static_cast<int64_t>(items.size()), shape)) {
@@ -134,6 +147,15 @@ void CudaOptimizerKernels::swan_update_many(const SwanTensor* tensors, int64_t c
 void CudaOptimizerKernels::elementwise_update_many(ElementwiseKind kind, const ElementwiseTensor* tensors, int64_t count,
                                                    const ElementwiseArgs& a) {
   if (count == 0) return;
+  const auto padded = [](const ElementwiseTensor& t) { return t.w.ld != 0 || t.g.ld != 0; };
+  if (std::any_of(tensors, tensors + count, padded)) {
+    std::vector<ElementwiseTensor> dense;
+    for (int64_t i = 0; i < count; ++i)
+      if (padded(tensors[i])) elementwise_padded(kind, tensors[i], a);
+      else dense.push_back(tensors[i]);
+    elementwise_update_many(kind, dense.data(), static_cast<int64_t>(dense.size()), a);
+    return;
+  }
   const ElementwiseTensor& first = tensors[0];
   // The rule's Step and its kernels' names from the list; the dtypes from the first tensor of a launch.
   auto with_step = [&](const ElementwiseTensor& t, auto&& launch_for) {
@@ -184,6 +206,25 @@ void CudaOptimizerKernels::elementwise_update_many(ElementwiseKind kind, const E
                                                       a.write, a.scalars, q_->issue());
     });
   }
+}
+
+// An element-wise rule on a weight with padded rows (a matrix of a padded arena under Adam or SGD:
+// optimizer.name = adam): w and g copied into dense rows in scratch, the rule run there over its
+// dense states (the same elements, rounding indices and bits), w copied back. Three copies of the
+// tensor an update, where SinkGD and SWAN read the padded rows as they are.
+void CudaOptimizerKernels::elementwise_padded(ElementwiseKind kind, const ElementwiseTensor& t, const ElementwiseArgs& a) {
+  if (t.cols <= 0 || t.n % t.cols != 0)
+    throw Error("elementwise_update: a tensor with padded rows (Buf::ld) and no rows' length (ElementwiseTensor::cols)");
+  const int64_t cols = t.cols, rows = t.n / cols, ld = same_rows(t.w, t.g, cols, "elementwise_update");
+  const int64_t wb = dtype_bytes(t.w.dtype), gb = dtype_bytes(t.g.dtype);
+  char* dense = static_cast<char*>(scratch(padded_scratch_, static_cast<size_t>(cuda_scratch::padded_rule_bytes(t.n, wb, gb)), "elementwise_update"));
+  char* dense_g = dense + cuda_scratch::padded_rule_g_offset(t.n, wb);
+  cuda::copy_rows(dense, cols, t.w.ptr, ld, rows, cols, static_cast<int>(wb), q_->issue());
+  cuda::copy_rows(dense_g, cols, t.g.ptr, ld, rows, cols, static_cast<int>(gb), q_->issue());
+  ElementwiseTensor d = t;
+  d.w = {dense, t.w.dtype}, d.g = {dense_g, t.g.dtype}, d.cols = 0;
+  elementwise_update_many(kind, &d, 1, a);
+  cuda::copy_rows(t.w.ptr, ld, dense, cols, rows, cols, static_cast<int>(wb), q_->issue());
 }
 
 }  // namespace multinorm::cuda

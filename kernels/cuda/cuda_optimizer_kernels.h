@@ -18,7 +18,7 @@ class CudaOptimizerKernels final : public OptimizerKernels {
  public:
   CudaOptimizerKernels(CudaQueue& q, LtGemm& gemm, DescriptorCache& descriptors);
   // Device bytes of its scratch (the reductions' partials, SinkGD's and SWAN's work space).
-  int64_t scratch_bytes() const { return static_cast<int64_t>(reduce_scratch_->bytes() + opt_scratch_->bytes()); }
+  int64_t scratch_bytes() const { return static_cast<int64_t>(reduce_scratch_->bytes() + opt_scratch_->bytes() + padded_scratch_->bytes()); }
 
   double sum_squares(Buf x, int64_t n) override;
   void sum_squares_many(const Buf* xs, const int64_t* ns, int64_t count, double* out) override;
@@ -34,11 +34,12 @@ class CudaOptimizerKernels final : public OptimizerKernels {
   void* scratch(std::unique_ptr<Scratch>& s, size_t bytes, const char* what) { return s->get(bytes, what); }
   // A multi-tensor launch's descriptor table on the device (uploaded once: DescriptorCache).
   const void* descriptors(const void* table, size_t bytes, const char* what) { return descriptors_.get(table, bytes, what); }
+  void elementwise_padded(ElementwiseKind kind, const ElementwiseTensor& t, const ElementwiseArgs& a);
 
   CudaQueue* q_;
   LtGemm* gemm_;
   DescriptorCache& descriptors_;
-  std::unique_ptr<Scratch> reduce_scratch_, opt_scratch_;
+  std::unique_ptr<Scratch> reduce_scratch_, opt_scratch_, padded_scratch_;
   std::unique_ptr<SwanStaging> swan_staging_;
   std::vector<ElementwiseManyItem> many_items_;
   std::vector<SinkgdManyItem> sinkgd_items_;

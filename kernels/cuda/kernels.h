@@ -164,14 +164,14 @@ struct SinkgdManyItem {
   void* w;
   const void* g;
   float* scratch;                  // u (m), v (n), the row chunks' column partials (chunks x n)
-  int64_t m, n;
+  int64_t m, n, ld;                // ld: the row stride of w and g (n, or a padded arena's: TensorSpec::arena_ld)
   int64_t rows_per_chunk, chunks;  // a pass's row chunks: fixed by m (the same sums on every GPU)
   uint64_t tensor;                 // stochastic-rounding tensor id
   int64_t first_row_block, first_col_block, first_apply_block;  // this tensor's first block of each launch
   float sqrt_n, sqrt_m;
 };
 static_assert(sizeof(SinkgdManyItem) == cuda_scratch::kSinkgdManyItemBytes, "the memory plan counts this size");
-SinkgdManyItem sinkgd_item(void* w, const void* g, int64_t m, int64_t n, float* scratch, uint64_t tensor);
+SinkgdManyItem sinkgd_item(void* w, const void* g, int64_t m, int64_t n, int64_t ld, float* scratch, uint64_t tensor);
 // The blocks of the three passes for items[0..count) (each item's first blocks set here), after
 // ordering the items: those the rows pass reads packed (cuda_scratch::sinkgd_rows_packed, G of
 // g_bytes) first, their row blocks [0, packed_row_blocks), a launch of their own.
@@ -202,7 +202,7 @@ struct SwanParams {
 struct SwanItem {
   void* w;
   const void* g;
-  int64_t m, n;
+  int64_t m, n, ld;  // ld: the row stride of w and g (n, or a padded arena's)
   uint64_t tensor;
 };
 // The host functions' descriptions of the exact path's staging: a group of a chunk's matrices

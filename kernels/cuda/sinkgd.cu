@@ -91,7 +91,7 @@ __device__ __forceinline__ float row_scale_squared(float r, float* scratch, int 
 // sums added in warp order after one barrier a round (the round's scratch half alternates, so no
 // second barrier). The caller adds the groups' partials in group order.
 template <class G, int P>
-__device__ void sinkgd_rows(const G* g, float* u, const float* v, float* col, float* scratch, int64_t begin, int64_t end, int64_t n,
+__device__ void sinkgd_rows(const G* g, float* u, const float* v, float* col, float* scratch, int64_t begin, int64_t end, int64_t n, int64_t ld,
                             bool first_pass, float sqrt_n, float eps, int S) {
   const int group = threadIdx.x / S, gt = threadIdx.x % S, groups = blockDim.x / S;
   const int group_warps = S / 32;
@@ -101,7 +101,7 @@ __device__ void sinkgd_rows(const G* g, float* u, const float* v, float* col, fl
   for (int64_t r0 = begin; r0 < end; r0 += groups, half ^= 1) {
     const int64_t i = r0 + group;
     const bool live = i < end;  // group-uniform: a group past the chunk's last row still meets the barrier
-    const G* gi = g + i * n;
+    const G* gi = g + i * ld;
     float r = 0.0f;
     for (int64_t j = int64_t(P) * gt; live && j < n; j += stride) {
       float x[P];
@@ -136,7 +136,7 @@ __device__ void sinkgd_rows(const G* g, float* u, const float* v, float* col, fl
 // of shared partial every row.
 template <class G, int P>
 __device__ void sinkgd_rows_registers(const G* g, float* u, const float* v, float* col, float* scratch, int64_t begin, int64_t end, int64_t n,
-                                      bool first_pass, float sqrt_n, float eps, int S) {
+                                      int64_t ld, bool first_pass, float sqrt_n, float eps, int S) {
   const int group = threadIdx.x / S, gt = threadIdx.x % S, groups = blockDim.x / S;
   const int group_warps = S / 32;
   const int64_t j = int64_t(P) * gt;
@@ -145,7 +145,7 @@ __device__ void sinkgd_rows_registers(const G* g, float* u, const float* v, floa
 #pragma unroll
   for (int p = 0; p < P; ++p) vj[p] = first_pass || !owner ? 1.0f : v[j + p], acc[p] = 0.0f;
   auto load_row = [&](int64_t i, float (&dst)[P]) {
-    if (owner && i < end) load_values<G, P>(g + i * n, j, dst);
+    if (owner && i < end) load_values<G, P>(g + i * ld, j, dst);
   };
   load_row(begin + group, x);
   int half = 0;
@@ -187,13 +187,13 @@ __device__ void sinkgd_rows_registers(const G* g, float* u, const float* v, floa
 // updates. Sums as in sinkgd_rows: a thread's values in column order, its group's warps in order.
 template <class G>
 __device__ void sinkgd_rows_spanning(const G* g, float* u, const float* v, float* col, float* scratch, int64_t begin, int64_t end, int64_t m,
-                                     int64_t n, bool first_pass, float sqrt_n, float eps, int S) {
+                                     int64_t n, int64_t ld, bool first_pass, float sqrt_n, float eps, int S) {
   constexpr int P = Pack<G>::kSize;
   const int group = threadIdx.x / S, gt = threadIdx.x % S, groups = blockDim.x / S;
   const int group_warps = S / 32;
   float* colg = col + int64_t(group) * n;
-  // Elements counted from the aligned pack at or below g: the tensor is [shift, shift + m n).
-  const int64_t shift = int64_t(reinterpret_cast<uintptr_t>(g) % 16 / sizeof(G)), total = shift + m * n;
+  // Elements counted from the aligned pack at or below g: the tensor is [shift, shift + (m - 1) ld + n).
+  const int64_t shift = int64_t(reinterpret_cast<uintptr_t>(g) % 16 / sizeof(G)), total = shift + (m - 1) * ld + n;
   const G* base = g - shift;
   // Pack k's values (0 outside the tensor).
   auto load_pack = [&](int64_t k, float (&x)[P]) {
@@ -209,7 +209,7 @@ __device__ void sinkgd_rows_spanning(const G* g, float* u, const float* v, float
   for (int64_t r0 = begin; r0 < end; r0 += groups, half ^= 1) {
     const int64_t i = r0 + group;
     const bool live = i < end;  // group-uniform: a group past the chunk's last row still meets the barrier
-    const int64_t row0 = shift + i * n, first = row0 / P, last = (row0 + n - 1) / P;
+    const int64_t row0 = shift + i * ld, first = row0 / P, last = (row0 + n - 1) / P;
     float r = 0.0f;
     for (int64_t k = first + gt; live && k <= last; k += S) {
       float x[P];
@@ -249,7 +249,7 @@ __global__ void sinkgd_rows_kernel(const SinkgdManyItem* items, int64_t count, i
   const int64_t block = first_block + int64_t(blockIdx.x);
   const SinkgdManyItem& it = items[item_of_block(items, count, block, [](const SinkgdManyItem& x) { return x.first_row_block; })];
   const G* g = static_cast<const G*>(it.g);
-  const int64_t m = it.m, n = it.n, chunk = block - it.first_row_block;
+  const int64_t m = it.m, n = it.n, ld = it.ld, chunk = block - it.first_row_block;
   float* u = it.scratch;
   const float* v = u + m;
   float* partials = u + m + n;
@@ -262,10 +262,10 @@ __global__ void sinkgd_rows_kernel(const SinkgdManyItem* items, int64_t count, i
   constexpr int P = Pack<G>::kSize;
   if constexpr (packed) {
     const int64_t packs_a_thread = (n + int64_t(P) * S - 1) / (int64_t(P) * S);
-    if (packs_a_thread == 1) sinkgd_rows_registers<G, P>(g, u, v, col, scratch, begin, end, n, first_pass, it.sqrt_n, eps, S);
-    else sinkgd_rows<G, P>(g, u, v, col, scratch, begin, end, n, first_pass, it.sqrt_n, eps, S);
+    if (packs_a_thread == 1) sinkgd_rows_registers<G, P>(g, u, v, col, scratch, begin, end, n, ld, first_pass, it.sqrt_n, eps, S);
+    else sinkgd_rows<G, P>(g, u, v, col, scratch, begin, end, n, ld, first_pass, it.sqrt_n, eps, S);
   } else
-    sinkgd_rows_spanning<G>(g, u, v, col, scratch, begin, end, m, n, first_pass, it.sqrt_n, eps, S);
+    sinkgd_rows_spanning<G>(g, u, v, col, scratch, begin, end, m, n, ld, first_pass, it.sqrt_n, eps, S);
   __syncthreads();
   for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
     float s = 0.0f;
@@ -288,18 +288,19 @@ __global__ void sinkgd_cols_kernel(const SinkgdManyItem* items, int64_t count, f
 }
 
 // W <- W keep - lr u_i G_ij v_j for elements begin..end-1 of one tensor (u = v = 1 when there were no
-// passes), P consecutive elements of one row per thread and step: with P > 1 (P divides n, the rows
-// start on 16 bytes) W and G move as 16-byte packs and the row index costs one division per P
-// elements; with P = 1, one per element.
+// passes; element k is row k / n, column k % n, at i ld + j: rows of ld), P consecutive elements of
+// one row per thread and step: with P > 1 (P divides n and ld, the rows start on 16 bytes) W and G
+// move as 16-byte packs and the row index costs one division per P elements; with P = 1, one per
+// element. The rounding's index is k, the logical element's, whatever ld.
 template <class T, class G, int P>
-__device__ void sinkgd_apply(T* w, const G* g, const float* u, const float* v, bool scaled, int64_t n, int64_t begin, int64_t end, float lr,
-                             float keep, const WriteBack& wb) {
+__device__ void sinkgd_apply(T* w, const G* g, const float* u, const float* v, bool scaled, int64_t n, int64_t ld, int64_t begin, int64_t end,
+                             float lr, float keep, const WriteBack& wb) {
   for (int64_t k = begin + int64_t(P) * threadIdx.x; k < end; k += int64_t(P) * blockDim.x) {
-    const int64_t i = k / n, j = k - i * n;
+    const int64_t i = k / n, j = k - i * n, at = i * ld + j;
     const float ui = scaled ? u[i] : 1.0f;
     float wk[P], gk[P];
-    load_values<T, P>(w, k, wk);
-    load_values<G, P>(g, k, gk);
+    load_values<T, P>(w, at, wk);
+    load_values<G, P>(g, at, gk);
     T out[P];
 #pragma unroll
     for (int p = 0; p < P; ++p) {
@@ -307,7 +308,7 @@ __device__ void sinkgd_apply(T* w, const G* g, const float* u, const float* v, b
       out[p] = store_weight<T>(wk[p] * keep - lr * ui * gk[p] * vj, wb, static_cast<uint64_t>(k + p));
     }
     if constexpr (P == 1) {
-      w[k] = out[0];
+      w[at] = out[0];
     } else {
       constexpr int S = Pack<T>::kSize;
 #pragma unroll
@@ -315,7 +316,7 @@ __device__ void sinkgd_apply(T* w, const G* g, const float* u, const float* v, b
         Pack<T> pk;
 #pragma unroll
         for (int p = 0; p < S; ++p) pk.v[p] = out[q + p];
-        *reinterpret_cast<Pack<T>*>(w + k + q) = pk;
+        *reinterpret_cast<Pack<T>*>(w + at + q) = pk;
       }
     }
   }
@@ -336,10 +337,10 @@ __global__ void sinkgd_apply_kernel(const SinkgdManyItem* items, int64_t count, 
   const int64_t n = it.n, total = it.m * n, begin = (int64_t(blockIdx.x) - it.first_apply_block) * kApplyElementsPerBlock;
   const int64_t end = begin + kApplyElementsPerBlock < total ? begin + kApplyElementsPerBlock : total;
   constexpr int P = Pack<T>::kSize > Pack<G>::kSize ? Pack<T>::kSize : Pack<G>::kSize;
-  if (packable<T>(w, n) && packable<G>(g, n) && n % P == 0)
-    sinkgd_apply<T, G, P>(w, g, u, v, scaled, n, begin, end, lr, keep, wb);
+  if (packable<T>(w, it.ld) && packable<G>(g, it.ld) && n % P == 0)
+    sinkgd_apply<T, G, P>(w, g, u, v, scaled, n, it.ld, begin, end, lr, keep, wb);
   else
-    sinkgd_apply<T, G, 1>(w, g, u, v, scaled, n, begin, end, lr, keep, wb);
+    sinkgd_apply<T, G, 1>(w, g, u, v, scaled, n, it.ld, begin, end, lr, keep, wb);
 }
 
 }  // namespace
@@ -350,10 +351,10 @@ static int64_t rows_shared_floats(const SinkgdLayout& l) { return std::max<int64
 
 int64_t sinkgd_scratch(int64_t m, int64_t n) { return cuda_scratch::sinkgd_floats(m, n); }
 
-SinkgdManyItem sinkgd_item(void* w, const void* g, int64_t m, int64_t n, float* scratch, uint64_t tensor) {
+SinkgdManyItem sinkgd_item(void* w, const void* g, int64_t m, int64_t n, int64_t ld, float* scratch, uint64_t tensor) {
   const int64_t chunks = chunks_for(m), rows_per_chunk = (m + chunks - 1) / chunks;
   SinkgdManyItem it{};
-  it.w = w, it.g = g, it.scratch = scratch, it.m = m, it.n = n;
+  it.w = w, it.g = g, it.scratch = scratch, it.m = m, it.n = n, it.ld = ld ? ld : n;
   it.rows_per_chunk = rows_per_chunk;
   it.chunks = (m + rows_per_chunk - 1) / rows_per_chunk;  // the chunks that hold rows
   it.tensor = tensor;
@@ -364,7 +365,7 @@ SinkgdManyItem sinkgd_item(void* w, const void* g, int64_t m, int64_t n, float* 
 SinkgdLayout sinkgd_layout(SinkgdManyItem* items, int64_t count, int64_t g_bytes) {
   // The packed tensors first, in their order, then the others (each tensor's sums are its own: the
   // order changes no bits).
-  const auto packed = [g_bytes](const SinkgdManyItem& it) { return cuda_scratch::sinkgd_rows_packed(reinterpret_cast<uintptr_t>(it.g), it.n, g_bytes); };
+  const auto packed = [g_bytes](const SinkgdManyItem& it) { return cuda_scratch::sinkgd_rows_packed(reinterpret_cast<uintptr_t>(it.g), it.n, it.ld, g_bytes); };
   std::stable_partition(items, items + count, packed);
   SinkgdLayout l;
   for (int64_t i = 0; i < count; ++i) {

@@ -80,6 +80,7 @@ struct SwanMatrix {
   const void* g;
   float *x, *u;  // X and U in the chunk's scratch, rows of ld
   int64_t m, n, ld;
+  int64_t arena_ld;  // w's and g's rows (n, or a padded arena's)
   uint64_t tensor;  // its stochastic rounding's tensor id
   float sqrt_n, sqrt_max;  // sqrt(n) (the l2 rows' norm), sqrt(max(m, n)) (||U||_F = sqrt(mn)), rounded on the host
   SwanExactJob job;  // its exact-path staging
@@ -100,7 +101,7 @@ __global__ void normalize_rows_kernel(const SwanMatrix* mats, bool standardize, 
   const SwanMatrix& t = mats[blockIdx.y];
   const int64_t i = blockIdx.x, n = t.n;
   if (i >= t.m) return;
-  const G* gi = static_cast<const G*>(t.g) + i * n;
+  const G* gi = static_cast<const G*>(t.g) + i * t.arena_ld;
   float* xi = t.x + i * t.ld;
   if (standardize) {  // (g - mean) / std, statistics in FP64 as on the CPU
     double s = 0;
@@ -306,7 +307,7 @@ __global__ void swan_apply_kernel(const SwanMatrix* mats, int64_t b0, const Swan
   if (blockIdx.x == 0 && threadIdx.x == 0) *t.job.flag = skip || ok ? 0u : 1u;
   if (skip) return;
   // (the table's fields in registers: a store to w may alias the table for all the compiler knows)
-  const int64_t m = t.m, n = t.n, ld = t.ld, total = m * n;
+  const int64_t m = t.m, n = t.n, ld = t.ld, wld = t.arena_ld, total = m * n;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   const float *x = t.x, *u = t.u;
   if (!ok) {
@@ -319,8 +320,10 @@ __global__ void swan_apply_kernel(const SwanMatrix* mats, int64_t b0, const Swan
   const float keep = r.keep, step = r.lr * t.sqrt_max;
   const float scale = step * float(1.0 / sqrt(st->c));
   T* w = static_cast<T*>(t.w);
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total; e += stride)
-    w[e] = store_weight<T>(to_float(w[e]) * keep - scale * u[(e / n) * ld + e % n], wb, static_cast<uint64_t>(e));
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total; e += stride) {
+    const int64_t i = e / n, j = e - i * n;
+    w[i * wld + j] = store_weight<T>(to_float(w[i * wld + j]) * keep - scale * u[i * ld + j], wb, static_cast<uint64_t>(e));
+  }
 }
 
 // A thread a matrix b0 + i: the host function's verdict into the matrix's state (device memory). The
@@ -346,9 +349,11 @@ __global__ void swan_apply_exact_kernel(const SwanMatrix* mats, int64_t b0, cons
   const double step = r.lr * t.sqrt_max;
   T* w = static_cast<T*>(t.w);
   const double* exact = t.job.u;
-  const int64_t total = t.m * t.n;
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x)
-    w[e] = store_weight<T>(float(to_float(w[e]) * keep - step * exact[e]), wb, static_cast<uint64_t>(e));
+  const int64_t n = t.n, wld = t.arena_ld, total = t.m * n;
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t at = e / n * wld + e % n;
+    w[at] = store_weight<T>(float(to_float(w[at]) * keep - step * exact[e]), wb, static_cast<uint64_t>(e));
+  }
 }
 
 // One thread: the chunk's matrices into the update's statistics (optim_math::add_swan_tensor, as the
@@ -535,7 +540,7 @@ void swan_chunk(const SwanItem* items, int64_t B, const SwanParams& a, LtGemm& g
   for (size_t g = 0; g < exact_groups.size(); ++g)
     for (int64_t b = exact_groups[g].first; b < exact_groups[g].second; ++b) {
       const SwanItem& t = items[b];
-      table.push_back({t.w, t.g, c.X[b], c.U[b], t.m, t.n, cs::swan_ld(t.n), t.tensor, std::sqrt(static_cast<float>(t.n)),
+      table.push_back({t.w, t.g, c.X[b], c.U[b], t.m, t.n, cs::swan_ld(t.n), t.ld, t.tensor, std::sqrt(static_cast<float>(t.n)),
                        std::sqrt(static_cast<float>(std::max(t.m, t.n))), groups[g]->jobs[static_cast<size_t>(b - exact_groups[g].first)]});
       rows = std::max(rows, t.m), most = std::max(most, t.m * t.n);
     }

@@ -34,7 +34,7 @@ double timed(Backend& be, Fn&& fn) {
 // The model's gradient arena from N(0, 1e-3): a block of 4M draws, repeated (drawing all 1.34e9 of
 // llama_1b's on one host thread took most of a minute before the first timing).
 void fill_gradients(Backend& be, LlamaModel& model) {
-  const int64_t n = model.num_params(), block = std::min<int64_t>(n, int64_t{1} << 22);
+  const int64_t n = model.store().arena_elements(), block = std::min<int64_t>(n, int64_t{1} << 22);
   std::vector<float> g(block);
   std::mt19937 gen(1);
   std::normal_distribution<float> d(0.0f, 1e-3f);

@@ -310,7 +310,7 @@ class CostRecorder final : public Backend, public OptimizerKernels {
       bool packed = false, spanning = false;  // the rows pass's launch kinds (cuda_scratch::sinkgd_rows_packed)
       for (int64_t i = begin; i < end; ++i) {
         const SinkGDTensor& t = tensors[i];
-        const bool reads_packed = cuda_scratch::sinkgd_rows_packed(reinterpret_cast<uintptr_t>(t.g.ptr), t.n, dtype_bytes(t.g.dtype));
+        const bool reads_packed = cuda_scratch::sinkgd_rows_packed(reinterpret_cast<uintptr_t>(t.g.ptr), t.n, t.g.stride(t.n), dtype_bytes(t.g.dtype));
         if (t.m * t.n > 0) packed |= reads_packed, spanning |= !reads_packed;
         const double partials = 4.0 * std::min(t.m, cuda_scratch::kSinkgdChunks) * t.n;
         rows += double(t.m) * t.n * s_of(t.g) + partials + 4.0 * t.m;

@@ -198,7 +198,7 @@ void plan_collectives(DataParallelStep& s, const LlamaModel& model, const RunCon
   s.statistics_bytes = {kLossTotalsDoubles * 8};
   if (!plan.sharded()) return;
   s.statistics_bytes.push_back(static_cast<int64_t>(model.tensors().size()) * 8);  // the sums of squares, FP64
-  for (const OwnerRun& r : owner_runs(plan, model.tensors(), 0, model.num_params())) s.gather_bytes.push_back((r.end - r.begin) * dtype_bytes(model.dtype()));
+  for (const OwnerRun& r : owner_runs(plan, model.tensors(), 0, model.store().arena_elements())) s.gather_bytes.push_back((r.end - r.begin) * dtype_bytes(model.dtype()));
   std::vector<double> load(static_cast<size_t>(ranks), 0.0);
   for (size_t i = 0; i < plan.owner.size(); ++i) load[static_cast<size_t>(plan.owner[i])] += plan.cost[i];
   const double total = std::accumulate(load.begin(), load.end(), 0.0);

@@ -64,26 +64,34 @@ namespace {
 ArenaRanges llama_gradient_ready_order(const ModelConfig& cfg, const std::vector<TensorSpec>& specs) {
   auto offset = [&](const std::string& name) {
     for (const auto& t : specs)
-      if (t.name == name) return t.offset;
+      if (t.name == name) return t.arena_offset;
     throw Error("model: no tensor named '" + name + "'");
   };
   const int64_t head_begin = offset("model.norm.weight");
-  ArenaRanges order = {{head_begin, count_parameters(specs)}};
+  ArenaRanges order = {{head_begin, arena_elements(specs)}};
   for (int64_t l = cfg.num_hidden_layers; l-- > 0;) {
     const int64_t begin = offset("model.layers." + std::to_string(l) + ".self_attn.q_proj.weight");
     const int64_t end = l + 1 < cfg.num_hidden_layers ? offset("model.layers." + std::to_string(l + 1) + ".self_attn.q_proj.weight")
                                                       : head_begin;
     order.push_back({begin, end});
   }
-  order.push_back({0, cfg.vocab_size * cfg.hidden_size});  // the embedding (and the tied lm_head)
+  order.push_back({0, offset("model.layers.0.self_attn.q_proj.weight")});  // the embedding (and the tied lm_head)
   return order;
+}
+// The tensor table laid out in the backend's arenas (layout_arena: the CUDA backend pads the down
+// projection's rows where F's are off 16 bytes).
+std::vector<TensorSpec> llama_arena(const ModelConfig& cfg, Backend& be, DType dtype, DType grad_dtype) {
+  std::vector<TensorSpec> specs = llama_parameters(cfg);
+  layout_arena(specs, be.activation_layout(dtype).pad_mlp_rows, dtype_bytes(dtype), dtype_bytes(grad_dtype));
+  return specs;
 }
 }  // namespace
 
 LlamaModel::LlamaModel(Backend& backend, const ModelConfig& config, DType dtype, int64_t max_batch, int64_t max_seq,
                        DType grad_dtype)
     : be_(backend), cfg_(config), max_batch_(max_batch), max_seq_(max_seq),
-      store_(backend, llama_parameters(config), dtype, grad_dtype, llama_gradient_ready_order(config, llama_parameters(config))) {
+      store_(backend, llama_arena(config, backend, dtype, grad_dtype), dtype, grad_dtype,
+             llama_gradient_ready_order(config, llama_arena(config, backend, dtype, grad_dtype))) {
   if (max_seq > cfg_.max_position_embeddings)
     throw Error("model: sequence length " + std::to_string(max_seq) + " exceeds max_position_embeddings " +
                 std::to_string(cfg_.max_position_embeddings));

@@ -1,5 +1,9 @@
 #include "multinorm/model_spec.h"
 
+#include <algorithm>
+
+#include "multinorm/cuda_scratch.h"
+
 namespace multinorm {
 
 TensorGroup TensorSpec::group() const {
@@ -51,7 +55,7 @@ std::vector<TensorSpec> llama_parameters(const ModelConfig& m) {
   if (!m.tie_word_embeddings) t.push_back({"lm_head.weight", TensorRole::LmHead, -1, {V, C}});
   int64_t offset = 0;
   for (auto& s : t) {
-    s.offset = offset;
+    s.offset = s.arena_offset = offset;
     offset += s.numel();
   }
   return t;
@@ -61,6 +65,27 @@ int64_t count_parameters(const std::vector<TensorSpec>& specs) {
   int64_t n = 0;
   for (const auto& s : specs) n += s.numel();
   return n;
+}
+
+int64_t layout_arena(std::vector<TensorSpec>& specs, bool pad_mlp_rows, int64_t param_bytes, int64_t grad_bytes) {
+  namespace cs = cuda_scratch;
+  int64_t at = 0;
+  for (auto& s : specs) {
+    s.arena_ld = 0;
+    const int64_t F = s.cols();
+    const bool off = cs::mlp_rows_padded(F, param_bytes) || cs::mlp_rows_padded(F, grad_bytes);
+    if (pad_mlp_rows && s.role == TensorRole::MlpDown && off && at * param_bytes % 16 == 0 && at * grad_bytes % 16 == 0)
+      s.arena_ld = std::max(cs::gemm_staged_ld(F, param_bytes), cs::gemm_staged_ld(F, grad_bytes));
+    s.arena_offset = at;
+    at += s.arena_numel();
+  }
+  return at;
+}
+
+int64_t arena_elements(const std::vector<TensorSpec>& specs) {
+  int64_t end = 0;
+  for (const auto& s : specs) end = std::max(end, s.arena_offset + s.arena_numel());
+  return end;
 }
 
 bool glob_match(const std::string& pattern, const std::string& name) {

@@ -14,12 +14,13 @@ class Adam final : public TensorRule {
   int state_slots() const override { return 2; }
   RuleScalars scalars(const UpdateContext& ctx) const override { return optim_math::rule_scalars(args(ctx)); }
   void update(OptimizerKernels& kernels, const TensorSpec& t, Buf w, Buf g, Buf* states, const UpdateContext& ctx) const override {
-    kernels.adam_update(w, g, states[0], states[1], t.numel(), args(ctx));
+    kernels.adam_update(w, g, states[0], states[1], t.numel(), args(ctx), t.cols());
   }
   void update_many(OptimizerKernels& kernels, const std::vector<RuleItem>& items) const override {
     std::vector<AdamTensor> tensors;
     tensors.reserve(items.size());
-    for (const RuleItem& it : items) tensors.push_back({it.w, it.g, it.states[0], it.states[1], it.tensor->numel(), it.ctx.tensor});
+    for (const RuleItem& it : items)
+      tensors.push_back({it.w, it.g, it.states[0], it.states[1], it.tensor->numel(), it.ctx.tensor, it.tensor->cols()});
     if (!tensors.empty()) kernels.adam_update_many(tensors.data(), static_cast<int64_t>(tensors.size()), args(items.front().ctx));
   }
 

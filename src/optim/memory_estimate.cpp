@@ -53,6 +53,11 @@ std::vector<GemmCall> cuda_training_gemm_calls(const ModelConfig& m, int64_t BT,
   // The MLP's activations' row strides in the CUDA plan (activation_plan.cpp): s [BT, F], gate_up [BT, 2F].
   const bool padded = cuda_activation_layout(act).pad_mlp_rows && cs::mlp_rows_padded(F, a);
   const int64_t s_ld = padded ? cs::gemm_staged_ld(F, a) : 0, gu_ld = padded ? cs::mlp_gate_up_ld(F, a) : 0;
+  // The down projection's weight and gradient rows in the arenas (layout_arena).
+  std::vector<TensorSpec> specs = llama_parameters(m);
+  layout_arena(specs, cuda_activation_layout(act).pad_mlp_rows, a, g);
+  const auto down = std::find_if(specs.begin(), specs.end(), [](const TensorSpec& t) { return t.role == TensorRole::MlpDown; });
+  const int64_t w_ld = down != specs.end() ? down->arena_ld : 0;
   std::vector<GemmCall> calls;
   // A call, or `count` more of one already added under its name and shape (the loss head's row chunks repeat theirs).
   auto add = [&](const std::string& name, int count, const GemmShape& s, int64_t out, int64_t a_ld = 0, int64_t b_ld = 0, int64_t out_ld = 0) {
@@ -61,14 +66,15 @@ std::vector<GemmCall> cuda_training_gemm_calls(const ModelConfig& m, int64_t BT,
       if (d.name == c.name && d.M == c.M && d.N == c.N && d.K == c.K) return void(d.count += count);
     calls.push_back(c);
   };
-  // A projection (Linear): its input x's, its output y's (and the output's gradient dy's) row strides.
+  // A projection (Linear): its input x's, its output y's (and the output's gradient dy's) and its
+  // weight's (and weight gradient's) row strides.
   auto linear = [&](const std::string& name, int64_t in, int64_t out, int64_t N, int64_t input_gradient, int64_t x_ld, int64_t y_ld,
-                    bool accumulate_input = false) {
+                    bool accumulate_input = false, int64_t w_ld = 0) {
     auto three = Linear::gemms(in, out, N, 1);
     three[1].accumulate = accumulate_input;
-    add(name + " forward", layers, three[0], a, x_ld, 0, y_ld);                    // y = x W^T
-    add(name + " backward_input", layers, three[1], input_gradient, y_ld, 0, x_ld);  // dx = dy W
-    add(name + " backward_weight", layers, three[2], g, y_ld, x_ld, 0);            // dW += dy^T x
+    add(name + " forward", layers, three[0], a, x_ld, w_ld, y_ld);                    // y = x W^T
+    add(name + " backward_input", layers, three[1], input_gradient, y_ld, w_ld, x_ld);  // dx = dy W
+    add(name + " backward_weight", layers, three[2], g, y_ld, x_ld, w_ld);            // dW += dy^T x
   };
   linear("qkv", C, 3 * C, BT, 4, 0, 0), linear("o", C, C, BT, a, 0, 0);
   if (padded) {  // by halves (Linear::halves): gate and up each F rows of W, the up half's dx added to the gate half's
@@ -81,7 +87,7 @@ std::vector<GemmCall> cuda_training_gemm_calls(const ModelConfig& m, int64_t BT,
   } else {
     linear("gate_up", C, 2 * F, BT, 4, 0, 0);
   }
-  linear("down", F, C, BT, a, s_ld, 0);
+  linear("down", F, C, BT, a, s_ld, 0, false, w_ld);
   for (int64_t r0 = 0; r0 < BT; r0 += kHeadChunkRows) {
     const int64_t R = std::min(kHeadChunkRows, BT - r0);
     const auto head = Linear::gemms(C, V, R, 1);
@@ -120,9 +126,13 @@ int64_t cuda_backend_scratch_bytes(const ModelConfig& m, int64_t B, int64_t T, D
   // any share of the matrices a data-parallel rank updates, and exact where they fit one launch.
   int64_t sinkgd_all = 0, sinkgd_largest = 0;
   std::vector<cs::SwanShape> swan;  // every matrix in one call, as the optimizer passes them
-  const auto specs = llama_parameters(m);  // outlives the assignments, which point into it
+  int64_t padded = 0;               // an element-wise rule's dense copies of a matrix with padded rows (elementwise_padded)
+  std::vector<TensorSpec> specs = llama_parameters(m);  // outlives the assignments, which point into it
+  layout_arena(specs, cuda_activation_layout(act).pad_mlp_rows, dtype_bytes(act), dtype_bytes(grad));
   const int64_t tensors = static_cast<int64_t>(specs.size());  // sum_squares_many: one result each
   for (const auto& a : assign_optimizers(specs, matrix_optimizer, OptimizerKind::Adam, matrix_params)) {
+    if (a.tensor->arena_ld && a.optimizer != OptimizerKind::SinkGD && a.optimizer != OptimizerKind::Swan)
+      padded = std::max(padded, cs::padded_rule_bytes(a.tensor->numel(), dtype_bytes(act), dtype_bytes(grad)));
     if (!a.matrix) continue;
     const int64_t r = a.tensor->rows(), c = a.tensor->cols();
     if (matrix_optimizer == OptimizerKind::SinkGD) {
@@ -138,7 +148,7 @@ int64_t cuda_backend_scratch_bytes(const ModelConfig& m, int64_t B, int64_t T, D
   const int64_t R = std::min(BT, kHeadChunkRows);
   const int64_t head = cuda_fuses_loss_head(act, act, true, act) ? R * fused_loss_head_chunks(R, m.vocab_size).count * 8 + R * 4 : 0;
   return cs::kGemmWorkspaceBytes + cs::rmsnorm_backward_floats(BT, C) * 4 + cs::attention_backward_bytes(B, H, T) +
-         cs::embedding_backward_bytes(BT, C) + cs::sum_squares_many_bytes(tensors) + optimizer + head + cs::kDescriptorCacheBytes +
+         cs::embedding_backward_bytes(BT, C) + cs::sum_squares_many_bytes(tensors) + optimizer + padded + head + cs::kDescriptorCacheBytes +
          staging[0] + staging[1] + staging[2];
 }
 
@@ -163,9 +173,14 @@ TrainingMemory training_memory(const RunConfig& run, bool cuda) {
   const OptimizerMemory om = optimizer_memory(specs, run.optimizer.name, run.optimizer.fallback,
                                               run.optimizer.matrix_params, run.optimizer.momentum,
                                               dtype_bytes(run.precision.params), dtype_bytes(run.precision.optimizer_states));
+  // The arenas: the CUDA backend's pads the down projection's rows where F's are off 16 bytes.
+  std::vector<TensorSpec> arena = specs;
+  const int64_t elements = cuda ? layout_arena(arena, cuda_activation_layout(run.precision.params).pad_mlp_rows, dtype_bytes(run.precision.params),
+                                               dtype_bytes(run.precision.grads))
+                                : count_parameters(specs);
   TrainingMemory t;
-  t.weights = om.weight_bytes;
-  t.grads = count_parameters(specs) * dtype_bytes(run.precision.grads);
+  t.weights = om.weight_bytes + (elements - count_parameters(specs)) * dtype_bytes(run.precision.params);
+  t.grads = elements * dtype_bytes(run.precision.grads);
   t.states = om.state_bytes;
   t.activations = training_activation_plan(run, cuda).bytes();
   t.cuda = cuda;

@@ -61,7 +61,7 @@ Optimizer::Optimizer(ParamStore& params, const OptimizerSettings& settings, cons
   // elements of it: a zero, added over the ranks): listed once, every update passes the same list.
   for (size_t i = 0; i < assign_.size(); ++i) {
     grads_.push_back(params_.grad(*assign_[i].tensor));
-    measured_.push_back(sharding_.plan.mine(i) ? assign_[i].tensor->numel() : 0);
+    measured_.push_back(sharding_.plan.mine(i) ? assign_[i].tensor->arena_numel() : 0);  // (its padding: zeros)
     has_swan_ = has_swan_ || assign_[i].optimizer == OptimizerKind::Swan;
   }
   alpha_scaled_ = make_rule(config.name, config)->scales_lr_by_alpha();
@@ -191,9 +191,9 @@ void Optimizer::apply_ops() {
   // Clipping: the gradients this rank updates times the clip factor, read on the device (a launch
   // over each run of them; nothing happens when the factor is 1).
   if (settings_.optimizer.grad_clip > 0) {
-    if (!plan.sharded()) kernels.clip_gradients(params_.grads(), params_.num_params(), scalars_);
+    if (!plan.sharded()) kernels.clip_gradients(params_.grads(), params_.arena_elements(), scalars_);
     else
-      for (const OwnerRun& r : owner_runs(plan, params_.tensors(), 0, params_.num_params()))
+      for (const OwnerRun& r : owner_runs(plan, params_.tensors(), 0, params_.arena_elements()))
         if (r.owner == plan.rank) kernels.clip_gradients(params_.grads().at(r.begin), r.end - r.begin, scalars_);
   }
   // Small tensors (the norm weights) of one rule and learning rate are updated together: one
@@ -227,7 +227,7 @@ void Optimizer::apply_ops() {
 // broadcast. The compute after it waits for them on the device (MPI: the host completes them).
 void Optimizer::broadcast_weights() {
   Communicator& c = *sharding_.collectives;
-  for (const OwnerRun& r : owner_runs(sharding_.plan, params_.tensors(), 0, params_.num_params()))
+  for (const OwnerRun& r : owner_runs(sharding_.plan, params_.tensors(), 0, params_.arena_elements()))
     c.broadcast(params_.params().at(r.begin).ptr, r.end - r.begin, params_.dtype(), r.owner, "broadcast of updated weights from their owner");
   c.after_mark(c.mark());
 }

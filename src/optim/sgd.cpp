@@ -12,7 +12,7 @@ class Sgd final : public TensorRule {
   int state_slots() const override { return c_.momentum > 0 ? 1 : 0; }
   RuleScalars scalars(const UpdateContext& ctx) const override { return optim_math::rule_scalars(args(ctx)); }
   void update(OptimizerKernels& kernels, const TensorSpec& t, Buf w, Buf g, Buf* states, const UpdateContext& ctx) const override {
-    kernels.sgd_update(w, g, c_.momentum > 0 ? states[0] : Buf{nullptr, w.dtype}, t.numel(), args(ctx));
+    kernels.sgd_update(w, g, c_.momentum > 0 ? states[0] : Buf{nullptr, w.dtype}, t.numel(), args(ctx), t.cols());
   }
 
  private:

@@ -52,7 +52,7 @@ GradientSync::GradientSync(ParamStore& params, Communicator& comm, const ShardPl
     slots_ = std::min<int64_t>(staging_buckets, static_cast<int64_t>(buckets_.size()));
     staging_ = params_.backend().allocate(slots_ * slot_elements_ * 4);
   }
-  reduced_bytes_ = params_.num_params() * 4;
+  reduced_bytes_ = params_.arena_elements() * 4;
 }
 
 GradientSync::~GradientSync() {

@@ -50,10 +50,11 @@ ShardPlan plan_shards(const std::vector<ParamAssignment>& assign, const RunConfi
 std::vector<OwnerRun> owner_runs(const ShardPlan& plan, const std::vector<TensorSpec>& specs, int64_t begin, int64_t end) {
   std::vector<OwnerRun> runs;
   for (size_t i = 0; i < specs.size(); ++i) {
-    if (specs[i].offset < begin || specs[i].offset >= end) continue;
+    const int64_t at = specs[i].arena_offset, n = specs[i].arena_numel();
+    if (at < begin || at >= end) continue;
     const int owner = plan.owner_of(i);
-    if (!runs.empty() && runs.back().owner == owner && runs.back().end == specs[i].offset) runs.back().end += specs[i].numel();
-    else runs.push_back({owner, specs[i].offset, specs[i].offset + specs[i].numel()});
+    if (!runs.empty() && runs.back().owner == owner && runs.back().end == at) runs.back().end += n;
+    else runs.push_back({owner, at, at + n});
   }
   return runs;
 }

@@ -13,7 +13,7 @@ Checkpointer::Checkpointer(const RunConfig& run, ParamStore& params, Optimizer& 
 void Checkpointer::save(const TrainerState& state) {
   Comm::set_activity("the checkpoint of update " + std::to_string(state.step));
   // "The last good checkpoint" means finite weights: one reduction over the weights (on the device).
-  const double weights_ss = params_.backend().optimizer_kernels().sum_squares(params_.params(), params_.num_params());
+  const double weights_ss = params_.backend().optimizer_kernels().sum_squares(params_.params(), params_.arena_elements());
   if (!std::isfinite(weights_ss))
     throw Error("update " + std::to_string(state.step) + ": the weights are not finite; no checkpoint written. The last good checkpoint is " +
                 (last_good_.empty() ? std::string("none") : last_good_));
