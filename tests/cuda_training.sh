@@ -64,6 +64,16 @@ for opt in sinkgd swan adam; do
   checks=$((checks + 1))
   if [ "$waits" != "0 " ]; then echo "FAIL: $opt on cpu: host waits per update: $waits(expected 0)"; fails=$((fails + 1)); fi
 done
+# BF16 weights with FP32 gradients (the down projection's gradient in 256-byte rows of floats, its
+# weight in 128-byte rows of BF16): SinkGD's losses as the CPU's, within the bound above.
+for b in cpu cuda; do
+  "$bin" train -c run.json --set optimizer.name=sinkgd --set precision.grads=fp32 --set backend=$b --set output_dir=runs/${b}_grads32 --quiet > /dev/null
+done
+for u in 1 2 3 4 5 6; do
+  a=$(loss_at runs/cuda_grads32 $u) b=$(loss_at runs/cpu_grads32 $u)
+  checks=$((checks + 1))
+  if ! close "$a" "$b" 2e-4; then echo "FAIL: FP32 gradients, update $u: cuda loss $a, cpu loss $b"; fails=$((fails + 1)); fi
+done
 # CUDA graphs (on by default): the micro-batches and the optimizer's update replayed from captured
 # graphs give the bits of eager launches (cuda_graphs=false); result.json says what was replayed:
 # per shape and loss scale, a micro-batch runs eagerly until one run moves no buffer, then is captured
@@ -94,11 +104,12 @@ done
 # is g1 + g2 as one rank's accumulation is (measured: identical losses; bound 1e-5, the FP32
 # reduction-order tolerance of more micro-batches); the default BF16 precision sums BF16 gradients
 # in FP32 and rounds once instead of rounding the accumulation (measured 7.1e-5; bound 5e-4).
-# Sharded and replicated optimizer write the same checkpoint bits. (3 updates each where 3 prove it.)
+# Sharded and replicated optimizer write the same checkpoint bits, for SinkGD, SWAN and Adam (whose
+# rule takes the padded down projection through dense copies). (3 updates each where 3 prove it.)
 if command -v mpirun > /dev/null; then
   mpi=(mpirun -np 2 --oversubscribe --allow-run-as-root -x OMP_NUM_THREADS=1 -x MULTINORM_CUDA_PLUGIN -x MULTINORM_EMU_RACECHECK)
   fp32=(--set precision.params=fp32 --set precision.optimizer_states=fp32)
-  for opt in sinkgd swan; do
+  for opt in sinkgd swan adam; do
     "$bin" train -c run.json --set optimizer.name=$opt --set backend=cuda "${fp32[@]}" --set output_dir=runs/nccl1_$opt --max-updates 3 --quiet > /dev/null
     for shard in true false; do
       "${mpi[@]}" "$bin" train -c run.json --set optimizer.name=$opt --set backend=cuda "${fp32[@]}" \

@@ -18,10 +18,14 @@ TEST(CudaBackend, CostModelLaunchesWhatTheBackendLaunches) {
   if (!p) GTEST_SKIP() << "no CUDA plugin";
   auto be = make_cuda_backend(*p);
   for (const int64_t hidden : {128, 32}) {  // 2 heads: D = 64 (mma.sync) and 16 (SIMT)
-    for (const std::string variant : {"sinkgd", "swan", "swan split_tf32", "adam", "sgd"}) {
-      const std::string name = variant.substr(0, variant.find(' ')), products = variant == name ? "auto" : variant.substr(name.size() + 1);
+    // "F41": an MLP width off 16 bytes (82-byte BF16 rows): its activations and the down projection's
+    // arena rows padded, Adam and SGD on that weight through dense copies (elementwise_padded)
+    for (const std::string variant : {"sinkgd", "swan", "swan split_tf32", "adam", "sgd", "adam F41", "sgd F41", "sinkgd F41", "swan F41"}) {
+      const bool f41 = variant.size() > 4 && variant.substr(variant.size() - 4) == " F41";
+      const std::string base = f41 ? variant.substr(0, variant.size() - 4) : variant;
+      const std::string name = base.substr(0, base.find(' ')), products = base == name ? "auto" : base.substr(name.size() + 1);
       const json j = json::parse(std::string(R"({
-        "model": {"config": {"vocab_size": 101, "hidden_size": )") + std::to_string(hidden) + R"(, "intermediate_size": 40,
+        "model": {"config": {"vocab_size": 101, "hidden_size": )") + std::to_string(hidden) + R"(, "intermediate_size": )" + (f41 ? "41" : "40") + R"(,
                              "num_hidden_layers": 2, "num_attention_heads": 2, "max_position_embeddings": 32}},
         "batch": {"global_batch": 2, "micro_batch": 2, "seq_len": 19},
         "optimizer": {"name": ")" + name + R"(", "grad_clip": 0.5, "momentum": 0.9,
@@ -66,7 +70,9 @@ TEST(CudaBackend, CostModelLaunchesWhatTheBackendLaunches) {
       }
       double expected = 0;
       for (const GemmShape& g : training_step_gemms(run.model, 38)) expected += 2.0 * g.M * g.N * g.K * g.count;
-      EXPECT_DOUBLE_EQ(flops[0], expected) << variant << ", hidden " << hidden << ": GEMM FLOPs of a micro-batch";
+      // (F41: the down projection's GEMMs run over the zero padding, cuda_scratch::gemm_extents: more)
+      if (f41) EXPECT_GT(flops[0], expected) << variant << ", hidden " << hidden << ": GEMM FLOPs of a micro-batch";
+      else EXPECT_DOUBLE_EQ(flops[0], expected) << variant << ", hidden " << hidden << ": GEMM FLOPs of a micro-batch";
     }
   }
 }

@@ -48,6 +48,40 @@ TEST(ModelSpec, HuggingFaceNamesShapesAndContiguousOffsets) {
   EXPECT_EQ(count_parameters(llama_parameters(tied)), 58073600 - 32000 * 512);
 }
 
+// The backends' arenas: the CUDA layout (pad_mlp_rows) gives the down projection 128-byte rows where
+// F's are off 16 bytes in the weights' or gradients' dtype (llama_1b's 5461: 5504 elements with BF16
+// weights, either gradient dtype; 5472 with FP32 weights: 128 bytes of floats), every other tensor
+// and every other model dense; arena offsets contiguous and the logical ones untouched; no padding
+// where a down projection's arena offset would be off 16 bytes (a width not a multiple of 8).
+TEST(ModelSpec, ArenaLayoutPadsTheDownProjectionWhereItsRowsAreOff16Bytes) {
+  struct Case {
+    const char* model;
+    bool pad;
+    int64_t param_bytes, grad_bytes, down_ld;
+  };
+  for (const Case c : {Case{"llama_1b", true, 2, 2, 5504}, Case{"llama_1b", true, 2, 4, 5504}, Case{"llama_1b", true, 4, 4, 5472},
+                       Case{"llama_1b", false, 2, 2, 0}, Case{"llama_60m", true, 2, 2, 0}}) {
+    auto specs = llama_parameters(paper_config(c.model));
+    const auto logical = specs;
+    const int64_t elements = layout_arena(specs, c.pad, c.param_bytes, c.grad_bytes);
+    int64_t at = 0, padding = 0;
+    for (size_t i = 0; i < specs.size(); ++i) {
+      const TensorSpec& t = specs[i];
+      EXPECT_EQ(t.offset, logical[i].offset) << t.name;
+      EXPECT_EQ(t.arena_offset, at) << t.name;
+      EXPECT_EQ(t.arena_ld, t.role == TensorRole::MlpDown ? c.down_ld : 0) << c.model << " " << t.name;
+      at += t.arena_numel(), padding += t.arena_numel() - t.numel();
+    }
+    EXPECT_EQ(elements, at);
+    EXPECT_EQ(arena_elements(specs), at);
+    EXPECT_EQ(padding, c.down_ld ? 24 * 2048 * (c.down_ld - 5461) : 0) << c.model;
+  }
+  ModelConfig odd;  // C = 6: the first down projection at element 678, 1356 bytes in: left dense
+  odd.vocab_size = 7, odd.hidden_size = 6, odd.intermediate_size = 41, odd.num_hidden_layers = 2, odd.num_attention_heads = 2;
+  auto specs = llama_parameters(odd);
+  EXPECT_EQ(layout_arena(specs, true, 2, 2), count_parameters(specs));
+}
+
 TEST(ModelSpec, GlobMatch) {
   EXPECT_TRUE(glob_match("model.layers.*.self_attn.q_proj.weight", "model.layers.11.self_attn.q_proj.weight"));
   EXPECT_FALSE(glob_match("model.layers.*.self_attn.q_proj.weight", "model.layers.1.self_attn.k_proj.weight"));

@@ -106,23 +106,31 @@ TEST(GradientReadyOrder, TilesTheArenaInBackwardOrder) {
   }
 }
 
+// Owner runs are arena ranges: over llama_60m's dense arena and llama_1b's CUDA one, whose down
+// projections' rows are padded (layout_arena), each padded tensor's run covering its padding.
 TEST(ShardPlan, OwnerRunsTileARangeByOwner) {
-  const RunConfig run = run_for("llama_60m", "swan");
-  const auto specs = llama_parameters(run.model);
-  const auto assign = assign_optimizers(specs, run.optimizer);
-  const ShardPlan plan = plan_shards(assign, run, 3, 1, true);
-  const int64_t begin = specs[1].offset, end = specs[20].offset;  // from layer 0's q_proj, 19 tensors
-  const auto runs = owner_runs(plan, specs, begin, end);
-  ASSERT_FALSE(runs.empty());
-  EXPECT_EQ(runs.front().begin, begin);
-  EXPECT_EQ(runs.back().end, end);
-  for (size_t k = 0; k + 1 < runs.size(); ++k) {
-    EXPECT_EQ(runs[k].end, runs[k + 1].begin);        // contiguous, no gap
-    EXPECT_NE(runs[k].owner, runs[k + 1].owner);      // maximal runs
-  }
-  for (size_t i = 1; i < 20; ++i) {                   // every tensor lies in a run of its owner
-    const auto it = std::find_if(runs.begin(), runs.end(), [&](const OwnerRun& r) { return r.begin <= specs[i].offset && specs[i].offset < r.end; });
-    ASSERT_NE(it, runs.end());
-    EXPECT_EQ(it->owner, plan.owner[i]) << specs[i].name;
+  for (const char* model : {"llama_60m", "llama_1b"}) {
+    const RunConfig run = run_for(model, "swan");
+    auto specs = llama_parameters(run.model);
+    layout_arena(specs, true, 2, 2);
+    const auto assign = assign_optimizers(specs, run.optimizer);
+    const ShardPlan plan = plan_shards(assign, run, 3, 1, true);
+    const int64_t begin = specs[1].arena_offset, end = specs[20].arena_offset;  // from layer 0's q_proj, 19 tensors
+    const auto runs = owner_runs(plan, specs, begin, end);
+    ASSERT_FALSE(runs.empty());
+    EXPECT_EQ(runs.front().begin, begin);
+    EXPECT_EQ(runs.back().end, end);
+    for (size_t k = 0; k + 1 < runs.size(); ++k) {
+      EXPECT_EQ(runs[k].end, runs[k + 1].begin);        // contiguous, no gap
+      EXPECT_NE(runs[k].owner, runs[k + 1].owner);      // maximal runs
+    }
+    for (size_t i = 1; i < 20; ++i) {                   // every tensor lies in a run of its owner, padding and all
+      const TensorSpec& t = specs[i];
+      const auto it = std::find_if(runs.begin(), runs.end(), [&](const OwnerRun& r) { return r.begin <= t.arena_offset && t.arena_offset < r.end; });
+      ASSERT_NE(it, runs.end());
+      EXPECT_EQ(it->owner, plan.owner[i]) << t.name;
+      EXPECT_LE(t.arena_offset + t.arena_numel(), it->end) << t.name;
+    }
+    EXPECT_EQ(specs[7].arena_ld, std::string(model) == "llama_1b" ? 5504 : 0);
   }
 }

@@ -406,9 +406,28 @@ class CostRecorder final : public Backend, public OptimizerKernels {
   }
   // Every element-wise rule of the list: w, g and the states read; w and the states written; the
   // launches as the CUDA backend makes them (one a tensor for one tensor or a mixed list, else one
-  // per kElementwiseManyPerLaunch tensors).
-  void elementwise_update_many(ElementwiseKind kind, const ElementwiseTensor* tensors, int64_t count, const ElementwiseArgs&) override {
+  // per kElementwiseManyPerLaunch tensors). A weight with padded rows alone, through dense copies:
+  // w and g in, w back (elementwise_padded).
+  void elementwise_update_many(ElementwiseKind kind, const ElementwiseTensor* tensors, int64_t count, const ElementwiseArgs& a) override {
     if (count == 0) return;
+    const auto padded = [](const ElementwiseTensor& t) { return t.w.ld != 0 || t.g.ld != 0; };
+    if (std::any_of(tensors, tensors + count, padded)) {
+      std::vector<ElementwiseTensor> dense;
+      for (int64_t i = 0; i < count; ++i) {
+        ElementwiseTensor t = tensors[i];
+        if (!padded(t)) {
+          dense.push_back(t);
+          continue;
+        }
+        // w and g into dense rows (read and written once), w back into its rows (the padding written too)
+        const double rows = double(t.n) / t.cols, cols = double(t.cols), ld = double(t.w.stride(t.cols));
+        add("copy_rows", CostUnit::Memory, 3, rows * (2 * cols * (s_of(t.w) + s_of(t.g)) + (cols + ld) * s_of(t.w)), 0);
+        t.w.ld = t.g.ld = 0, t.cols = 0;
+        elementwise_update_many(kind, &t, 1, a);
+      }
+      elementwise_update_many(kind, dense.data(), static_cast<int64_t>(dense.size()), a);
+      return;
+    }
     const char *name = "", *many_name = "";
     double flops_per_element = 0;
     switch (kind) {

@@ -11,20 +11,17 @@ namespace {
 bool padded(const std::vector<TensorSpec>& specs) {
   return std::any_of(specs.begin(), specs.end(), [](const TensorSpec& t) { return t.arena_offset != t.offset || t.arena_ld != 0; });
 }
-// Host values from the tensors' logical order into the arenas' (zeros in the padding), and back.
-std::vector<float> to_arena(const std::vector<TensorSpec>& specs, const std::vector<float>& logical, int64_t arena_elements) {
-  std::vector<float> arena(static_cast<size_t>(arena_elements), 0.0f);
-  for (const auto& t : specs)
-    for (int64_t r = 0, cols = t.cols(), ld = t.arena_ld ? t.arena_ld : cols; r < t.numel() / cols; ++r)
-      std::copy_n(logical.begin() + t.offset + r * cols, cols, arena.begin() + t.arena_offset + r * ld);
-  return arena;
-}
-std::vector<float> from_arena(const std::vector<TensorSpec>& specs, const std::vector<float>& arena, int64_t nparams) {
-  std::vector<float> logical(static_cast<size_t>(nparams));
-  for (const auto& t : specs)
-    for (int64_t r = 0, cols = t.cols(), ld = t.arena_ld ? t.arena_ld : cols; r < t.numel() / cols; ++r)
-      std::copy_n(arena.begin() + t.arena_offset + r * ld, cols, logical.begin() + t.offset + r * cols);
-  return logical;
+// Calls fn(arena element, logical element, count) for each run a tensor keeps in both orders: a
+// dense tensor whole, a padded one row by row; in table order, so logical <= arena throughout.
+template <class Fn>
+void for_each_run(const std::vector<TensorSpec>& specs, Fn fn) {
+  for (const auto& t : specs) {
+    if (!t.arena_ld) {
+      fn(t.arena_offset, t.offset, t.numel());
+      continue;
+    }
+    for (int64_t r = 0; r < t.rows(); ++r) fn(t.arena_offset + r * t.arena_ld, t.offset + r * t.cols(), t.cols());
+  }
 }
 }  // namespace
 
@@ -35,6 +32,8 @@ ParamStore::ParamStore(Backend& backend, std::vector<TensorSpec> tensors, DType 
                 " weights are not supported (FP32 gradients go with BF16 weights)");
   nparams_ = count_parameters(specs_);
   arena_elements_ = multinorm::arena_elements(specs_);
+  if (padded(specs_) && !be_.activation_layout(dtype_).pad_mlp_rows)
+    throw Error(std::string("model: a tensor table with padded rows for the ") + be_.name() + " backend, which takes dense ones (layout_arena)");
   params_ = be_.allocate(arena_elements_ * dtype_bytes(dtype_));
   grads_ = be_.allocate(arena_elements_ * dtype_bytes(grad_dtype_));
   loss_totals_ = static_cast<LossTotals*>(be_.allocate(sizeof(LossTotals)));
@@ -53,12 +52,17 @@ const TensorSpec& ParamStore::tensor(const std::string& name) const {
 void ParamStore::params_from_host(const std::vector<float>& values) {
   if (static_cast<int64_t>(values.size()) != nparams_)
     throw Error("model: expected " + std::to_string(nparams_) + " parameter values, got " + std::to_string(values.size()));
-  const bool pad = padded(specs_);
-  const std::vector<float> arena = pad ? to_arena(specs_, values, arena_elements_) : std::vector<float>{};
-  const std::vector<float>& host = pad ? arena : values;
-  // Stage FP32 in a backend buffer and convert there (RNE to bf16).
+  // Stage FP32 in a backend buffer in the arena's layout (a padded tensor row by row, its padding
+  // zeroed: no host copy of the arena) and convert there (RNE to bf16).
   void* staging = be_.allocate(arena_elements_ * 4);
-  be_.to_device(staging, host.data(), arena_elements_ * 4);
+  if (padded(specs_)) {
+    be_.zero(Buf{staging, DType::F32}, arena_elements_);
+    for_each_run(specs_, [&](int64_t arena, int64_t logical, int64_t n) {
+      be_.to_device(static_cast<float*>(staging) + arena, values.data() + logical, n * 4);
+    });
+  } else {
+    be_.to_device(staging, values.data(), arena_elements_ * 4);
+  }
   be_.convert(params(), Buf{staging, DType::F32}, arena_elements_);
   be_.release(staging);
 }
@@ -69,7 +73,11 @@ std::vector<float> ParamStore::arena_to_host(Buf arena) const {
   be_.convert(Buf{staging, DType::F32}, arena, arena_elements_);
   be_.to_host(out.data(), staging, arena_elements_ * 4);
   be_.release(staging);
-  return padded(specs_) ? from_arena(specs_, out, nparams_) : out;
+  if (padded(specs_)) {  // the padding squeezed out in place: each run moves down (logical <= arena)
+    for_each_run(specs_, [&](int64_t arena, int64_t logical, int64_t n) { std::copy(out.begin() + arena, out.begin() + arena + n, out.begin() + logical); });
+    out.resize(static_cast<size_t>(nparams_));
+  }
+  return out;
 }
 
 std::vector<float> ParamStore::params_to_host() const { return arena_to_host(params()); }
