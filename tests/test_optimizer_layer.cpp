@@ -231,3 +231,24 @@ TEST(OptimizerLayer, UpdatesAStoreNoModelOwnsAsTheModelsOwn) {
   EXPECT_NE(model.params_to_host(), before);  // an update was applied
   EXPECT_EQ(model.params_to_host(), alone.params_to_host());
 }
+
+// A tensor table laid out with padded rows (the CUDA backend's arenas: layout_arena) on a backend
+// that takes dense ones is refused when the store is made, naming the backend: its optimizer kernels
+// would read the padded rows as dense ones.
+TEST(OptimizerLayer, AStoreWithPaddedRowsOnADenseBackendIsRefused) {
+  ModelConfig cfg;
+  cfg.vocab_size = 64, cfg.hidden_size = 32, cfg.intermediate_size = 41, cfg.num_hidden_layers = 1, cfg.num_attention_heads = 2;
+  cfg.max_position_embeddings = 8;
+  auto specs = llama_parameters(cfg);
+  layout_arena(specs, true, 2, 2);
+  ASSERT_EQ(specs[7].arena_ld, 64);  // the down projection
+  auto be = make_cpu_backend(1);
+  try {
+    ParamStore store(*be, specs, DType::BF16, DType::BF16, {{0, arena_elements(specs)}});
+    FAIL() << "a padded table was accepted on the CPU backend";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("padded rows for the cpu backend"), std::string::npos) << e.what();
+  }
+  specs = llama_parameters(cfg);  // its own dense layout is taken
+  EXPECT_NO_THROW(ParamStore(*be, specs, DType::BF16, DType::BF16, {{0, arena_elements(specs)}}));
+}
