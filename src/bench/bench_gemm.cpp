@@ -1,7 +1,8 @@
 // `multinorm bench gemm`: GEMMs alone through Backend::matmul, each against the device's own square
 // GEMM timed in the same run. With -c MODEL, every GEMM of the model's training micro-batch as the
-// backend runs it (cuda_training_gemm_calls: the MLP's activations in the plan's padded rows, an
-// operand off 16 bytes staged through copy_rows, the copies timed with its GEMM), and beside each
+// backend runs it (cuda_training_gemm_calls: the MLP's activations in the plan's padded rows, the
+// down projection's weight and gradient in the arenas' (layout_arena); any other operand off 16 bytes
+// staged through copy_rows, the copies timed with its GEMM), and beside each
 // the same product with M, N and K rounded up to multiples of 64 and dense rows: what padding the
 // model's widths would give. With --shapes, any products.
 //
