@@ -221,7 +221,7 @@ json timed_step(Backend& gpu, const ModelConfig& cfg, const DoctorOptions& o, co
     j["warnings"].push_back("the model's GEMMs ran at " + std::to_string(static_cast<int>(gemm_tflops)) + " TFLOP/s, " +
                             std::to_string(static_cast<int>(100 * gemm_tflops / reference_tflops)) + "% of this GPU's " +
                             std::to_string(gn) + "^3 GEMM (" + std::to_string(static_cast<int>(reference_tflops)) +
-                            " TFLOP/s): some shape runs a slow cuBLASLt kernel" + (staged.empty() ? "" : " (staged widths: " + staged + ")"));
+                            " TFLOP/s): some shape runs a slow cuBLASLt kernel" + (staged.empty() ? "" : " (widths off 16 bytes: " + staged + ")"));
   json table = json::array();
   for (const KernelTime& k : kernels) {
     json row = {{"name", k.name}, {"launches", k.launches}, {"ms", k.ms}, {"share", kernel_ms > 0 ? k.ms / kernel_ms : 0.0}};
