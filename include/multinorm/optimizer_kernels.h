@@ -104,6 +104,9 @@ struct ElementwiseTensor {
   int64_t n = 0;
   uint64_t tensor = 0;
   int64_t cols = 0;
+  // Whether w or g has padded rows: a device runs its rule through dense copies (the CUDA backend's
+  // elementwise_padded; the cost model counts them so).
+  bool padded() const { return w.ld != 0 || g.ld != 0; }
 };
 // An element-wise update's arguments: the rule's scalars for the update (optim_math::rule_scalars
 // forms them), the write-back, and with `scalars` set the update's scalars in backend memory, whose

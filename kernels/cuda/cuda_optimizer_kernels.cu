@@ -147,11 +147,10 @@ void CudaOptimizerKernels::swan_update_many(const SwanTensor* tensors, int64_t c
 void CudaOptimizerKernels::elementwise_update_many(ElementwiseKind kind, const ElementwiseTensor* tensors, int64_t count,
                                                    const ElementwiseArgs& a) {
   if (count == 0) return;
-  const auto padded = [](const ElementwiseTensor& t) { return t.w.ld != 0 || t.g.ld != 0; };
-  if (std::any_of(tensors, tensors + count, padded)) {
+  if (std::any_of(tensors, tensors + count, [](const ElementwiseTensor& t) { return t.padded(); })) {
     std::vector<ElementwiseTensor> dense;
     for (int64_t i = 0; i < count; ++i)
-      if (padded(tensors[i])) elementwise_padded(kind, tensors[i], a);
+      if (tensors[i].padded()) elementwise_padded(kind, tensors[i], a);
       else dense.push_back(tensors[i]);
     elementwise_update_many(kind, dense.data(), static_cast<int64_t>(dense.size()), a);
     return;

@@ -410,12 +410,11 @@ class CostRecorder final : public Backend, public OptimizerKernels {
   // w and g in, w back (elementwise_padded).
   void elementwise_update_many(ElementwiseKind kind, const ElementwiseTensor* tensors, int64_t count, const ElementwiseArgs& a) override {
     if (count == 0) return;
-    const auto padded = [](const ElementwiseTensor& t) { return t.w.ld != 0 || t.g.ld != 0; };
-    if (std::any_of(tensors, tensors + count, padded)) {
+    if (std::any_of(tensors, tensors + count, [](const ElementwiseTensor& t) { return t.padded(); })) {
       std::vector<ElementwiseTensor> dense;
       for (int64_t i = 0; i < count; ++i) {
         ElementwiseTensor t = tensors[i];
-        if (!padded(t)) {
+        if (!t.padded()) {
           dense.push_back(t);
           continue;
         }

@@ -45,6 +45,16 @@ std::vector<OptimizerMemory> paper_memory_table(const ModelConfig& m) {
   return rows;
 }
 
+namespace {
+// The tensor table in the CUDA backend's arenas (layout_arena: the down projection's rows padded
+// where F's are off 16 bytes).
+std::vector<TensorSpec> cuda_arena(const ModelConfig& m, DType act, DType grad) {
+  std::vector<TensorSpec> specs = llama_parameters(m);
+  layout_arena(specs, cuda_activation_layout(act).pad_mlp_rows, dtype_bytes(act), dtype_bytes(grad));
+  return specs;
+}
+}  // namespace
+
 std::vector<GemmCall> cuda_training_gemm_calls(const ModelConfig& m, int64_t BT, DType act, DType grad) {
   namespace cs = cuda_scratch;
   const int64_t C = m.hidden_size, F = m.intermediate_size, V = m.vocab_size;
@@ -53,9 +63,8 @@ std::vector<GemmCall> cuda_training_gemm_calls(const ModelConfig& m, int64_t BT,
   // The MLP's activations' row strides in the CUDA plan (activation_plan.cpp): s [BT, F], gate_up [BT, 2F].
   const bool padded = cuda_activation_layout(act).pad_mlp_rows && cs::mlp_rows_padded(F, a);
   const int64_t s_ld = padded ? cs::gemm_staged_ld(F, a) : 0, gu_ld = padded ? cs::mlp_gate_up_ld(F, a) : 0;
-  // The down projection's weight and gradient rows in the arenas (layout_arena).
-  std::vector<TensorSpec> specs = llama_parameters(m);
-  layout_arena(specs, cuda_activation_layout(act).pad_mlp_rows, a, g);
+  // The down projection's weight and gradient rows in the arenas.
+  const std::vector<TensorSpec> specs = cuda_arena(m, act, grad);
   const auto down = std::find_if(specs.begin(), specs.end(), [](const TensorSpec& t) { return t.role == TensorRole::MlpDown; });
   const int64_t w_ld = down != specs.end() ? down->arena_ld : 0;
   std::vector<GemmCall> calls;
@@ -127,8 +136,7 @@ int64_t cuda_backend_scratch_bytes(const ModelConfig& m, int64_t B, int64_t T, D
   int64_t sinkgd_all = 0, sinkgd_largest = 0;
   std::vector<cs::SwanShape> swan;  // every matrix in one call, as the optimizer passes them
   int64_t padded = 0;               // an element-wise rule's dense copies of a matrix with padded rows (elementwise_padded)
-  std::vector<TensorSpec> specs = llama_parameters(m);  // outlives the assignments, which point into it
-  layout_arena(specs, cuda_activation_layout(act).pad_mlp_rows, dtype_bytes(act), dtype_bytes(grad));
+  const std::vector<TensorSpec> specs = cuda_arena(m, act, grad);  // outlives the assignments, which point into it
   const int64_t tensors = static_cast<int64_t>(specs.size());  // sum_squares_many: one result each
   for (const auto& a : assign_optimizers(specs, matrix_optimizer, OptimizerKind::Adam, matrix_params)) {
     if (a.tensor->arena_ld && a.optimizer != OptimizerKind::SinkGD && a.optimizer != OptimizerKind::Swan)
@@ -174,10 +182,7 @@ TrainingMemory training_memory(const RunConfig& run, bool cuda) {
                                               run.optimizer.matrix_params, run.optimizer.momentum,
                                               dtype_bytes(run.precision.params), dtype_bytes(run.precision.optimizer_states));
   // The arenas: the CUDA backend's pads the down projection's rows where F's are off 16 bytes.
-  std::vector<TensorSpec> arena = specs;
-  const int64_t elements = cuda ? layout_arena(arena, cuda_activation_layout(run.precision.params).pad_mlp_rows, dtype_bytes(run.precision.params),
-                                               dtype_bytes(run.precision.grads))
-                                : count_parameters(specs);
+  const int64_t elements = cuda ? arena_elements(cuda_arena(run.model, run.precision.params, run.precision.grads)) : count_parameters(specs);
   TrainingMemory t;
   t.weights = om.weight_bytes + (elements - count_parameters(specs)) * dtype_bytes(run.precision.params);
   t.grads = elements * dtype_bytes(run.precision.grads);
