@@ -38,6 +38,10 @@ assert step["tokens_per_s"] > 0 and "mfu_note" in step, step
 assert step["host_waits_per_step"] == 1 and step["host_drains_per_step"] == 0, step
 assert step["host_waits_per_step_eager"] == 1 and step["host_drains_per_step_eager"] == 1, step
 assert step["launches_per_step"] > 50 and step["graph_speedup"] > 0, step  # 91 at 2 layers
+# the timed graphed step replayed both graphs and captured none (a capture there would be timed);
+# the graphs timed once more with the update waited for at once
+assert step["graphs_in_timed_steps"] == {"micro_batch_captures": 0, "micro_batch_replays": 1, "update_captures": 0, "update_replays": 1}, step
+assert step["step_seconds_graphs_waited"] > 0, step
 kernels = {k["name"] for k in step["kernels"]}
 assert {"attention_forward_mma", "sinkgd_rows", "gemm bf16 (cuBLASLt)"} <= kernels, kernels  # BF16, D = 64: the tensor-core attention
 print("doctor report: %d checks, %d kernels timed" % (len(r["checks"]), len(kernels)))

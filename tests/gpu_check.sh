@@ -153,6 +153,10 @@ for m in s["doctor"]["models"]:  # 52 and 50 checks at one layer; the trainer's 
     assert pos(st["tokens_per_s"]) and pos(st["step_seconds"]) and pos(st["graph_speedup"]), st
     assert (st["host_waits_per_step"], st["host_drains_per_step"], st["host_waits_per_step_eager"], st["host_drains_per_step_eager"]) == (1, 0, 1, 1), st
     assert {"attention_forward_mma", "sinkgd_rows"} <= {k["name"] for k in st["kernels"]} and all(pos(k["ms"]) for k in st["kernels"]), st
+    # the one timed graphed step replayed both graphs and captured none; the graphs timed again, waited for
+    assert st["graphs_in_timed_steps"] == {"micro_batch_captures": 0, "micro_batch_replays": 1, "update_captures": 0, "update_replays": 1}, st
+    assert pos(st["step_seconds_graphs_waited"]), st
+assert "| 1, 1 / 0, 0 |" in md, "the doctor table's timed replays / captures"
 assert [m["step"]["batch"] for m in s["doctor"]["models"]] == [1, 2], s["doctor"]["models"]  # llama_1b's slot: --step-batch
 
 rows = s["step_vs_torch"]["rows"]

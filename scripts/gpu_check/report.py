@@ -165,7 +165,7 @@ def doctor_model(r, m):
     for s in d.get("steps", []):
         keys = ("model", "batch", "seq", "step_seconds", "step_seconds_eager", "graph_speedup", "tokens_per_s", "tflops", "mfu", "peak_tflops",
                 "mfu_note", "launches_per_step", "host_waits_per_step", "host_drains_per_step", "host_waits_per_step_eager",
-                "host_drains_per_step_eager", "kernel_ms", "predicted_on", "error")
+                "host_drains_per_step_eager", "kernel_ms", "predicted_on", "error", "step_seconds_graphs_waited", "graphs_in_timed_steps", "warnings")
         step = {k: s[k] for k in keys if k in s}
         step["kernels"] = [dict({"name": k.get("name", "?"), "launches": k.get("launches"), "ms": num(k, "ms")},
                                 **({"predicted_ms": k["predicted_ms"], "measured_over_predicted": k["ms"] / k["predicted_ms"]}
@@ -746,18 +746,37 @@ def markdown(rep):
     return "\n".join(md) + "\n"
 
 
+def graphs_waited_speedup(step):
+    """The eager step's time over the graphed one's with each update waited for at once (None when not measured)."""
+    e, g = num(step, "step_seconds_eager"), num(step, "step_seconds_graphs_waited")
+    return e / g if e and g else None
+
+
+def timed_graphs(g):
+    """The timed graphed steps' replays and captures: "5, 5 / 0, 0" (micro-batch, update)."""
+    if not isinstance(g, dict):
+        return "—"
+    return (f"{g.get('micro_batch_replays', '?')}, {g.get('update_replays', '?')} / "
+            f"{g.get('micro_batch_captures', '?')}, {g.get('update_captures', '?')}")
+
+
 def doctor_markdown(d):
     md = ["", "## multinorm doctor", "", f"status {d.get('status')}{': ' + d['reason'] if d.get('reason') else ''}. "
           "Its MFU is of a whole training step as the trainer runs it (micro-batch B x T below, forward, backward and the "
           "optimizer update): not the step table's above (forward and backward of its micro-batch only).", ""]
     models = d.get("models", [])
     md += table(["model", "checks", "failed", "B x T", "tokens/s", "MFU (step with the update)", "graphs speed-up",
+                 "graphs, update waited for: speed-up", "timed steps: replays / captures (micro-batch, update)",
                  "host waits / drains a step (trainer)", "eager waits / drains"],
                 [[m.get("model"), m.get("checks"), m.get("failed"), f"{m.get('step', {}).get('batch', '—')} x {m.get('step', {}).get('seq', '—')}",
                   fmt(m.get("step", {}).get("tokens_per_s")), pct(m.get("step", {}).get("mfu")), fmt(m.get("step", {}).get("graph_speedup")),
+                  fmt(graphs_waited_speedup(m.get("step", {}))), timed_graphs(m.get("step", {}).get("graphs_in_timed_steps")),
                   f"{m.get('step', {}).get('host_waits_per_step', '—')} / {m.get('step', {}).get('host_drains_per_step', '—')}",
                   f"{m.get('step', {}).get('host_waits_per_step_eager', '—')} / {m.get('step', {}).get('host_drains_per_step_eager', '—')}"]
                  for m in models])
+    for m in models:
+        for w in m.get("step", {}).get("warnings", []):
+            md += ["", f"- {m['model']}: warning: {w}"]
     for m in models:
         for c in m.get("failing", []):
             md += ["", f"- FAILED {m['model']} {c['section']} {c['name']} ({c['dtype']}): error {fmt(c['error'])} (bound {fmt(c['bound'])}) {c['failure']}"]

@@ -104,6 +104,33 @@ double square_gemm_tflops(Backend& be, int64_t n) {
   return 2.0 * n * n * n / best / 1e12;
 }
 
+// Graphs captured and replayed over some steps: the micro-batch's (the model's cache) and the update's.
+struct GraphCounts {
+  int64_t micro_batch_captures = 0, micro_batch_replays = 0, update_captures = 0, update_replays = 0;
+  GraphCounts operator-(const GraphCounts& b) const {
+    return {micro_batch_captures - b.micro_batch_captures, micro_batch_replays - b.micro_batch_replays, update_captures - b.update_captures,
+            update_replays - b.update_replays};
+  }
+  json to_json() const {
+    return {{"micro_batch_captures", micro_batch_captures}, {"micro_batch_replays", micro_batch_replays}, {"update_captures", update_captures},
+            {"update_replays", update_replays}};
+  }
+};
+
+// Graphed steps slower than eager ones: which of the three it can be, from the figures at hand.
+std::string graphs_slower_warning(double eager_s, double graphed_s, double graphed_waited_s, const GraphCounts& g, int steps) {
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "the graphed steps (the trainer's way) ran at %.2fx the eager steps' speed, %.2fx with each update waited for at once; "
+                "in %d timed steps %lld micro-batch and %lld update graph(s) replayed, %lld and %lld captured%s",
+                eager_s / graphed_s, eager_s / graphed_waited_s, steps, static_cast<long long>(g.micro_batch_replays),
+                static_cast<long long>(g.update_replays), static_cast<long long>(g.micro_batch_captures), static_cast<long long>(g.update_captures),
+                g.micro_batch_captures + g.update_captures > 0 ? " (a capture in a timed step: a buffer moved under a graph)"
+                : eager_s < 0.95 * graphed_waited_s      ? " (the replays themselves are slower)"
+                                                         : " (the pipeline, not the replays: the statistics read a step later)");
+  return buf;
+}
+
 json timed_step(Backend& gpu, const ModelConfig& cfg, const DoctorOptions& o, const json& device, bool emulated) {
   const int64_t B = o.step_batch > 0 ? o.step_batch : o.batch, T = std::min(o.seq, cfg.max_position_embeddings), BT = B * T;
   const RunConfig run = step_run(cfg, B, T);
@@ -147,11 +174,14 @@ json timed_step(Backend& gpu, const ModelConfig& cfg, const DoctorOptions& o, co
   struct Timing {
     double seconds;
     int64_t waits, drains;  // per step
+    GraphCounts graphs;     // captured and replayed within the timed steps
   };
   WorkQueue& q = gpu.queue();
+  auto graph_counts = [&] { return GraphCounts{model.graphs().captures(), model.graphs().replays(), opt.graphs().captures(), opt.graphs().replays()}; };
   auto timed = [&](const std::function<void()>& one) {
     if (!pending) q.wait_all();  // a pipelined run's update in flight stays, as in a run
     const QueueCounters c0 = q.counters();
+    const GraphCounts g0 = graph_counts();
     const auto t0 = Clock::now();
     for (int s = 0; s < o.steps; ++s) one();
     const QueueCounters c1 = q.counters();
@@ -159,7 +189,7 @@ json timed_step(Backend& gpu, const ModelConfig& cfg, const DoctorOptions& o, co
     q.wait_all();
     const int64_t n = std::max(1, o.steps);
     return Timing{std::chrono::duration<double>(Clock::now() - t0).count() / n, (c1.host_waits - c0.host_waits) / n,
-                  (c1.host_drains - c0.host_drains) / n};
+                  (c1.host_drains - c0.host_drains) / n, graph_counts() - g0};
   };
   model.set_graphs(false);
   for (int w = 0; w < o.warmup; ++w) step();
@@ -168,6 +198,9 @@ json timed_step(Backend& gpu, const ModelConfig& cfg, const DoctorOptions& o, co
   opt.set_graphs(true);
   pipelined_step(), pipelined_step(), pipelined_step();  // eager, then captured
   const Timing graphed = timed(pipelined_step);
+  // The graphs once more with each update waited for at once, as the eager steps: a graphed step
+  // slower than an eager one is then the replays' (or a capture's: counted) or the pipeline's.
+  const Timing graphed_waited = timed(step);
   const double seconds = graphed.seconds, eager_seconds = eager.seconds;
   gpu.set_profiling(true);  // profiled steps run eagerly
   step();
@@ -189,6 +222,10 @@ json timed_step(Backend& gpu, const ModelConfig& cfg, const DoctorOptions& o, co
             {"host_waits_per_step", graphed.waits}, {"host_drains_per_step", graphed.drains}, {"host_waits_per_step_eager", eager.waits},
             {"host_drains_per_step_eager", eager.drains}, {"tokens_per_s", BT / seconds}, {"tflops", tflops}, {"flops_per_step", flops},
             {"kernel_ms", kernel_ms}};
+  j["step_seconds_graphs_waited"] = graphed_waited.seconds;
+  j["graphs_in_timed_steps"] = graphed.graphs.to_json();
+  if (!emulated && eager_seconds < 0.95 * seconds)  // the trainer's way, the graphs, ran slower than every launch from the host
+    j["warnings"].push_back(graphs_slower_warning(eager_seconds, seconds, graphed_waited.seconds, graphed.graphs, o.steps));
   if (peak > 0) j["peak_tflops"] = peak, j["mfu"] = tflops / peak;
   else j["mfu_note"] = "no BF16 peak known for '" + name + "': MFU not computed";
   // The cost model's roofline of the same step on this GPU, kernel by kernel.
@@ -247,6 +284,12 @@ void print_step(const json& s, bool emulated) {
               s["step_seconds_eager"].get<double>(), static_cast<long long>(s["host_waits_per_step_eager"].get<int64_t>()),
               static_cast<long long>(s["host_drains_per_step_eager"].get<int64_t>()), s["graph_speedup"].get<double>(),
               static_cast<long long>(s["host_waits_per_step"].get<int64_t>()), static_cast<long long>(s["host_drains_per_step"].get<int64_t>()));
+  const json& g = s["graphs_in_timed_steps"];
+  std::printf("  graphs with each update waited for at once: %.2fx the eager speed; the timed steps replayed %lld micro-batch and %lld update graph(s),\n"
+              "  captured %lld and %lld\n",
+              s["step_seconds_eager"].get<double>() / s["step_seconds_graphs_waited"].get<double>(),
+              static_cast<long long>(g["micro_batch_replays"].get<int64_t>()), static_cast<long long>(g["update_replays"].get<int64_t>()),
+              static_cast<long long>(g["micro_batch_captures"].get<int64_t>()), static_cast<long long>(g["update_captures"].get<int64_t>()));
   std::printf("  %lld kernel launches a step (one micro-batch and its update)\n", static_cast<long long>(s["launches_per_step"].get<int64_t>()));
   std::printf("  the model's GEMMs: %.1f TFLOP/s, %.0f%% of this device's %lld^3 BF16 GEMM (%.1f TFLOP/s)\n", s["model_gemm_tflops"].get<double>(),
               100 * s["model_gemm_fraction"].get<double>(), static_cast<long long>(s["gemm_reference"]["shape"].get<int64_t>()),
