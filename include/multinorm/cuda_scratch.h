@@ -150,12 +150,26 @@ inline bool gemm_adds_back(const GemmStaging& st, bool accumulate, int64_t out_b
 inline bool gemm_reads_residual(const GemmStaging& st, int64_t M, int64_t N, int64_t K, uintptr_t residual_address) {
   return M > 0 && N > 0 && K > 0 && !st.out.staged && residual_address % 16 == 0;
 }
-// SinkGD's rows pass reads a tensor by the columns each thread owns, 16 bytes at a time, where its
-// base is on 16 bytes and its rows are whole packs (sinkgd.cu's sinkgd_rows); any other tensor (llama_1b's
-// 5461-wide down projection) by the aligned packs that hold each row (sinkgd_rows_spanning), in a
-// launch of its own: one rule for the launches and the cost model's count of them.
-inline bool sinkgd_rows_packed(uintptr_t g_address, int64_t n, int64_t ld, int64_t g_bytes) {
-  return g_address % 16 == 0 && (n * g_bytes) % 16 == 0 && (ld * g_bytes) % 16 == 0;
+// SinkGD's rows pass, one launch per kind of tensor in it (each kind its kernel's own registers).
+// Where G's base and row stride are on 16 bytes a thread owns columns and reads them 16 bytes at a
+// time (a row's last pack masked where n is not whole packs, as llama_1b's 5461-wide down projection
+// in its 128-byte arena rows): with at most 1, 2 or 3 packs a thread, their v and column sums stay in
+// registers (sinkgd.cu's sinkgd_rows_registers), with more in shared memory (sinkgd_rows). Dense rows
+// off 16 bytes are read as the aligned packs that hold each row (sinkgd_rows_spanning). One rule for
+// the launches and the cost model's count of them.
+enum class SinkgdRows : int { OnePack, TwoPacks, ThreePacks, Packed, Spanning };
+constexpr int kSinkgdRowsKinds = 5;
+// Threads a row takes (sinkgd.cu's row_group_threads, blocks of 256): the smallest of 32, 64, 128,
+// 256 that covers the row's packs of `pack` values.
+inline int64_t sinkgd_row_threads(int64_t n, int64_t pack) {
+  int64_t S = 32;
+  while (S < 256 && S * pack < n) S *= 2;
+  return S;
+}
+inline SinkgdRows sinkgd_rows_kind(uintptr_t g_address, int64_t n, int64_t ld, int64_t g_bytes) {
+  if (g_address % 16 != 0 || (ld * g_bytes) % 16 != 0) return SinkgdRows::Spanning;
+  const int64_t P = 16 / g_bytes, S = sinkgd_row_threads(n, P), packs = (n + P * S - 1) / (P * S);
+  return packs <= 1 ? SinkgdRows::OnePack : packs == 2 ? SinkgdRows::TwoPacks : packs == 3 ? SinkgdRows::ThreePacks : SinkgdRows::Packed;
 }
 // RMSNorm backward's blocks (1024 of at least 8 rows, for more waves at llama_1b, ran 5.56 ms against
 // 5.03 for 256 on an H200, 2026-11-28, and its dw pass 0.68 against 0.32).

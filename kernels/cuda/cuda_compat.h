@@ -13,6 +13,9 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #define MN_EMULATED 0
+// A kernel's register budget: at most `threads` a block, at least `blocks` blocks an SM (ptxas caps
+// the registers a thread to fit; the emulated build has no registers to cap).
+#define MN_LAUNCH_BOUNDS(threads, blocks) __launch_bounds__(threads, blocks)
 // The block's dynamic shared memory as an array of `type` (16-byte aligned).
 #define MN_DYNAMIC_SHARED(type, name)                                  \
   extern __shared__ __align__(16) unsigned char mn_dynamic_shared_[]; \
@@ -20,6 +23,7 @@
 #else
 #include "emulation/cuda_emulation.h"
 #define MN_EMULATED 1
+#define MN_LAUNCH_BOUNDS(threads, blocks)
 #define MN_DYNAMIC_SHARED(type, name) type* name = static_cast<type*>(::cuda_emu::dynamic_shared())
 #endif
 

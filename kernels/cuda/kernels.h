@@ -173,10 +173,10 @@ struct SinkgdManyItem {
 static_assert(sizeof(SinkgdManyItem) == cuda_scratch::kSinkgdManyItemBytes, "the memory plan counts this size");
 SinkgdManyItem sinkgd_item(void* w, const void* g, int64_t m, int64_t n, int64_t ld, float* scratch, uint64_t tensor);
 // The blocks of the three passes for items[0..count) (each item's first blocks set here), after
-// ordering the items: those the rows pass reads packed (cuda_scratch::sinkgd_rows_packed, G of
-// g_bytes) first, their row blocks [0, packed_row_blocks), a launch of their own.
+// ordering the items by the rows pass's kind (cuda_scratch::sinkgd_rows_kind, G of g_bytes): kind
+// k's row blocks [rows_begin[k], rows_begin[k + 1]), a launch of their own.
 struct SinkgdLayout {
-  int64_t row_blocks = 0, packed_row_blocks = 0, col_blocks = 0, apply_blocks = 0, max_n = 0;
+  int64_t rows_begin[cuda_scratch::kSinkgdRowsKinds + 1] = {}, col_blocks = 0, apply_blocks = 0, max_n = 0;
 };
 SinkgdLayout sinkgd_layout(SinkgdManyItem* items, int64_t count, int64_t g_bytes);
 template <class T, class G>

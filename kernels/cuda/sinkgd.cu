@@ -12,12 +12,13 @@
 //   G and W once and writes W.
 // Bytes: L x (|G| + chunks n 4 x 2) + |G| + 2 |W|; with BF16 G and W that is 2L + 6 bytes per element
 // (L = 5: 16 B/element) against Adam's 12 (BF16 w, g, m, v read; w, m, v written) — and no state.
-// A row is read once where a thread owns at most one pack of it (sinkgd_rows_registers), else its
-// second read (for the column partial) hits L1: a BF16 row of 5461 is 11 KB. The rows pass
-// reads G 16 bytes per thread (LDG.128): rows whose base is 16-byte aligned and whose width is a
-// multiple of 8 (BF16) or 4 (FP32) values by columns a thread owns (sinkgd_rows), others (llama_1b's
-// 5461-wide down projection) as the aligned packs that hold each row (sinkgd_rows_spanning). The W
-// write moves W and G in 16-byte packs where rows are aligned, else element by element.
+// A row is read once where a thread owns at most three packs of it (sinkgd_rows_registers: every
+// llama_1b matrix in BF16), else its second read (for the column partial) hits L1. The rows pass
+// reads G 16 bytes per thread (LDG.128) where the rows start on 16 bytes (base and stride), a row's
+// last pack masked where n is not whole packs (llama_1b's 5461-wide down projection in its 128-byte
+// arena rows); dense rows off 16 bytes as the aligned packs that hold each row
+// (sinkgd_rows_spanning). The W write moves W and G in 16-byte packs where rows are whole packs,
+// else element by element.
 // A block finds its tensor by a binary search of the launch's descriptors (at most kSinkgdManyPerLaunch, in L2).
 #include <cmath>
 
@@ -59,9 +60,10 @@ __device__ __forceinline__ int row_group_threads(int64_t n, int P) {
 
 // Where column j's partial sits in a group's [n] partial. Runs of 8 (BF16 packs) are split into two
 // halves of 4 kept n/2 apart, so a warp's 16-byte partial updates fall 16 bytes apart (one bank
-// wavefront per quarter-warp), not 32 (two).
+// wavefront per quarter-warp), not 32 (two). Rows that are not whole packs (a masked last pack:
+// llama_1b's 5461 columns) keep the plain order, updated element by element.
 __device__ __forceinline__ int64_t partial_index(int64_t j, int64_t n, int P) {
-  if (P != 8) return j;
+  if (P != 8 || n % 8 != 0) return j;
   const int64_t k = j % 8;
   return (k < 4 ? 0 : n / 2) + j / 8 * 4 + k % 4;
 }
@@ -84,12 +86,52 @@ __device__ __forceinline__ float row_scale_squared(float r, float* scratch, int 
   return ui * ui;
 }
 
+// R rows' scales at once, one barrier for all (the rows of a round: first_row + q row_step, q < R):
+// each row's norm from its group's warp sums added in warp order, as row_scale_squared, so the same
+// bits; r[q] becomes u_i^2 (0 for a row past the chunk).
+template <int R>
+__device__ __forceinline__ void rows_scales_squared(float (&r)[R], float* scratch, int half, int group, int group_warps, int gt, int64_t first_row,
+                                                   int64_t row_step, int64_t end, float* u, float sqrt_n, float eps) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  float* s = scratch + half * R * warps;
+#pragma unroll
+  for (int q = 0; q < R; ++q) {
+    const float w = warp_sum(r[q]);
+    if (lane == 0) s[q * warps + warp] = w;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int q = 0; q < R; ++q) {
+    const int64_t i = first_row + q * row_step;
+    float t = 0.0f;
+    for (int w = 0; w < group_warps; ++w) t += s[q * warps + group * group_warps + w];
+    const float ui = sqrt_n / fmaxf(sqrtf(t), eps);
+    if (gt == 0 && i < end) u[i] = ui;
+    r[q] = i < end ? ui * ui : 0.0f;
+  }
+}
+
+// The pack of a row at column j, its values past column n zero (a row's last pack where n is not a
+// whole number of packs: a tensor whose rows are ld elements apart spans m ld of them, as a padded
+// arena tensor does, so the whole pack is inside its row's stride).
+template <class G>
+__device__ __forceinline__ Pack<G> load_row_pack(const G* gi, int64_t j, int64_t n) {
+  constexpr int P = Pack<G>::kSize;
+  Pack<G> pk = *reinterpret_cast<const Pack<G>*>(gi + j);
+  if (j + P > n)
+#pragma unroll
+    for (int p = 0; p < P; ++p)
+      if (j + p >= n) pk.v[p] = from_float<G>(0.0f);
+  return pk;
+}
+
 // One row pass over rows begin..end-1 of one tensor: u from v, and the chunk's column partial of
 // u^2 G^2. Groups of S threads (row_group_threads) take blockDim / S rows at a time, each group with
 // its own column partial in shared memory (col + group n): thread t of a group owns columns
-// P t + P S k .. + P - 1, reading G 16 bytes at a time (P: a pack). A row's norm is its group's warp
-// sums added in warp order after one barrier a round (the round's scratch half alternates, so no
-// second barrier). The caller adds the groups' partials in group order.
+// P t + P S k .. + P - 1, reading G 16 bytes at a time (P: a pack; a row's last pack masked where n
+// is not a whole number of packs). A row's norm is its group's warp sums added in warp order after
+// one barrier a round (the round's scratch half alternates, so no second barrier). The caller adds
+// the groups' partials in group order. For rows wider than sinkgd_rows_registers takes.
 template <class G, int P>
 __device__ void sinkgd_rows(const G* g, float* u, const float* v, float* col, float* scratch, int64_t begin, int64_t end, int64_t n, int64_t ld,
                             bool first_pass, float sqrt_n, float eps, int S) {
@@ -97,6 +139,7 @@ __device__ void sinkgd_rows(const G* g, float* u, const float* v, float* col, fl
   const int group_warps = S / 32;
   float* colg = col + int64_t(group) * n;
   const int64_t stride = int64_t(P) * S;
+  const bool whole_packs = n % P == 0;
   int half = 0;
   for (int64_t r0 = begin; r0 < end; r0 += groups, half ^= 1) {
     const int64_t i = r0 + group;
@@ -104,83 +147,110 @@ __device__ void sinkgd_rows(const G* g, float* u, const float* v, float* col, fl
     const G* gi = g + i * ld;
     float r = 0.0f;
     for (int64_t j = int64_t(P) * gt; live && j < n; j += stride) {
-      float x[P];
-      load_values<G, P>(gi, j, x);
+      const Pack<G> x = load_row_pack(gi, j, n);
 #pragma unroll
       for (int p = 0; p < P; ++p) {
-        const float y = first_pass ? x[p] : x[p] * v[j + p];  // v = 1 before the first pass
+        const float xp = to_float(x.v[p]);
+        const float y = first_pass ? xp : xp * (j + p < n ? v[j + p] : 1.0f);  // v = 1 before the first pass
         r += y * y;
       }
     }
     const float u2 = row_scale_squared(r, scratch, half, group, group_warps, gt, live, i, u, sqrt_n, eps);
     if (!live) continue;
     for (int64_t j = int64_t(P) * gt; j < n; j += stride) {
-      float x[P];
-      load_values<G, P>(gi, j, x);
+      const Pack<G> x = load_row_pack(gi, j, n);
+      if (!whole_packs) {
+        for (int p = 0; p < P && j + p < n; ++p) colg[j + p] += u2 * to_float(x.v[p]) * to_float(x.v[p]);
+        continue;
+      }
 #pragma unroll
       for (int q = 0; q < P; q += 4) {
         Pack<float>& c = *reinterpret_cast<Pack<float>*>(colg + partial_index(j + q, n, P));
 #pragma unroll
-        for (int p = 0; p < 4; ++p) c.v[p] += u2 * x[q + p] * x[q + p];
+        for (int p = 0; p < 4; ++p) c.v[p] += u2 * to_float(x.v[q + p]) * to_float(x.v[q + p]);
       }
     }
   }
 }
 
-// sinkgd_rows where a thread owns at most one pack of a row (n <= P S: llama_1b's 2048-wide BF16
-// matrices): its columns' v and partial sums stay in registers over the chunk's rows, each row is
-// read once, the next row's pack is loaded before this row's reduction and barrier, and the partials
-// reach shared memory once, at the end. The same sums as sinkgd_rows (a thread's columns, its
-// group's rows in order), so the same bits. On an H200 (2026-11-28, ncu) sinkgd_rows ran with the
-// memory pipes 86% busy and DRAM 21%: per 16 bytes of G it read 32 bytes of v and updated 32 bytes
-// of shared partial every row.
-template <class G, int P>
+// sinkgd_rows where a thread owns at most K packs of a row (n <= K P S: llama_1b's 2048-wide BF16
+// matrices at K = 1, its 5461-wide down projection at K = 3): its columns' v and partial sums stay in
+// registers over the chunk's rows, each row is read once, R rows a round are loaded together (8
+// packs a thread in flight) and share one barrier, and the partials reach shared memory once, at the
+// end. The same sums as sinkgd_rows (a thread's columns in order, its group's rows in order), so the
+// same bits. On an H200 (2026-11-28, ncu) sinkgd_rows ran with the memory pipes 86% busy and DRAM
+// 21%: per 16 bytes of G it read 32 bytes of v and updated 32 bytes of shared partial every row.
+template <class G, int K, int R>
 __device__ void sinkgd_rows_registers(const G* g, float* u, const float* v, float* col, float* scratch, int64_t begin, int64_t end, int64_t n,
                                       int64_t ld, bool first_pass, float sqrt_n, float eps, int S) {
+  constexpr int P = Pack<G>::kSize;
   const int group = threadIdx.x / S, gt = threadIdx.x % S, groups = blockDim.x / S;
-  const int group_warps = S / 32;
-  const int64_t j = int64_t(P) * gt;
-  const bool owner = j < n;  // a thread past the row's last pack owns no column
-  float vj[P], acc[P], x[P] = {}, next[P] = {};
+  const int group_warps = S / 32, width = static_cast<int>(n);  // n fits a block's shared partial: an int
+  float vj[K][P], acc[K][P];
 #pragma unroll
-  for (int p = 0; p < P; ++p) vj[p] = first_pass || !owner ? 1.0f : v[j + p], acc[p] = 0.0f;
-  auto load_row = [&](int64_t i, float (&dst)[P]) {
-    if (owner && i < end) load_values<G, P>(g + i * ld, j, dst);
-  };
-  load_row(begin + group, x);
+  for (int k = 0; k < K; ++k)
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      const int j = P * (gt + k * S) + p;
+      vj[k][p] = first_pass || j >= width ? 1.0f : v[j], acc[k][p] = 0.0f;  // v = 1 before the first pass
+    }
+  const int64_t row_step = int64_t(groups) * ld;
   int half = 0;
-  for (int64_t r0 = begin; r0 < end; r0 += groups, half ^= 1) {
-    const int64_t i = r0 + group;
-    const bool live = i < end;  // group-uniform: a group past the chunk's last row still meets the barrier
-    load_row(i + groups, next);  // in flight across this row's reduction
-    float r = 0.0f;
-    if (owner && live) {
+  for (int64_t r0 = begin; r0 < end; r0 += int64_t(groups) * R, half ^= 1) {
+    const G* row = g + (r0 + group) * ld;
+    const int rows = static_cast<int>((end - r0 - group + groups - 1) / groups);  // this group's live rows from r0 (may exceed R)
+    Pack<G> x[R][K];
 #pragma unroll
-      for (int p = 0; p < P; ++p) {
-        const float y = first_pass ? x[p] : x[p] * vj[p];  // v = 1 before the first pass
-        r += y * y;
+    for (int q = 0; q < R; ++q)
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        const int j = P * (gt + k * S);
+        if (q < rows && j < width) x[q][k] = load_row_pack(row + q * row_step, j, n);
+        else
+#pragma unroll
+          for (int p = 0; p < P; ++p) x[q][k].v[p] = from_float<G>(0.0f);
       }
-    }
-    const float u2 = row_scale_squared(r, scratch, half, group, group_warps, gt, live, i, u, sqrt_n, eps);
-    if (live && owner) {
+    float r[R];
 #pragma unroll
-      for (int p = 0; p < P; ++p) acc[p] += u2 * x[p] * x[p];
-    }
+    for (int q = 0; q < R; ++q) {
+      r[q] = 0.0f;
 #pragma unroll
-    for (int p = 0; p < P; ++p) x[p] = next[p];
+      for (int k = 0; k < K; ++k)
+#pragma unroll
+        for (int p = 0; p < P; ++p) {
+          const float y = to_float(x[q][k].v[p]) * vj[k][p];
+          r[q] += y * y;
+        }
+    }
+    rows_scales_squared<R>(r, scratch, half, group, group_warps, gt, r0 + group, groups, end, u, sqrt_n, eps);
+#pragma unroll
+    for (int q = 0; q < R; ++q)
+      if (q < rows)  // group-uniform
+#pragma unroll
+        for (int k = 0; k < K; ++k)
+#pragma unroll
+          for (int p = 0; p < P; ++p) acc[k][p] += r[q] * to_float(x[q][k].v[p]) * to_float(x[q][k].v[p]);
   }
-  if (!owner) return;
   float* colg = col + int64_t(group) * n;
 #pragma unroll
-  for (int q = 0; q < P; q += 4) {
-    Pack<float>& c = *reinterpret_cast<Pack<float>*>(colg + partial_index(j + q, n, P));
+  for (int k = 0; k < K; ++k) {
+    const int j = P * (gt + k * S);
+    if (j >= width) continue;
+    if (width % P != 0) {
+      for (int p = 0; p < P && j + p < width; ++p) colg[j + p] = acc[k][p];
+      continue;
+    }
 #pragma unroll
-    for (int p = 0; p < 4; ++p) c.v[p] = acc[q + p];
+    for (int q = 0; q < P; q += 4) {
+      Pack<float>& c = *reinterpret_cast<Pack<float>*>(colg + partial_index(j + q, n, P));
+#pragma unroll
+      for (int p = 0; p < 4; ++p) c.v[p] = acc[k][q + p];
+    }
   }
 }
 
-// The row pass where rows are off 16 bytes (n not a whole number of packs, as llama_1b's 5461-wide
-// down projection, or a base off 16 bytes): a row is read as the aligned packs that hold it, thread
+// The row pass where rows do not all start on 16 bytes (a dense row stride off 16 bytes: 5461
+// BF16 columns outside a padded arena, or a base off 16 bytes): a row is read as the aligned packs that hold it, thread
 // gt of a group taking packs gt, gt + S, ..., the elements outside the row masked, so G moves 16
 // bytes a load as in the packed path (element by element only where a pack reaches past the
 // tensor). A column's owner changes from row to row; the round's barrier orders its partial's
@@ -237,15 +307,17 @@ __device__ void sinkgd_rows_spanning(const G* g, float* u, const float* v, float
 }
 
 // One row pass of one tensor's chunk (a block): u from v, and the chunk's column partial of u^2 G^2.
-// The packed tensors' blocks come first (cuda_scratch::sinkgd_rows_packed: the layout orders them so)
-// and each kind has a launch of its own, its blocks from `first_block`: the spanning path's registers
-// are not the packed path's occupancy.
-template <class G, bool kSpanning>
-__global__ void sinkgd_rows_kernel(const SinkgdManyItem* items, int64_t count, int64_t first_block, bool first_pass, float eps,
+// The layout orders the tensors by kind (cuda_scratch::sinkgd_rows_kind) and each kind has a launch
+// of its own, its blocks from `first_block`: one kind's registers are not another's occupancy.
+template <class G, int kKind>
+__global__ void MN_LAUNCH_BOUNDS(kThreads, 2) sinkgd_rows_kernel(const SinkgdManyItem* items, int64_t count, int64_t first_block, bool first_pass, float eps,
                                    const UpdateScalars* scalars) {
   if (scalars && scalars->stats.skip) return;  // a skipped update: no pass (the scratch is not read after)
+  using Kind = cuda_scratch::SinkgdRows;
+  constexpr bool spanning = kKind == int(Kind::Spanning), registers = kKind <= int(Kind::ThreePacks);
+  constexpr int P = Pack<G>::kSize;
   MN_DYNAMIC_SHARED(float, col);
-  __shared__ float scratch[64];
+  __shared__ float scratch[2 * 8 * (kThreads / 32)];  // two halves of 8 rows' warp sums (rows_scales_squared)
   const int64_t block = first_block + int64_t(blockIdx.x);
   const SinkgdManyItem& it = items[item_of_block(items, count, block, [](const SinkgdManyItem& x) { return x.first_row_block; })];
   const G* g = static_cast<const G*>(it.g);
@@ -253,23 +325,24 @@ __global__ void sinkgd_rows_kernel(const SinkgdManyItem* items, int64_t count, i
   float* u = it.scratch;
   const float* v = u + m;
   float* partials = u + m + n;
-  constexpr bool packed = !kSpanning;
-  const int S = row_group_threads(n, Pack<G>::kSize), groups = blockDim.x / S;
-  for (int64_t j = threadIdx.x; j < groups * n; j += blockDim.x) col[j] = 0.0f;
-  __syncthreads();  // a thread's columns differ between this loop and the passes below
+  const int S = row_group_threads(n, P), groups = blockDim.x / S;
   const int64_t begin = chunk * it.rows_per_chunk;
   const int64_t end = begin + it.rows_per_chunk < m ? begin + it.rows_per_chunk : m;
-  constexpr int P = Pack<G>::kSize;
-  if constexpr (packed) {
-    const int64_t packs_a_thread = (n + int64_t(P) * S - 1) / (int64_t(P) * S);
-    if (packs_a_thread == 1) sinkgd_rows_registers<G, P>(g, u, v, col, scratch, begin, end, n, ld, first_pass, it.sqrt_n, eps, S);
-    else sinkgd_rows<G, P>(g, u, v, col, scratch, begin, end, n, ld, first_pass, it.sqrt_n, eps, S);
-  } else
-    sinkgd_rows_spanning<G>(g, u, v, col, scratch, begin, end, m, n, ld, first_pass, it.sqrt_n, eps, S);
+  // The kind's packs a thread (the host's rule); more, as a rule out of step would give, take sinkgd_rows: the same sums.
+  const bool in_registers = registers && (n + int64_t(P) * S - 1) / (int64_t(P) * S) <= kKind + 1;
+  if (!in_registers) {  // those two add into the partial; the registers' kernel writes every column of it
+    for (int64_t j = threadIdx.x; j < groups * n; j += blockDim.x) col[j] = 0.0f;
+    __syncthreads();  // a thread's columns differ between this loop and the passes below
+  }
+  if constexpr (spanning) sinkgd_rows_spanning<G>(g, u, v, col, scratch, begin, end, m, n, ld, first_pass, it.sqrt_n, eps, S);
+  else if (!in_registers) sinkgd_rows<G, P>(g, u, v, col, scratch, begin, end, n, ld, first_pass, it.sqrt_n, eps, S);
+  else if constexpr (kKind == int(Kind::OnePack)) sinkgd_rows_registers<G, 1, 8>(g, u, v, col, scratch, begin, end, n, ld, first_pass, it.sqrt_n, eps, S);
+  else if constexpr (kKind == int(Kind::TwoPacks)) sinkgd_rows_registers<G, 2, 2>(g, u, v, col, scratch, begin, end, n, ld, first_pass, it.sqrt_n, eps, S);
+  else if constexpr (kKind == int(Kind::ThreePacks)) sinkgd_rows_registers<G, 3, 2>(g, u, v, col, scratch, begin, end, n, ld, first_pass, it.sqrt_n, eps, S);
   __syncthreads();
   for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
     float s = 0.0f;
-    const int64_t at = partial_index(j, n, packed ? Pack<G>::kSize : 1);
+    const int64_t at = partial_index(j, n, spanning ? 1 : P);
     for (int q = 0; q < groups; ++q) s += col[int64_t(q) * n + at];  // group order: deterministic
     partials[chunk * n + j] = s;
   }
@@ -363,20 +436,23 @@ SinkgdManyItem sinkgd_item(void* w, const void* g, int64_t m, int64_t n, int64_t
 }
 
 SinkgdLayout sinkgd_layout(SinkgdManyItem* items, int64_t count, int64_t g_bytes) {
-  // The packed tensors first, in their order, then the others (each tensor's sums are its own: the
-  // order changes no bits).
-  const auto packed = [g_bytes](const SinkgdManyItem& it) { return cuda_scratch::sinkgd_rows_packed(reinterpret_cast<uintptr_t>(it.g), it.n, it.ld, g_bytes); };
-  std::stable_partition(items, items + count, packed);
+  // The tensors by the rows pass's kind, in their order within a kind (each tensor's sums are its
+  // own: the order changes no bits).
+  const auto kind = [g_bytes](const SinkgdManyItem& it) {
+    return static_cast<int>(cuda_scratch::sinkgd_rows_kind(reinterpret_cast<uintptr_t>(it.g), it.n, it.ld, g_bytes));
+  };
+  std::stable_sort(items, items + count, [&](const SinkgdManyItem& a, const SinkgdManyItem& b) { return kind(a) < kind(b); });
   SinkgdLayout l;
+  int64_t row_blocks = 0;
   for (int64_t i = 0; i < count; ++i) {
     SinkgdManyItem& it = items[i];
     if (it.n > kSharedOptInFloats)
       throw_launch_error("sinkgd_rows", dim3(), dim3(), it.n * 4,
                          "a row of " + std::to_string(it.n) + " columns exceeds the " + std::to_string(kSharedOptInFloats) +
                              " of one block's shared column partial (an A100's 163 KB)");
-    it.first_row_block = l.row_blocks, it.first_col_block = l.col_blocks, it.first_apply_block = l.apply_blocks;
-    l.row_blocks += it.m * it.n > 0 ? it.chunks : 0;
-    if (packed(it)) l.packed_row_blocks = l.row_blocks;
+    it.first_row_block = row_blocks, it.first_col_block = l.col_blocks, it.first_apply_block = l.apply_blocks;
+    row_blocks += it.m * it.n > 0 ? it.chunks : 0;
+    for (int k = kind(it) + 1; k <= cuda_scratch::kSinkgdRowsKinds; ++k) l.rows_begin[k] = row_blocks;
     l.col_blocks += ceil_div(it.n, kThreads);
     l.apply_blocks += ceil_div(it.m * it.n, kApplyElementsPerBlock);
     l.max_n = std::max(l.max_n, it.n);
@@ -384,19 +460,26 @@ SinkgdLayout sinkgd_layout(SinkgdManyItem* items, int64_t count, int64_t g_bytes
   return l;
 }
 
+// One rows launch per kind present, its blocks from the kind's first.
+template <class G, int kKind = 0>
+void launch_rows_passes(const SinkgdManyItem* items, int64_t count, const SinkgdLayout& l, size_t shared, bool first_pass, float eps,
+                        const UpdateScalars* scalars, cudaStream_t stream) {
+  if constexpr (kKind < cuda_scratch::kSinkgdRowsKinds) {
+    const int64_t blocks = l.rows_begin[kKind + 1] - l.rows_begin[kKind];
+    if (blocks > 0)
+      launch("sinkgd_rows", sinkgd_rows_kernel<G, kKind>, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), shared, stream, items, count,
+             l.rows_begin[kKind], first_pass, eps, scalars);
+    launch_rows_passes<G, kKind + 1>(items, count, l, shared, first_pass, eps, scalars, stream);
+  }
+}
+
 template <class T, class G>
 void sinkgd_many(const SinkgdManyItem* items, int64_t count, const SinkgdLayout& l, int iterations, float eps, const RuleScalars& r,
                  const WriteBack& wb, ScalarsRef s, cudaStream_t stream) {
   if (count == 0 || l.apply_blocks == 0) return;
   const size_t shared = rows_shared_floats(l) * sizeof(float);
-  const int64_t spanning_blocks = l.row_blocks - l.packed_row_blocks;
   for (int it = 0; it < iterations; ++it) {
-    if (l.packed_row_blocks > 0)
-      launch("sinkgd_rows", sinkgd_rows_kernel<G, false>, dim3(static_cast<unsigned>(l.packed_row_blocks)), dim3(kThreads), shared, stream, items,
-             count, int64_t{0}, it == 0, eps, s.at);
-    if (spanning_blocks > 0)
-      launch("sinkgd_rows", sinkgd_rows_kernel<G, true>, dim3(static_cast<unsigned>(spanning_blocks)), dim3(kThreads), shared, stream, items, count,
-             l.packed_row_blocks, it == 0, eps, s.at);
+    launch_rows_passes<G>(items, count, l, shared, it == 0, eps, s.at, stream);
     launch("sinkgd_cols", sinkgd_cols_kernel, dim3(static_cast<unsigned>(l.col_blocks)), dim3(kThreads), 0, stream, items, count, eps, s.at);
   }
   launch("sinkgd_apply", sinkgd_apply_kernel<T, G>, dim3(static_cast<unsigned>(l.apply_blocks)), dim3(kThreads), 0, stream, items, count,

@@ -307,11 +307,11 @@ class CostRecorder final : public Backend, public OptimizerKernels {
       for (int64_t i = begin + 1; i < end; ++i)
         if (tensors[i].w.dtype != tensors[begin].w.dtype || tensors[i].g.dtype != tensors[begin].g.dtype) end = i;
       double rows = 0, cols = 0, apply = 0, mn = 0;
-      bool packed = false, spanning = false;  // the rows pass's launch kinds (cuda_scratch::sinkgd_rows_packed)
+      bool kinds[cuda_scratch::kSinkgdRowsKinds] = {};  // the rows pass's launches (cuda_scratch::sinkgd_rows_kind)
       for (int64_t i = begin; i < end; ++i) {
         const SinkGDTensor& t = tensors[i];
-        const bool reads_packed = cuda_scratch::sinkgd_rows_packed(reinterpret_cast<uintptr_t>(t.g.ptr), t.n, t.g.stride(t.n), dtype_bytes(t.g.dtype));
-        if (t.m * t.n > 0) packed |= reads_packed, spanning |= !reads_packed;
+        const auto kind = cuda_scratch::sinkgd_rows_kind(reinterpret_cast<uintptr_t>(t.g.ptr), t.n, t.g.stride(t.n), dtype_bytes(t.g.dtype));
+        if (t.m * t.n > 0) kinds[static_cast<int>(kind)] = true;
         const double partials = 4.0 * std::min(t.m, cuda_scratch::kSinkgdChunks) * t.n;
         rows += double(t.m) * t.n * s_of(t.g) + partials + 4.0 * t.m;
         cols += partials + 4.0 * t.n;
@@ -320,7 +320,7 @@ class CostRecorder final : public Backend, public OptimizerKernels {
       }
       const int64_t L = a.iterations;
       if (L > 0) {
-        add("sinkgd_rows", CostUnit::Memory, L * (int(packed) + int(spanning)), L * rows, 4.0 * L * mn);
+        add("sinkgd_rows", CostUnit::Memory, L * std::count(kinds, kinds + cuda_scratch::kSinkgdRowsKinds, true), L * rows, 4.0 * L * mn);
         add("sinkgd_cols", CostUnit::Memory, L, L * cols, 0.0);
       }
       add("sinkgd_apply", CostUnit::Memory, 1, apply, 5.0 * mn);
