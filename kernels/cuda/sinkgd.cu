@@ -17,8 +17,8 @@
 // reads G 16 bytes per thread (LDG.128) where the rows start on 16 bytes (base and stride), a row's
 // last pack masked where n is not whole packs (llama_1b's 5461-wide down projection in its 128-byte
 // arena rows); dense rows off 16 bytes as the aligned packs that hold each row
-// (sinkgd_rows_spanning). The W write moves W and G in 16-byte packs where rows are whole packs,
-// else element by element.
+// (sinkgd_rows_spanning). The W write moves W and G in 16-byte packs where the rows start on 16
+// bytes (a row's last pack masked), else element by element.
 // A block finds its tensor by a binary search of the launch's descriptors (at most kSinkgdManyPerLaunch, in L2).
 #include <cmath>
 
@@ -360,16 +360,19 @@ __global__ void sinkgd_cols_kernel(const SinkgdManyItem* items, int64_t count, f
   v[j] = it.sqrt_m / fmaxf(sqrtf(s), eps);
 }
 
-// W <- W keep - lr u_i G_ij v_j for elements begin..end-1 of one tensor (u = v = 1 when there were no
-// passes; element k is row k / n, column k % n, at i ld + j: rows of ld), P consecutive elements of
-// one row per thread and step: with P > 1 (P divides n and ld, the rows start on 16 bytes) W and G
-// move as 16-byte packs and the row index costs one division per P elements; with P = 1, one per
-// element. The rounding's index is k, the logical element's, whatever ld.
+// W <- W keep - lr u_i G_ij v_j over slots begin..end-1 of one tensor (u = v = 1 when there were no
+// passes): slot s is row s / width, column s % width, at i ld + j (rows of ld), P consecutive slots
+// of one row per thread and step. width is n, or n rounded up to 8 where the rows are whole packs of
+// stride but not of width (the padded arenas' down projection): a row's last pack is then read whole
+// and written with its columns past n as they were, and slots past it are skipped. With P > 1 (P
+// divides width and ld, the rows start on 16 bytes) W and G move as 16-byte packs; with P = 1,
+// element by element. The rounding's index is the logical element's, i n + j, whatever ld.
 template <class T, class G, int P>
-__device__ void sinkgd_apply(T* w, const G* g, const float* u, const float* v, bool scaled, int64_t n, int64_t ld, int64_t begin, int64_t end,
-                             float lr, float keep, const WriteBack& wb) {
-  for (int64_t k = begin + int64_t(P) * threadIdx.x; k < end; k += int64_t(P) * blockDim.x) {
-    const int64_t i = k / n, j = k - i * n, at = i * ld + j;
+__device__ void sinkgd_apply(T* w, const G* g, const float* u, const float* v, bool scaled, int64_t n, int64_t width, int64_t ld, int64_t begin,
+                             int64_t end, float lr, float keep, const WriteBack& wb) {
+  for (int64_t s = begin + int64_t(P) * threadIdx.x; s < end; s += int64_t(P) * blockDim.x) {
+    const int64_t i = s / width, j = s - i * width, at = i * ld + j, k = i * n + j;
+    if (j >= n) continue;
     const float ui = scaled ? u[i] : 1.0f;
     float wk[P], gk[P];
     load_values<T, P>(w, at, wk);
@@ -377,6 +380,10 @@ __device__ void sinkgd_apply(T* w, const G* g, const float* u, const float* v, b
     T out[P];
 #pragma unroll
     for (int p = 0; p < P; ++p) {
+      if (P > 1 && j + p >= n) {  // past the row: the padding as it was
+        out[p] = from_float<T>(wk[p]);
+        continue;
+      }
       const float vj = scaled ? v[j + p] : 1.0f;
       out[p] = store_weight<T>(wk[p] * keep - lr * ui * gk[p] * vj, wb, static_cast<uint64_t>(k + p));
     }
@@ -395,7 +402,11 @@ __device__ void sinkgd_apply(T* w, const G* g, const float* u, const float* v, b
   }
 }
 
-// The W write over one tensor's block of kApplyElementsPerBlock elements (a multiple of every P).
+// A row's slots in the apply pass where its last pack is masked: n rounded up to 8 (a whole number of
+// packs of either size); the layout gives every tensor blocks for that many.
+MN_HOST_DEVICE int64_t sinkgd_apply_width(int64_t n) { return (n + 7) / 8 * 8; }
+
+// The W write over one tensor's block of kApplyElementsPerBlock slots (a multiple of every P).
 template <class T, class G>
 __global__ void sinkgd_apply_kernel(const SinkgdManyItem* items, int64_t count, bool scaled, RuleScalars r, WriteBack wb, const UpdateScalars* s,
                                     int slot) {
@@ -407,13 +418,13 @@ __global__ void sinkgd_apply_kernel(const SinkgdManyItem* items, int64_t count, 
   const float* u = it.scratch;
   const float* v = u + it.m;
   wb.tensor = it.tensor;
-  const int64_t n = it.n, total = it.m * n, begin = (int64_t(blockIdx.x) - it.first_apply_block) * kApplyElementsPerBlock;
-  const int64_t end = begin + kApplyElementsPerBlock < total ? begin + kApplyElementsPerBlock : total;
   constexpr int P = Pack<T>::kSize > Pack<G>::kSize ? Pack<T>::kSize : Pack<G>::kSize;
-  if (packable<T>(w, it.ld) && packable<G>(g, it.ld) && n % P == 0)
-    sinkgd_apply<T, G, P>(w, g, u, v, scaled, n, it.ld, begin, end, lr, keep, wb);
-  else
-    sinkgd_apply<T, G, 1>(w, g, u, v, scaled, n, it.ld, begin, end, lr, keep, wb);
+  const int64_t n = it.n, begin = (int64_t(blockIdx.x) - it.first_apply_block) * kApplyElementsPerBlock;
+  const bool packed_rows = packable<T>(w, it.ld) && packable<G>(g, it.ld) && it.ld % P == 0;
+  const int64_t width = packed_rows && n % P != 0 ? sinkgd_apply_width(n) : n, total = it.m * width;
+  const int64_t end = begin + kApplyElementsPerBlock < total ? begin + kApplyElementsPerBlock : total;
+  if (packed_rows) sinkgd_apply<T, G, P>(w, g, u, v, scaled, n, width, it.ld, begin, end, lr, keep, wb);
+  else sinkgd_apply<T, G, 1>(w, g, u, v, scaled, n, n, it.ld, begin, end, lr, keep, wb);
 }
 
 }  // namespace
@@ -454,7 +465,7 @@ SinkgdLayout sinkgd_layout(SinkgdManyItem* items, int64_t count, int64_t g_bytes
     row_blocks += it.m * it.n > 0 ? it.chunks : 0;
     for (int k = kind(it) + 1; k <= cuda_scratch::kSinkgdRowsKinds; ++k) l.rows_begin[k] = row_blocks;
     l.col_blocks += ceil_div(it.n, kThreads);
-    l.apply_blocks += ceil_div(it.m * it.n, kApplyElementsPerBlock);
+    l.apply_blocks += ceil_div(it.m * sinkgd_apply_width(it.n), kApplyElementsPerBlock);  // enough for either width
     l.max_n = std::max(l.max_n, it.n);
   }
   return l;
