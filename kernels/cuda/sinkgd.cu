@@ -356,7 +356,10 @@ __global__ void sinkgd_cols_kernel(const SinkgdManyItem* items, int64_t count, f
   float* v = it.scratch + it.m;
   const float* partials = v + n;
   float s = 0.0f;
-  for (int64_t c = 0; c < it.chunks; ++c) s += partials[c * n + j];  // chunk order: deterministic
+  // Chunk order (deterministic); unrolled so 16 independent loads are in flight before their adds
+  // (measured on an H200: 37 us a launch against 14 predicted, each thread's loads one at a time).
+#pragma unroll 16
+  for (int64_t c = 0; c < it.chunks; ++c) s += partials[c * n + j];
   v[j] = it.sqrt_m / fmaxf(sqrtf(s), eps);
 }
 
