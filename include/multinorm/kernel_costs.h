@@ -33,7 +33,9 @@ struct KernelCost {
 // dereferenced: every op and copy is a no-op). The update's clip_gradients launch is counted as
 // clipping (a read and a write of the gradients), the worst case. SWAN is recorded with every
 // Newton-Schulz step, as the device runs them (a matrix done early keeps its iterate, not its cost).
-std::unique_ptr<Backend> make_cost_recorder();
+// Its activation and arena layout is the CUDA backend's, or with cuda_layout false the CPU backend's
+// (a CPU run's plans, as `info` makes them: a backend that allocates nothing).
+std::unique_ptr<Backend> make_cost_recorder(bool cuda_layout = true);
 // The kernels recorded since the last take, by name in first-launch order (launches, bytes and
 // FLOPs summed). `recorder` must come from make_cost_recorder().
 std::vector<KernelCost> take_kernel_costs(Backend& recorder);

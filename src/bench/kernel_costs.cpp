@@ -52,6 +52,9 @@ class RecordingQueue final : public WorkQueue {
 
 class CostRecorder final : public Backend, public OptimizerKernels {
  public:
+  explicit CostRecorder(bool cuda_layout) : cuda_layout_(cuda_layout) {}
+  // The CUDA backend's layout (padded MLP rows), or the CPU backend's for a CPU run's plans.
+  ActivationLayout activation_layout(DType act) const override { return cuda_layout_ ? cuda_activation_layout(act) : cpu_activation_layout(act); }
   std::vector<KernelCost> take() {
     std::vector<KernelCost> out;
     out.swap(costs_);
@@ -233,7 +236,6 @@ class CostRecorder final : public Backend, public OptimizerKernels {
   // writes it and the chunk kernel that reads it, the next chunk's GEMM overwriting the same lines:
   // neither is counted. The chunk kernel writes exp(x - max) as BF16; the finish kernel reads and
   // writes dlogits once (6 bytes a logit to DRAM, against the unfused 14).
-  ActivationLayout activation_layout(DType act) const override { return cuda_activation_layout(act); }
   void linear_cross_entropy(float* losses, Buf dlogits, Buf logits, Buf x, Buf w, const int32_t* targets, const uint8_t* mask, int64_t N,
                             int64_t V, int64_t C, float grad_scale) override {
     if (!cuda_fuses_loss_head(x.dtype, w.dtype, dlogits.ptr != nullptr, dlogits.dtype))
@@ -485,13 +487,14 @@ class CostRecorder final : public Backend, public OptimizerKernels {
 
   RecordingQueue queue_;
   uintptr_t next_ = uintptr_t(1) << 46;
+  bool cuda_layout_;
   std::vector<KernelCost> costs_;
   std::map<std::string, size_t> index_;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cost_recorder() { return std::make_unique<CostRecorder>(); }
+std::unique_ptr<Backend> make_cost_recorder(bool cuda_layout) { return std::make_unique<CostRecorder>(cuda_layout); }
 
 std::string staged_gemm_widths(const ModelConfig& m, DType dtype) {
   const int64_t s = dtype_bytes(dtype);

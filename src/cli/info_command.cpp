@@ -79,8 +79,8 @@ void run_info(const InfoOptions& o) {
   const std::vector<int64_t> sharded = state_bytes_per_rank(plan_shards(assign, run, o.ranks, 0, true), assign, run);
   const int64_t sharded_max = *std::max_element(sharded.begin(), sharded.end());
   int64_t staging = 0;
-  if (o.ranks > 1) {  // the model's own buckets, on a backend that allocates nothing
-    auto rec = make_cost_recorder();
+  if (o.ranks > 1) {  // the model's own buckets, on a backend that allocates nothing, in the plan's arena layout
+    auto rec = make_cost_recorder(cuda_plan);
     const LlamaModel model(*rec, run.model, run.precision.params, 1, 1, run.precision.grads);
     staging = gradient_staging_bytes(model.store(), static_cast<int64_t>(run.parallel.bucket_mb * 1048576.0), o.ranks, run.parallel.staging_buckets);
   }
