@@ -175,9 +175,9 @@ __device__ void sinkgd_rows(const G* g, float* u, const float* v, float* col, fl
 
 // sinkgd_rows where a thread owns at most K packs of a row (n <= K P S: llama_1b's 2048-wide BF16
 // matrices at K = 1, its 5461-wide down projection at K = 3): its columns' v and partial sums stay in
-// registers over the chunk's rows, each row is read once, R rows a round are loaded together (8
-// packs a thread in flight) and share one barrier, and the partials reach shared memory once, at the
-// end. The same sums as sinkgd_rows (a thread's columns in order, its group's rows in order), so the
+// registers over the chunk's rows, each row is read once, R rows a round are loaded together (K R
+// packs a thread in flight: 8, 4, 6 for K = 1, 2, 3, as many as 128 registers hold without spilling)
+// and share one barrier, and the partials reach shared memory once, at the end. The same sums as sinkgd_rows (a thread's columns in order, its group's rows in order), so the
 // same bits. On an H200 (2026-11-28, ncu) sinkgd_rows ran with the memory pipes 86% busy and DRAM
 // 21%: per 16 bytes of G it read 32 bytes of v and updated 32 bytes of shared partial every row.
 template <class G, int K, int R>
