@@ -174,7 +174,12 @@ inline SinkgdRows sinkgd_rows_kind(uintptr_t g_address, int64_t n, int64_t ld, i
 // RMSNorm backward's blocks (1024 of at least 8 rows, for more waves at llama_1b, ran 5.56 ms against
 // 5.03 for 256 on an H200, 2026-11-28, and its dw pass 0.68 against 0.32).
 constexpr int64_t kRmsnormBackwardBlocks = 256;      // fixed: the same reduction tree on every GPU
-constexpr int64_t kSinkgdChunks = 128;               // SinkGD's row chunks per pass
+constexpr int64_t kSinkgdChunks = 128;               // SinkGD's row chunks per pass, at most,
+constexpr int64_t kSinkgdChunkRows = 16;             // of at least this many rows (a block's work)
+// SinkGD's row chunks of an m-row tensor (a block each, a column partial each): fixed by m, the same
+// reduction tree on every GPU. 16 rows at least, so a small model's chunk is not a block's fixed
+// costs around 4 rows (llama_60m's 512: 32 chunks, not 128); every llama_1b matrix keeps 128.
+constexpr int64_t sinkgd_chunks(int64_t m) { return std::min(kSinkgdChunks, (m + kSinkgdChunkRows - 1) / kSinkgdChunkRows); }
 constexpr int64_t kSumSquaresBlocks = 256;           // the FP64 sum of squares' fixed grid
 constexpr int64_t kSwanReduceBlocks = 64;            // SWAN's residual reduction: at most, and its partials' stride
 // SWAN's residual reduction over a k x k matrix: a block per 256 elements up to the cap. A block
@@ -213,7 +218,7 @@ constexpr int64_t kDescriptorCacheBytes = 1 << 20;
 inline int64_t padded_rule_g_offset(int64_t n, int64_t w_bytes) { return (n * w_bytes + 255) / 256 * 256; }
 inline int64_t padded_rule_bytes(int64_t n, int64_t w_bytes, int64_t g_bytes) { return padded_rule_g_offset(n, w_bytes) + n * g_bytes; }
 // SinkGD on [m, n]: u (m), v (n), column partials per row chunk, floats
-inline int64_t sinkgd_floats(int64_t m, int64_t n) { return m + n + std::min(m, kSinkgdChunks) * n; }
+inline int64_t sinkgd_floats(int64_t m, int64_t n) { return m + n + sinkgd_chunks(m) * n; }
 // multi-tensor SinkGD: the tensors go, in the call's order, in launches of at most
 // kSinkgdManyPerLaunch tensors whose scratch (their sinkgd_floats, side by side) stays within
 // kSinkgdManyFloats, or one tensor alone that needs more. The descriptors of one launch:

@@ -2,7 +2,7 @@
 // tensors at once: each pass is one launch over every tensor of the call (2 L + 1 launches in all,
 // where one tensor at a time took 2 L + 2 per tensor: llama_60m's 56 matrices, L = 5, 672 -> 11).
 //   X = diag(u) G diag(v) is never materialised; each of the L iterations is one rows launch over G:
-//   a block owns a fixed chunk of one tensor's rows (chunks_for(m) chunks: the same reduction tree on
+//   a block owns a fixed chunk of one tensor's rows (cuda_scratch::sinkgd_chunks(m): the same reduction tree on
 //   every GPU), taken by groups of threads sized to the row (a 512-wide BF16 row: 64 threads, 4 rows
 //   at a time); for each row its group reduces ||G_i o v||, sets u_i = sqrt(n) / max(norm, eps), and
 //   adds u_i^2 G_ij^2 to the group's column partial in shared memory (each thread owns its columns,
@@ -30,11 +30,9 @@ namespace multinorm::cuda {
 
 namespace {
 
-constexpr int64_t kChunks = cuda_scratch::kSinkgdChunks;  // row chunks (blocks) of each pass: fixed for determinism
 constexpr int kThreads = 256;
 constexpr int64_t kApplyElementsPerBlock = 4096;
 
-int64_t chunks_for(int64_t m) { return std::min<int64_t>(m, kChunks); }
 
 // The item whose range of one pass's blocks (starting at first(item), non-decreasing) holds `block`:
 // the last item starting at or before it, by binary search over the launch's descriptors.
@@ -439,7 +437,7 @@ static int64_t rows_shared_floats(const SinkgdLayout& l) { return std::max<int64
 int64_t sinkgd_scratch(int64_t m, int64_t n) { return cuda_scratch::sinkgd_floats(m, n); }
 
 SinkgdManyItem sinkgd_item(void* w, const void* g, int64_t m, int64_t n, int64_t ld, float* scratch, uint64_t tensor) {
-  const int64_t chunks = chunks_for(m), rows_per_chunk = (m + chunks - 1) / chunks;
+  const int64_t chunks = cuda_scratch::sinkgd_chunks(m), rows_per_chunk = (m + chunks - 1) / chunks;
   SinkgdManyItem it{};
   it.w = w, it.g = g, it.scratch = scratch, it.m = m, it.n = n, it.ld = ld ? ld : n;
   it.rows_per_chunk = rows_per_chunk;

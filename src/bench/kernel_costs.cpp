@@ -314,7 +314,7 @@ class CostRecorder final : public Backend, public OptimizerKernels {
         const SinkGDTensor& t = tensors[i];
         const auto kind = cuda_scratch::sinkgd_rows_kind(reinterpret_cast<uintptr_t>(t.g.ptr), t.n, t.g.stride(t.n), dtype_bytes(t.g.dtype));
         if (t.m * t.n > 0) kinds[static_cast<int>(kind)] = true;
-        const double partials = 4.0 * std::min(t.m, cuda_scratch::kSinkgdChunks) * t.n;
+        const double partials = 4.0 * cuda_scratch::sinkgd_chunks(t.m) * t.n;
         rows += double(t.m) * t.n * s_of(t.g) + partials + 4.0 * t.m;
         cols += partials + 4.0 * t.n;
         apply += double(t.m) * t.n * (s_of(t.g) + 2 * s_of(t.w)) + 4.0 * (t.m + t.n);
