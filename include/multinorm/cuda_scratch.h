@@ -159,11 +159,13 @@ inline bool gemm_reads_residual(const GemmStaging& st, int64_t M, int64_t N, int
 // the launches and the cost model's count of them.
 enum class SinkgdRows : int { OnePack, TwoPacks, ThreePacks, Packed, Spanning };
 constexpr int kSinkgdRowsKinds = 5;
-// Threads a row takes (sinkgd.cu's row_group_threads, blocks of 256): the smallest of 32, 64, 128,
-// 256 that covers the row's packs of `pack` values.
-inline int64_t sinkgd_row_threads(int64_t n, int64_t pack) {
-  int64_t S = 32;
-  while (S < 256 && S * pack < n) S *= 2;
+constexpr int kSinkgdThreads = 256;  // a block of SinkGD's passes
+// Threads a row takes in the rows pass (the host's kinds and the kernel alike): the smallest of 32,
+// 64, 128, 256 that covers the row's packs of `pack` values, so a narrow matrix (llama_60m's n = 512:
+// 64 BF16 packs) takes several rows at a time instead of leaving most of the block idle.
+constexpr int sinkgd_row_threads(int64_t n, int64_t pack) {
+  int S = 32;
+  while (S < kSinkgdThreads && S * pack < n) S *= 2;
   return S;
 }
 inline SinkgdRows sinkgd_rows_kind(uintptr_t g_address, int64_t n, int64_t ld, int64_t g_bytes) {

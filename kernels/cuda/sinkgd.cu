@@ -30,9 +30,8 @@ namespace multinorm::cuda {
 
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kThreads = cuda_scratch::kSinkgdThreads;
 constexpr int64_t kApplyElementsPerBlock = 4096;
-
 
 // The item whose range of one pass's blocks (starting at first(item), non-decreasing) holds `block`:
 // the last item starting at or before it, by binary search over the launch's descriptors.
@@ -45,15 +44,6 @@ __device__ int64_t item_of_block(const SinkgdManyItem* items, int64_t count, int
     else hi = mid - 1;
   }
   return lo;
-}
-
-// Threads per row in the rows pass: the smallest of 32, 64, 128, 256 that covers a row's n / P
-// loads, so a narrow matrix (llama_60m's n = 512: 64 BF16 packs) takes several rows at a time
-// instead of leaving most of the block idle.
-__device__ __forceinline__ int row_group_threads(int64_t n, int P) {
-  int S = 32;
-  while (S < int(blockDim.x) && int64_t(S) * P < n) S *= 2;
-  return S;
 }
 
 // Where column j's partial sits in a group's [n] partial. Runs of 8 (BF16 packs) are split into two
@@ -124,7 +114,7 @@ __device__ __forceinline__ Pack<G> load_row_pack(const G* gi, int64_t j, int64_t
 }
 
 // One row pass over rows begin..end-1 of one tensor: u from v, and the chunk's column partial of
-// u^2 G^2. Groups of S threads (row_group_threads) take blockDim / S rows at a time, each group with
+// u^2 G^2. Groups of S threads (cuda_scratch::sinkgd_row_threads) take blockDim / S rows at a time, each group with
 // its own column partial in shared memory (col + group n): thread t of a group owns columns
 // P t + P S k .. + P - 1, reading G 16 bytes at a time (P: a pack; a row's last pack masked where n
 // is not a whole number of packs). A row's norm is its group's warp sums added in warp order after
@@ -175,8 +165,8 @@ __device__ void sinkgd_rows(const G* g, float* u, const float* v, float* col, fl
 // matrices at K = 1, its 5461-wide down projection at K = 3): its columns' v and partial sums stay in
 // registers over the chunk's rows, each row is read once, R rows a round are loaded together (K R
 // packs a thread in flight: 8, 4, 6 for K = 1, 2, 3, as many as 128 registers hold without spilling)
-// and share one barrier, and the partials reach shared memory once, at the end. The same sums as sinkgd_rows (a thread's columns in order, its group's rows in order), so the
-// same bits. On an H200 (2026-11-28, ncu) sinkgd_rows ran with the memory pipes 86% busy and DRAM
+// and share one barrier, and the partials reach shared memory once, at the end. The same sums as
+// sinkgd_rows (a thread's columns in order, its group's rows in order), so the same bits. On an H200 (2026-11-28, ncu) sinkgd_rows ran with the memory pipes 86% busy and DRAM
 // 21%: per 16 bytes of G it read 32 bytes of v and updated 32 bytes of shared partial every row.
 template <class G, int K, int R>
 __device__ void sinkgd_rows_registers(const G* g, float* u, const float* v, float* col, float* scratch, int64_t begin, int64_t end, int64_t n,
@@ -323,17 +313,16 @@ __global__ void MN_LAUNCH_BOUNDS(kThreads, 2) sinkgd_rows_kernel(const SinkgdMan
   float* u = it.scratch;
   const float* v = u + m;
   float* partials = u + m + n;
-  const int S = row_group_threads(n, P), groups = blockDim.x / S;
+  // The host's rule for the kinds too: a OnePack, TwoPacks, ThreePacks tensor's rows are at most 1, 2, 3 packs a thread.
+  const int S = cuda_scratch::sinkgd_row_threads(n, P), groups = blockDim.x / S;
   const int64_t begin = chunk * it.rows_per_chunk;
   const int64_t end = begin + it.rows_per_chunk < m ? begin + it.rows_per_chunk : m;
-  // The kind's packs a thread (the host's rule); more, as a rule out of step would give, take sinkgd_rows: the same sums.
-  const bool in_registers = registers && (n + int64_t(P) * S - 1) / (int64_t(P) * S) <= kKind + 1;
-  if (!in_registers) {  // those two add into the partial; the registers' kernel writes every column of it
+  if constexpr (!registers) {  // these add into the partial; the registers' kernel writes every column of it
     for (int64_t j = threadIdx.x; j < groups * n; j += blockDim.x) col[j] = 0.0f;
     __syncthreads();  // a thread's columns differ between this loop and the passes below
   }
   if constexpr (spanning) sinkgd_rows_spanning<G>(g, u, v, col, scratch, begin, end, m, n, ld, first_pass, it.sqrt_n, eps, S);
-  else if (!in_registers) sinkgd_rows<G, P>(g, u, v, col, scratch, begin, end, n, ld, first_pass, it.sqrt_n, eps, S);
+  else if constexpr (kKind == int(Kind::Packed)) sinkgd_rows<G, P>(g, u, v, col, scratch, begin, end, n, ld, first_pass, it.sqrt_n, eps, S);
   else if constexpr (kKind == int(Kind::OnePack)) sinkgd_rows_registers<G, 1, 8>(g, u, v, col, scratch, begin, end, n, ld, first_pass, it.sqrt_n, eps, S);
   else if constexpr (kKind == int(Kind::TwoPacks)) sinkgd_rows_registers<G, 2, 2>(g, u, v, col, scratch, begin, end, n, ld, first_pass, it.sqrt_n, eps, S);
   else if constexpr (kKind == int(Kind::ThreePacks)) sinkgd_rows_registers<G, 3, 2>(g, u, v, col, scratch, begin, end, n, ld, first_pass, it.sqrt_n, eps, S);
