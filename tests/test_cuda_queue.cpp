@@ -1,8 +1,9 @@
 // The CUDA backend's queue (kernels/cuda/cuda_queue.h, the WorkQueue seam): host waits per
 // micro-batch and per update, the trainer's pipeline (update k settled behind k + 1's micro-batches),
 // fences and late copies, graphs (GraphCache: replay equals eager, stale graphs, graphs given up,
-// what a capture refuses), and the errors of misuse.
+// what a capture refuses), doctor's verdict on slow graphs, and the errors of misuse.
 #include "cuda_vs_cpu.h"
+#include "multinorm/doctor.h"
 
 using namespace multinorm;
 using namespace multinorm::testing;
@@ -166,6 +167,22 @@ TEST(CudaBackend, GraphReplayEqualsEagerBitForBit) {
 
 // A loss scale that changes every other micro-batch (token_mean with two micro-batches an update)
 // would capture a graph per update and replay it once: after two such graphs, graphs are given up.
+// doctor's verdict when its graphed steps ran slower than its eager ones (on the H200 calls of
+// 2026-11-28: 48.5 ms against 37.7 at llama_1b): a capture within the timed steps comes first; then
+// replays slower with each update waited for at once than eager steps (under 0.95x) are the
+// replays'; else the pipelined order's.
+TEST(Doctor, GraphsSlowerWarningNamesWhichPartIsSlow) {
+  const GraphCounts replayed{0, 5, 0, 5}, recaptured{0, 5, 1, 4};
+  const std::string capture = graphs_slower_warning(0.0377, 0.0485, 0.0380, recaptured, 5);
+  EXPECT_NE(capture.find("a capture in a timed step"), std::string::npos) << capture;
+  EXPECT_NE(capture.find("0.78x the eager steps' speed, 0.99x with each update waited for"), std::string::npos) << capture;
+  EXPECT_NE(capture.find("5 micro-batch and 4 update graph(s) replayed, 0 and 1 captured"), std::string::npos) << capture;
+  const std::string replays = graphs_slower_warning(0.0377, 0.0485, 0.0480, replayed, 5);
+  EXPECT_NE(replays.find("the replays themselves are slower"), std::string::npos) << replays;
+  const std::string pipeline = graphs_slower_warning(0.0377, 0.0485, 0.0380, replayed, 5);
+  EXPECT_NE(pipeline.find("the pipeline, not the replays"), std::string::npos) << pipeline;
+}
+
 TEST(CudaBackend, GraphsAreGivenUpWhenEveryCaptureIsUsedOnlyOnce) {
   const CudaProbe* p = cuda_plugin();
   if (!p) GTEST_SKIP() << "no CUDA plugin";

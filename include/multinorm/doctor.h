@@ -31,6 +31,19 @@ struct DoctorOptions {
 // Runs every check and writes the report; returns the process exit code (0: all passed).
 int run_doctor(const DoctorOptions& o);
 
+// Graphs captured and replayed over some timed steps: the micro-batch's (the model's cache) and the update's.
+struct GraphCounts {
+  int64_t micro_batch_captures = 0, micro_batch_replays = 0, update_captures = 0, update_replays = 0;
+  GraphCounts operator-(const GraphCounts& b) const {
+    return {micro_batch_captures - b.micro_batch_captures, micro_batch_replays - b.micro_batch_replays, update_captures - b.update_captures,
+            update_replays - b.update_replays};
+  }
+};
+// The timed step's warning when its graphed steps ran slower than its eager ones (seconds a step:
+// eager, graphed as the trainer pipelines them, graphed with each update waited for at once), naming
+// which of the three the figures point at: a capture within the timed steps, the replays, or the pipeline.
+std::string graphs_slower_warning(double eager_s, double graphed_s, double graphed_waited_s, const GraphCounts& g, int steps);
+
 // The BF16 dense tensor-core peak of a GPU by its name, in TFLOP/s; 0 when unknown.
 double bf16_dense_peak_tflops(const std::string& device_name);
 

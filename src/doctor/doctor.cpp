@@ -104,31 +104,9 @@ double square_gemm_tflops(Backend& be, int64_t n) {
   return 2.0 * n * n * n / best / 1e12;
 }
 
-// Graphs captured and replayed over some steps: the micro-batch's (the model's cache) and the update's.
-struct GraphCounts {
-  int64_t micro_batch_captures = 0, micro_batch_replays = 0, update_captures = 0, update_replays = 0;
-  GraphCounts operator-(const GraphCounts& b) const {
-    return {micro_batch_captures - b.micro_batch_captures, micro_batch_replays - b.micro_batch_replays, update_captures - b.update_captures,
-            update_replays - b.update_replays};
-  }
-  json to_json() const {
-    return {{"micro_batch_captures", micro_batch_captures}, {"micro_batch_replays", micro_batch_replays}, {"update_captures", update_captures},
-            {"update_replays", update_replays}};
-  }
-};
-
-// Graphed steps slower than eager ones: which of the three it can be, from the figures at hand.
-std::string graphs_slower_warning(double eager_s, double graphed_s, double graphed_waited_s, const GraphCounts& g, int steps) {
-  char buf[512];
-  std::snprintf(buf, sizeof buf,
-                "the graphed steps (the trainer's way) ran at %.2fx the eager steps' speed, %.2fx with each update waited for at once; "
-                "in %d timed steps %lld micro-batch and %lld update graph(s) replayed, %lld and %lld captured%s",
-                eager_s / graphed_s, eager_s / graphed_waited_s, steps, static_cast<long long>(g.micro_batch_replays),
-                static_cast<long long>(g.update_replays), static_cast<long long>(g.micro_batch_captures), static_cast<long long>(g.update_captures),
-                g.micro_batch_captures + g.update_captures > 0 ? " (a capture in a timed step: a buffer moved under a graph)"
-                : eager_s < 0.95 * graphed_waited_s      ? " (the replays themselves are slower)"
-                                                         : " (the pipeline, not the replays: the statistics read a step later)");
-  return buf;
+json graph_counts_json(const GraphCounts& g) {
+  return {{"micro_batch_captures", g.micro_batch_captures}, {"micro_batch_replays", g.micro_batch_replays}, {"update_captures", g.update_captures},
+          {"update_replays", g.update_replays}};
 }
 
 json timed_step(Backend& gpu, const ModelConfig& cfg, const DoctorOptions& o, const json& device, bool emulated) {
@@ -223,7 +201,7 @@ json timed_step(Backend& gpu, const ModelConfig& cfg, const DoctorOptions& o, co
             {"host_drains_per_step_eager", eager.drains}, {"tokens_per_s", BT / seconds}, {"tflops", tflops}, {"flops_per_step", flops},
             {"kernel_ms", kernel_ms}};
   j["step_seconds_graphs_waited"] = graphed_waited.seconds;
-  j["graphs_in_timed_steps"] = graphed.graphs.to_json();
+  j["graphs_in_timed_steps"] = graph_counts_json(graphed.graphs);
   if (!emulated && eager_seconds < 0.95 * seconds)  // the trainer's way, the graphs, ran slower than every launch from the host
     j["warnings"].push_back(graphs_slower_warning(eager_seconds, seconds, graphed_waited.seconds, graphed.graphs, o.steps));
   if (peak > 0) j["peak_tflops"] = peak, j["mfu"] = tflops / peak;
@@ -312,6 +290,19 @@ void print_step(const json& s, bool emulated) {
 }
 
 }  // namespace
+
+std::string graphs_slower_warning(double eager_s, double graphed_s, double graphed_waited_s, const GraphCounts& g, int steps) {
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "the graphed steps (the trainer's way) ran at %.2fx the eager steps' speed, %.2fx with each update waited for at once; "
+                "in %d timed steps %lld micro-batch and %lld update graph(s) replayed, %lld and %lld captured%s",
+                eager_s / graphed_s, eager_s / graphed_waited_s, steps, static_cast<long long>(g.micro_batch_replays),
+                static_cast<long long>(g.update_replays), static_cast<long long>(g.micro_batch_captures), static_cast<long long>(g.update_captures),
+                g.micro_batch_captures + g.update_captures > 0 ? " (a capture in a timed step: a buffer moved under a graph)"
+                : eager_s < 0.95 * graphed_waited_s      ? " (the replays themselves are slower)"
+                                                         : " (the pipeline, not the replays: the statistics read a step later)");
+  return buf;
+}
 
 int run_doctor(const DoctorOptions& o) {
   json report = {{"multinorm", MULTINORM_VERSION}};
