@@ -156,18 +156,41 @@ json timed_step(Backend& gpu, const ModelConfig& cfg, const DoctorOptions& o, co
   };
   WorkQueue& q = gpu.queue();
   auto graph_counts = [&] { return GraphCounts{model.graphs().captures(), model.graphs().replays(), opt.graphs().captures(), opt.graphs().replays()}; };
-  auto timed = [&](const std::function<void()>& one) {
-    if (!pending) q.wait_all();  // a pipelined run's update in flight stays, as in a run
-    const QueueCounters c0 = q.counters();
-    const GraphCounts g0 = graph_counts();
-    const auto t0 = Clock::now();
-    for (int s = 0; s < o.steps; ++s) one();
-    const QueueCounters c1 = q.counters();
+  struct Mark {
+    Clock::time_point t;
+    QueueCounters queue;
+    GraphCounts graphs;
+  };
+  auto mark = [&] { return Mark{Clock::now(), q.counters(), graph_counts()}; };
+  const int64_t n = std::max(1, o.steps);
+  auto between = [&](const Mark& a, const Mark& b) {
+    return Timing{std::chrono::duration<double>(b.t - a.t).count() / n, (b.queue.host_waits - a.queue.host_waits) / n,
+                  (b.queue.host_drains - a.queue.host_drains) / n, b.graphs - a.graphs};
+  };
+  auto timed = [&](const std::function<void()>& one) {  // steps that each end with the device idle
     settle();
     q.wait_all();
-    const int64_t n = std::max(1, o.steps);
-    return Timing{std::chrono::duration<double>(Clock::now() - t0).count() / n, (c1.host_waits - c0.host_waits) / n,
-                  (c1.host_drains - c0.host_drains) / n, graph_counts() - g0};
+    const Mark a = mark();
+    for (int64_t s = 0; s < n; ++s) one();
+    return between(a, mark());
+  };
+  // The trainer's steady state: from the moment update k is read (its device work done, step k+1's
+  // micro-batch queued behind it) to the moment update k+n is: n steps of device work, the host's
+  // launches overlapping it as in a run. A clock started with a step's work still queued would count
+  // that work too (a third more at 3 steps).
+  auto timed_pipelined = [&] {
+    auto queue_micro_batch_and_settle = [&] {
+      pipeline.queue_micro_batches(batches, BT, &times);
+      settle();
+    };
+    queue_micro_batch_and_settle();
+    const Mark a = mark();
+    for (int64_t s = 0; s < n; ++s) queue_step(), queue_micro_batch_and_settle();
+    const Mark b = mark();
+    queue_step();
+    settle();
+    q.wait_all();
+    return between(a, b);
   };
   model.set_graphs(false);
   for (int w = 0; w < o.warmup; ++w) step();
@@ -175,7 +198,7 @@ json timed_step(Backend& gpu, const ModelConfig& cfg, const DoctorOptions& o, co
   model.set_graphs(true);
   opt.set_graphs(true);
   pipelined_step(), pipelined_step(), pipelined_step();  // eager, then captured
-  const Timing graphed = timed(pipelined_step);
+  const Timing graphed = timed_pipelined();
   // The graphs once more with each update waited for at once, as the eager steps: a graphed step
   // slower than an eager one is then the replays' (or a capture's: counted) or the pipeline's.
   const Timing graphed_waited = timed(step);
