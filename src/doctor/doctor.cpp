@@ -109,6 +109,55 @@ json graph_counts_json(const GraphCounts& g) {
           {"update_replays", g.update_replays}};
 }
 
+// The profiled step's kernels beside the cost model's roofline for this GPU (where it has one), and
+// the model's GEMMs against the device's own square GEMM (a warning under 70% of it).
+void add_kernel_report(json& j, const RunConfig& run, const ModelConfig& cfg, int64_t B, int64_t T, const std::vector<KernelTime>& kernels,
+                       const std::string& name, double reference_tflops, int64_t gn, bool emulated) {
+  // The cost model's roofline of the same step on this GPU, kernel by kernel.
+  const DevicePeak* roof = find_device_peak(roofline_gpu(name));
+  std::map<std::string, KernelCost> costs;  // the profiled step: a micro-batch and an update
+  const StepCosts all_costs = record_step_costs(run, DType::BF16, B, T);
+  if (roof) {
+    const StepCosts& c = all_costs;
+    for (const std::vector<KernelCost>* part : {&c.micro_batch, &c.update})
+      for (const KernelCost& k : *part) {
+        KernelCost& sum = costs.emplace(k.name, KernelCost{k.name, k.unit, 0, 0, 0}).first->second;
+        sum.launches += k.launches, sum.bytes += k.bytes, sum.flops += k.flops;
+      }
+    j["predicted_on"] = roof->name;
+  }
+  // The model's GEMMs: their FLOPs from the cost recorder, their time from the profile.
+  double gemm_flops = 0, gemm_ms = 0;
+  for (const std::vector<KernelCost>* part : {&all_costs.micro_batch, &all_costs.update})
+    for (const KernelCost& k : *part)
+      if (k.name.rfind("gemm ", 0) == 0) gemm_flops += k.flops;
+  for (const KernelTime& k : kernels)
+    if (k.name.rfind("gemm ", 0) == 0) gemm_ms += k.ms;
+  const double gemm_tflops = gemm_ms > 0 ? gemm_flops / (gemm_ms * 1e-3) / 1e12 : 0;
+  j["gemm_reference"] = {{"shape", gn}, {"tflops", reference_tflops}};
+  j["model_gemm_tflops"] = gemm_tflops;
+  j["model_gemm_fraction"] = reference_tflops > 0 ? gemm_tflops / reference_tflops : 0.0;
+  const std::string staged = staged_gemm_widths(cfg, DType::BF16);
+  if (!staged.empty()) j["staged_gemm_widths"] = staged;
+  if (!emulated && reference_tflops > 0 && gemm_tflops < 0.7 * reference_tflops)
+    j["warnings"].push_back("the model's GEMMs ran at " + std::to_string(static_cast<int>(gemm_tflops)) + " TFLOP/s, " +
+                            std::to_string(static_cast<int>(100 * gemm_tflops / reference_tflops)) + "% of this GPU's " +
+                            std::to_string(gn) + "^3 GEMM (" + std::to_string(static_cast<int>(reference_tflops)) +
+                            " TFLOP/s): some shape runs a slow cuBLASLt kernel" + (staged.empty() ? "" : " (widths off 16 bytes: " + staged + ")"));
+  double kernel_ms = 0;
+  for (const KernelTime& k : kernels) kernel_ms += k.ms;
+  json table = json::array();
+  for (const KernelTime& k : kernels) {
+    json row = {{"name", k.name}, {"launches", k.launches}, {"ms", k.ms}, {"share", kernel_ms > 0 ? k.ms / kernel_ms : 0.0}};
+    if (auto it = costs.find(k.name); it != costs.end()) {
+      row["bytes"] = it->second.bytes, row["flops"] = it->second.flops;
+      row["predicted_ms"] = roofline_seconds(it->second, *roof, roof->assume) * 1e3;
+    }
+    table.push_back(row);
+  }
+  j["kernels"] = table;
+}
+
 json timed_step(Backend& gpu, const ModelConfig& cfg, const DoctorOptions& o, const json& device, bool emulated) {
   const int64_t B = o.step_batch > 0 ? o.step_batch : o.batch, T = std::min(o.seq, cfg.max_position_embeddings), BT = B * T;
   const RunConfig run = step_run(cfg, B, T);
@@ -229,47 +278,7 @@ json timed_step(Backend& gpu, const ModelConfig& cfg, const DoctorOptions& o, co
     j["warnings"].push_back(graphs_slower_warning(eager_seconds, seconds, graphed_waited.seconds, graphed.graphs, o.steps));
   if (peak > 0) j["peak_tflops"] = peak, j["mfu"] = tflops / peak;
   else j["mfu_note"] = "no BF16 peak known for '" + name + "': MFU not computed";
-  // The cost model's roofline of the same step on this GPU, kernel by kernel.
-  const DevicePeak* roof = find_device_peak(roofline_gpu(name));
-  std::map<std::string, KernelCost> costs;  // the profiled step: a micro-batch and an update
-  const StepCosts all_costs = record_step_costs(run, DType::BF16, B, T);
-  if (roof) {
-    const StepCosts& c = all_costs;
-    for (const std::vector<KernelCost>* part : {&c.micro_batch, &c.update})
-      for (const KernelCost& k : *part) {
-        KernelCost& sum = costs.emplace(k.name, KernelCost{k.name, k.unit, 0, 0, 0}).first->second;
-        sum.launches += k.launches, sum.bytes += k.bytes, sum.flops += k.flops;
-      }
-    j["predicted_on"] = roof->name;
-  }
-  // The model's GEMMs: their FLOPs from the cost recorder, their time from the profile.
-  double gemm_flops = 0, gemm_ms = 0;
-  for (const std::vector<KernelCost>* part : {&all_costs.micro_batch, &all_costs.update})
-    for (const KernelCost& k : *part)
-      if (k.name.rfind("gemm ", 0) == 0) gemm_flops += k.flops;
-  for (const KernelTime& k : kernels)
-    if (k.name.rfind("gemm ", 0) == 0) gemm_ms += k.ms;
-  const double gemm_tflops = gemm_ms > 0 ? gemm_flops / (gemm_ms * 1e-3) / 1e12 : 0;
-  j["gemm_reference"] = {{"shape", gn}, {"tflops", reference_tflops}};
-  j["model_gemm_tflops"] = gemm_tflops;
-  j["model_gemm_fraction"] = reference_tflops > 0 ? gemm_tflops / reference_tflops : 0.0;
-  const std::string staged = staged_gemm_widths(cfg, DType::BF16);
-  if (!staged.empty()) j["staged_gemm_widths"] = staged;
-  if (!emulated && reference_tflops > 0 && gemm_tflops < 0.7 * reference_tflops)
-    j["warnings"].push_back("the model's GEMMs ran at " + std::to_string(static_cast<int>(gemm_tflops)) + " TFLOP/s, " +
-                            std::to_string(static_cast<int>(100 * gemm_tflops / reference_tflops)) + "% of this GPU's " +
-                            std::to_string(gn) + "^3 GEMM (" + std::to_string(static_cast<int>(reference_tflops)) +
-                            " TFLOP/s): some shape runs a slow cuBLASLt kernel" + (staged.empty() ? "" : " (widths off 16 bytes: " + staged + ")"));
-  json table = json::array();
-  for (const KernelTime& k : kernels) {
-    json row = {{"name", k.name}, {"launches", k.launches}, {"ms", k.ms}, {"share", kernel_ms > 0 ? k.ms / kernel_ms : 0.0}};
-    if (auto it = costs.find(k.name); it != costs.end()) {
-      row["bytes"] = it->second.bytes, row["flops"] = it->second.flops;
-      row["predicted_ms"] = roofline_seconds(it->second, *roof, roof->assume) * 1e3;
-    }
-    table.push_back(row);
-  }
-  j["kernels"] = table;
+  add_kernel_report(j, run, cfg, B, T, kernels, name, reference_tflops, gn, emulated);
   return j;
 }
 
