@@ -31,10 +31,11 @@ check "info --json" 0 "\"total\": 58073600" -- "$bin" info --json --config "$mod
 # Per-rank memory with the optimizer sharded by tensor over 8 ranks: Adam's 0.216 GiB of states on
 # llama_60m (58M x 2 states x 2 bytes) falls to the largest share, the embedding's 0.061 GiB.
 # The FP32 staging in the plan's arena layout: a tiny model at F = 86 in one gradient bucket (the
-# whole arena) stages 4 bytes a parameter on the CPU, and the down projection's 128-byte rows' padding
-# (2 layers x 32 rows x 42) too on a GPU.
+# whole arena) stages 4 bytes a parameter on the CPU, and on a GPU the padding too: the down
+# projection's 128-byte rows' (2 layers x 32 rows x 42) and the gate and up projections' zero rows
+# (2 layers x 2 x 2 rows x 32).
 /usr/bin/python3 -c "import json; r = json.load(open('$src/tests/fixtures/tiny_run.json')); r['model']['config']['intermediate_size'] = 86; json.dump(r, open('$tmp/f86.json', 'w'))"
-for b in cpu:0 cuda:2688; do
+for b in cpu:0 cuda:$((2 * 32 * 42 + 2 * 2 * 2 * 32)); do
   staged=$("$bin" info --config "$tmp/f86.json" --set backend=${b%%:*} --ranks 2 --json 2>&1 |
     /usr/bin/python3 -c "import json, sys; j = json.load(sys.stdin); print(j['data_parallel']['reduction_staging_bytes'] - 4 * (j['parameters']['total'] + ${b##*:}))")
   if [ "$staged" = 0 ]; then passes=$((passes + 1)); else echo "FAIL: info --ranks 2 ${b%%:*} plan: FP32 staging off by $staged bytes"; fails=$((fails + 1)); fi

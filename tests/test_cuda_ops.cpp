@@ -265,10 +265,14 @@ TEST_P(CudaVsCpu, PaddedMlpRowsAndArenaRowsStageNoOperand) {
     if (k.name.find("swiglu") != std::string::npos && k.name.find("elementwise") != std::string::npos) elementwise_swiglu += k.launches;
   }
   cuda->set_profiling(false);
-  // W_down and dW_down (the paper's BF16 gradients) in rows of 64 elements where they live
+  // W_down and dW_down (the paper's BF16 gradients) in rows of 64 elements where they live; the gate
+  // and up projections' 41 rows each followed by 7 zero rows (the up half's column, 48)
   for (const auto& t : mg.tensors()) {
+    const bool gate_or_up = t.role == TensorRole::MlpGate || t.role == TensorRole::MlpUp;
     EXPECT_EQ(t.arena_ld, t.role == TensorRole::MlpDown ? 64 : 0) << t.name;
+    EXPECT_EQ(t.arena_rows, gate_or_up ? 48 : 0) << t.name;
     EXPECT_EQ(mc.store().tensor(t.name).arena_ld, 0) << t.name;
+    EXPECT_EQ(mc.store().tensor(t.name).arena_rows, 0) << t.name;
   }
   EXPECT_EQ(copies, 0);
   EXPECT_EQ(adds, 0);
@@ -292,16 +296,21 @@ TEST_P(CudaVsCpu, PaddedMlpRowsAndArenaRowsStageNoOperand) {
     EXPECT_EQ(nonzero, 0) << name;
     EXPECT_GT(values, B * T * (gate_up ? 82 : 41) * 9 / 10) << name;  // the values are where the layout says (a few may round to 0)
   }
-  // The arenas' padding (the down projection's columns 41-63) too: the weights' after a load, the
-  // gradients' after two passes; the host's copies have no padding (the CPU's logical order).
+  // The arenas' padding (the down projection's columns 41-63, the gate and up projections' rows
+  // 41-47) too: the weights' after a load, the gradients' after two passes (the gate/up GEMMs run
+  // over those rows); the host's copies have no padding (the CPU's logical order).
   for (const Buf arena : {mg.store().params(), mg.store().grads()}) {
     std::vector<uint16_t> raw(static_cast<size_t>(mg.store().arena_elements()));
     cuda->to_host(raw.data(), arena.ptr, mg.store().arena_elements() * 2);
-    int64_t nonzero = 0, values = 0;
-    for (const auto& t : mg.tensors())
+    int64_t nonzero = 0, values = 0, zero_rows = 0;
+    for (const auto& t : mg.tensors()) {
       for (int64_t r = 0; t.arena_ld && r < t.rows(); ++r)
         for (int64_t c = 0; c < t.arena_ld; ++c) (c < t.cols() ? values : nonzero) += raw[static_cast<size_t>(t.arena_offset + r * t.arena_ld + c)] != 0;
+      for (int64_t e = t.rows() * t.row_stride(); t.arena_rows && e < t.arena_numel(); ++e, ++zero_rows)
+        nonzero += raw[static_cast<size_t>(t.arena_offset + e)] != 0;
+    }
     EXPECT_EQ(nonzero, 0);
+    EXPECT_EQ(zero_rows, cfg.num_hidden_layers * 2 * 7 * 32);
     EXPECT_GT(values, cfg.num_hidden_layers * 32 * 41 * 9 / 10);
   }
   EXPECT_EQ(mg.params_to_host(), mc.params_to_host());

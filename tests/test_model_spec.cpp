@@ -50,36 +50,43 @@ TEST(ModelSpec, HuggingFaceNamesShapesAndContiguousOffsets) {
 
 // The backends' arenas: the CUDA layout (pad_mlp_rows) gives the down projection 128-byte rows where
 // F's are off 16 bytes in the weights' or gradients' dtype (llama_1b's 5461: 5504 elements with BF16
-// weights, either gradient dtype; 5472 with FP32 weights: 128 bytes of floats), every other tensor
-// and every other model dense; arena offsets contiguous and the logical ones untouched; no padding
-// where a down projection's arena offset would be off 16 bytes (a width not a multiple of 8).
-TEST(ModelSpec, ArenaLayoutPadsTheDownProjectionWhereItsRowsAreOff16Bytes) {
+// weights, either gradient dtype; 5472 with FP32 weights: 128 bytes of floats), and the gate and up
+// projections F rows and zero rows up to a whole pack of the weights' dtype (5464 either way: the
+// column where the padded gate/up activation's up half starts, Linear::extent); every other tensor
+// and every other model dense; arena offsets contiguous and the logical ones untouched. A down
+// projection whose arena offset would be off 16 bytes stays dense; the gate/up rows are padded still
+// (the activations' layout asks for them whatever the weights' offsets).
+TEST(ModelSpec, ArenaLayoutPadsTheMlpWhereItsRowsAreOff16Bytes) {
   struct Case {
     const char* model;
     bool pad;
-    int64_t param_bytes, grad_bytes, down_ld;
+    int64_t param_bytes, grad_bytes, down_ld, gate_up_rows;
   };
-  for (const Case c : {Case{"llama_1b", true, 2, 2, 5504}, Case{"llama_1b", true, 2, 4, 5504}, Case{"llama_1b", true, 4, 4, 5472},
-                       Case{"llama_1b", false, 2, 2, 0}, Case{"llama_60m", true, 2, 2, 0}}) {
+  for (const Case c : {Case{"llama_1b", true, 2, 2, 5504, 5464}, Case{"llama_1b", true, 2, 4, 5504, 5464}, Case{"llama_1b", true, 4, 4, 5472, 5464},
+                       Case{"llama_1b", false, 2, 2, 0, 0}, Case{"llama_60m", true, 2, 2, 0, 0}}) {
     auto specs = llama_parameters(paper_config(c.model));
     const auto logical = specs;
     const int64_t elements = layout_arena(specs, c.pad, c.param_bytes, c.grad_bytes);
     int64_t at = 0, padding = 0;
     for (size_t i = 0; i < specs.size(); ++i) {
       const TensorSpec& t = specs[i];
+      const bool gate_or_up = t.role == TensorRole::MlpGate || t.role == TensorRole::MlpUp;
       EXPECT_EQ(t.offset, logical[i].offset) << t.name;
       EXPECT_EQ(t.arena_offset, at) << t.name;
       EXPECT_EQ(t.arena_ld, t.role == TensorRole::MlpDown ? c.down_ld : 0) << c.model << " " << t.name;
+      EXPECT_EQ(t.arena_rows, gate_or_up ? c.gate_up_rows : 0) << c.model << " " << t.name;
       at += t.arena_numel(), padding += t.arena_numel() - t.numel();
     }
     EXPECT_EQ(elements, at);
     EXPECT_EQ(arena_elements(specs), at);
-    EXPECT_EQ(padding, c.down_ld ? 24 * 2048 * (c.down_ld - 5461) : 0) << c.model;
+    const int64_t down = c.down_ld ? 24 * 2048 * (c.down_ld - 5461) : 0, gate_up = c.gate_up_rows ? 24 * 2 * (c.gate_up_rows - 5461) * 2048 : 0;
+    EXPECT_EQ(padding, down + gate_up) << c.model;
   }
   ModelConfig odd;  // C = 6: the first down projection at element 678, 1356 bytes in: left dense
   odd.vocab_size = 7, odd.hidden_size = 6, odd.intermediate_size = 41, odd.num_hidden_layers = 2, odd.num_attention_heads = 2;
   auto specs = llama_parameters(odd);
-  EXPECT_EQ(layout_arena(specs, true, 2, 2), count_parameters(specs));
+  EXPECT_EQ(layout_arena(specs, true, 2, 2), count_parameters(specs) + 2 * 2 * (48 - 41) * 6);
+  for (const TensorSpec& t : specs) EXPECT_EQ(t.arena_ld, 0) << t.name;
 }
 
 TEST(ModelSpec, GlobMatch) {

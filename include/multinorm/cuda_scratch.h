@@ -63,9 +63,6 @@ inline int64_t mlp_up_column(int64_t F, int64_t ld, int64_t element_bytes) {
   return ld ? (F + pack - 1) / pack * pack : F;
 }
 inline int64_t mlp_gate_up_ld(int64_t F, int64_t element_bytes) { return gemm_staged_ld(mlp_up_column(F, 1, element_bytes) + F, element_bytes); }
-// The gate half's extent in its gradients' GEMMs (Linear::gate_extent): on to the up half's column,
-// within the weight's 2F rows (whole packs: one GEMM, not a bulk and a rest).
-inline int64_t mlp_gate_extent(int64_t F, int64_t ld, int64_t element_bytes) { return std::min(mlp_up_column(F, ld, element_bytes), 2 * F); }
 // SwiGLU (swiglu.cu) moves 16-byte packs where every array it touches has its rows (and the gate/up
 // arrays both halves) on 16 bytes, and a row's last pack, loaded whole, inside the row's stride;
 // anything else runs an element a thread, in launches named "..._elementwise" (a profile shows which

@@ -9,10 +9,12 @@
 // forward, the down projection's backward_input). Layout and precision are decided here and in the
 // backend behind it (the CUDA backend stages rows off 16 bytes through 128-byte rows:
 // cuda_scratch::gemm_staging; the gate/up projection over the CUDA plan's padded rows runs by halves,
-// gate and up each a GEMM: halves()); gemms() lists the logical shapes (the FLOPs, the CPU's GEMMs).
+// gate and up each a GEMM over whole packs: halves()); gemms() lists the logical shapes (the FLOPs,
+// the CPU's GEMMs).
 #pragma once
 #include <array>
 #include <cstdint>
+#include <string>
 
 #include "multinorm/backend.h"
 #include "multinorm/cuda_scratch.h"
@@ -34,11 +36,13 @@ struct Linear {
   Buf w, dw;  // the weight [out, in] and its gradient (the gradient arena's dtype)
   int64_t in = 0, out = 0;
   bool gated = false;  // the gate/up projection: W = [gate; up], out = 2F
+  int64_t up_row = 0;  // gated: the up half's first row in W and dW (F, or F and zero rows: TensorSpec::arena_rows)
 
   void forward(Backend& be, Buf y, Buf x, int64_t N) const {
     if (!halves(y)) return be.matmul(y, x, w, N, out, in, false, true, false);
-    be.matmul(y, x, w, N, half(), in, false, true, false);                           // gate = x Wgate^T
-    be.matmul(up_half(y), x, w.at(half() * in), N, half(), in, false, true, false);  // up = x Wup^T
+    const int64_t E = extent(y);
+    be.matmul(y, x, w, N, E, in, false, true, false);                     // gate = x Wgate^T
+    be.matmul(up_half(y), x, w.at(E * in), N, E, in, false, true, false);  // up = x Wup^T
   }
   // A residual connection's projection: y = r + x W^T, r kept as it was (Backend::matmul_residual).
   void forward_residual(Backend& be, Buf y, Buf r, Buf x, int64_t N) const { be.matmul_residual(y, r, x, w, N, out, in, false, true); }
@@ -58,8 +62,9 @@ struct Linear {
   void backward_input(Backend& be, Buf dx, Buf dy, int64_t N) const {
     if (!halves(dy)) return be.matmul(dx, dy, w, N, in, out, false, false, false);
     if (dx.dtype != DType::F32) throw Error("Linear: the gate/up projection's input gradient by halves needs an FP32 output");
-    be.matmul(dx, dy, w, N, in, gate_extent(dy), false, false, false);
-    be.matmul(dx, up_half(dy), w.at(half() * in), N, in, half(), false, false, true);
+    const int64_t E = extent(dy);
+    be.matmul(dx, dy, w, N, in, E, false, false, false);
+    be.matmul(dx, up_half(dy), w.at(E * in), N, in, E, false, false, true);
   }
   // The down projection (in = F): ds = dy W, then SwiGLU's backward into dgate_up, s recomputed.
   void backward_input_swiglu(Backend& be, Buf dgate_up, Buf s, Buf ds, Buf dy, Buf gate_up, int64_t N) const {
@@ -67,22 +72,30 @@ struct Linear {
   }
   void backward_weight(Backend& be, Buf dy, Buf x, int64_t N) const {
     if (!halves(dy)) return be.matmul(dw, dy, x, out, in, N, true, false, true);
-    be.matmul(dw, dy, x, gate_extent(dy), in, N, true, false, true);                  // dWgate += dgate^T x
-    be.matmul(dw.at(half() * in), up_half(dy), x, half(), in, N, true, false, true);  // dWup += dup^T x
+    const int64_t E = extent(dy);
+    be.matmul(dw, dy, x, E, in, N, true, false, true);                  // dWgate += dgate^T x
+    be.matmul(dw.at(E * in), up_half(dy), x, E, in, N, true, false, true);  // dWup += dup^T x
   }
 
   // Whether a gated projection's [gate | up] activation y (or its gradient) holds its up half apart
   // from the gate's, on a 16-byte pack (the CUDA plan's padded rows: cuda_scratch::mlp_up_column):
-  // then each half is a GEMM of its own over F rows of W, each with every operand aligned.
+  // then each half is a GEMM of its own, every operand aligned.
   bool halves(const Buf& y) const { return gated && up_column(y) != half(); }
   int64_t half() const { return out / 2; }
   int64_t up_column(const Buf& y) const { return cuda_scratch::mlp_up_column(half(), y.ld, dtype_bytes(y.dtype)); }
   Buf up_half(const Buf& y) const { return y.at(up_column(y)); }
-  // The gate half's extent in its gradients' GEMMs: on to the up half's column (within W's 2F rows),
-  // so it is whole packs, one GEMM and not a bulk and a rest. The gradient's columns between the
-  // halves are zeros (the plan's padding, which SwiGLU never writes) and meet the up half's first rows
-  // of W and dW: the input gradient adds exact zeros, the weight gradient adds zeros to those rows.
-  int64_t gate_extent(const Buf& dy) const { return cuda_scratch::mlp_gate_extent(half(), dy.ld, dtype_bytes(dy.dtype)); }
+  // The halves' extent E: F rounded up to whole packs, the up half's column in y and its row in W.
+  // Each half's three GEMMs run over E rows of W and dW (its F rows and the zero rows after them) and
+  // E columns of y or dy (its F columns and the plan's padding after them): the forward writes zeros
+  // to y's padding (x times zero rows), the input gradient adds exact zeros (dy's padding, which
+  // SwiGLU never writes, times zero rows), the weight gradient adds zeros to dW's zero rows.
+  int64_t extent(const Buf& y) const {
+    const int64_t E = up_column(y);
+    if (E != up_row)
+      throw Error("Linear: the gate/up activation's up half starts at column " + std::to_string(E) + ", its weight's at row " +
+                  std::to_string(up_row) + " (the activation plan and the arena's layout disagree)");
+    return E;
+  }
 
   // The three GEMMs of a projection of `in` to `out` over N rows, `count` of them a step: forward,
   // backward_input, backward_weight. swiglu_forward / swiglu_input mark the fused forms.

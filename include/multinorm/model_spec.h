@@ -34,9 +34,11 @@ struct TensorSpec {
   std::vector<int64_t> shape;
   int64_t offset = 0;  // elements before it in the parameters' logical order (host vectors, checkpoints)
   // Where it lives in the backend's arenas (ParamStore: weights and gradients alike): its first
-  // element, and its rows' stride where they are padded (0: dense rows). layout_arena sets them; a
-  // backend that pads no rows has arena_offset == offset.
-  int64_t arena_offset = 0, arena_ld = 0;
+  // element, its rows' stride where they are padded (0: dense rows), and its rows where zero rows
+  // follow them (0: none; the CUDA plan's gate and up projections, F rounded up to a 16-byte pack, so
+  // each half of the gate/up GEMMs runs over whole packs: Linear::halves). layout_arena sets them; a
+  // backend that pads nothing has arena_offset == offset.
+  int64_t arena_offset = 0, arena_ld = 0, arena_rows = 0;
 
   int64_t numel() const {
     int64_t n = 1;
@@ -45,7 +47,8 @@ struct TensorSpec {
   }
   int64_t rows() const { return shape[0]; }
   int64_t cols() const { return shape.size() > 1 ? shape[1] : 1; }
-  int64_t arena_numel() const { return arena_ld ? rows() * arena_ld : numel(); }
+  int64_t row_stride() const { return arena_ld ? arena_ld : cols(); }
+  int64_t arena_numel() const { return arena_ld || arena_rows ? (arena_rows ? arena_rows : rows()) * row_stride() : numel(); }
   TensorGroup group() const;
 };
 

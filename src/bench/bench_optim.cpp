@@ -42,8 +42,10 @@ void fill_gradients(Backend& be, LlamaModel& model) {
   void* staging = be.allocate(block * 4);
   be.to_device(staging, g.data(), block * 4);
   for (int64_t at = 0; at < n; at += block) be.convert(model.grads().at(at), Buf{staging, DType::F32}, std::min(block, n - at));
-  for (const TensorSpec& t : model.tensors())  // a padded tensor's padding back to zeros (the arena's)
+  for (const TensorSpec& t : model.tensors()) {  // a padded tensor's padding back to zeros (the arena's)
     for (int64_t r = 0; t.arena_ld && r < t.rows(); ++r) be.zero(model.grads().at(t.arena_offset + r * t.arena_ld + t.cols()), t.arena_ld - t.cols());
+    if (t.arena_rows > t.rows()) be.zero(model.grads().at(t.arena_offset + t.rows() * t.row_stride()), (t.arena_rows - t.rows()) * t.row_stride());
+  }
   be.queue().wait_all();
   be.release(staging);
 }

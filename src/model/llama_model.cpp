@@ -117,14 +117,17 @@ LlamaModel::LlamaModel(Backend& backend, const ModelConfig& config, DType dtype,
   be_.to_device(rope_, cs.data(), cs.size() * 4);
 
   auto view = [&](const std::string& name, bool grad) { const auto& t = tensor(name); return grad ? this->grad(t) : param(t); };
-  auto linear = [&](const std::string& name, int64_t in, int64_t out, bool gated = false) {
-    return Linear{view(name, false), view(name, true), in, out, gated};
+  auto linear = [&](const std::string& name, int64_t in, int64_t out) { return Linear{view(name, false), view(name, true), in, out}; };
+  // W = [gate; up]: the up tensor follows the gate's rows (and their zero rows, TensorSpec::arena_rows).
+  auto gate_up = [&](const std::string& gate, const std::string& up, int64_t in, int64_t out) {
+    const int64_t up_row = (tensor(up).arena_offset - tensor(gate).arena_offset) / in;
+    return Linear{view(gate, false), view(gate, true), in, out, true, up_row};
   };
   const int64_t C = cfg_.hidden_size, F = cfg_.intermediate_size;
   for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     layers_.push_back({linear(p + "self_attn.q_proj.weight", C, 3 * C), linear(p + "self_attn.o_proj.weight", C, C),
-                       linear(p + "mlp.gate_proj.weight", C, 2 * F, true), linear(p + "mlp.down_proj.weight", F, C),
+                       gate_up(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight", C, 2 * F), linear(p + "mlp.down_proj.weight", F, C),
                        view(p + "input_layernorm.weight", false), view(p + "post_attention_layernorm.weight", false),
                        view(p + "input_layernorm.weight", true), view(p + "post_attention_layernorm.weight", true)});
   }

@@ -71,11 +71,16 @@ int64_t layout_arena(std::vector<TensorSpec>& specs, bool pad_mlp_rows, int64_t 
   namespace cs = cuda_scratch;
   int64_t at = 0;
   for (auto& s : specs) {
-    s.arena_ld = 0;
+    s.arena_ld = 0, s.arena_rows = 0;
     const int64_t F = s.cols();
     const bool off = cs::mlp_rows_padded(F, param_bytes) || cs::mlp_rows_padded(F, grad_bytes);
     if (pad_mlp_rows && s.role == TensorRole::MlpDown && off && at * param_bytes % 16 == 0 && at * grad_bytes % 16 == 0)
       s.arena_ld = std::max(cs::gemm_staged_ld(F, param_bytes), cs::gemm_staged_ld(F, grad_bytes));
+    // The gate and up projections' F rows, each followed by zero rows up to the column where the
+    // plan's padded gate/up activation starts its up half (cuda_scratch::mlp_up_column, by the
+    // activations' dtype, the weights'): every GEMM of each half then spans whole packs.
+    const bool gate_or_up = s.role == TensorRole::MlpGate || s.role == TensorRole::MlpUp;
+    if (pad_mlp_rows && gate_or_up && cs::mlp_rows_padded(s.rows(), param_bytes)) s.arena_rows = cs::mlp_up_column(s.rows(), 1, param_bytes);
     s.arena_offset = at;
     at += s.arena_numel();
   }

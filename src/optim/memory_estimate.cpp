@@ -86,13 +86,10 @@ std::vector<GemmCall> cuda_training_gemm_calls(const ModelConfig& m, int64_t BT,
     add(name + " backward_weight", layers, three[2], g, y_ld, x_ld, w_ld);            // dW += dy^T x
   };
   linear("qkv", C, 3 * C, BT, 4, 0, 0), linear("o", C, C, BT, a, 0, 0);
-  if (padded) {  // by halves (Linear::halves): gate and up each F rows of W, the up half's dx added to the gate half's
-    const int64_t gate = cs::mlp_gate_extent(F, gu_ld, a);  // the gate's gradients' extent (Linear::gate_extent)
-    const auto three = Linear::gemms(C, F, BT, 1), extended = Linear::gemms(C, gate, BT, 1);
-    add("gate forward", layers, three[0], a, 0, 0, gu_ld);
-    add("gate backward_input", layers, extended[1], 4, gu_ld, 0, 0);
-    add("gate backward_weight", layers, extended[2], g, gu_ld, 0, 0);
-    linear("up", C, F, BT, 4, 0, gu_ld, true);
+  if (padded) {  // by halves (Linear::halves): gate and up each over E rows of W (F and zero rows), the up half's dx added to the gate half's
+    const int64_t E = cs::mlp_up_column(F, gu_ld, a);  // Linear::extent
+    linear("gate", C, E, BT, 4, 0, gu_ld);
+    linear("up", C, E, BT, 4, 0, gu_ld, true);
   } else {
     linear("gate_up", C, 2 * F, BT, 4, 0, 0);
   }
