@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "multinorm/error.h"
+#include "multinorm/linear.h"
 #include "multinorm/model_spec.h"
 #include "multinorm/param_groups.h"
 
@@ -87,6 +88,22 @@ TEST(ModelSpec, ArenaLayoutPadsTheMlpWhereItsRowsAreOff16Bytes) {
   auto specs = llama_parameters(odd);
   EXPECT_EQ(layout_arena(specs, true, 2, 2), count_parameters(specs) + 2 * 2 * (48 - 41) * 6);
   for (const TensorSpec& t : specs) EXPECT_EQ(t.arena_ld, 0) << t.name;
+}
+
+// The gate/up projection by halves needs the activation's up column and the weight's up row to be
+// one number (the arena's zero rows, TensorSpec::arena_rows): a mismatch either way is an error, not
+// GEMMs over the wrong rows. F = 41 in BF16: the up half at column 48 of a padded activation.
+TEST(Linear, GateUpHalvesNeedTheActivationAndTheArenaToAgree) {
+  const Buf dense{nullptr, DType::BF16, 0}, padded{nullptr, DType::BF16, 128};
+  const Linear arena_rows{Buf{}, Buf{}, 32, 82, true, 48}, dense_rows{Buf{}, Buf{}, 32, 82, true, 41};
+  EXPECT_TRUE(arena_rows.halves(padded));
+  EXPECT_EQ(arena_rows.extent(padded), 48);
+  EXPECT_FALSE(dense_rows.halves(dense));
+  EXPECT_TRUE(dense_rows.halves(padded));
+  EXPECT_THROW(dense_rows.extent(padded), Error);  // a padded activation over a weight without zero rows
+  EXPECT_THROW(arena_rows.halves(dense), Error);   // a dense activation over a weight with them
+  const Linear plain{Buf{}, Buf{}, 32, 82};         // not gated: one GEMM whatever the rows
+  EXPECT_FALSE(plain.halves(padded));
 }
 
 TEST(ModelSpec, GlobMatch) {

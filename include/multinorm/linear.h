@@ -79,8 +79,15 @@ struct Linear {
 
   // Whether a gated projection's [gate | up] activation y (or its gradient) holds its up half apart
   // from the gate's, on a 16-byte pack (the CUDA plan's padded rows: cuda_scratch::mlp_up_column):
-  // then each half is a GEMM of its own, every operand aligned.
-  bool halves(const Buf& y) const { return gated && up_column(y) != half(); }
+  // then each half is a GEMM of its own, every operand aligned. Otherwise W must be [gate; up] with
+  // no rows between (one GEMM over its 2F rows).
+  bool halves(const Buf& y) const {
+    const bool apart = gated && up_column(y) != half();
+    if (gated && !apart && up_row != half())
+      throw Error("Linear: a dense gate/up activation over a weight whose up half starts at row " + std::to_string(up_row) + ", not " +
+                  std::to_string(half()) + " (the activation plan and the arena's layout disagree)");
+    return apart;
+  }
   int64_t half() const { return out / 2; }
   int64_t up_column(const Buf& y) const { return cuda_scratch::mlp_up_column(half(), y.ld, dtype_bytes(y.dtype)); }
   Buf up_half(const Buf& y) const { return y.at(up_column(y)); }
