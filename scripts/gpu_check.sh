@@ -66,7 +66,7 @@
 #                 comparison's row and does not fail the section)
 #   profile       profile_llama_1b_step 150, profile_llama_1b_update 120: on request only (--only
 #                 profile, a call of its own): Nsight Compute on the second launch of each of our
-#                 kernels (by name and launch shape), llama_1b's micro-batch at 32 x 256 and one
+#                 kernels (each template instance), llama_1b's micro-batch at 32 x 256 and one
 #                 update per optimizer (bench optim), into a table of speed of light, occupancy and
 #                 warp stalls
 # Expected about 400 s in all (an H200 took 355 s on 2026-11-28, before the gemm step and the
@@ -581,7 +581,9 @@ torch_step step_compile_llama_1b "$model_1b" bf16_sdpa_compile 90
 
 # Nsight Compute on request only (--only profile: a call of its own, as its replays would spend the
 # figures' budget): the second launch of each of our kernels (--kernel-id counts a kernel's launches
-# by name and launch shape) in llama_1b's micro-batch at 32 x 256 and in one update per optimizer,
+# by its demangled name, so each template instance, SinkGD's rows kinds among them, is profiled: by
+# the function's name alone an H200 run of 2026-11-28 profiled one of the update's two rows kinds)
+# in llama_1b's micro-batch at 32 x 256 and in one update per optimizer,
 # each with its speed of light, occupancy, launch shape and where its warps stall, at the clocks it
 # runs at (not ncu's locked base clock): the measured reasons docs/cuda.md gives for a kernel off its
 # prediction. cuBLASLt's kernels and SWAN's are not profiled. A kernel's name is matched whole: a
@@ -596,7 +598,7 @@ profile_step() {  # SLOT LIMIT KERNEL_NAMES COMMAND...
   shift 3
   if [ -z "$only" ]; then skip_step "$id" profile "on request only: --only profile, a call of its own"; return; fi
   if [ -z "$ncu" ]; then skip_step "$id" profile "ncu not found (PATH, \$CUDA_HOME/bin, /usr/local/cuda*/bin)"; return; fi
-  run_step "$id" profile "$limit" "$ncu" --target-processes all --kernel-name-base function --kernel-id "::regex:$re:2" \
+  run_step "$id" profile "$limit" "$ncu" --target-processes all --kernel-name-base demangled --kernel-id "::regex:$re:2" \
     --clock-control none "${profile_sections[@]}" --metrics "$profile_stalls" --csv --page details --log-file "$out/raw/$id.csv" "$@"
 }
 profile_step llama_1b_step 150 'copy_rows|cross_entropy|rmsnorm|swiglu|attention|rope|embedding|bitonic|add_rows|accumulate_loss|convert' \

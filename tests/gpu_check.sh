@@ -443,6 +443,7 @@ assert all(r["sections"][k]["status"] == "skipped" for k in r["sections"] if k n
 assert "## Nsight Compute" in open(sys.argv[1] + "/gpu_check.md").read()
 args = open(sys.argv[2]).read().splitlines()
 assert len(args) == 2 and all(":2 --clock-control none" in x for x in args), args
+assert all("--kernel-name-base demangled " in x for x in args), args  # each template instance its own launches
 assert "--kernel-id ::regex:(^|[^a-z_])(copy_rows|cross_entropy|" in args[0] and " bench model " in args[0], args
 assert "--kernel-id ::regex:(^|[^a-z_])(sinkgd|" in args[1] and "|step|scale)[a-z_]*_kernel([^a-z_]|$):2" in args[1] and " bench optim " in args[1], args
 import re
