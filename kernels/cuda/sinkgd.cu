@@ -166,8 +166,10 @@ __device__ void sinkgd_rows(const G* g, float* u, const float* v, float* col, fl
 // registers over the chunk's rows, each row is read once, R rows a round are loaded together (K R
 // packs a thread in flight: 8, 4, 6 for K = 1, 2, 3, as many as 128 registers hold without spilling)
 // and share one barrier, and the partials reach shared memory once, at the end. The same sums as
-// sinkgd_rows (a thread's columns in order, its group's rows in order), so the same bits. On an H200 (2026-11-28, ncu) sinkgd_rows ran with the memory pipes 86% busy and DRAM
-// 21%: per 16 bytes of G it read 32 bytes of v and updated 32 bytes of shared partial every row.
+// sinkgd_rows (a thread's columns in order, its group's rows in order), so the same bits. Why
+// registers: sinkgd_rows reads 32 bytes of v and updates 32 bytes of shared partial per 16 bytes of
+// G. Measured itself (H200, 2026-11-28): DRAM at 23%, held by its 128 registers (2 blocks an SM) and
+// a barrier a round; docs/cuda.md has the two-pass design meant to replace it.
 template <class G, int K, int R>
 __device__ void sinkgd_rows_registers(const G* g, float* u, const float* v, float* col, float* scratch, int64_t begin, int64_t end, int64_t n,
                                       int64_t ld, bool first_pass, float sqrt_n, float eps, int S) {
