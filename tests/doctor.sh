@@ -43,7 +43,7 @@ assert step["launches_per_step"] > 50 and step["graph_speedup"] > 0, step  # 91 
 assert step["graphs_in_timed_steps"] == {"micro_batch_captures": 0, "micro_batch_replays": 1, "update_captures": 0, "update_replays": 1}, step
 assert step["step_seconds_graphs_waited"] > 0, step
 kernels = {k["name"] for k in step["kernels"]}
-assert {"attention_forward_mma", "sinkgd_rows", "gemm bf16 (cuBLASLt)"} <= kernels, kernels  # BF16, D = 64: the tensor-core attention
+assert {"attention_forward_mma", "sinkgd_row_norms", "sinkgd_col_partials", "gemm bf16 (cuBLASLt)"} <= kernels, kernels  # BF16, D = 64: the tensor-core attention
 print("doctor report: %d checks, %d kernels timed" % (len(r["checks"]), len(kernels)))
 PY
 

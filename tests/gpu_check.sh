@@ -152,7 +152,7 @@ for m in s["doctor"]["models"]:  # 52 and 50 checks at one layer; the trainer's 
     assert m["checks"] >= 40 and m["failed"] == 0, m
     assert pos(st["tokens_per_s"]) and pos(st["step_seconds"]) and pos(st["graph_speedup"]), st
     assert (st["host_waits_per_step"], st["host_drains_per_step"], st["host_waits_per_step_eager"], st["host_drains_per_step_eager"]) == (1, 0, 1, 1), st
-    assert {"attention_forward_mma", "sinkgd_rows"} <= {k["name"] for k in st["kernels"]} and all(pos(k["ms"]) for k in st["kernels"]), st
+    assert {"attention_forward_mma", "sinkgd_row_norms", "sinkgd_col_partials"} <= {k["name"] for k in st["kernels"]} and all(pos(k["ms"]) for k in st["kernels"]), st
     # the one timed graphed step replayed both graphs and captured none; the graphs timed again, waited for
     assert st["graphs_in_timed_steps"] == {"micro_batch_captures": 0, "micro_batch_replays": 1, "update_captures": 0, "update_replays": 1}, st
     assert pos(st["step_seconds_graphs_waited"]), st
@@ -448,7 +448,7 @@ assert "--kernel-id ::regex:(^|[^a-z_])(copy_rows|cross_entropy|" in args[0] and
 assert "--kernel-id ::regex:(^|[^a-z_])(sinkgd|" in args[1] and "|step|scale)[a-z_]*_kernel([^a-z_]|$):2" in args[1] and " bench optim " in args[1], args
 import re
 update = re.compile(args[1].split("::regex:")[1].split(":2 ")[0])  # the update's kernels, and not SWAN's
-assert all(update.search(k) for k in ("step_kernel", "step_many_kernel", "sinkgd_rows_kernel", "scale_kernel")), update.pattern
+assert all(update.search(k) for k in ("step_kernel", "step_many_kernel", "sinkgd_row_norms_kernel", "sinkgd_col_partials_kernel", "scale_kernel")), update.pattern
 assert not any(update.search(k) for k in ("ns_step_end_kernel", "swan_apply_kernel", "sm90_xmma_gemm_bf16", "splitKreduce_kernel")), update.pattern
 assert all("smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio" in x for x in args), args
 PY

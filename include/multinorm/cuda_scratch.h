@@ -147,28 +147,18 @@ inline bool gemm_adds_back(const GemmStaging& st, bool accumulate, int64_t out_b
 inline bool gemm_reads_residual(const GemmStaging& st, int64_t M, int64_t N, int64_t K, uintptr_t residual_address) {
   return M > 0 && N > 0 && K > 0 && !st.out.staged && residual_address % 16 == 0;
 }
-// SinkGD's rows pass, one launch per kind of tensor in it (each kind its kernel's own registers).
-// Where G's base and row stride are on 16 bytes a thread owns columns and reads them 16 bytes at a
-// time (a row's last pack masked where n is not whole packs, as llama_1b's 5461-wide down projection
-// in its 128-byte arena rows): with at most 1, 2 or 3 packs a thread, their v and column sums stay in
-// registers (sinkgd.cu's sinkgd_rows_registers), with more in shared memory (sinkgd_rows). Dense rows
-// off 16 bytes are read as the aligned packs that hold each row (sinkgd_rows_spanning). One rule for
-// the launches and the cost model's count of them.
-enum class SinkgdRows : int { OnePack, TwoPacks, ThreePacks, Packed, Spanning };
-constexpr int kSinkgdRowsKinds = 5;
-constexpr int kSinkgdThreads = 256;  // a block of SinkGD's passes
-// Threads a row takes in the rows pass (the host's kinds and the kernel alike): the smallest of 32,
-// 64, 128, 256 that covers the row's packs of `pack` values, so a narrow matrix (llama_60m's n = 512:
-// 64 BF16 packs) takes several rows at a time instead of leaving most of the block idle.
-constexpr int sinkgd_row_threads(int64_t n, int64_t pack) {
+// SinkGD's passes over G (sinkgd.cu), each one launch over every tensor of a call: the row norms, a
+// warp a row, kSinkgdNormRows rows a block (v staged once a block in shared memory); the column
+// partials, a thread a 16-byte pack of columns (P values) over its row chunk's rows, S threads a
+// strip of a row. S is the smallest of 32, 64, 128, 256 that covers the row's packs, so a narrow
+// matrix's block takes kSinkgdThreads / S chunks at once (llama_60m's n = 512: 64 packs, 4 chunks a
+// block) instead of leaving most of its threads idle. One rule for the launches and the cost model.
+constexpr int kSinkgdThreads = 256;      // a block of SinkGD's passes
+constexpr int64_t kSinkgdNormRows = 64;  // the row-norms pass's rows a block: 8 warps, 8 rows each
+constexpr int sinkgd_strip_threads(int64_t n, int64_t pack) {
   int S = 32;
   while (S < kSinkgdThreads && S * pack < n) S *= 2;
   return S;
-}
-inline SinkgdRows sinkgd_rows_kind(uintptr_t g_address, int64_t n, int64_t ld, int64_t g_bytes) {
-  if (g_address % 16 != 0 || (ld * g_bytes) % 16 != 0) return SinkgdRows::Spanning;
-  const int64_t P = 16 / g_bytes, S = sinkgd_row_threads(n, P), packs = (n + P * S - 1) / (P * S);
-  return packs <= 1 ? SinkgdRows::OnePack : packs == 2 ? SinkgdRows::TwoPacks : packs == 3 ? SinkgdRows::ThreePacks : SinkgdRows::Packed;
 }
 // RMSNorm backward's blocks (1024 of at least 8 rows, for more waves at llama_1b, ran 5.56 ms against
 // 5.03 for 256 on an H200, 2026-11-28, and its dw pass 0.68 against 0.32).
@@ -179,6 +169,12 @@ constexpr int64_t kSinkgdChunkRows = 16;             // of at least this many ro
 // reduction tree on every GPU. 16 rows at least, so a small model's chunk is not a block's fixed
 // costs around 4 rows (llama_60m's 512: 32 chunks, not 128); every llama_1b matrix keeps 128.
 constexpr int64_t sinkgd_chunks(int64_t m) { return std::min(kSinkgdChunks, (m + kSinkgdChunkRows - 1) / kSinkgdChunkRows); }
+// A tensor's blocks in the column-partials pass (G in packs of `pack` values): its strips of S packs
+// times its chunks taken kSinkgdThreads / S at a time.
+inline int64_t sinkgd_partial_blocks(int64_t m, int64_t n, int64_t pack) {
+  const int64_t S = sinkgd_strip_threads(n, pack), packs = (n + pack - 1) / pack;
+  return (packs + S - 1) / S * ((sinkgd_chunks(m) + kSinkgdThreads / S - 1) / (kSinkgdThreads / S));
+}
 constexpr int64_t kSumSquaresBlocks = 256;           // the FP64 sum of squares' fixed grid
 constexpr int64_t kSwanReduceBlocks = 64;            // SWAN's residual reduction: at most, and its partials' stride
 // SWAN's residual reduction over a k x k matrix: a block per 256 elements up to the cap. A block
@@ -223,7 +219,7 @@ inline int64_t sinkgd_floats(int64_t m, int64_t n) { return m + n + sinkgd_chunk
 // kSinkgdManyFloats, or one tensor alone that needs more. The descriptors of one launch:
 constexpr int64_t kSinkgdManyPerLaunch = 64;
 constexpr int64_t kSinkgdManyFloats = 16ll << 20;  // 64 MB
-constexpr int64_t kSinkgdManyItemBytes = 104;      // 3 pointers, 9 integers, 2 floats
+constexpr int64_t kSinkgdManyItemBytes = 112;      // 3 pointers, 10 integers, 2 floats
 // The end of the launch that starts at tensor `begin` of `count`, shape(i) giving tensor i's
 // (m, n); *floats is set to the launch's scratch.
 template <class Shape>

@@ -59,9 +59,9 @@ StepCosts record_step_costs(const RunConfig& run, DType dtype, int64_t B, int64_
 std::string staged_gemm_widths(const ModelConfig& m, DType dtype);
 // What the CUDA backend does with them, for the line that lists them (doctor, bench model).
 constexpr const char* kStagedGemmWidthsNote =
-    "the MLP's activations and the down projection's weight and gradient padded to 128-byte rows, the up half on a 16-byte pack, the down "
-    "projection's GEMMs run over the zero padding, the gate/up projection's by halves (F rows of the weight each), each a bulk of whole 16-byte "
-    "packs and a rest";
+    "the MLP's activations and the down projection's weight and gradient padded to 128-byte rows, the up half on a 16-byte pack, the gate "
+    "and up weights and gradients given zero rows up to it; the down projection's GEMMs and the gate/up projection's, by halves, run over the "
+    "zero padding";
 
 // The fractions of peak the roofline assumes: stated, not measured (docs/cuda.md gives the sources).
 struct RooflineAssumptions {

@@ -155,10 +155,11 @@ template <class Step, class T, class G, class S>
 void elementwise_many(const char* name, const ElementwiseManyItem* items, int states, int64_t count, int64_t blocks, const RuleScalars& r,
                       const WriteBack& wb, ScalarsRef s, cudaStream_t stream);
 
-// SinkGD on many W[m,n] at once, fused: L passes over each G (row scales u, column scales v in FP32),
-// then one pass writing W; each pass is one launch for every tensor of the call. `items` (device
-// memory) describes up to kSinkgdManyPerLaunch tensors sharing dtypes and arguments, made by
-// sinkgd_item and laid out by sinkgd_layout; each has its own scratch of sinkgd_scratch(m, n) floats.
+// SinkGD on many W[m,n] at once: L iterations of three passes (the row scales u from v, each row
+// chunk's column partials of u^2 G^2, the column scales v from the partials; FP32), then one pass
+// writing W; each pass is one launch for every tensor of the call. `items` (device memory)
+// describes up to kSinkgdManyPerLaunch tensors sharing dtypes and arguments, made by sinkgd_item and
+// laid out by sinkgd_layout; each has its own scratch of sinkgd_scratch(m, n) floats.
 int64_t sinkgd_scratch(int64_t m, int64_t n);
 struct SinkgdManyItem {
   void* w;
@@ -167,16 +168,14 @@ struct SinkgdManyItem {
   int64_t m, n, ld;                // ld: the row stride of w and g (n, or a padded arena's: TensorSpec::arena_ld)
   int64_t rows_per_chunk, chunks;  // a pass's row chunks: fixed by m (the same sums on every GPU)
   uint64_t tensor;                 // stochastic-rounding tensor id
-  int64_t first_row_block, first_col_block, first_apply_block;  // this tensor's first block of each launch
+  int64_t first_norm_block, first_partial_block, first_col_block, first_apply_block;  // this tensor's first block of each launch
   float sqrt_n, sqrt_m;
 };
 static_assert(sizeof(SinkgdManyItem) == cuda_scratch::kSinkgdManyItemBytes, "the memory plan counts this size");
 SinkgdManyItem sinkgd_item(void* w, const void* g, int64_t m, int64_t n, int64_t ld, float* scratch, uint64_t tensor);
-// The blocks of the three passes for items[0..count) (each item's first blocks set here), after
-// ordering the items by the rows pass's kind (cuda_scratch::sinkgd_rows_kind, G of g_bytes): kind
-// k's row blocks [rows_begin[k], rows_begin[k + 1]), a launch of their own.
+// The blocks of the four passes for items[0..count) (each item's first blocks set here; G of g_bytes).
 struct SinkgdLayout {
-  int64_t rows_begin[cuda_scratch::kSinkgdRowsKinds + 1] = {}, col_blocks = 0, apply_blocks = 0, max_n = 0;
+  int64_t norm_blocks = 0, partial_blocks = 0, col_blocks = 0, apply_blocks = 0, max_n = 0;
 };
 SinkgdLayout sinkgd_layout(SinkgdManyItem* items, int64_t count, int64_t g_bytes);
 template <class T, class G>

@@ -299,8 +299,9 @@ class CostRecorder final : public Backend, public OptimizerKernels {
     const SinkGDTensor t{w, g, m, n, a.write.tensor};
     sinkgd_update_many(&t, 1, a);
   }
-  // Launch groups as the CUDA backend makes them. Per iteration: the rows pass reads G and writes a
-  // column partial per row chunk; the columns pass sums the partials. Then W and G read, W written.
+  // Launch groups as the CUDA backend makes them (sinkgd.cu). Per iteration: the row norms read G and
+  // write u (each block staging v: n floats from L2, counted); the column partials read G and u and
+  // write a column partial per row chunk; the columns pass sums the partials. Then W and G read, W written.
   void sinkgd_update_many(const SinkGDTensor* tensors, int64_t count, const SinkGDArgs& a) override {
     auto shape = [&](int64_t i) { return std::pair<int64_t, int64_t>{tensors[i].m, tensors[i].n}; };
     for (int64_t begin = 0; begin < count;) {
@@ -308,21 +309,21 @@ class CostRecorder final : public Backend, public OptimizerKernels {
       int64_t end = cuda_scratch::sinkgd_many_launch_end(begin, count, shape, &floats);
       for (int64_t i = begin + 1; i < end; ++i)
         if (tensors[i].w.dtype != tensors[begin].w.dtype || tensors[i].g.dtype != tensors[begin].g.dtype) end = i;
-      double rows = 0, cols = 0, apply = 0, mn = 0;
-      bool kinds[cuda_scratch::kSinkgdRowsKinds] = {};  // the rows pass's launches (cuda_scratch::sinkgd_rows_kind)
+      double norms = 0, partials = 0, cols = 0, apply = 0, mn = 0;
       for (int64_t i = begin; i < end; ++i) {
         const SinkGDTensor& t = tensors[i];
-        const auto kind = cuda_scratch::sinkgd_rows_kind(reinterpret_cast<uintptr_t>(t.g.ptr), t.n, t.g.stride(t.n), dtype_bytes(t.g.dtype));
-        if (t.m * t.n > 0) kinds[static_cast<int>(kind)] = true;
-        const double partials = 4.0 * cuda_scratch::sinkgd_chunks(t.m) * t.n;
-        rows += double(t.m) * t.n * s_of(t.g) + partials + 4.0 * t.m;
-        cols += partials + 4.0 * t.n;
+        const double g = double(t.m) * t.n * s_of(t.g), chunk_sums = 4.0 * cuda_scratch::sinkgd_chunks(t.m) * t.n;
+        const double norm_blocks = double((t.m + cuda_scratch::kSinkgdNormRows - 1) / cuda_scratch::kSinkgdNormRows);
+        norms += g + 4.0 * t.m + norm_blocks * 4.0 * t.n;
+        partials += g + 4.0 * t.m + chunk_sums;
+        cols += chunk_sums + 4.0 * t.n;
         apply += double(t.m) * t.n * (s_of(t.g) + 2 * s_of(t.w)) + 4.0 * (t.m + t.n);
         mn += double(t.m) * t.n;
       }
       const int64_t L = a.iterations;
       if (L > 0) {
-        add("sinkgd_rows", CostUnit::Memory, L * std::count(kinds, kinds + cuda_scratch::kSinkgdRowsKinds, true), L * rows, 4.0 * L * mn);
+        add("sinkgd_row_norms", CostUnit::Memory, L, L * norms, 3.0 * L * mn);
+        add("sinkgd_col_partials", CostUnit::Memory, L, L * partials, 3.0 * L * mn);
         add("sinkgd_cols", CostUnit::Memory, L, L * cols, 0.0);
       }
       add("sinkgd_apply", CostUnit::Memory, 1, apply, 5.0 * mn);
