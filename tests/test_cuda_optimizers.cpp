@@ -22,7 +22,7 @@ TEST_P(CudaVsCpu, SinkGDUpdateOnTallWideSquareAndVectorShapes) {
   struct Shape {
     int64_t m, n;
   };
-  // 300 rows: more than the 128 row chunks, so a chunk owns several rows; 1 x n and m x 1: degenerate;
+  // 300 rows: 19 row chunks of 16 rows (the last 12); 1 x n and m x 1: degenerate;
   // 13,824 columns (a 13B model's MLP): v staged in 55 KB of shared memory, above 48 KB (the opt-in).
   // 4096: two 16-byte loads a thread a row (BF16), four (FP32); 5461 (llama_1b's down projection)
   // and 7001: rows off 16 bytes, read as the aligned packs that hold each row. offset: elements into
@@ -50,8 +50,8 @@ TEST_P(CudaVsCpu, SinkGDUpdateOnTallWideSquareAndVectorShapes) {
 // SinkGD's passes on rows padded as an arena pads them (a whole 16-byte stride past n, NaN in the
 // gradient's padding), against the CPU on the dense matrix, within the bounds above (measured: FP32
 // <= 7.3e-8 of the scale, BF16 <= 2.0e-3). 2048 BF16 columns over 1100 rows: 8 packs a lane in the
-// row norms (two rounds of four loads), 69 chunks of 16 rows (the last 12) in the column partials,
-// a strip of 256 packs (FP32: two). 2061 over 130 rows: the last pack masked, 9 chunks of 15 rows
+// row norms (two rounds of four loads), 62 chunks of 18 rows (the last 2: a partial round of loads)
+// in the column partials, a strip of 256 packs (FP32: two). 2061 over 130 rows: the last pack masked, 9 chunks of 15 rows
 // (a partial round of loads), two strips (FP32: three). 5461 over 200 rows: llama_1b's down
 // projection, three strips (FP32: six), the last partly past n; 21 packs a lane and a part. 41 over
 // 300 rows: strips of 32 threads, 8 chunks a block (the last block 3), each pack masked past n.

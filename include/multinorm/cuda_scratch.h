@@ -163,11 +163,14 @@ constexpr int sinkgd_strip_threads(int64_t n, int64_t pack) {
 // RMSNorm backward's blocks (1024 of at least 8 rows, for more waves at llama_1b, ran 5.56 ms against
 // 5.03 for 256 on an H200, 2026-11-28, and its dw pass 0.68 against 0.32).
 constexpr int64_t kRmsnormBackwardBlocks = 256;      // fixed: the same reduction tree on every GPU
-constexpr int64_t kSinkgdChunks = 128;               // SinkGD's row chunks per pass, at most,
-constexpr int64_t kSinkgdChunkRows = 16;             // of at least this many rows (a block's work)
-// SinkGD's row chunks of an m-row tensor (a block each, a column partial each): fixed by m, the same
-// reduction tree on every GPU. 16 rows at least, so a small model's chunk is not a block's fixed
-// costs around 4 rows (llama_60m's 512: 32 chunks, not 128); every llama_1b matrix keeps 128.
+constexpr int64_t kSinkgdChunks = 64;                // SinkGD's row chunks per pass, at most,
+constexpr int64_t kSinkgdChunkRows = 16;             // of at least this many rows (a thread's work)
+// SinkGD's row chunks of an m-row tensor (a column partial each: a thread a pack of columns over the
+// chunk's rows): fixed by m, the same reduction tree on every GPU. At most 64: the partials are
+// written and read once an iteration, 4 n bytes a chunk (at llama_1b, 64 chunks make them 4.5% of
+// the two reads of G, 128 made 9%), and a column's sum reads one partial a chunk in sequence. At
+// least 16 rows, so a small model's thread is not its fixed costs around 4 rows (llama_60m's 512:
+// 32 chunks); every llama_1b matrix has 64 (32 rows at m = 2048, 86 at 5461).
 constexpr int64_t sinkgd_chunks(int64_t m) { return std::min(kSinkgdChunks, (m + kSinkgdChunkRows - 1) / kSinkgdChunkRows); }
 // A tensor's blocks in the column-partials pass (G in packs of `pack` values): its strips of S packs
 // times its chunks taken kSinkgdThreads / S at a time.
