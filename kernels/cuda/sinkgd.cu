@@ -4,9 +4,9 @@
 //   - row norms: a warp a row, lane l taking the row's 16-byte packs l, l + 32, ... (four loads in
 //     flight), v staged once a block in shared memory; u_i = sqrt(n) / max(||G_i o v||, eps), a
 //     lane's products summed in column order, then the warp's butterfly. The first pass takes v = 1.
-//   - column partials: a block a row chunk (cuda_scratch::sinkgd_chunks(m): the same reduction tree
-//     on every GPU) and a strip of columns, a thread a pack of columns over the chunk's rows in
-//     order (four rows' loads in flight), adding u_i^2 G_ij^2; each chunk's partial written to scratch.
+//   - column partials: a thread a pack of columns over one row chunk's rows in order (four rows'
+//     loads in flight), adding u_i^2 G_ij^2 (the chunks: cuda_scratch::sinkgd_chunks(m), the same
+//     reduction tree on every GPU); each chunk's partial written to scratch.
 //   - columns: v_j = sqrt(m) / max(sqrt(sum of the chunks' partials, in chunk order), eps).
 //   The last launch reads G and W once and writes W.
 // Why two reads of G an iteration: the fused pass that read it once (a row's norm, then its column
