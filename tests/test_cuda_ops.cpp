@@ -764,6 +764,40 @@ TEST_P(CudaVsCpu, FusedLossHeadInVocabularyChunks) {
   }
 }
 
+// A NaN logit reaches its row's loss in the fused head, as on the CPU, so the trainer's non-finite
+// check sees it: a NaN in w's row 7 makes logit 7 of every row NaN (no row's target), a NaN in x's
+// row 5 makes all of that row's logits NaN. Masked rows stay 0; with 16-byte packs and without.
+TEST_P(CudaVsCpu, FusedLossHeadCarriesANaNLogitToTheLoss) {
+  for (const auto& [N, V, C] : {std::tuple<int64_t, int64_t, int64_t>{150, 130, 40}, {160, 96, 32}})
+    for (const bool in_w : {true, false}) {
+      std::vector<int32_t> ids = random_ids(static_cast<size_t>(N), static_cast<int32_t>(V), 41);
+      for (auto& t : ids) t = t == 7 ? 8 : t;
+      const Ids tg(*cpu, *cuda, ids);
+      std::vector<uint8_t> mask(N, 1);
+      mask[3] = 0;
+      void* mc = cpu->allocate(N);
+      void* mg = cuda->allocate(N);
+      cpu->to_device(mc, mask.data(), N);
+      cuda->to_device(mg, mask.data(), N);
+      Vec xv = random_vec(N * C, 42, 2.0), wv = random_vec(V * C, 43, 0.5);
+      (in_w ? wv[7 * C] : xv[5 * C]) = std::numeric_limits<double>::quiet_NaN();
+      Pair x(*cpu, *cuda, xv, DType::BF16), w(*cpu, *cuda, wv, DType::BF16), logits(*cpu, *cuda, Vec(N * V, 0.0), DType::F32),
+          loss(*cpu, *cuda, Vec(N, 0.0), DType::F32), d(*cpu, *cuda, Vec(N * V, 0.0), DType::BF16);
+      cpu->linear_cross_entropy(loss.c.f32(), d.c.buf(), logits.c.buf(), x.c.buf(), w.c.buf(), static_cast<int32_t*>(tg.c),
+                                static_cast<uint8_t*>(mc), N, V, C, 0.3f);
+      cuda->linear_cross_entropy(loss.g.f32(), d.g.buf(), logits.g.buf(), x.g.buf(), w.g.buf(), static_cast<int32_t*>(tg.g),
+                                 static_cast<uint8_t*>(mg), N, V, C, 0.3f);
+      const Vec lc = loss.c.get(), lg = loss.g.get();
+      for (int64_t i = 0; i < N; ++i) {
+        const bool nan = mask[i] && (in_w || i == 5);
+        EXPECT_EQ(std::isnan(lc[i]), nan) << "cpu row " << i;
+        EXPECT_EQ(std::isnan(lg[i]), nan) << "cuda row " << i << " of " << N << "x" << V << (in_w ? ", NaN in w" : ", NaN in x");
+        if (!nan) EXPECT_NEAR(lg[i], lc[i], 1e-5 * std::fabs(lc[i]) + 1e-6) << "row " << i;
+      }
+      cpu->release(mc), cuda->release(mg);
+    }
+}
+
 TEST_P(CudaVsCpu, CrossEntropyWithMaskScaleAndAliasing) {
   for (int64_t V : {37, 1000}) {
     const int64_t N = 9;

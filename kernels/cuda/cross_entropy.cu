@@ -9,9 +9,10 @@
 // whole. The backend computes them a vocabulary chunk at a time, [R, Vc] with Vc ~ 2000 (8 MB at
 // R = 1024: it stays in L2 between the GEMM that writes it and the kernel that reads it, and the
 // next chunk's GEMM overwrites the same lines), and for each chunk
-//   cross_entropy_chunk: a block of 8 warps per row, 16-byte loads: the chunk's (max m_c, sum of exp(x - m_c)),
-//     the target's logit when it falls in the chunk, and (backward) e = exp(x - m_c) as BF16 into
-//     dlogits; bytes 4 R Vc read (L2) + 2 R Vc written;
+//   cross_entropy_chunk: a block of 8 warps per row, 16-byte loads, two passes over the row (the
+//     second from L1): the chunk's max m_c, then e = exp(x - m_c) as BF16 into dlogits (backward)
+//     and their sum s_c, and the target's logit when it falls in the chunk; bytes 4 R Vc read
+//     (L2) + 2 R Vc written, one exponential a logit;
 // then once per R rows
 //   cross_entropy_finish: a block per row merges the chunks' (m_c, s_c) in chunk order into lse,
 //     writes the loss, and scales dlogits in place by exp(m_c - lse) grad_scale, 16 bytes at a time
@@ -90,74 +91,80 @@ __global__ void cross_entropy_kernel(float* losses, T* dlogits, const float* log
 // memory time on an H100 (2026-11-27: 2.43 ms for 128 launches at llama_1b's 32 x 256).
 constexpr int kChunkThreads = 256;
 
-// One lane's online (max, sum of exp(x - max)) over x.
-__device__ __forceinline__ void add_logit(float& m, float& s, float x) {
-  if (x > m) {
-    s = s * __expf(m - x) + 1.0f;
-    m = x;
-  } else if (x != -INFINITY) {
-    s += __expf(x - m);
+// exp(x - m) for a logit x of a row whose max is m: 0 for a -inf logit (in a row of -inf, m - m would
+// be NaN), NaN for a NaN one, so a NaN logit still reaches the loss.
+__device__ __forceinline__ float shifted_exp(float x, float m) { return x == -INFINITY ? 0.0f : __expf(x - m); }
+
+// The row's max over the block, the same in every thread (a max is exact in any order); `part` holds
+// the warps' maxima.
+__device__ __forceinline__ float block_max(float m, float* part) {
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = m;
+  __syncthreads();
+  m = -INFINITY;
+  for (int w = 0; w < kChunkThreads / 32; ++w) m = fmaxf(m, part[w]);
+  return m;
+}
+
+// Grid R, block kChunkThreads: a block per row of the FP32 tile [R, Vc] holding logits columns v0 ..
+// v0 + Vc - 1, in two passes over the row (the second from L1): its max m, then e = exp(x - m),
+// written as BF16 into dlogits (backward) and summed, a thread's values in column order, the lanes by
+// butterfly, the warps in order by thread 0. One exponential a logit and none in the reductions,
+// where an online (max, sum) took one a logit, two a merge, and read the row twice all the same.
+__global__ void cross_entropy_chunk_kernel(ChunkStats* stats, float* target_logit, bf16* dlogits, const float* tile, const int32_t* targets,
+                                           const uint8_t* mask, int64_t Vc, int64_t v0, int64_t V, int64_t chunk, int64_t chunks) {
+  __shared__ float warp_maxes[kChunkThreads / 32], warp_sums[kChunkThreads / 32];
+  const int64_t row = blockIdx.x;
+  if (mask && !mask[row]) return;  // the whole block; the finish kernel zeroes masked rows
+  const float* x = tile + row * Vc;
+  bf16* d = dlogits ? dlogits + row * V + v0 : nullptr;
+  float m = -INFINITY;
+  if (Vc % 4 == 0) {  // the tile's rows start on 16 bytes
+#pragma unroll 4
+    for (int64_t p = threadIdx.x; p < Vc / 4; p += kChunkThreads) {
+      float v[4];
+      load_values<float, 4>(x, 4 * p, v);
+      m = fmaxf(fmaxf(m, fmaxf(v[0], v[1])), fmaxf(v[2], v[3]));
+    }
+  } else {
+    for (int64_t v = threadIdx.x; v < Vc; v += kChunkThreads) m = fmaxf(m, x[v]);
   }
-}
-
-// (max, sum) over the warp, lane 0's merge order taken by every lane (see cross_entropy_kernel).
-__device__ __forceinline__ void warp_merge(float& m, float& s) {
-  for (int o = 16; o > 0; o >>= 1) merge(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
-  m = __shfl_sync(0xffffffffu, m, 0);
-  s = __shfl_sync(0xffffffffu, s, 0);
-}
-
-// e = exp(x - m) of one tile row into dlogits: 8 values (two 16-byte loads, one 16-byte store) at a
-// time when the row and chunk allow, else one at a time; this thread's share of the block's.
-__device__ __forceinline__ void write_exp(bf16* d, const float* x, int64_t Vc, float m, bool packed) {
-  if (packed) {
-    for (int64_t p = threadIdx.x; p < Vc / 8; p += blockDim.x) {
+  m = block_max(m, warp_maxes);
+  // The sum's order depends on Vc alone, so a loss is the same bits with and without dlogits.
+  float s = 0.0f;
+  if (Vc % 8 == 0) {  // 8 values a step: two 16-byte loads, and one 16-byte store where dlogits allows
+    const bool packed_d = d && packable<bf16>(d, 8);
+#pragma unroll 2
+    for (int64_t p = threadIdx.x; p < Vc / 8; p += kChunkThreads) {
       float v[8];
       load_values<float, 8>(x, 8 * p, v);
       bf16 o[8];
 #pragma unroll
-      for (int k = 0; k < 8; ++k) o[k] = from_float<bf16>(m == -INFINITY ? 0.0f : __expf(v[k] - m));
-      store_packs<bf16, 8>(d, 8 * p, o);
-    }
-  } else {
-    for (int64_t v = threadIdx.x; v < Vc; v += blockDim.x) d[v] = from_float<bf16>(m == -INFINITY ? 0.0f : __expf(x[v] - m));
-  }
-}
-
-// Grid R, block kChunkThreads: a block per row of the FP32 tile [R, Vc] holding logits columns v0 ..
-// v0 + Vc - 1. Each thread takes every kChunkThreads-th pack of the row; the warps' (max, sum) are
-// merged in warp order by every thread alike (the same bits in each, so one m serves the row).
-__global__ void cross_entropy_chunk_kernel(ChunkStats* stats, float* target_logit, bf16* dlogits, const float* tile, const int32_t* targets,
-                                           const uint8_t* mask, int64_t Vc, int64_t v0, int64_t V, int64_t chunk, int64_t chunks) {
-  __shared__ float warp_m[kChunkThreads / 32], warp_s[kChunkThreads / 32];
-  const int64_t row = blockIdx.x;
-  if (mask && !mask[row]) return;  // the whole block; the finish kernel zeroes masked rows
-  const float* x = tile + row * Vc;
-  float m = -INFINITY, s = 0.0f;
-  if (Vc % 4 == 0) {  // the tile's rows start on 16 bytes
-    for (int64_t p = threadIdx.x; p < Vc / 4; p += kChunkThreads) {
-      float v[4];
-      load_values<float, 4>(x, 4 * p, v);
+      for (int k = 0; k < 8; ++k) {
+        const float e = shifted_exp(v[k], m);
+        s += e, o[k] = from_float<bf16>(e);
+      }
+      if (packed_d) store_packs<bf16, 8>(d, 8 * p, o);
+      else if (d)
 #pragma unroll
-      for (int k = 0; k < 4; ++k) add_logit(m, s, v[k]);
+        for (int k = 0; k < 8; ++k) d[8 * p + k] = o[k];
     }
   } else {
-    for (int64_t v = threadIdx.x; v < Vc; v += kChunkThreads) add_logit(m, s, x[v]);
+    for (int64_t v = threadIdx.x; v < Vc; v += kChunkThreads) {
+      const float e = shifted_exp(x[v], m);
+      s += e;
+      if (d) d[v] = from_float<bf16>(e);
+    }
   }
-  warp_merge(m, s);
-  if (threadIdx.x % 32 == 0) warp_m[threadIdx.x / 32] = m, warp_s[threadIdx.x / 32] = s;
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = s;
   __syncthreads();
-  m = -INFINITY, s = 0.0f;
-  for (int w = 0; w < kChunkThreads / 32; ++w) merge(m, s, warp_m[w], warp_s[w]);
-  if (threadIdx.x == 0) {
-    stats[row * chunks + chunk] = ChunkStats{m, s};
-    const int64_t t = targets[row];
-    if (t >= v0 && t < v0 + Vc) target_logit[row] = x[t - v0];
-  }
-  if (dlogits) {
-    bf16* d = dlogits + row * V + v0;
-    write_exp(d, x, Vc, m, Vc % 8 == 0 && packable<bf16>(d, 8));
-  }
+  if (threadIdx.x != 0) return;
+  s = 0.0f;
+  for (int w = 0; w < kChunkThreads / 32; ++w) s += warp_sums[w];  // warp order: deterministic
+  stats[row * chunks + chunk] = ChunkStats{m, s};
+  const int64_t t = targets[row];
+  if (t >= v0 && t < v0 + Vc) target_logit[row] = x[t - v0];
 }
 
 // A block per row: lse from the chunks' (m_c, s_c) in chunk order (every thread the same bits), the
