@@ -172,9 +172,10 @@ constexpr int64_t kSinkgdChunkRows = 16;             // of at least this many ro
 // least 16 rows, so a small model's thread is not its fixed costs around 4 rows (llama_60m's 512:
 // 32 chunks); every llama_1b matrix has 64 (32 rows at m = 2048, 86 at 5461).
 constexpr int64_t sinkgd_chunks(int64_t m) { return std::min(kSinkgdChunks, (m + kSinkgdChunkRows - 1) / kSinkgdChunkRows); }
-// A tensor's blocks in the column-partials pass (G in packs of `pack` values): its strips of S packs
-// times its chunks taken kSinkgdThreads / S at a time.
-inline int64_t sinkgd_partial_blocks(int64_t m, int64_t n, int64_t pack) {
+// A tensor's blocks in a pass over its row chunks and column strips (the column partials, G in packs
+// of `pack` values; the W write, in the wider of W's and G's packs): its strips of S packs times its
+// chunks taken kSinkgdThreads / S at a time.
+inline int64_t sinkgd_strip_blocks(int64_t m, int64_t n, int64_t pack) {
   const int64_t S = sinkgd_strip_threads(n, pack), packs = (n + pack - 1) / pack;
   return (packs + S - 1) / S * ((sinkgd_chunks(m) + kSinkgdThreads / S - 1) / (kSinkgdThreads / S));
 }

@@ -99,7 +99,8 @@ void CudaOptimizerKernels::sinkgd_update_many(const SinkGDTensor* tensors, int64
       sinkgd_items_.push_back(cuda::sinkgd_item(t.w.ptr, t.g.ptr, t.m, t.n, same_rows(t.w, t.g, t.n, "sinkgd_update_many"), uv, t.tensor));
       uv += sinkgd_scratch(t.m, t.n);
     }
-    const cuda::SinkgdLayout layout = cuda::sinkgd_layout(sinkgd_items_.data(), end - begin, dtype_bytes(tensors[begin].g.dtype));
+    const cuda::SinkgdLayout layout =
+        cuda::sinkgd_layout(sinkgd_items_.data(), end - begin, dtype_bytes(tensors[begin].w.dtype), dtype_bytes(tensors[begin].g.dtype));
     const auto* dev = static_cast<const cuda::SinkgdManyItem*>(
         descriptors(sinkgd_items_.data(), sinkgd_items_.size() * sizeof(cuda::SinkgdManyItem), "sinkgd_update_many"));
     dispatch::with_types<bf16>(tensors[begin].w.dtype, tensors[begin].g.dtype, "sinkgd_update_many", [&](auto* t, auto* gt) {

@@ -173,11 +173,11 @@ struct SinkgdManyItem {
 };
 static_assert(sizeof(SinkgdManyItem) == cuda_scratch::kSinkgdManyItemBytes, "the memory plan counts this size");
 SinkgdManyItem sinkgd_item(void* w, const void* g, int64_t m, int64_t n, int64_t ld, float* scratch, uint64_t tensor);
-// The blocks of the four passes for items[0..count) (each item's first blocks set here; G of g_bytes).
+// The blocks of the four passes for items[0..count) (each item's first blocks set here; W of w_bytes, G of g_bytes).
 struct SinkgdLayout {
   int64_t norm_blocks = 0, partial_blocks = 0, col_blocks = 0, apply_blocks = 0, max_n = 0;
 };
-SinkgdLayout sinkgd_layout(SinkgdManyItem* items, int64_t count, int64_t g_bytes);
+SinkgdLayout sinkgd_layout(SinkgdManyItem* items, int64_t count, int64_t w_bytes, int64_t g_bytes);
 template <class T, class G>
 void sinkgd_many(const SinkgdManyItem* items, int64_t count, const SinkgdLayout& layout, int iterations, float eps, const RuleScalars& r,
                  const WriteBack& wb, ScalarsRef s, cudaStream_t stream);

@@ -31,7 +31,6 @@ namespace multinorm::cuda {
 namespace {
 
 constexpr int kThreads = cuda_scratch::kSinkgdThreads;
-constexpr int64_t kApplyElementsPerBlock = 4096;
 
 // The item whose range of one pass's blocks (starting at first(item), non-decreasing) holds `block`:
 // the last item starting at or before it, by binary search over the launch's descriptors.
@@ -222,71 +221,80 @@ __global__ void sinkgd_cols_kernel(const SinkgdManyItem* items, int64_t count, f
   v[j] = it.sqrt_m / fmaxf(sqrtf(s), eps);
 }
 
-// W <- W keep - lr u_i G_ij v_j over slots begin..end-1 of one tensor (u = v = 1 when there were no
-// passes): slot s is row s / width, column s % width, at i ld + j (rows of ld), P consecutive slots
-// of one row per thread and step. width is n, or n rounded up to 8 where the rows are whole packs of
-// stride but not of width (the padded arenas' down projection): a row's last pack is then read whole
-// and written with its columns past n as they were, and slots past it are skipped. With P > 1 (P
-// divides width and ld, the rows start on 16 bytes) W and G move as 16-byte packs; with P = 1,
-// element by element. The rounding's index is the logical element's, i n + j, whatever ld.
-template <class T, class G, int P>
-__device__ void sinkgd_apply(T* w, const G* g, const float* u, const float* v, bool scaled, int64_t n, int64_t width, int64_t ld, int64_t begin,
-                             int64_t end, float lr, float keep, const WriteBack& wb) {
-  for (int64_t s = begin + int64_t(P) * threadIdx.x; s < end; s += int64_t(P) * blockDim.x) {
-    const int64_t i = s / width, j = s - i * width, at = i * ld + j, k = i * n + j;
-    if (j >= n) continue;
-    const float ui = scaled ? u[i] : 1.0f;
-    float wk[P], gk[P];
-    load_values<T, P>(w, at, wk);
-    load_values<G, P>(g, at, gk);
-    T out[P];
+// P values of a row from x + at, as stored (converted where used, so two rows in flight hold half
+// the registers in BF16): 16-byte packs where the row starts on 16 bytes (loaded whole, past n too:
+// a padded row's last pack is inside its stride), else those before column n one by one (0 after).
+template <class X, int P>
+__device__ __forceinline__ void load_row_values(const X* x, int64_t at, int64_t j, int64_t n, bool packed, X (&out)[P]) {
+  constexpr int S = Pack<X>::kSize;
+  if (packed) {
 #pragma unroll
-    for (int p = 0; p < P; ++p) {
-      if (P > 1 && j + p >= n) {  // past the row: the padding as it was
-        out[p] = from_float<T>(wk[p]);
-        continue;
-      }
-      const float vj = scaled ? v[j + p] : 1.0f;
-      out[p] = store_weight<T>(wk[p] * keep - lr * ui * gk[p] * vj, wb, static_cast<uint64_t>(k + p));
+    for (int q = 0; q < P; q += S) {
+      const Pack<X> pk = *reinterpret_cast<const Pack<X>*>(x + at + q);
+#pragma unroll
+      for (int p = 0; p < S; ++p) out[q + p] = pk.v[p];
     }
-    if constexpr (P == 1) {
-      w[at] = out[0];
-    } else {
-      constexpr int S = Pack<T>::kSize;
-#pragma unroll
-      for (int q = 0; q < P; q += S) {
-        Pack<T> pk;
-#pragma unroll
-        for (int p = 0; p < S; ++p) pk.v[p] = out[q + p];
-        *reinterpret_cast<Pack<T>*>(w + at + q) = pk;
-      }
-    }
+    return;
   }
+#pragma unroll
+  for (int p = 0; p < P; ++p) out[p] = j + p < n ? x[at + p] : from_float<X>(0.0f);
 }
 
-// A row's slots in the apply pass where its last pack is masked: n rounded up to 8 (a whole number of
-// packs of either size); the layout gives every tensor blocks for that many.
-MN_HOST_DEVICE int64_t sinkgd_apply_width(int64_t n) { return (n + 7) / 8 * 8; }
-
-// The W write over one tensor's block of kApplyElementsPerBlock slots (a multiple of every P).
+// W <- W keep - lr u_i G_ij v_j over one tensor's row chunks and column strips, as the column
+// partials take them (cuda_scratch::sinkgd_strip_blocks), u = v = 1 when there were no passes: a
+// thread takes P columns (the wider of W's and G's 16-byte packs) over its chunk's rows, two rows'
+// loads in flight, u_i a broadcast a row and its v from L1 (held in registers, they cost the third
+// block an SM: 3 blocks of 256 at <= 80 registers; no division). Where both tensors' rows start on 16
+// bytes, W and G move as 16-byte packs, a row's last pack read whole and written with its columns
+// past n as they were (the padded arenas' down projection); else element by element. The rounding's
+// index is the logical element's, i n + j, whatever ld.
 template <class T, class G>
-__global__ void sinkgd_apply_kernel(const SinkgdManyItem* items, int64_t count, bool scaled, RuleScalars r, WriteBack wb, const UpdateScalars* s,
-                                    int slot) {
+__global__ void MN_LAUNCH_BOUNDS(kThreads, 3) sinkgd_apply_kernel(const SinkgdManyItem* items, int64_t count, bool scaled, RuleScalars r, WriteBack wb,
+                                                                  const UpdateScalars* s, int slot) {
   if (!take_update_scalars(s, slot, r, wb)) return;
+  constexpr int P = Pack<T>::kSize > Pack<G>::kSize ? Pack<T>::kSize : Pack<G>::kSize, kInFlight = 2;
   const float lr = r.lr, keep = r.keep;
   const SinkgdManyItem& it = items[item_of_block(items, count, blockIdx.x, [](const SinkgdManyItem& x) { return x.first_apply_block; })];
   T* w = static_cast<T*>(it.w);
   const G* g = static_cast<const G*>(it.g);
-  const float* u = it.scratch;
-  const float* v = u + it.m;
+  const int64_t m = it.m, n = it.n, ld = it.ld, packs = (n + P - 1) / P;
+  const int S = cuda_scratch::sinkgd_strip_threads(n, P);
+  const int64_t strips = (packs + S - 1) / S, local = int64_t(blockIdx.x) - it.first_apply_block;
+  const int64_t chunk = local / strips * (kThreads / S) + threadIdx.x / S, j = (local % strips * S + threadIdx.x % S) * P;
+  if (chunk >= it.chunks || j >= n) return;
   wb.tensor = it.tensor;
-  constexpr int P = Pack<T>::kSize > Pack<G>::kSize ? Pack<T>::kSize : Pack<G>::kSize;
-  const int64_t n = it.n, begin = (int64_t(blockIdx.x) - it.first_apply_block) * kApplyElementsPerBlock;
-  const bool packed_rows = packable<T>(w, it.ld) && packable<G>(g, it.ld) && it.ld % P == 0;
-  const int64_t width = packed_rows && n % P != 0 ? sinkgd_apply_width(n) : n, total = it.m * width;
-  const int64_t end = begin + kApplyElementsPerBlock < total ? begin + kApplyElementsPerBlock : total;
-  if (packed_rows) sinkgd_apply<T, G, P>(w, g, u, v, scaled, n, width, it.ld, begin, end, lr, keep, wb);
-  else sinkgd_apply<T, G, 1>(w, g, u, v, scaled, n, n, it.ld, begin, end, lr, keep, wb);
+  const float* u = it.scratch;
+  const float* v = u + m;
+  const bool packed = packable<T>(w, ld) && packable<G>(g, ld) && ld % P == 0;
+  const int64_t begin = chunk * it.rows_per_chunk, end = begin + it.rows_per_chunk < m ? begin + it.rows_per_chunk : m;
+  for (int64_t i0 = begin; i0 < end; i0 += kInFlight) {
+    T wk[kInFlight][P];
+    G gk[kInFlight][P];
+#pragma unroll
+    for (int q = 0; q < kInFlight; ++q) {
+      const int64_t at = (i0 + q < end ? i0 + q : i0) * ld + j;  // a row past the chunk reloads the first: never used
+      load_row_values<T, P>(w, at, j, n, packed, wk[q]), load_row_values<G, P>(g, at, j, n, packed, gk[q]);
+    }
+#pragma unroll
+    for (int q = 0; q < kInFlight; ++q) {
+      const int64_t i = i0 + q, at = i * ld + j, k = i * n + j;
+      if (i >= end) continue;
+      const float ui = scaled ? u[i] : 1.0f;
+      T out[P];
+#pragma unroll
+      for (int p = 0; p < P; ++p)  // past the row: the padding as it was
+        out[p] = j + p >= n ? wk[q][p]
+                            : store_weight<T>(to_float(wk[q][p]) * keep - lr * ui * to_float(gk[q][p]) * (scaled ? v[j + p] : 1.0f), wb,
+                                              static_cast<uint64_t>(k + p));
+      if (packed) {
+        store_packs<T, P>(w, at, out);
+      } else {
+#pragma unroll
+        for (int p = 0; p < P; ++p)
+          if (j + p < n) w[at + p] = out[p];
+      }
+    }
+  }
 }
 
 }  // namespace
@@ -304,7 +312,7 @@ SinkgdManyItem sinkgd_item(void* w, const void* g, int64_t m, int64_t n, int64_t
   return it;
 }
 
-SinkgdLayout sinkgd_layout(SinkgdManyItem* items, int64_t count, int64_t g_bytes) {
+SinkgdLayout sinkgd_layout(SinkgdManyItem* items, int64_t count, int64_t w_bytes, int64_t g_bytes) {
   SinkgdLayout l;
   for (int64_t i = 0; i < count; ++i) {
     SinkgdManyItem& it = items[i];
@@ -317,10 +325,10 @@ SinkgdLayout sinkgd_layout(SinkgdManyItem* items, int64_t count, int64_t g_bytes
     it.first_col_block = l.col_blocks, it.first_apply_block = l.apply_blocks;
     if (it.m * it.n > 0) {
       l.norm_blocks += ceil_div(it.m, cuda_scratch::kSinkgdNormRows);
-      l.partial_blocks += cuda_scratch::sinkgd_partial_blocks(it.m, it.n, 16 / g_bytes);
+      l.partial_blocks += cuda_scratch::sinkgd_strip_blocks(it.m, it.n, 16 / g_bytes);
+      l.apply_blocks += cuda_scratch::sinkgd_strip_blocks(it.m, it.n, 16 / std::min(w_bytes, g_bytes));  // the wider pack
     }
     l.col_blocks += ceil_div(it.n, kThreads);
-    l.apply_blocks += ceil_div(it.m * sinkgd_apply_width(it.n), kApplyElementsPerBlock);  // enough for either width
     l.max_n = std::max(l.max_n, it.n);
   }
   return l;
