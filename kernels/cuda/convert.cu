@@ -88,13 +88,7 @@ __global__ void copy_rows_kernel(W* dst, int64_t dst_ld, const W* src, int64_t s
       W v[P];
 #pragma unroll
       for (int k = 0; k < P; ++k) v[k] = c0 + k < cols ? s[c0 + k] : W(0);  // the padding: zeros (cuda_scratch::gemm_extents)
-      if (packed) {
-        store_packs<W, P>(d, c0, v);
-      } else {
-#pragma unroll
-        for (int k = 0; k < P; ++k)
-          if (c0 + k < dst_ld) d[c0 + k] = v[k];
-      }
+      store_row_values<W, P>(d, c0, dst_ld - c0, packed, v);
     }
   }
 }

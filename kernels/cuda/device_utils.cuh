@@ -126,6 +126,19 @@ __device__ __forceinline__ void store_packs(X* x, int64_t j, const X (&in)[P]) {
   }
 }
 
+// P values to x + at: as 16-byte packs where `packed` (the caller's row starts on 16 bytes and its
+// stride holds the whole pack), else the first `valid` of them (a row's end) one by one.
+template <class X, int P>
+__device__ __forceinline__ void store_row_values(X* x, int64_t at, int64_t valid, bool packed, const X (&in)[P]) {
+  if (packed) {
+    store_packs<X, P>(x, at, in);
+    return;
+  }
+#pragma unroll
+  for (int p = 0; p < P; ++p)
+    if (p < valid) x[at + p] = in[p];
+}
+
 // Sum over the warp (float or double), every lane gets the result.
 template <class F>
 __device__ __forceinline__ F warp_sum(F v) {

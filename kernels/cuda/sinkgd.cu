@@ -158,6 +158,37 @@ __global__ void MN_LAUNCH_BOUNDS(kThreads, 4) sinkgd_row_norms_kernel(const Sink
   }
 }
 
+// P values of a row from x + at, as stored (converted where used, so two rows in flight hold half
+// the registers in BF16): 16-byte packs where the row starts on 16 bytes (loaded whole, past n too:
+// a padded row's last pack is inside its stride), else those before column n one by one (0 after).
+template <class X, int P>
+__device__ __forceinline__ void load_row_values(const X* x, int64_t at, int64_t j, int64_t n, bool packed, X (&out)[P]) {
+  constexpr int S = Pack<X>::kSize;
+  if (packed) {
+#pragma unroll
+    for (int q = 0; q < P; q += S) {
+      const Pack<X> pk = *reinterpret_cast<const Pack<X>*>(x + at + q);
+#pragma unroll
+      for (int p = 0; p < S; ++p) out[q + p] = pk.v[p];
+    }
+    return;
+  }
+#pragma unroll
+  for (int p = 0; p < P; ++p) out[p] = j + p < n ? x[at + p] : from_float<X>(0.0f);
+}
+
+// A thread's share of a pass over a tensor's row chunks and column strips of n columns (the column
+// partials and the W write; blocks: cuda_scratch::sinkgd_strip_blocks, the tensor's from
+// first_block): block b's kThreads / S chunks and strip of S packs of P columns, a thread one pack:
+// its chunk and its first column j (past the tensor's chunks or columns for some threads).
+template <int P>
+__device__ __forceinline__ void strip_share(int64_t n, int64_t first_block, int64_t& chunk, int64_t& j) {
+  const int64_t packs = (n + P - 1) / P;
+  const int S = cuda_scratch::sinkgd_strip_threads(n, P);
+  const int64_t strips = (packs + S - 1) / S, local = int64_t(blockIdx.x) - first_block;
+  chunk = local / strips * (kThreads / S) + threadIdx.x / S, j = (local % strips * S + threadIdx.x % S) * P;
+}
+
 // The column partials of one tensor's row chunks: block b takes kThreads / S chunks and a strip of S
 // packs of columns (S: cuda_scratch::sinkgd_strip_threads), a thread one pack (P columns) over its
 // chunk's rows in order, four rows' loads in flight, adding u_i^2 G_ij^2 (16-byte loads where the
@@ -169,10 +200,9 @@ __global__ void MN_LAUNCH_BOUNDS(kThreads, 4) sinkgd_col_partials_kernel(const S
   constexpr int P = Pack<G>::kSize, kInFlight = 4;
   const SinkgdManyItem& it = items[item_of_block(items, count, blockIdx.x, [](const SinkgdManyItem& x) { return x.first_partial_block; })];
   const G* g = static_cast<const G*>(it.g);
-  const int64_t m = it.m, n = it.n, ld = it.ld, packs = (n + P - 1) / P;
-  const int S = cuda_scratch::sinkgd_strip_threads(n, P);
-  const int64_t strips = (packs + S - 1) / S, local = int64_t(blockIdx.x) - it.first_partial_block;
-  const int64_t chunk = local / strips * (kThreads / S) + threadIdx.x / S, j = (local % strips * S + threadIdx.x % S) * P;
+  const int64_t m = it.m, n = it.n, ld = it.ld;
+  int64_t chunk, j;
+  strip_share<P>(n, it.first_partial_block, chunk, j);
   if (chunk >= it.chunks || j >= n) return;
   const float* u = it.scratch;
   float* partial = it.scratch + m + n + chunk * n;
@@ -221,25 +251,6 @@ __global__ void sinkgd_cols_kernel(const SinkgdManyItem* items, int64_t count, f
   v[j] = it.sqrt_m / fmaxf(sqrtf(s), eps);
 }
 
-// P values of a row from x + at, as stored (converted where used, so two rows in flight hold half
-// the registers in BF16): 16-byte packs where the row starts on 16 bytes (loaded whole, past n too:
-// a padded row's last pack is inside its stride), else those before column n one by one (0 after).
-template <class X, int P>
-__device__ __forceinline__ void load_row_values(const X* x, int64_t at, int64_t j, int64_t n, bool packed, X (&out)[P]) {
-  constexpr int S = Pack<X>::kSize;
-  if (packed) {
-#pragma unroll
-    for (int q = 0; q < P; q += S) {
-      const Pack<X> pk = *reinterpret_cast<const Pack<X>*>(x + at + q);
-#pragma unroll
-      for (int p = 0; p < S; ++p) out[q + p] = pk.v[p];
-    }
-    return;
-  }
-#pragma unroll
-  for (int p = 0; p < P; ++p) out[p] = j + p < n ? x[at + p] : from_float<X>(0.0f);
-}
-
 // W <- W keep - lr u_i G_ij v_j over one tensor's row chunks and column strips, as the column
 // partials take them (cuda_scratch::sinkgd_strip_blocks), u = v = 1 when there were no passes: a
 // thread takes P columns (the wider of W's and G's 16-byte packs) over its chunk's rows, two rows'
@@ -257,10 +268,9 @@ __global__ void MN_LAUNCH_BOUNDS(kThreads, 3) sinkgd_apply_kernel(const SinkgdMa
   const SinkgdManyItem& it = items[item_of_block(items, count, blockIdx.x, [](const SinkgdManyItem& x) { return x.first_apply_block; })];
   T* w = static_cast<T*>(it.w);
   const G* g = static_cast<const G*>(it.g);
-  const int64_t m = it.m, n = it.n, ld = it.ld, packs = (n + P - 1) / P;
-  const int S = cuda_scratch::sinkgd_strip_threads(n, P);
-  const int64_t strips = (packs + S - 1) / S, local = int64_t(blockIdx.x) - it.first_apply_block;
-  const int64_t chunk = local / strips * (kThreads / S) + threadIdx.x / S, j = (local % strips * S + threadIdx.x % S) * P;
+  const int64_t m = it.m, n = it.n, ld = it.ld;
+  int64_t chunk, j;
+  strip_share<P>(n, it.first_apply_block, chunk, j);
   if (chunk >= it.chunks || j >= n) return;
   wb.tensor = it.tensor;
   const float* u = it.scratch;
@@ -286,13 +296,7 @@ __global__ void MN_LAUNCH_BOUNDS(kThreads, 3) sinkgd_apply_kernel(const SinkgdMa
         out[p] = j + p >= n ? wk[q][p]
                             : store_weight<T>(to_float(wk[q][p]) * keep - lr * ui * to_float(gk[q][p]) * (scaled ? v[j + p] : 1.0f), wb,
                                               static_cast<uint64_t>(k + p));
-      if (packed) {
-        store_packs<T, P>(w, at, out);
-      } else {
-#pragma unroll
-        for (int p = 0; p < P; ++p)
-          if (j + p < n) w[at + p] = out[p];
-      }
+      store_row_values<T, P>(w, at, n - j, packed, out);
     }
   }
 }
