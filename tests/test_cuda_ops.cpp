@@ -792,8 +792,8 @@ TEST_P(CudaVsCpu, FusedLossHeadCarriesANaNLogitToTheLoss) {
         const bool nan = mask[i] && (in_w || i == 5);
         EXPECT_EQ(std::isnan(lc[i]), nan) << "cpu row " << i;
         EXPECT_EQ(std::isnan(lg[i]), nan) << "cuda row " << i << " of " << N << "x" << V << (in_w ? ", NaN in w" : ", NaN in x");
-        if (!nan) {
-          EXPECT_NEAR(lg[i], lc[i], 1e-5 * std::fabs(lc[i]) + 1e-6) << "row " << i;
+        if (!nan) {  // the other rows as the CPU's (measured: 2.7e-7 relative at most)
+          EXPECT_NEAR(lg[i], lc[i], 1e-6 * std::fabs(lc[i]) + 1e-7) << "row " << i;
         }
       }
       cpu->release(mc), cuda->release(mg);

@@ -51,11 +51,11 @@ TEST_P(CudaVsCpu, SinkGDUpdateOnTallWideSquareAndVectorShapes) {
 // gradient's padding), against the CPU on the dense matrix, within the bounds above (measured: FP32
 // <= 7.3e-8 of the scale, BF16 <= 2.0e-3). 2048 BF16 columns over 1100 rows: 8 packs a lane in the
 // row norms (two rounds of four loads), 62 chunks of 18 rows (the last 2: a partial round of loads)
-// in the column partials, a strip of 256 packs (FP32: two). 2061 over 130 rows: the last pack masked, 9 chunks of 15 rows
-// (a partial round of loads), two strips (FP32: three). 5461 over 200 rows: llama_1b's down
-// projection, three strips (FP32: six), the last partly past n; 21 packs a lane and a part. 41 over
-// 300 rows: strips of 32 threads, 8 chunks a block (the last block 3), each pack masked past n.
-// The weight's padding stays zero.
+// in the column partials, a strip of 256 packs (FP32: two). 2061 over 130 rows: the last pack
+// masked, 9 chunks of 15 rows (a partial round of loads), two strips (FP32: three). 5461 over 200
+// rows: llama_1b's down projection, three strips (FP32: six), the last partly past n; 21 packs a
+// lane and a part. 41 over 300 rows: strips of 32 threads, 8 chunks a block (the last block 3),
+// each pack masked past n. The weight's padding stays zero.
 TEST_P(CudaVsCpu, SinkGDOnPaddedRows) {
   struct Case {
     int64_t m, n, ld;
